@@ -1,0 +1,529 @@
+package ring
+
+import (
+	"context"
+	"encoding/binary"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ClientOptions tune one client session.
+type ClientOptions struct {
+	// Mode is how a caller waits for its completion.
+	Mode WaitMode
+	// NonBlocking makes Alloc and Call return ErrWouldBlock instead of
+	// waiting when the arena or every request slot is in use.
+	NonBlocking bool
+}
+
+// Waiter states. A waiter slot is owned by the Call that acquired it until
+// it goes back to idle; deliver moves pending/parked to done.
+const (
+	wIdle uint32 = iota
+	wPending
+	wParked
+	wDelivering
+	wDone
+	wAbandoned // the caller gave up; the completion frees the slot
+)
+
+type waiter struct {
+	state atomic.Uint32
+	gen   atomic.Uint32 // request-id generation; bumped on every use
+	res   Completion    // written by deliver before state becomes wDone
+	ch    chan struct{} // one token per transition out of wParked
+}
+
+// ClientStats are a client's counters.
+type ClientStats struct {
+	Calls  atomic.Uint64
+	Stray  atomic.Uint64 // completions naming no waiting request
+	Parked atomic.Uint64 // calls that went to sleep
+}
+
+// Client submits requests on one ring region. Any number of goroutines may
+// call Alloc and Call at once; the hot path takes no mutex: a request slot
+// and arena blocks come from lock-free bitmaps, the descriptor goes on the
+// MPMC submission queue, and every waiting caller helps drain the
+// completion queue, handing other callers' completions to them.
+type Client struct {
+	r      *Region
+	g      Geometry
+	opts   ClientOptions
+	sq, cq *queue
+	sqBell doorbell
+	cqBell doorbell
+
+	waiters []waiter // immutable slice; elements as described on waiter
+	wfree   *bitmap
+	wsem    *sema
+	blocks  *bitmap
+	bsem    *sema
+
+	maxBlocks int           // blocks one Buffer may hold
+	spinNs    atomic.Int64  // adaptive spin budget shared by callers
+	parked    atomic.Int32  // callers asleep on their channel
+	reapWake  chan struct{} // tells the reaper a caller parked
+	done      chan struct{} // closed on Close, peer loss or damage
+	doneOnce  sync.Once
+	doneErr   atomic.Pointer[error]
+	reaperWG  sync.WaitGroup
+	onClose   func() // handshake layer's clean-up; set before use
+	closeOnce sync.Once
+
+	Stats ClientStats
+}
+
+// NewClient starts a client on r (normally from Attach). The client owns r.
+func NewClient(r *Region, opts ClientOptions) *Client {
+	g := r.g
+	nblocks := int(g.ArenaSize / uint64(g.BlockSize))
+	c := &Client{
+		r: r, g: g, opts: opts,
+		sq:       newSQ(r),
+		cq:       newCQ(r),
+		sqBell:   doorbell{r: r, bell: offSQBell, waiters: offSQWaiters},
+		cqBell:   doorbell{r: r, bell: offCQBell, waiters: offCQWaiters},
+		waiters:  make([]waiter, g.SQEntries),
+		wfree:    newBitmap(int(g.SQEntries)),
+		wsem:     newSema(int64(g.SQEntries)),
+		blocks:   newBitmap(nblocks),
+		bsem:     newSema(int64(nblocks)),
+		reapWake: make(chan struct{}, 1),
+		done:     make(chan struct{}),
+	}
+	// A Buffer holds at most as many blocks as one indirect table block can
+	// list, and leaves one block for that table.
+	c.maxBlocks = min(int(g.MaxSegments), int(g.BlockSize/SegmentSize), nblocks-1)
+	for i := range c.waiters {
+		c.waiters[i].ch = make(chan struct{}, 1)
+	}
+	c.spinNs.Store(int64(minSpin * 8))
+	r.store32(offClientState, StateRunning)
+	if opts.Mode == WaitAdaptive {
+		c.reaperWG.Add(1)
+		go c.reaper()
+	}
+	return c
+}
+
+// Region returns the client's shared memory.
+func (c *Client) Region() *Region { return c.r }
+
+// MaxBuffer is the largest payload one Buffer (one request) can carry.
+func (c *Client) MaxBuffer() int { return c.maxBlocks * int(c.g.BlockSize) }
+
+func (c *Client) finish(err error) {
+	c.doneOnce.Do(func() {
+		c.doneErr.Store(&err)
+		close(c.done)
+		c.cqBell.kick()
+	})
+}
+
+// Err returns why the client stopped, or nil while it runs.
+func (c *Client) Err() error {
+	if p := c.doneErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// PeerGone tells the client that the server closed or died: every waiting
+// and later call fails with ErrPeerGone.
+func (c *Client) PeerGone() { c.finish(ErrPeerGone) }
+
+// Close ends the session. Calls in flight return ErrClosed; the mapping is
+// released when the last Buffer is.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.finish(ErrClosed)
+		c.r.store32(offClientState, StateClosed)
+		c.reaperWG.Wait()
+		if c.onClose != nil {
+			c.onClose()
+		}
+		c.r.Close()
+	})
+	return nil
+}
+
+// Buffer is a payload area in the arena, made of whole blocks. The caller
+// fills it (zero copy) or copies into it, passes it to Call, and releases it.
+// A Buffer is used by one goroutine at a time.
+type Buffer struct {
+	c      *Client
+	blocks []uint32  // arena block indices, sorted
+	segs   []Segment // merged runs covering exactly n bytes
+	table  uint32    // block index of the indirect table, if hasTbl
+	hasTbl bool
+	n      int
+}
+
+// Alloc reserves n bytes of arena. It waits for space (or returns
+// ErrWouldBlock in non-blocking mode); n above MaxBuffer is ErrTooLarge.
+func (c *Client) Alloc(ctx context.Context, n int) (*Buffer, error) {
+	bs := int(c.g.BlockSize)
+	k := (n + bs - 1) / bs
+	if n <= 0 || k > c.maxBlocks {
+		return nil, ErrTooLarge
+	}
+	needTable := k > InlineSegs
+	units := int64(k)
+	if needTable {
+		units++
+	}
+	if err := c.Err(); err != nil {
+		return nil, err
+	}
+	if !c.bsem.tryAcquire(units) {
+		if c.opts.NonBlocking {
+			return nil, ErrWouldBlock
+		}
+		if err := c.bsem.acquire(ctx, units, c.done, c.Err); err != nil {
+			return nil, err
+		}
+	}
+	if !c.r.acquire() {
+		c.bsem.release(units)
+		return nil, ErrClosed
+	}
+	b := &Buffer{c: c, n: n}
+	b.blocks = c.blocks.take(int(units), make([]uint32, 0, units))
+	slices.Sort(b.blocks)
+	if needTable {
+		b.table = b.blocks[len(b.blocks)-1]
+		b.blocks = b.blocks[:len(b.blocks)-1]
+		b.hasTbl = true
+	}
+	rest := n
+	for _, blk := range b.blocks {
+		l := min(rest, bs)
+		rest -= l
+		off := blk * uint32(bs)
+		if m := len(b.segs); m > 0 && b.segs[m-1].Off+b.segs[m-1].Len == off {
+			b.segs[m-1].Len += uint32(l)
+			continue
+		}
+		b.segs = append(b.segs, Segment{Off: off, Len: uint32(l)})
+	}
+	return b, nil
+}
+
+// Len is the buffer's size in bytes.
+func (b *Buffer) Len() int { return b.n }
+
+// Slices returns the buffer's arena bytes, one slice per segment, for the
+// caller to fill or read in place. They are invalid after Release.
+func (b *Buffer) Slices() [][]byte {
+	a := b.c.r.arena()
+	out := make([][]byte, len(b.segs))
+	for i, s := range b.segs {
+		out[i] = a[s.Off : s.Off+s.Len : s.Off+s.Len]
+	}
+	return out
+}
+
+// CopyFrom copies p into the buffer and returns the count.
+func (b *Buffer) CopyFrom(p []byte) int {
+	a, n := b.c.r.arena(), 0
+	for _, s := range b.segs {
+		if n == len(p) {
+			break
+		}
+		n += copy(a[s.Off:s.Off+s.Len], p[n:])
+	}
+	return n
+}
+
+// CopyTo copies the buffer into p and returns the count.
+func (b *Buffer) CopyTo(p []byte) int {
+	a, n := b.c.r.arena(), 0
+	for _, s := range b.segs {
+		if n == len(p) {
+			break
+		}
+		n += copy(p[n:], a[s.Off:s.Off+s.Len])
+	}
+	return n
+}
+
+// Release gives the buffer's blocks back. A buffer must not be released
+// while a Call using it is in flight.
+func (b *Buffer) Release() {
+	if b.c == nil {
+		return
+	}
+	c := b.c
+	b.c = nil
+	units := int64(len(b.blocks))
+	if b.hasTbl {
+		b.blocks = append(b.blocks, b.table)
+		units++
+	}
+	c.blocks.put(b.blocks)
+	c.bsem.release(units)
+	c.r.release()
+}
+
+// Call is one request.
+type Call struct {
+	Op     uint8
+	Arg    uint32
+	Handle uint64
+	Offset uint64
+	Buf    *Buffer // payload, or nil
+}
+
+// Do submits call and waits for its completion. The returned error is about
+// the transport (closed, peer gone, damaged, ctx); the operation's own
+// outcome is in the Completion (Result, Err).
+func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
+	if err := c.Err(); err != nil {
+		return Completion{}, err
+	}
+	if call.Buf != nil && call.Buf.c != c {
+		return Completion{}, ErrForeignBuffer
+	}
+	if !c.r.acquire() {
+		return Completion{}, ErrClosed
+	}
+	defer c.r.release()
+	if !c.wsem.tryAcquire(1) {
+		if c.opts.NonBlocking {
+			return Completion{}, ErrWouldBlock
+		}
+		if err := c.wsem.acquire(ctx, 1, c.done, c.Err); err != nil {
+			return Completion{}, err
+		}
+	}
+	var idxBuf [1]uint32
+	idx := c.wfree.take(1, idxBuf[:0])[0]
+	w := &c.waiters[idx]
+	gen := w.gen.Add(1)
+	w.state.Store(wPending)
+	c.Stats.Calls.Add(1)
+
+	d := Descriptor{Opcode: call.Op, Arg: call.Arg, ReqID: uint64(gen)<<32 | uint64(idx),
+		Handle: call.Handle, Offset: call.Offset}
+	if b := call.Buf; b != nil {
+		d.Length = uint64(b.n)
+		d.NSeg = uint16(len(b.segs))
+		if len(b.segs) <= InlineSegs {
+			copy(d.Inline[:], b.segs)
+		} else {
+			toff := b.table * c.g.BlockSize
+			t := c.r.arena()[toff : toff+uint32(len(b.segs))*SegmentSize]
+			for i, s := range b.segs {
+				binary.LittleEndian.PutUint32(t[i*SegmentSize:], s.Off)
+				binary.LittleEndian.PutUint32(t[i*SegmentSize+4:], s.Len)
+			}
+			d.Flags |= FlagIndirect
+			d.Inline[0] = Segment{Off: toff, Len: uint32(len(t))}
+		}
+	}
+	if err := c.submit(ctx, &d); err != nil {
+		c.putWaiter(idx, w)
+		return Completion{}, err
+	}
+	return c.wait(ctx, idx, w)
+}
+
+// submit puts d on the SQ. In-flight requests never outnumber SQ slots
+// (each holds a waiter slot, and there are SQEntries of those), so a full
+// SQ only lasts while the server is between taking a slot and freeing it.
+func (c *Client) submit(ctx context.Context, d *Descriptor) error {
+	for i := 0; ; i++ {
+		pos, off, ok, err := c.sq.claimProduce()
+		if err != nil {
+			c.finish(damaged("submission queue: %v", err))
+			return c.Err()
+		}
+		if ok {
+			encodeDescriptor(c.r.mem[off:off+SQSlotSize], d)
+			c.sq.publish(pos, off)
+			c.sqBell.notify()
+			return nil
+		}
+		if err := c.Err(); err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if i > 64 {
+			time.Sleep(10 * time.Microsecond)
+		}
+		pollPause(i)
+	}
+}
+
+func (c *Client) putWaiter(idx uint32, w *waiter) {
+	w.state.Store(wIdle)
+	c.wfree.put([]uint32{idx})
+	c.wsem.release(1)
+}
+
+// wait spins (helping to drain the CQ) and, in adaptive mode, parks until
+// the completion for w arrives.
+func (c *Client) wait(ctx context.Context, idx uint32, w *waiter) (Completion, error) {
+	var start time.Time
+	for i := 0; ; i++ {
+		if w.state.Load() == wDone {
+			return c.collect(idx, w), nil
+		}
+		c.reap()
+		if w.state.Load() == wDone {
+			return c.collect(idx, w), nil
+		}
+		if err := c.Err(); err != nil {
+			return c.giveUp(idx, w, err)
+		}
+		if err := ctx.Err(); err != nil {
+			return c.giveUp(idx, w, err)
+		}
+		if c.opts.Mode == WaitBusyPoll {
+			pollPause(i)
+			continue
+		}
+		if i&31 != 31 {
+			continue
+		}
+		if start.IsZero() {
+			start = time.Now()
+		}
+		budget := time.Duration(c.spinNs.Load())
+		if time.Since(start) < budget {
+			continue
+		}
+		c.spinNs.Store(int64(max(budget/2, minSpin)))
+		if !w.state.CompareAndSwap(wPending, wParked) {
+			continue // being delivered right now
+		}
+		c.Stats.Parked.Add(1)
+		c.parked.Add(1)
+		select {
+		case c.reapWake <- struct{}{}:
+		default:
+		}
+		select {
+		case <-w.ch:
+		case <-ctx.Done():
+			if w.state.CompareAndSwap(wParked, wAbandoned) {
+				c.parked.Add(-1)
+				return Completion{}, ctx.Err()
+			}
+			<-w.ch
+		case <-c.done:
+			if w.state.CompareAndSwap(wParked, wAbandoned) {
+				c.parked.Add(-1)
+				return Completion{}, c.Err()
+			}
+			<-w.ch
+		}
+		c.parked.Add(-1)
+		return c.collect(idx, w), nil
+	}
+}
+
+// giveUp abandons a pending request: its slot is freed when (if) its
+// completion arrives. If the completion is being delivered right now, it is
+// taken instead.
+func (c *Client) giveUp(idx uint32, w *waiter, err error) (Completion, error) {
+	if w.state.CompareAndSwap(wPending, wAbandoned) {
+		return Completion{}, err
+	}
+	for w.state.Load() != wDone {
+		pollPause(1)
+	}
+	return c.collect(idx, w), nil
+}
+
+func (c *Client) collect(idx uint32, w *waiter) Completion {
+	res := w.res
+	if budget := c.spinNs.Load(); budget < int64(maxSpin) {
+		c.spinNs.Store(min(budget*2, int64(maxSpin)))
+	}
+	c.putWaiter(idx, w)
+	return res
+}
+
+// reap drains the CQ without blocking and delivers what it finds.
+func (c *Client) reap() int {
+	n := 0
+	for {
+		pos, off, ok, err := c.cq.claimConsume()
+		if err != nil {
+			c.finish(damaged("completion queue: %v", err))
+			return n
+		}
+		if !ok {
+			return n
+		}
+		comp := decodeCompletion(c.r.mem[off : off+CQSlotSize])
+		c.cq.recycle(pos, off)
+		c.deliver(comp)
+		n++
+	}
+}
+
+// deliver hands comp to the caller waiting for it. A completion whose id
+// names no waiting request (a stale or forged one) is counted and dropped.
+func (c *Client) deliver(comp Completion) {
+	idx := uint32(comp.ReqID)
+	if int(idx) >= len(c.waiters) {
+		c.Stats.Stray.Add(1)
+		return
+	}
+	w := &c.waiters[idx]
+	if w.gen.Load() != uint32(comp.ReqID>>32) {
+		c.Stats.Stray.Add(1)
+		return
+	}
+	for {
+		switch st := w.state.Load(); st {
+		case wPending, wParked:
+			if !w.state.CompareAndSwap(st, wDelivering) {
+				continue
+			}
+			w.res = comp
+			w.state.Store(wDone)
+			if st == wParked {
+				w.ch <- struct{}{}
+			}
+			return
+		case wAbandoned:
+			if w.state.CompareAndSwap(st, wIdle) {
+				c.wfree.put([]uint32{idx})
+				c.wsem.release(1)
+			}
+			return
+		default:
+			c.Stats.Stray.Add(1)
+			return
+		}
+	}
+}
+
+// reaper drains the CQ for parked callers in adaptive mode: it sleeps on the
+// CQ doorbell while someone is parked, and on reapWake otherwise.
+func (c *Client) reaper() {
+	defer c.reaperWG.Done()
+	ready := func() bool { return c.cq.ready() || c.Err() != nil }
+	for c.Err() == nil {
+		if c.reap() > 0 {
+			continue
+		}
+		if c.parked.Load() == 0 {
+			select {
+			case <-c.reapWake:
+			case <-c.done:
+				return
+			}
+			continue
+		}
+		c.cqBell.sleep(ready)
+	}
+}

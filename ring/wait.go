@@ -1,0 +1,128 @@
+package ring
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+)
+
+// WaitMode says how a consumer waits for its queue.
+type WaitMode int
+
+const (
+	// WaitAdaptive spins for a budget that follows recent arrivals, then
+	// sleeps on the queue's futex doorbell. The default.
+	WaitAdaptive WaitMode = iota
+	// WaitBusyPoll never sleeps: for a service pinned to a dedicated core.
+	WaitBusyPoll
+)
+
+func (m WaitMode) String() string {
+	switch m {
+	case WaitAdaptive:
+		return "adaptive"
+	case WaitBusyPoll:
+		return "busy-poll"
+	default:
+		return fmt.Sprintf("WaitMode(%d)", int(m))
+	}
+}
+
+// ParseWaitMode reads a mode name as printed by String.
+func ParseWaitMode(s string) (WaitMode, error) {
+	switch s {
+	case "adaptive", "":
+		return WaitAdaptive, nil
+	case "busy-poll", "busypoll", "poll":
+		return WaitBusyPoll, nil
+	}
+	return 0, fmt.Errorf("ring: unknown wait mode %q (want adaptive or busy-poll)", s)
+}
+
+// Spin budget bounds for adaptive waiting, and the longest single sleep:
+// a sleeper re-checks the peer's liveness at least this often even if no
+// wake-up comes.
+const (
+	minSpin  = 2 * time.Microsecond
+	maxSpin  = 100 * time.Microsecond
+	maxSleep = 50 * time.Millisecond
+)
+
+// doorbell is one direction's wake-up word pair in the header: the consumer
+// sets waiters before sleeping on bell; a producer that sees waiters bumps
+// bell and wakes it. Both words are peer-writable: a wrong value can only
+// cause a spurious wake-up or a sleep cut short by maxSleep.
+type doorbell struct {
+	r       *Region
+	bell    uint64 // header offset of the bell word
+	waiters uint64 // header offset of the waiters word
+}
+
+// notify wakes the consumer if it announced that it sleeps. Called by a
+// producer after publish; the seq-cst atomics order the publish before the
+// load of waiters, and the consumer's store of waiters before its re-check.
+func (d doorbell) notify() {
+	if d.r.load32(d.waiters) != 0 {
+		d.r.add32(d.bell, 1)
+		d.r.futexWake(d.bell)
+	}
+}
+
+// kick wakes the consumer unconditionally (local close, peer death). It may
+// run on any goroutine, so it holds a reference on the mapping.
+func (d doorbell) kick() {
+	if !d.r.acquire() {
+		return
+	}
+	defer d.r.release()
+	d.r.add32(d.bell, 1)
+	d.r.futexWake(d.bell)
+}
+
+// sleep blocks until the bell moves or maxSleep passes, unless ready()
+// (which must also report close and peer death) is already true.
+func (d doorbell) sleep(ready func() bool) {
+	v := d.r.load32(d.bell)
+	d.r.store32(d.waiters, 1)
+	if !ready() {
+		d.r.futexWait(d.bell, v, maxSleep)
+	}
+	d.r.store32(d.waiters, 0)
+}
+
+// spinner is the adaptive part: the budget doubles when work arrived while
+// spinning and halves when the spin ran out and the waiter went to sleep.
+// Owned by one goroutine.
+type spinner struct {
+	budget time.Duration
+}
+
+// spin polls ready() until it is true or the budget is spent; it reports
+// whether ready() became true.
+func (s *spinner) spin(ready func() bool) bool {
+	if s.budget == 0 {
+		s.budget = minSpin * 8
+	}
+	start := time.Now()
+	for i := 0; ; i++ {
+		if ready() {
+			s.budget = min(s.budget*2, maxSpin)
+			return true
+		}
+		if i&31 == 31 {
+			if time.Since(start) > s.budget {
+				s.budget = max(s.budget/2, minSpin)
+				return false
+			}
+			runtime.Gosched()
+		}
+	}
+}
+
+// pollPause is one turn of a busy-poll loop: it lets other goroutines of
+// this process run, so a busy poller never starves its own peers.
+func pollPause(i int) {
+	if i&15 == 15 {
+		runtime.Gosched()
+	}
+}
