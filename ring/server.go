@@ -245,6 +245,7 @@ func (s *ServerSession) Serve() (err error) {
 		}
 	}()
 	var sp spinner
+	var backoff time.Duration
 	for i := 0; ; i++ {
 		if err := s.stopErr(); err != nil {
 			return err
@@ -263,11 +264,14 @@ func (s *ServerSession) Serve() (err error) {
 			return ErrPeerGone
 		}
 		if len(s.backlog) > 0 {
-			// The client is not taking completions; nothing rings for
-			// that, so look again shortly.
-			time.Sleep(20 * time.Microsecond)
+			// The client is not taking completions and nothing rings for
+			// that: look again, backing off so that a client that never
+			// takes them costs little.
+			backoff = min(max(2*backoff, 10*time.Microsecond), maxSleep)
+			time.Sleep(backoff)
 			continue
 		}
+		backoff = 0
 		switch s.mode {
 		case WaitBusyPoll:
 			s.Stats.BusyPolls.Add(1)

@@ -24,6 +24,10 @@ func testSeed(t testing.TB) uint64 {
 	return s
 }
 
+func newRand(seed uint64, stream int) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, uint64(stream)))
+}
+
 // Test opcodes.
 const (
 	opXor   = OpFirstService     // payload[i] ^= byte(Arg); result = payload length
@@ -384,7 +388,7 @@ func TestStress(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					rng := rand.New(rand.NewPCG(seed, uint64(g)))
+					rng := newRand(seed, g)
 					for i := range ops {
 						if err := stressOne(e.cli, rng); err != nil {
 							t.Errorf("producer %d op %d: %v", g, i, err)

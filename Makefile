@@ -1,0 +1,53 @@
+# weir: build, test, benchmark. `make help` lists the targets.
+GO        ?= go
+# FUZZTIME: per fuzz target in `make fuzz`; SHORTFUZZ: per target inside `make test`.
+FUZZTIME  ?= 5m
+SHORTFUZZ ?= 5s
+RESULTS   ?= bench/results
+FUZZ_TARGETS := FuzzDecodeHeader FuzzValidateDescriptor FuzzServerSlot
+
+.PHONY: help build test test-unit fuzz-short fuzz lint bench bench-transport bench-quick clean
+
+help:
+	@echo "build            compile every package and command"
+	@echo "test             go test -race on everything, then a short run of each fuzzer"
+	@echo "fuzz             each fuzzer for FUZZTIME (default 5m)"
+	@echo "lint             gofmt and go vet"
+	@echo "bench            every benchmark in bench/, report in $(RESULTS)/"
+	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
+	@echo "bench-quick      the transport benchmark with short windows"
+
+build:
+	$(GO) build ./...
+
+test: test-unit fuzz-short
+
+test-unit:
+	$(GO) test -race -count=1 ./...
+
+fuzz-short:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $$t for $(SHORTFUZZ)"; \
+		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(SHORTFUZZ) ./ring || exit 1; \
+	done
+
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $$t for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZTIME) ./ring || exit 1; \
+	done
+
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+bench: bench-transport
+
+bench-transport:
+	$(GO) run ./bench/transport -out $(RESULTS)
+
+bench-quick:
+	$(GO) run ./bench/transport -quick -out $(RESULTS)
+
+clean:
+	rm -rf bin $(RESULTS)
