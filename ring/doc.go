@@ -5,7 +5,10 @@
 // against shrinking and growing, and passed to the client once over a Unix
 // socket (SCM_RIGHTS) after the kernel has told the service who the client
 // is (SO_PEERCRED). The socket then only tells each side when the other
-// has gone. Layout, ABI version 1 (all integers little-endian):
+// has gone. Layout, ABI version 1. All integers are little-endian: the
+// fields encoded byte by byte explicitly, and the sequence, doorbell and
+// state words because weir runs only on little-endian hosts (amd64, arm64),
+// where they are accessed natively with atomics.
 //
 //	offset 0          +---------------------------------------------+
 //	                  | header, 4096 bytes                          |

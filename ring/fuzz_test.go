@@ -3,6 +3,7 @@ package ring
 import (
 	"encoding/binary"
 	"errors"
+	"math/bits"
 	"syscall"
 	"testing"
 )
@@ -27,10 +28,18 @@ func FuzzDecodeHeader(f *testing.F) {
 		if g.TotalSize != mapped {
 			t.Fatalf("decoded size %d for mapping %d", g.TotalSize, mapped)
 		}
-		sqEnd := g.SQOffset + uint64(g.SQEntries)*SQSlotSize
-		cqEnd := g.CQOffset + uint64(g.CQEntries)*CQSlotSize
+		end := func(off, n uint64) uint64 {
+			e, carry := bits.Add64(off, n, 0)
+			if carry != 0 {
+				t.Fatalf("accepted a layout whose end wraps: %+v", g)
+			}
+			return e
+		}
+		sqEnd := end(g.SQOffset, uint64(g.SQEntries)*SQSlotSize)
+		cqEnd := end(g.CQOffset, uint64(g.CQEntries)*CQSlotSize)
+		arenaEnd := end(g.ArenaOffset, g.ArenaSize)
 		if g.SQOffset < HeaderSize || sqEnd > g.CQOffset || cqEnd > g.ArenaOffset ||
-			g.ArenaOffset+g.ArenaSize > mapped || g.ArenaSize >= MaxArenaSize {
+			arenaEnd > mapped || g.ArenaSize >= MaxArenaSize {
 			t.Fatalf("accepted overlapping or oversized layout %+v", g)
 		}
 	})

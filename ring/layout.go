@@ -94,8 +94,8 @@ const (
 	knownFeatures = FeatureIndirect | FeatureHugePages
 )
 
-// Descriptor flags. The low byte of the flags field belongs to the ring;
-// services may not define their own bits there.
+// Descriptor flags. The flags byte belongs to the ring and unknown bits are
+// refused with EINVAL; a service carries its own flags in Arg.
 const (
 	// FlagIndirect: Segs[0] names an arena table of NSeg segments instead of
 	// the segments themselves.
@@ -108,8 +108,8 @@ const (
 const (
 	StateInit    uint32 = 0 // region created, handshake not complete
 	StateRunning uint32 = 1 // this side serves / submits
-	StateClosing uint32 = 2 // this side is draining; no new work
-	StateClosed  uint32 = 3 // this side is gone
+	// 2 is reserved (an earlier draft's "closing"; never written).
+	StateClosed uint32 = 3 // this side is gone
 )
 
 // Geometry is the immutable shape of a ring region. The creator chooses it;
@@ -198,6 +198,14 @@ func NewGeometry(cfg Config) (Geometry, error) {
 // Validate checks a geometry read from a peer's header against the size of
 // the mapping it came with. Every offset is checked before any use.
 func (g Geometry) Validate(mapped uint64) error {
+	// Size and offsets first, so that no sum below can wrap.
+	switch {
+	case g.TotalSize != mapped:
+		return fmt.Errorf("ring: header says %d bytes, mapping has %d", g.TotalSize, mapped)
+	case g.CQOffset >= mapped || g.ArenaOffset >= mapped || g.ArenaSize > mapped:
+		return fmt.Errorf("ring: offsets (CQ %d, arena %d+%d) beyond the %d-byte region",
+			g.CQOffset, g.ArenaOffset, g.ArenaSize, mapped)
+	}
 	switch {
 	case g.Features&^knownFeatures != 0:
 		return fmt.Errorf("ring: unknown feature bits %#x", g.Features&^knownFeatures)
@@ -219,8 +227,6 @@ func (g Geometry) Validate(mapped uint64) error {
 		return fmt.Errorf("ring: bad arena size %d", g.ArenaSize)
 	case g.ArenaOffset+g.ArenaSize < g.ArenaOffset || g.ArenaOffset+g.ArenaSize > g.TotalSize:
 		return fmt.Errorf("ring: arena [%d,+%d) beyond region size %d", g.ArenaOffset, g.ArenaSize, g.TotalSize)
-	case g.TotalSize != mapped:
-		return fmt.Errorf("ring: header says %d bytes, mapping has %d", g.TotalSize, mapped)
 	}
 	return nil
 }

@@ -230,3 +230,19 @@ func TestHugePageRegion(t *testing.T) {
 		t.Fatalf("huge page geometry %+v", r.Geometry())
 	}
 }
+
+// TestValidateNoWrap: offsets near 2^64 must not wrap past the checks.
+func TestValidateNoWrap(t *testing.T) {
+	g, _ := NewGeometry(Config{SQEntries: 8, ArenaSize: 64 << 10})
+	for _, mut := range []func(*Geometry){
+		func(g *Geometry) { g.CQOffset = 1<<64 - 4096 },
+		func(g *Geometry) { g.ArenaOffset = 1<<64 - 4096 },
+		func(g *Geometry) { g.ArenaSize = 1<<64 - 4096 },
+	} {
+		b := g
+		mut(&b)
+		if err := b.Validate(b.TotalSize); err == nil {
+			t.Errorf("wrapping geometry accepted: %+v", b)
+		}
+	}
+}

@@ -159,7 +159,7 @@ type ServerSession struct {
 	sqBell doorbell
 	cqBell doorbell
 
-	backlog  []Completion // completions waiting for CQ space (at most one batch)
+	backlog  []Completion // completions waiting for CQ space; Poll takes no new request while it is non-empty, so it holds at most one
 	slotBuf  [SQSlotSize]byte
 	segBuf   []Segment
 	tableBuf []byte

@@ -49,6 +49,9 @@ func checkHello(b []byte, magic uint64) error {
 	if v := binary.LittleEndian.Uint32(b[8:]); v != ABIVersion {
 		return fmt.Errorf("ring: peer speaks ABI %d, this side %d", v, ABIVersion)
 	}
+	if r := binary.LittleEndian.Uint32(b[12:]); r != 0 {
+		return fmt.Errorf("ring: handshake reserved word is %#x, want 0", r)
+	}
 	return nil
 }
 
