@@ -83,6 +83,7 @@ func (q *Request) WritePayload(src []byte) int {
 
 // Handler serves validated requests of one session. Serve runs on the
 // session's poller goroutine and returns the completion's Result and Aux.
+// The *Request is valid only during the call.
 type Handler interface {
 	Known(op uint8) bool
 	Serve(req *Request) (result int64, aux uint64)
@@ -159,6 +160,7 @@ type ServerSession struct {
 	sqBell doorbell
 	cqBell doorbell
 
+	req      Request // the request being served; reused to keep Serve allocation-free
 	backlog  []Completion // completions waiting for CQ space; Poll takes no new request while it is non-empty, so it holds at most one
 	slotBuf  [SQSlotSize]byte
 	segBuf   []Segment
@@ -334,8 +336,9 @@ func (s *ServerSession) serveOne(d *Descriptor) Completion {
 		s.Stats.Rejected.Add(1)
 		return errCompletion(d.ReqID, e)
 	}
-	req := Request{Descriptor: *d, Segs: segs, arena: s.r.arena()}
-	res, aux := s.h.Serve(&req)
+	// req is owned by this goroutine and reused: a Handler must not keep it.
+	s.req = Request{Descriptor: *d, Segs: segs, arena: s.r.arena()}
+	res, aux := s.h.Serve(&s.req)
 	if cap(segs) > cap(s.segBuf) && cap(segs) <= MaxSegments {
 		s.segBuf = segs[:0]
 	}

@@ -276,6 +276,12 @@ func Listen(path string, cfg Config) (*Listener, error) {
 // Addr returns the socket path.
 func (l *Listener) Addr() string { return l.l.Addr().String() }
 
+// AcceptUnix waits for a connection without handshaking.
+func (l *Listener) AcceptUnix() (*net.UnixConn, error) { return l.l.AcceptUnix() }
+
+// Config returns the ring configuration sessions of this listener get.
+func (l *Listener) Config() Config { return l.cfg }
+
 // Close stops accepting; sessions already accepted go on.
 func (l *Listener) Close() error { return l.l.Close() }
 
@@ -287,9 +293,12 @@ type ServerConn struct {
 	stop func()
 }
 
-// Accept waits for a client and runs the handshake. A failed handshake is
-// returned as an error that does not stop the listener (check with
-// errors.Is(err, net.ErrClosed) for that).
+// Accept waits for a client and runs the handshake. ctx bounds only the
+// handshake; to stop a blocked Accept, Close the listener (Accept then
+// returns an error matching net.ErrClosed). A failed handshake is returned
+// as an error that does not stop the listener. Accept handshakes in the
+// caller's goroutine; a server that must not let a slow client delay others
+// accepts with AcceptUnix and runs NewServerConn per connection.
 func (l *Listener) Accept(ctx context.Context, h Handler, mode WaitMode) (*ServerConn, error) {
 	conn, err := l.l.AcceptUnix()
 	if err != nil {

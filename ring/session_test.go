@@ -445,3 +445,22 @@ func stressOne(c *Client, rng *rand.Rand) error {
 		return nil
 	}
 }
+
+// TestServeDoesNotAllocate: a round trip costs no heap allocation on either
+// side once warm (GC pressure steals the cores the pollers spin on).
+func TestServeDoesNotAllocate(t *testing.T) {
+	e := newPipe(t, smallCfg(), WaitBusyPoll, ClientOptions{Mode: WaitBusyPoll})
+	ctx := context.Background()
+	b, err := e.cli.Alloc(ctx, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	call := &Call{Op: OpEcho, Buf: b}
+	for range 100 {
+		e.cli.Do(ctx, call)
+	}
+	if a := testing.AllocsPerRun(1000, func() { e.cli.Do(ctx, call) }); a != 0 {
+		t.Fatalf("%.2f allocations per echo round trip", a)
+	}
+}
