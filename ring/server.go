@@ -160,7 +160,7 @@ type ServerSession struct {
 	sqBell doorbell
 	cqBell doorbell
 
-	req      Request // the request being served; reused to keep Serve allocation-free
+	req      Request      // the request being served; reused to keep Serve allocation-free
 	backlog  []Completion // completions waiting for CQ space; Poll takes no new request while it is non-empty, so it holds at most one
 	slotBuf  [SQSlotSize]byte
 	segBuf   []Segment
