@@ -1,0 +1,94 @@
+# weir configuration: one file for `weir up`, every service and the CLI.
+#
+# Every setting is optional; the value shown is the default, except where a
+# comment says "differs from the default". Flags override the file, and the
+# file overrides the defaults: --data, --log-level, --log-format, --nats-url.
+#
+# Relative paths are relative to the directory holding this file.
+# Durations are strings: "500us", "5ms", "2s", "1m".
+# Sizes are a number of bytes or a string with a binary unit: 4096, "64KiB",
+# "8MiB", "1GiB".
+
+# Where weir keeps its data: metadata WAL and checkpoints, blobs, staging.
+# `weir up --data DIR` overrides it.
+data_dir = "/var/lib/weir"
+
+# Directory of the Unix sockets clients connect to. Default: <data_dir>/run,
+# so it follows --data unless set here.
+# run_dir = "/var/lib/weir/run"
+
+# trace, debug, info, warn or error.
+log_level = "info"
+
+# text (human) or json (one object per line).
+log_format = "text"
+
+# Control plane: health, stats, leases, verification jobs. NATS never
+# carries file data or namespace requests.
+nats {
+  # Empty: `weir up` starts an embedded server in its own process.
+  # Otherwise the URL (or comma-separated URLs) of an external cluster,
+  # e.g. "nats://10.0.0.5:4222,nats://10.0.0.6:4222".
+  url = ""
+
+  # Address of the embedded server; loopback only. Port -1 or 0 picks a
+  # random free port.
+  # Differs from the default "127.0.0.1:-1": a fixed port lets `weir status`
+  # and the nats CLI in another shell find the server.
+  listen = "127.0.0.1:4222"
+
+  # How long one connection attempt may take. After the first connection,
+  # processes reconnect forever with backoff.
+  connect_timeout = "5s"
+}
+
+metadata {
+  # Socket clients connect to for namespace requests. Default:
+  # <run_dir>/metadata.sock, so it follows run_dir unless set here.
+  # socket = "/var/lib/weir/run/metadata.sock"
+
+  # true: fsync the WAL before replying to every mutation. false: group
+  # commit, one fsync every sync_interval for all mutations that arrived
+  # meanwhile. Both are durable: a reply is sent only after its record is
+  # synced; true trades throughput for latency on a quiet system.
+  sync_every_op = false
+
+  # Group-commit interval when sync_every_op is false.
+  sync_interval = "5ms"
+
+  # WAL records between metadata checkpoints (snapshot, then WAL trim).
+  checkpoint_every = 10000
+}
+
+io {
+  # Socket clients connect to for reads and writes. Default:
+  # <run_dir>/io.sock, so it follows run_dir unless set here.
+  # socket = "/var/lib/weir/run/io.sock"
+
+  # file: blobs under data_dir. mem: in memory, lost on exit (tests only).
+  backend = "file"
+
+  # O_DIRECT for the file backend: auto uses it where the file system
+  # allows, on requires it (start fails otherwise), off never uses it.
+  direct = "auto"
+
+  # How polling workers wait for requests: adaptive spins briefly then
+  # sleeps on the doorbell; busy-poll never sleeps (a pinned core each).
+  wait_mode = "adaptive"
+
+  # Polling workers; each serves its sessions round-robin.
+  workers = 1
+}
+
+# Shape of the shared-memory rings created for each client session.
+ring {
+  # Submission queue slots: a power of two from 2 to 32768. The completion
+  # queue gets twice as many.
+  sq_entries = 256
+
+  # Payload arena per session: at least two blocks, below 4GiB.
+  arena_size = "8MiB"
+
+  # Arena allocation unit: a power of two from 64 B to 1 MiB.
+  block_size = "4KiB"
+}

@@ -1,0 +1,166 @@
+// Package config is the one configuration of every weir process: weir up,
+// the services and the CLI read the same file, the same defaults and the same
+// override flags.
+//
+// # Why HCL
+//
+// hashicorp/hcl/v2 gives file:line diagnostics for every mistake for free;
+// it belongs to the same ecosystem as go-hclog, which weir logs with; it
+// allows comments; and its blocks give each service its own section.
+//
+// # Sources and precedence
+//
+// Flags > file > defaults. [Default] needs no file at all; [Load] reads a
+// file over the defaults; [Config.ApplyFlags] lays the flags defined by
+// [AddFlags] over the result. Defaults that derive from another setting
+// (run_dir from data_dir, the sockets from run_dir) follow that setting
+// wherever it came from, unless they were set themselves.
+//
+// # Paths
+//
+// A relative path in a file is relative to the directory holding that file,
+// so a configuration means the same thing whatever the working directory of
+// the process reading it. A relative --data is relative to the working
+// directory, like any command-line path. After loading every path is
+// absolute and clean.
+//
+// # Errors
+//
+// Load reports every problem of a file at once, as one [*Error] whose text
+// has one "file:line: message" line per problem, in file order. Unknown
+// attributes and blocks are errors.
+//
+// See configs/weir.hcl for a commented example with every setting.
+package config
+
+import (
+	"path/filepath"
+	"time"
+)
+
+// Config is the configuration of every weir process. A Config from
+// [Default] or [Load] is valid; code that builds one by hand should call
+// [Config.Validate].
+type Config struct {
+	DataDir   string   // data_dir: default "/var/lib/weir"; `--data DIR` overrides
+	RunDir    string   // run_dir: sockets; default "<DataDir>/run"
+	LogLevel  string   // log_level: trace|debug|info|warn|error, default info
+	LogFormat string   // log_format: text|json, default text
+	NATS      NATS     // block "nats"
+	Metadata  Metadata // block "metadata"
+	IO        IO       // block "io"
+	Ring      Ring     // block "ring"
+
+	// derived records which paths still hold a default computed from
+	// another setting, so that an override of that setting moves them too.
+	derived derivedPaths
+}
+
+type derivedPaths struct {
+	runDir, metadataSocket, ioSocket bool
+}
+
+// NATS configures the control plane.
+type NATS struct {
+	URL            string        // url: "" starts an embedded server; else a nats.go URL list
+	Listen         string        // listen: embedded server address, loopback only; default "127.0.0.1:-1" (random port)
+	ConnectTimeout time.Duration // connect_timeout: default 5s
+}
+
+// Metadata configures the metadata service.
+type Metadata struct {
+	Socket          string        // socket: default "<RunDir>/metadata.sock"
+	SyncEveryOp     bool          // sync_every_op: fsync the WAL before every reply; default false (group commit)
+	SyncInterval    time.Duration // sync_interval: group-commit interval; default 5ms
+	CheckpointEvery int           // checkpoint_every: WAL records between checkpoints; default 10000
+}
+
+// IO configures the IO service.
+type IO struct {
+	Socket   string // socket: default "<RunDir>/io.sock"
+	Backend  string // backend: file|mem, default file
+	Direct   string // direct: O_DIRECT for the file backend, auto|on|off; default auto
+	WaitMode string // wait_mode: adaptive|busy-poll, default adaptive
+	Workers  int    // workers: polling workers; default 1
+}
+
+// Ring sizes the shared-memory rings a service creates for each session.
+type Ring struct {
+	SQEntries int  // sq_entries: power of two in [2, 32768]; default 256 (the CQ gets twice as many)
+	ArenaSize Size // arena_size: default 8MiB; at least two blocks, below 4 GiB
+	BlockSize Size // block_size: power of two in [64 B, 1 MiB]; default 4KiB
+}
+
+// Default values. Paths derived from DataDir are not listed: see [Default].
+const (
+	DefaultDataDir         = "/var/lib/weir"
+	DefaultLogLevel        = "info"
+	DefaultLogFormat       = "text"
+	DefaultNATSListen      = "127.0.0.1:-1"
+	DefaultConnectTimeout  = 5 * time.Second
+	DefaultSyncInterval    = 5 * time.Millisecond
+	DefaultCheckpointEvery = 10000
+	DefaultBackend         = "file"
+	DefaultDirect          = "auto"
+	DefaultWaitMode        = "adaptive"
+	DefaultWorkers         = 1
+	DefaultSQEntries       = 256
+	DefaultArenaSize       = 8 * MiB
+	DefaultBlockSize       = 4 * KiB
+)
+
+// Allowed values of the enumerated settings, in the order error messages
+// list them.
+var (
+	LogLevels  = []string{"trace", "debug", "info", "warn", "error"}
+	LogFormats = []string{"text", "json"}
+	Backends   = []string{"file", "mem"}
+	DirectIO   = []string{"auto", "on", "off"}
+	WaitModes  = []string{"adaptive", "busy-poll"}
+)
+
+// Default returns the configuration used when there is no file: data in
+// /var/lib/weir, sockets in /var/lib/weir/run, an embedded NATS server on a
+// random loopback port.
+func Default() *Config {
+	c := &Config{
+		DataDir:   DefaultDataDir,
+		LogLevel:  DefaultLogLevel,
+		LogFormat: DefaultLogFormat,
+		NATS: NATS{
+			Listen:         DefaultNATSListen,
+			ConnectTimeout: DefaultConnectTimeout,
+		},
+		Metadata: Metadata{
+			SyncInterval:    DefaultSyncInterval,
+			CheckpointEvery: DefaultCheckpointEvery,
+		},
+		IO: IO{
+			Backend:  DefaultBackend,
+			Direct:   DefaultDirect,
+			WaitMode: DefaultWaitMode,
+			Workers:  DefaultWorkers,
+		},
+		Ring: Ring{
+			SQEntries: DefaultSQEntries,
+			ArenaSize: DefaultArenaSize,
+			BlockSize: DefaultBlockSize,
+		},
+		derived: derivedPaths{runDir: true, metadataSocket: true, ioSocket: true},
+	}
+	c.derivePaths()
+	return c
+}
+
+// derivePaths recomputes every path that still holds a derived default.
+func (c *Config) derivePaths() {
+	if c.derived.runDir {
+		c.RunDir = filepath.Join(c.DataDir, "run")
+	}
+	if c.derived.metadataSocket {
+		c.Metadata.Socket = filepath.Join(c.RunDir, "metadata.sock")
+	}
+	if c.derived.ioSocket {
+		c.IO.Socket = filepath.Join(c.RunDir, "io.sock")
+	}
+}

@@ -1,0 +1,182 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+)
+
+// Ring limits, as enforced by ring.NewGeometry (TestRingLimitsMatch keeps
+// them in step): the CQ gets 2*SQEntries slots and holds at most 65536; the
+// arena is rounded up to max(BlockSize, 4 KiB) and its offsets are 32-bit.
+const (
+	MaxSQEntries = 1 << 15
+	MinBlockSize = 64 * B
+	MaxBlockSize = 1 * MiB
+	MaxArenaSize = 4 * GiB // exclusive
+	MaxWorkers   = 1024
+
+	ringPage = 4 * KiB
+	// maxSocketPath is the longest path a Unix socket address holds
+	// (sun_path is 108 bytes including the NUL).
+	maxSocketPath = 107
+)
+
+// Validate checks every setting and reports all problems at once as an
+// *Error. Load and ApplyFlags call it; code that builds a Config by hand
+// should too.
+func (c *Config) Validate() error {
+	return errorOf(c.validate(nil))
+}
+
+// validate checks c; where maps a setting's name to the range of the
+// attribute that set it, if a file did.
+func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	// at returns the range of the first of names that a file set.
+	at := func(names ...string) *hcl.Range {
+		for _, n := range names {
+			if r := where[n]; r != nil {
+				return r
+			}
+		}
+		return nil
+	}
+	bad := func(r *hcl.Range, name, format string, args ...any) {
+		diags = append(diags, &hcl.Diagnostic{
+			Severity: hcl.DiagError,
+			Summary:  name + ": " + fmt.Sprintf(format, args...),
+			Subject:  r,
+		})
+	}
+	enum := func(name, v string, allowed []string) {
+		if !slices.Contains(allowed, v) {
+			bad(at(name), name, "%q is not one of %s", v, strings.Join(allowed, ", "))
+		}
+	}
+	absPath := func(r *hcl.Range, name, p string) bool {
+		if !filepath.IsAbs(p) {
+			bad(r, name, "%q: want an absolute path", p)
+			return false
+		}
+		return true
+	}
+	socket := func(name, p string, from ...string) {
+		r := at(from...)
+		if absPath(r, name, p) && len(p) > maxSocketPath {
+			bad(r, name, "%q is %d bytes long; a Unix socket path holds at most %d", p, len(p), maxSocketPath)
+		}
+	}
+
+	absPath(at("data_dir"), "data_dir", c.DataDir)
+	absPath(at("run_dir", "data_dir"), "run_dir", c.RunDir)
+	enum("log_level", c.LogLevel, LogLevels)
+	enum("log_format", c.LogFormat, LogFormats)
+
+	if err := checkNATSURL(c.NATS.URL); err != nil {
+		bad(at("nats.url"), "nats.url", "%v", err)
+	}
+	if err := checkListen(c.NATS.Listen); err != nil {
+		bad(at("nats.listen"), "nats.listen", "%v", err)
+	}
+	if c.NATS.ConnectTimeout <= 0 {
+		bad(at("nats.connect_timeout"), "nats.connect_timeout", "%v: must be positive", c.NATS.ConnectTimeout)
+	}
+
+	socket("metadata.socket", c.Metadata.Socket, "metadata.socket", "run_dir", "data_dir")
+	if c.Metadata.SyncInterval <= 0 {
+		bad(at("metadata.sync_interval"), "metadata.sync_interval", "%v: must be positive", c.Metadata.SyncInterval)
+	}
+	if c.Metadata.CheckpointEvery < 1 {
+		bad(at("metadata.checkpoint_every"), "metadata.checkpoint_every", "%d: must be at least 1", c.Metadata.CheckpointEvery)
+	}
+
+	socket("io.socket", c.IO.Socket, "io.socket", "run_dir", "data_dir")
+	if c.IO.Socket == c.Metadata.Socket {
+		bad(at("io.socket", "metadata.socket"), "io.socket", "%q is also metadata.socket", c.IO.Socket)
+	}
+	enum("io.backend", c.IO.Backend, Backends)
+	enum("io.direct", c.IO.Direct, DirectIO)
+	enum("io.wait_mode", c.IO.WaitMode, WaitModes)
+	if c.IO.Workers < 1 || c.IO.Workers > MaxWorkers {
+		bad(at("io.workers"), "io.workers", "%d: want 1 to %d", c.IO.Workers, MaxWorkers)
+	}
+
+	r := c.Ring
+	if r.SQEntries < 2 || r.SQEntries > MaxSQEntries || !isPow2(uint64(r.SQEntries)) {
+		bad(at("ring.sq_entries"), "ring.sq_entries", "%d: want a power of two from 2 to %d", r.SQEntries, MaxSQEntries)
+	}
+	blockOK := r.BlockSize >= MinBlockSize && r.BlockSize <= MaxBlockSize && isPow2(uint64(r.BlockSize))
+	if !blockOK {
+		bad(at("ring.block_size"), "ring.block_size", "%v: want a power of two from %v to %v", r.BlockSize, MinBlockSize, MaxBlockSize)
+	}
+	arenaAt := at("ring.arena_size", "ring.block_size")
+	switch rounded := alignUp(r.ArenaSize, max(r.BlockSize, ringPage)); {
+	case r.ArenaSize >= MaxArenaSize || rounded >= MaxArenaSize || rounded < r.ArenaSize:
+		bad(arenaAt, "ring.arena_size", "%v: must be below %v (arena offsets are 32-bit)", r.ArenaSize, MaxArenaSize)
+	case blockOK && r.ArenaSize < 2*r.BlockSize:
+		// A request's buffer leaves one block for its segment table.
+		bad(arenaAt, "ring.arena_size", "%v: must hold at least two blocks of %v", r.ArenaSize, r.BlockSize)
+	}
+	return diags
+}
+
+func isPow2(v uint64) bool { return v != 0 && v&(v-1) == 0 }
+
+func alignUp(v, a Size) Size {
+	if !isPow2(uint64(a)) {
+		return v
+	}
+	return (v + a - 1) &^ (a - 1)
+}
+
+// checkNATSURL accepts "" or a comma-separated list of nats.go server URLs.
+func checkNATSURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	for u := range strings.SplitSeq(s, ",") {
+		u = strings.TrimSpace(u)
+		if u == "" {
+			return fmt.Errorf("%q: empty entry in the URL list", s)
+		}
+		if !strings.Contains(u, "://") {
+			u = "nats://" + u // nats.go's own default
+		}
+		p, err := url.Parse(u)
+		if err != nil {
+			return fmt.Errorf("%q: %v", s, err)
+		}
+		switch p.Scheme {
+		case "nats", "tls", "ws", "wss":
+		default:
+			return fmt.Errorf("%q: scheme %q is not nats, tls, ws or wss", s, p.Scheme)
+		}
+		if p.Host == "" {
+			return fmt.Errorf("%q: no host", s)
+		}
+	}
+	return nil
+}
+
+// checkListen accepts a loopback "host:port" with port -1 or 0 (random)
+// up to 65535. The same rule is in control.StartEmbedded.
+func checkListen(s string) error {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return fmt.Errorf("%q: want host:port", s)
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return fmt.Errorf("%q: the embedded server listens on loopback only (127.0.0.1, ::1 or localhost); use nats.url for anything else", s)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < -1 || p > 65535 {
+		return fmt.Errorf("%q: port must be -1 or 0 (random) up to 65535", s)
+	}
+	return nil
+}

@@ -1,0 +1,91 @@
+package control
+
+import (
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// ServicePrefix starts the micro service name of every weir service.
+const ServicePrefix = "weir-"
+
+// Endpoint names every weir service registers.
+const (
+	HealthEndpoint = "health"
+	StatsEndpoint  = "stats"
+)
+
+// ServiceInfo names a service. Name is "weir-<short>" with short made of
+// letters, digits, '-' and '_'; Version is a semantic version ("" means
+// "0.0.0-dev").
+type ServiceInfo struct {
+	Name, Version, Description string
+}
+
+// Health is the reply of a health endpoint.
+type Health struct {
+	Status string `json:"status"`          // "ok" or "error"
+	Error  string `json:"error,omitempty"` // why, when Status is "error"
+}
+
+var shortName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
+
+// Register registers the micro service info.Name on nc with the endpoints
+// "health" and "stats" in group "weir.<short>" (see the package comment for
+// the subjects). health replies {"status":"ok"} when healthFn returns nil
+// and {"status":"error","error":...} otherwise; stats replies the JSON of
+// statsFn(), which should be a struct or map. Either function may be nil.
+// They run on NATS's delivery goroutines, concurrently with the service,
+// and must be safe for that. Stop the returned service before closing nc.
+func Register(nc *nats.Conn, info ServiceInfo, healthFn func() error, statsFn func() any) (micro.Service, error) {
+	short, ok := strings.CutPrefix(info.Name, ServicePrefix)
+	if !ok || !shortName.MatchString(short) {
+		return nil, fmt.Errorf("control: service name %q: want %q followed by letters, digits, '-' or '_'", info.Name, ServicePrefix)
+	}
+	version := info.Version
+	if version == "" {
+		version = "0.0.0-dev"
+	}
+	svc, err := micro.AddService(nc, micro.Config{
+		Name:        info.Name,
+		Version:     version,
+		Description: info.Description,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("control: register %s: %w", info.Name, err)
+	}
+	id := svc.Info().ID
+	g := svc.AddGroup("weir." + short)
+	err = g.AddEndpoint(HealthEndpoint, micro.HandlerFunc(func(req micro.Request) {
+		h := Health{Status: "ok"}
+		if healthFn != nil {
+			if err := healthFn(); err != nil {
+				h = Health{Status: "error", Error: err.Error()}
+			}
+		}
+		_ = req.RespondJSON(h) // a lost reply is the requester's timeout
+	}), micro.WithEndpointSubject(id+"."+HealthEndpoint))
+	if err == nil {
+		err = g.AddEndpoint(StatsEndpoint, micro.HandlerFunc(func(req micro.Request) {
+			var v any = struct{}{}
+			if statsFn != nil {
+				v = statsFn()
+			}
+			b, err := json.Marshal(v)
+			if err != nil {
+				_ = req.Error("500", "stats: "+err.Error(), nil)
+				return
+			}
+			_ = req.Respond(b)
+		}), micro.WithEndpointSubject(id+"."+StatsEndpoint))
+	}
+	if err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("control: register %s: %w", info.Name, err)
+	}
+	return svc, nil
+}

@@ -1,0 +1,238 @@
+package control
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+)
+
+// Discovery and request bounds; ctx may shorten all of them.
+const (
+	// discoverMax bounds the wait for $SRV.INFO replies; discoverQuiet
+	// ends it early once replies stop coming.
+	discoverMax   = 2 * time.Second
+	discoverQuiet = 250 * time.Millisecond
+	// requestTimeout bounds each health or stats request.
+	requestTimeout = 2 * time.Second
+)
+
+// ServiceStatus is what Status learned about one service instance.
+type ServiceStatus struct {
+	Name    string         `json:"name"`
+	ID      string         `json:"id"`
+	Version string         `json:"version"`
+	Healthy bool           `json:"healthy"`
+	Error   string         `json:"error,omitempty"` // why it is unhealthy, or why its stats are missing
+	Stats   map[string]any `json:"stats"`           // numbers are json.Number
+}
+
+// Status discovers every weir micro service instance reachable on nc (by
+// $SRV.INFO, keeping names that start with "weir-"), asks each instance
+// for its health and stats, and returns them sorted by name, then id. An
+// instance that does not answer is listed as unhealthy. With no weir
+// services the result is empty, not an error.
+func Status(ctx context.Context, nc *nats.Conn) ([]ServiceStatus, error) {
+	infos, err := discover(ctx, nc)
+	if err != nil {
+		return nil, err
+	}
+	st := make([]ServiceStatus, len(infos))
+	var wg sync.WaitGroup
+	for i, info := range infos {
+		wg.Go(func() { st[i] = query(ctx, nc, info) })
+	}
+	wg.Wait()
+	slices.SortFunc(st, func(a, b ServiceStatus) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.ID, b.ID))
+	})
+	return st, nil
+}
+
+// discover gathers $SRV.INFO replies from weir services until replies
+// stop coming, discoverMax passes, or ctx ends.
+func discover(ctx context.Context, nc *nats.Conn) ([]micro.Info, error) {
+	subject, err := micro.ControlSubject(micro.InfoVerb, "", "")
+	if err != nil {
+		return nil, err
+	}
+	inbox := nc.NewRespInbox()
+	msgs := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(inbox, msgs)
+	if err != nil {
+		return nil, fmt.Errorf("control: discover: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest(subject, inbox, nil); err != nil {
+		return nil, fmt.Errorf("control: discover: %w", err)
+	}
+
+	limit := time.NewTimer(discoverMax)
+	defer limit.Stop()
+	var quiet <-chan time.Time // armed by the first reply
+	seen := map[string]bool{}
+	var infos []micro.Info
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-limit.C:
+			return infos, nil
+		case <-quiet:
+			return infos, nil
+		case m := <-msgs:
+			if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+				return nil, nil // no responders: no micro service at all
+			}
+			quiet = time.After(discoverQuiet)
+			var info micro.Info
+			if json.Unmarshal(m.Data, &info) != nil || !strings.HasPrefix(info.Name, ServicePrefix) || seen[info.ID] {
+				continue
+			}
+			seen[info.ID] = true
+			infos = append(infos, info)
+		}
+	}
+}
+
+// query asks one instance for health and stats, concurrently.
+func query(ctx context.Context, nc *nats.Conn, info micro.Info) ServiceStatus {
+	s := ServiceStatus{Name: info.Name, ID: info.ID, Version: info.Version}
+	var healthSubj, statsSubj string
+	for _, e := range info.Endpoints {
+		switch e.Name {
+		case HealthEndpoint:
+			healthSubj = e.Subject
+		case StatsEndpoint:
+			statsSubj = e.Subject
+		}
+	}
+	var (
+		wg        sync.WaitGroup
+		healthErr error
+		statsErr  error
+	)
+	wg.Go(func() {
+		var h Health
+		if healthErr = request(ctx, nc, healthSubj, &h); healthErr == nil {
+			s.Healthy = h.Status == "ok"
+			if !s.Healthy {
+				healthErr = errors.New(cmp.Or(h.Error, fmt.Sprintf("status %q", h.Status)))
+			}
+		}
+	})
+	wg.Go(func() {
+		var raw any
+		if statsErr = request(ctx, nc, statsSubj, &raw); statsErr == nil {
+			if m, ok := raw.(map[string]any); ok {
+				s.Stats = m
+			} else {
+				s.Stats = map[string]any{"value": raw}
+			}
+		}
+	})
+	wg.Wait()
+	var errs []string
+	if healthErr != nil {
+		errs = append(errs, healthErr.Error())
+	}
+	if statsErr != nil {
+		errs = append(errs, "stats: "+statsErr.Error())
+	}
+	s.Error = strings.Join(errs, "; ")
+	return s
+}
+
+// request sends an empty request to subject and decodes the JSON reply
+// into v, numbers as json.Number.
+func request(ctx context.Context, nc *nats.Conn, subject string, v any) error {
+	if subject == "" {
+		return errors.New("endpoint not registered")
+	}
+	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
+	defer cancel()
+	m, err := nc.RequestWithContext(ctx, subject, nil)
+	if err != nil {
+		return err
+	}
+	if desc := m.Header.Get(micro.ErrorHeader); desc != "" {
+		return errors.New(desc)
+	}
+	d := json.NewDecoder(bytes.NewReader(m.Data))
+	d.UseNumber()
+	if err := d.Decode(v); err != nil {
+		return fmt.Errorf("bad reply: %w", err)
+	}
+	return nil
+}
+
+// FormatStatus writes st as a table, one instance a line, with the
+// service's counters as key=value; or, with asJSON, as a JSON array.
+func FormatStatus(w io.Writer, st []ServiceStatus, asJSON bool) error {
+	if asJSON {
+		if st == nil {
+			st = []ServiceStatus{}
+		}
+		e := json.NewEncoder(w)
+		e.SetIndent("", "  ")
+		return e.Encode(st)
+	}
+	if len(st) == 0 {
+		_, err := fmt.Fprintln(w, "no weir services found")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tID\tVERSION\tHEALTH\tSTATS")
+	for _, s := range st {
+		health := "ok"
+		if !s.Healthy {
+			health = "error"
+		}
+		if s.Error != "" {
+			health += ": " + s.Error
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.ID, s.Version, health, counters(s.Stats))
+	}
+	return tw.Flush()
+}
+
+// counters renders stats as sorted key=value pairs; nested objects become
+// dotted keys, arrays their JSON.
+func counters(stats map[string]any) string {
+	var parts []string
+	var walk func(prefix string, m map[string]any)
+	walk = func(prefix string, m map[string]any) {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			switch v := m[k].(type) {
+			case map[string]any:
+				walk(prefix+k+".", v)
+			case string:
+				if strings.ContainsAny(v, " \t=\"") || v == "" {
+					v = fmt.Sprintf("%q", v)
+				}
+				parts = append(parts, prefix+k+"="+v)
+			case nil:
+				parts = append(parts, prefix+k+"=null")
+			case []any:
+				b, _ := json.Marshal(v)
+				parts = append(parts, prefix+k+"="+string(b))
+			default:
+				parts = append(parts, fmt.Sprintf("%s%s=%v", prefix, k, v))
+			}
+		}
+	}
+	walk("", stats)
+	return strings.Join(parts, " ")
+}

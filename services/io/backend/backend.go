@@ -1,0 +1,121 @@
+// Package backend defines how the IO service stores file data: one blob per
+// file, named by a BlobID, behind the Backend interface.
+//
+// The interface is shaped so that SPDK Blobstore fits it unchanged: a blob is
+// the whole data of one file; creating, deleting and resizing a blob are
+// metadata operations (on SPDK they run on the one thread that loaded the
+// blobstore); reads and writes go through handles that the IO service's
+// polling workers use concurrently (on SPDK, through per-worker IO channels).
+// Every implementation must therefore be safe for concurrent use, both of a
+// Backend and of each Blob handle.
+//
+// Implementations: backend/file (the default: one file per blob, O_DIRECT
+// where the file system allows it), backend/mem (sparse, in memory, for
+// tests), backend/faulty (a wrapper that injects errors) and, later, the SPDK
+// backend. backend/backendtest is the conformance suite all of them pass.
+//
+// Errors are syscall.Errno values wrapped with context, so callers test them
+// with errors.Is(err, syscall.ENOENT) and the IO service can return the errno
+// to a client unchanged:
+//
+//	EINVAL  blob id 0, negative offset or size
+//	EFBIG   offset+length overflows int64 or ends beyond MaxBlobSize
+//	EEXIST  Create of a blob that exists
+//	ENOENT  Open or Delete of a blob that does not exist
+//	EBUSY   Delete while a Blob handle of that blob is open
+//	EBADF   any use of a Blob after its Close, or of a Backend after its Close
+//	EIO     and others: whatever the storage reports
+package backend
+
+import "syscall"
+
+// BlobID names one blob: the data of one file. 0 is never a valid id.
+type BlobID uint64
+
+// MaxBlobSize is the largest size a blob may have, in bytes (64 TiB). A read,
+// write or truncate that would end beyond it fails with EFBIG. A backend may
+// refuse smaller sizes with the error its storage reports (ext4, for
+// example, stops at 16 TiB with 4 KiB blocks).
+const MaxBlobSize int64 = 1 << 46
+
+// Backend stores blobs. Shaped so that SPDK Blobstore fits it unchanged (one
+// blob per file; create/delete/resize are metadata operations; reads and
+// writes go through per-worker channels): implementations must be safe for
+// concurrent use.
+type Backend interface {
+	// Create makes a new empty blob; EEXIST if present.
+	Create(id BlobID) error
+	// Open returns a handle to an existing blob; ENOENT if missing. Many
+	// opens of one blob are allowed, and their handles share the blob's
+	// data and size.
+	Open(id BlobID) (Blob, error)
+	// Delete removes a blob; ENOENT if missing, EBUSY while any Blob handle
+	// of it is open.
+	Delete(id BlobID) error
+	// List returns every blob, ascending (for fsck).
+	List() ([]BlobID, error)
+	// Sync makes the creates and deletes so far durable. It does not sync
+	// blob data: that is Blob.Sync.
+	Sync() error
+	// Close releases the backend. Blob handles still open become unusable
+	// (EBADF); every later call on the backend returns EBADF.
+	Close() error
+	// Name is the backend's short name: "file", "mem".
+	Name() string
+}
+
+// Blob is an open handle to one blob. Its methods are safe for concurrent
+// use; concurrent writes to disjoint byte ranges never lose each other's
+// bytes, even when the ranges share a device block.
+type Blob interface {
+	// ID returns the blob's id.
+	ID() BlobID
+	// ReadAt reads len(p) bytes at off. Holes read as zeros; a read reaching
+	// past Size returns the bytes up to Size and io.EOF.
+	ReadAt(p []byte, off int64) (int, error)
+	// WriteAt writes p at off, which may be any offset; it extends Size to
+	// off+len(p) if that is larger. An empty p changes nothing.
+	WriteAt(p []byte, off int64) (int, error)
+	// Size returns the blob's size in bytes.
+	Size() int64
+	// Truncate sets the size: it shrinks, or grows with zeros.
+	Truncate(size int64) error
+	// Sync makes this blob's data and size durable. A failed sync is
+	// sticky: every later Sync returns the error.
+	Sync() error
+	// Close releases the handle; later calls on it return EBADF.
+	Close() error
+}
+
+// CheckID returns EINVAL for the invalid id 0 and nil otherwise.
+func CheckID(id BlobID) error {
+	if id == 0 {
+		return syscall.EINVAL
+	}
+	return nil
+}
+
+// CheckRange validates an access of n bytes at off: EINVAL for a negative
+// off, EFBIG when off+n overflows or ends beyond MaxBlobSize. Backends call
+// it before touching storage and wrap the errno with their context.
+func CheckRange(off int64, n int) error {
+	if off < 0 || n < 0 {
+		return syscall.EINVAL
+	}
+	if off > MaxBlobSize || int64(n) > MaxBlobSize-off {
+		return syscall.EFBIG
+	}
+	return nil
+}
+
+// CheckSize validates a size given to Truncate: EINVAL when negative, EFBIG
+// beyond MaxBlobSize.
+func CheckSize(size int64) error {
+	if size < 0 {
+		return syscall.EINVAL
+	}
+	if size > MaxBlobSize {
+		return syscall.EFBIG
+	}
+	return nil
+}

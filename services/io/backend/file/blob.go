@@ -1,0 +1,345 @@
+package file
+
+import (
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/services/io/backend"
+)
+
+// edgeStripes is the number of edge-block locks per blob; block b uses
+// edge[b%edgeStripes].
+const edgeStripes = 64
+
+// blobFile is the state of one blob shared by all its open handles.
+type blobFile struct {
+	be   *Backend       // immutable
+	id   backend.BlobID // immutable
+	refs int            // open handles; protected by be.mu
+
+	// mu orders I/O against size changes and closing. Reads, and writes
+	// that end within the current size, hold it shared; writes that extend
+	// the blob, Truncate and closing hold it exclusively. So the size
+	// never changes under a shared holder, and the bytes of the file past
+	// the size are always absent or zero outside an exclusive holder.
+	mu      sync.RWMutex
+	fd      int           // protected by mu; valid while !closed
+	closed  bool          // protected by mu
+	size    atomic.Int64  // the blob size; written with mu held exclusively
+	sizeGen atomic.Uint64 // bumped at every size change, with mu held exclusively
+
+	// edge serialises the read-modify-write of partial blocks (O_DIRECT
+	// only): the lock of block b is held from its read to its write.
+	edge [edgeStripes]sync.Mutex
+
+	syncMu    sync.Mutex // serialises Sync
+	syncedGen uint64     // sizeGen at the last successful sync; protected by syncMu
+	syncErr   error      // sticky; protected by syncMu
+}
+
+// handle is one Blob returned by Open.
+type handle struct {
+	b      *blobFile // immutable
+	closed atomic.Bool
+}
+
+var _ backend.Blob = (*handle)(nil)
+
+// closeFile closes b's descriptor; called with be.mu held when the last
+// handle closes or the backend closes.
+func (b *blobFile) closeFile() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	if err := unix.Close(b.fd); err != nil {
+		return errorf("close", b.id, err)
+	}
+	return nil
+}
+
+// usable returns EBADF, wrapped for op, once h or its backend is closed.
+func (h *handle) usable(op string) error {
+	if h.closed.Load() || h.b.be.closed.Load() {
+		return errorf(op, h.b.id, syscall.EBADF)
+	}
+	return nil
+}
+
+func (h *handle) ID() backend.BlobID { return h.b.id }
+
+func (h *handle) Size() int64 { return h.b.size.Load() }
+
+func (h *handle) ReadAt(p []byte, off int64) (int, error) {
+	if err := h.usable("read"); err != nil {
+		return 0, err
+	}
+	if err := backend.CheckRange(off, len(p)); err != nil {
+		return 0, errorf("read", h.b.id, err)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	b := h.b
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return 0, errorf("read", b.id, syscall.EBADF)
+	}
+	size := b.size.Load()
+	if off >= size {
+		return 0, io.EOF
+	}
+	n := int(min(int64(len(p)), size-off))
+	var err error
+	if b.be.direct {
+		err = b.readDirectLocked(p[:n], off)
+	} else {
+		var got int
+		got, err = preadFull(b.fd, p[:n], off, false)
+		clear(p[got:n]) // a file shorter than the size after a crash
+	}
+	if err != nil {
+		return 0, errorf("read", b.id, err)
+	}
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// readDirectLocked reads p at off, which lies below the size, through
+// aligned bounce transfers. b.mu is held shared.
+func (b *blobFile) readDirectLocked(p []byte, off int64) error {
+	bp := getBounce()
+	defer putBounce(bp)
+	buf := *bp
+	end := off + int64(len(p))
+	for pos := alignDown(off); pos < end; {
+		chunk := buf[:min(alignUp(end)-pos, int64(len(buf)))]
+		got, err := preadFull(b.fd, chunk, pos, true)
+		if err != nil {
+			return err
+		}
+		clear(chunk[got:])
+		from := max(off, pos)
+		to := min(end, pos+int64(len(chunk)))
+		copy(p[from-off:to-off], chunk[from-pos:])
+		pos += int64(len(chunk))
+	}
+	return nil
+}
+
+func (h *handle) WriteAt(p []byte, off int64) (int, error) {
+	if err := h.usable("write"); err != nil {
+		return 0, err
+	}
+	if err := backend.CheckRange(off, len(p)); err != nil {
+		return 0, errorf("write", h.b.id, err)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	b := h.b
+	end := off + int64(len(p))
+	b.mu.RLock()
+	if end <= b.size.Load() {
+		defer b.mu.RUnlock()
+		return b.writeLocked(p, off, false)
+	}
+	b.mu.RUnlock()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.writeLocked(p, off, true)
+}
+
+// writeLocked writes p at off. b.mu is held exclusively when excl is set,
+// shared otherwise; a shared holder writes only below the size.
+func (b *blobFile) writeLocked(p []byte, off int64, excl bool) (int, error) {
+	if b.closed {
+		return 0, errorf("write", b.id, syscall.EBADF)
+	}
+	size := b.size.Load()
+	var n int
+	var err error
+	if b.be.direct {
+		var last int64
+		n, last, err = b.writeDirectLocked(p, off, size)
+		// The last block written may run past the end: cut the file
+		// back to the exact size. Bytes past the size are zeros, so a
+		// concurrent shared holder doing the same loses nothing.
+		if end := max(size, off+int64(n)); last > end {
+			if terr := ftruncate(b.fd, end); terr != nil && err == nil {
+				err = terr
+			}
+		}
+	} else {
+		n, err = pwriteFull(b.fd, p, off)
+	}
+	if excl {
+		if end := off + int64(n); end > size {
+			b.size.Store(end)
+			b.sizeGen.Add(1)
+		}
+	}
+	if err != nil {
+		return n, errorf("write", b.id, err)
+	}
+	return n, nil
+}
+
+// writeDirectLocked writes p at off with O_DIRECT: the partial first and
+// last blocks by read-modify-write under their edge lock, the aligned blocks
+// between straight from the bounce buffer. size is the blob size, stable
+// while b.mu is held. It returns the bytes of p written and the end of the
+// last block it wrote (or tried to).
+func (b *blobFile) writeDirectLocked(p []byte, off, size int64) (n int, last int64, err error) {
+	bp := getBounce()
+	defer putBounce(bp)
+	buf := *bp
+	end := off + int64(len(p))
+	pos := off
+	for pos < end {
+		start := alignDown(pos)
+		if pos != start || end < start+blockSize {
+			m := min(end, start+blockSize) - pos
+			last = start + blockSize
+			if err := b.patchBlock(buf[:blockSize], start, p[pos-off:pos-off+m], int(pos-start), size); err != nil {
+				return int(pos - off), last, err
+			}
+			pos += m
+			continue
+		}
+		chunk := buf[:min(alignDown(end)-pos, int64(len(buf)))]
+		copy(chunk, p[pos-off:])
+		last = pos + int64(len(chunk))
+		if _, err := pwriteFull(b.fd, chunk, pos); err != nil {
+			return int(pos - off), last, err
+		}
+		pos += int64(len(chunk))
+	}
+	return len(p), last, nil
+}
+
+// patchBlock writes data at byte in of the block that starts at start,
+// keeping the block's other bytes: it reads the block first when the block
+// starts below size (the bytes at and past size are zeros by invariant), all
+// under the block's edge lock.
+func (b *blobFile) patchBlock(block []byte, start int64, data []byte, in int, size int64) error {
+	mu := &b.edge[(start/blockSize)%edgeStripes]
+	mu.Lock()
+	defer mu.Unlock()
+	if start < size {
+		got, err := preadFull(b.fd, block, start, true)
+		if err != nil {
+			return err
+		}
+		clear(block[got:])
+		b.be.edgeReads.Add(1)
+	} else {
+		clear(block)
+	}
+	copy(block[in:], data)
+	b.be.edgeWrites.Add(1)
+	_, err := pwriteFull(b.fd, block, start)
+	return err
+}
+
+func (h *handle) Truncate(size int64) error {
+	if err := h.usable("truncate"); err != nil {
+		return err
+	}
+	if err := backend.CheckSize(size); err != nil {
+		return errorf("truncate", h.b.id, err)
+	}
+	b := h.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errorf("truncate", b.id, syscall.EBADF)
+	}
+	if err := ftruncate(b.fd, size); err != nil {
+		return errorf("truncate", b.id, err)
+	}
+	if b.size.Swap(size) != size {
+		b.sizeGen.Add(1)
+	}
+	return nil
+}
+
+// Sync is fdatasync, or fsync when the size changed since the last
+// successful sync. The first failure is returned by every later Sync of
+// the blob while the Backend lives.
+func (h *handle) Sync() error {
+	if err := h.usable("sync"); err != nil {
+		return err
+	}
+	b := h.b
+	b.syncMu.Lock()
+	defer b.syncMu.Unlock()
+	if b.syncErr != nil {
+		return b.syncErr
+	}
+	gen, err := b.syncFile()
+	if err == errClosed {
+		return errorf("sync", b.id, syscall.EBADF)
+	}
+	if err != nil {
+		b.syncErr = errorf("sync", b.id, err)
+		b.be.syncErrors.Add(1)
+		b.be.mu.Lock()
+		b.be.failed[b.id] = b.syncErr
+		b.be.mu.Unlock()
+		return b.syncErr
+	}
+	b.syncedGen = gen
+	return nil
+}
+
+// errClosed tells Sync the file closed under it: EBADF, not a sticky failure.
+var errClosed = errors.New("closed")
+
+// syncFile flushes the file and returns the size generation it covers.
+// b.syncMu is held; it takes b.mu shared (never b.be.mu, which is taken
+// before b.mu elsewhere).
+func (b *blobFile) syncFile() (uint64, error) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return 0, errClosed
+	}
+	gen := b.sizeGen.Load()
+	if hook := b.be.syncHook.Load(); hook != nil {
+		if err := (*hook)(b.id); err != nil {
+			return 0, err
+		}
+	}
+	if gen != b.syncedGen {
+		return gen, fsync(b.fd)
+	}
+	return gen, fdatasync(b.fd)
+}
+
+// Close releases the handle; the blob's file closes with its last handle.
+func (h *handle) Close() error {
+	if h.closed.Swap(true) {
+		return errorf("close", h.b.id, syscall.EBADF)
+	}
+	be := h.b.be
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	b := h.b
+	b.refs--
+	if b.refs > 0 || be.open[b.id] != b {
+		return nil // other handles, or the backend closed it already
+	}
+	delete(be.open, b.id)
+	return b.closeFile()
+}

@@ -1,0 +1,21 @@
+package file
+
+import "github.com/weir-storage/weir/services/io/backend"
+
+// SetSyncHook makes every blob sync of b call fn first; an error from fn
+// becomes the sync's result. nil removes the hook.
+func SetSyncHook(b backend.Backend, fn func(backend.BlobID) error) {
+	be := b.(*Backend)
+	if fn == nil {
+		be.syncHook.Store(nil)
+		return
+	}
+	be.syncHook.Store(&fn)
+}
+
+// RefuseDirect returns opts with the O_DIRECT probe made to fail with
+// EINVAL, as on a file system without direct I/O.
+func RefuseDirect(opts Options) Options {
+	opts.refuseDirect = true
+	return opts
+}

@@ -1,0 +1,503 @@
+package file
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	hclog "github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/services/io/backend"
+)
+
+// formatV1 is the content of blobs/FORMAT for this layout.
+const formatV1 = "weir-blobs 1\n"
+
+// DirectMode says whether blob files are opened with O_DIRECT.
+type DirectMode int
+
+const (
+	// DirectAuto uses O_DIRECT when the file system accepts it and falls
+	// back to buffered I/O when it refuses or is tmpfs. The default.
+	DirectAuto DirectMode = iota
+	// DirectOn requires O_DIRECT: New fails if the file system refuses it.
+	DirectOn
+	// DirectOff always uses buffered I/O.
+	DirectOff
+)
+
+// String returns "auto", "on" or "off".
+func (m DirectMode) String() string {
+	switch m {
+	case DirectAuto:
+		return "auto"
+	case DirectOn:
+		return "on"
+	case DirectOff:
+		return "off"
+	}
+	return "DirectMode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Options configures New.
+type Options struct {
+	// Dir is the data directory; the backend keeps its blobs in Dir/blobs,
+	// creating it if needed.
+	Dir string
+	// Direct chooses O_DIRECT or buffered I/O; the zero value is DirectAuto.
+	Direct DirectMode
+	// Logger receives the backend's few messages (the I/O mode chosen,
+	// stray files seen by List). Nil discards them.
+	Logger hclog.Logger
+
+	// refuseDirect makes the O_DIRECT probe fail with EINVAL, as on a file
+	// system without direct I/O. Tests only (export_test.go).
+	refuseDirect bool
+}
+
+// Stats are the backend's counters since New.
+type Stats struct {
+	// Direct is true when blob files use O_DIRECT.
+	Direct bool
+	// EdgeReads counts partial edge blocks read for a read-modify-write.
+	EdgeReads uint64
+	// EdgeWrites counts partial edge blocks written (after a read, or
+	// zero-filled when the block lay at or past the end of the blob).
+	EdgeWrites uint64
+	// SyncErrors counts failed blob and directory syncs.
+	SyncErrors uint64
+	// OpenBlobs is the number of blobs with at least one open handle.
+	OpenBlobs int
+}
+
+// Backend stores each blob in its own file. Use New; the Backend returned
+// by New is a *Backend, for Mode and Stats.
+type Backend struct {
+	root   string       // Dir/blobs; immutable
+	direct bool         // O_DIRECT in use; immutable after New
+	log    hclog.Logger // immutable
+
+	mu     sync.Mutex
+	closed atomic.Bool                  // written under mu, read anywhere
+	lockFD int                          // holds the flock on LOCK; protected by mu
+	open   map[backend.BlobID]*blobFile // blobs with open handles; protected by mu
+	failed map[backend.BlobID]error     // sticky blob sync errors; protected by mu
+	dirty  map[string]struct{}          // directories to fsync at Sync; protected by mu
+
+	syncMu  sync.Mutex // serialises Sync
+	syncErr error      // sticky directory sync error; protected by syncMu
+
+	edgeReads  atomic.Uint64
+	edgeWrites atomic.Uint64
+	syncErrors atomic.Uint64
+
+	// syncHook, when set, runs before each blob sync's system call; an
+	// error it returns is the sync's result. Tests only.
+	syncHook atomic.Pointer[func(backend.BlobID) error]
+}
+
+var _ backend.Backend = (*Backend)(nil)
+
+// New opens (creating if needed) the blob store under opts.Dir.
+func New(opts Options) (backend.Backend, error) {
+	if opts.Dir == "" {
+		return nil, fmt.Errorf("backend file: no directory: %w", syscall.EINVAL)
+	}
+	log := opts.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	root := filepath.Join(opts.Dir, "blobs")
+	if err := makeDir(root); err != nil {
+		return nil, fmt.Errorf("backend file: %w", err)
+	}
+	lockFD, err := openFile(filepath.Join(root, "LOCK"), unix.O_RDWR|unix.O_CREAT, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("backend file: lock %s: %w", root, err)
+	}
+	if err := unix.Flock(lockFD, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(lockFD)
+		if err == unix.EWOULDBLOCK {
+			err = syscall.EBUSY
+		}
+		return nil, fmt.Errorf("backend file: %s is in use by another backend: %w", root, err)
+	}
+	fail := func(err error) (backend.Backend, error) {
+		unix.Close(lockFD)
+		return nil, fmt.Errorf("backend file: %w", err)
+	}
+	if err := checkFormat(root); err != nil {
+		return fail(err)
+	}
+	direct := false
+	switch opts.Direct {
+	case DirectOff:
+	case DirectAuto, DirectOn:
+		ok, why, err := probeDirect(root, opts.Direct == DirectAuto, opts.refuseDirect)
+		if err != nil {
+			return fail(err)
+		}
+		if !ok && opts.Direct == DirectOn {
+			return fail(fmt.Errorf("O_DIRECT required but unusable in %s (%s): %w", root, why, syscall.EINVAL))
+		}
+		if !ok {
+			log.Info("O_DIRECT not used, falling back to buffered I/O", "dir", root, "reason", why)
+		}
+		direct = ok
+	default:
+		return fail(fmt.Errorf("unknown direct mode %d: %w", opts.Direct, syscall.EINVAL))
+	}
+	log.Info("file backend ready", "dir", root, "direct", direct)
+	return &Backend{
+		root:   root,
+		direct: direct,
+		log:    log,
+		lockFD: lockFD,
+		open:   make(map[backend.BlobID]*blobFile),
+		failed: make(map[backend.BlobID]error),
+		dirty:  make(map[string]struct{}),
+	}, nil
+}
+
+// makeDir creates dir (and its parents) if missing, and makes a new dir
+// durable in its parent.
+func makeDir(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return fsyncDir(filepath.Dir(dir))
+}
+
+// checkFormat writes blobs/FORMAT on first use and checks it afterwards.
+func checkFormat(root string) error {
+	path := filepath.Join(root, "FORMAT")
+	got, err := os.ReadFile(path)
+	if err == nil {
+		if !bytes.Equal(got, []byte(formatV1)) {
+			return fmt.Errorf("%s: unsupported format %q (want %q): %w", path, got, formatV1, syscall.EINVAL)
+		}
+		return nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(formatV1), 0o600); err != nil {
+		return err
+	}
+	fd, err := openFile(tmp, unix.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = fsync(fd)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return fsyncDir(root)
+}
+
+// probeDirect decides whether blob files under root can use O_DIRECT. why
+// explains a refusal; err is for failures that are not a refusal.
+func probeDirect(root string, auto, refuse bool) (ok bool, why string, err error) {
+	if auto {
+		var fs unix.Statfs_t
+		if err := unix.Statfs(root, &fs); err != nil {
+			return false, "", fmt.Errorf("statfs %s: %w", root, err)
+		}
+		if fs.Type == unix.TMPFS_MAGIC {
+			return false, "tmpfs: the page cache is the medium", nil
+		}
+	}
+	path := filepath.Join(root, ".direct-probe")
+	fd, err := openFile(path, unix.O_RDWR|unix.O_CREAT|unix.O_TRUNC, 0o600)
+	if err != nil {
+		return false, "", fmt.Errorf("direct I/O probe: %w", err)
+	}
+	unix.Close(fd)
+	defer os.Remove(path)
+
+	if refuse {
+		fd, err = -1, unix.EINVAL
+	} else {
+		fd, err = openFile(path, unix.O_RDWR|unix.O_DIRECT, 0)
+	}
+	if refused(err) {
+		return false, "open with O_DIRECT: " + err.Error(), nil
+	}
+	if err != nil {
+		return false, "", fmt.Errorf("direct I/O probe: %w", err)
+	}
+	defer unix.Close(fd)
+
+	var stx unix.Statx_t
+	if unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_DIOALIGN, &stx) == nil && stx.Mask&unix.STATX_DIOALIGN != 0 {
+		switch {
+		case stx.Dio_offset_align == 0:
+			return false, "statx: no direct I/O on this file", nil
+		case stx.Dio_offset_align > blockSize || stx.Dio_mem_align > blockSize:
+			return false, fmt.Sprintf("statx: direct I/O needs %d-byte offsets and %d-byte buffers, more than %d",
+				stx.Dio_offset_align, stx.Dio_mem_align, blockSize), nil
+		}
+	}
+	buf := alignedBuf(blockSize, blockSize)
+	if _, err := pwriteFull(fd, buf, 0); err != nil {
+		if refused(err) {
+			return false, "aligned O_DIRECT write: " + err.Error(), nil
+		}
+		return false, "", fmt.Errorf("direct I/O probe: %w", err)
+	}
+	if _, err := preadFull(fd, buf, 0, true); err != nil {
+		if refused(err) {
+			return false, "aligned O_DIRECT read: " + err.Error(), nil
+		}
+		return false, "", fmt.Errorf("direct I/O probe: %w", err)
+	}
+	return true, "", nil
+}
+
+// refused reports whether err is how a file system says no to O_DIRECT.
+func refused(err error) bool { return err == unix.EINVAL || err == unix.EOPNOTSUPP }
+
+// Name returns "file".
+func (be *Backend) Name() string { return "file" }
+
+// Mode returns DirectOn when blob files use O_DIRECT, DirectOff otherwise.
+func (be *Backend) Mode() DirectMode {
+	if be.direct {
+		return DirectOn
+	}
+	return DirectOff
+}
+
+// Stats returns the backend's counters.
+func (be *Backend) Stats() Stats {
+	be.mu.Lock()
+	open := len(be.open)
+	be.mu.Unlock()
+	return Stats{
+		Direct:     be.direct,
+		EdgeReads:  be.edgeReads.Load(),
+		EdgeWrites: be.edgeWrites.Load(),
+		SyncErrors: be.syncErrors.Load(),
+		OpenBlobs:  open,
+	}
+}
+
+// fanout returns the directory of blob id.
+func (be *Backend) fanout(id backend.BlobID) string {
+	return filepath.Join(be.root, fmt.Sprintf("%02x", uint8(id)))
+}
+
+// path returns the file of blob id.
+func (be *Backend) path(id backend.BlobID) string {
+	return filepath.Join(be.fanout(id), fmt.Sprintf("%016x", uint64(id)))
+}
+
+func errorf(op string, id backend.BlobID, err error) error {
+	return fmt.Errorf("backend file: %s blob %d: %w", op, id, err)
+}
+
+// Create makes an empty file for blob id; it is durable after Sync.
+func (be *Backend) Create(id backend.BlobID) error {
+	if err := backend.CheckID(id); err != nil {
+		return errorf("create", id, err)
+	}
+	if be.closed.Load() {
+		return errorf("create", id, syscall.EBADF)
+	}
+	dir, path := be.fanout(id), be.path(id)
+	newDir := false
+	fd, err := openFile(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o600)
+	if err == unix.ENOENT {
+		switch err = unix.Mkdir(dir, 0o700); err {
+		case nil:
+			newDir = true
+		case unix.EEXIST:
+		default:
+			return errorf("create", id, fmt.Errorf("mkdir %s: %w", dir, err))
+		}
+		fd, err = openFile(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o600)
+	}
+	if err != nil {
+		return errorf("create", id, err)
+	}
+	unix.Close(fd)
+	be.mu.Lock()
+	be.dirty[dir] = struct{}{}
+	if newDir {
+		be.dirty[be.root] = struct{}{}
+	}
+	be.mu.Unlock()
+	return nil
+}
+
+// Open returns a handle to blob id. Handles of one blob share one file
+// descriptor, its size and its edge-block locks.
+func (be *Backend) Open(id backend.BlobID) (backend.Blob, error) {
+	if err := backend.CheckID(id); err != nil {
+		return nil, errorf("open", id, err)
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if be.closed.Load() {
+		return nil, errorf("open", id, syscall.EBADF)
+	}
+	if b := be.open[id]; b != nil {
+		b.refs++
+		return &handle{b: b}, nil
+	}
+	flags := unix.O_RDWR
+	if be.direct {
+		flags |= unix.O_DIRECT
+	}
+	fd, err := openFile(be.path(id), flags, 0)
+	if err != nil {
+		return nil, errorf("open", id, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, errorf("open", id, err)
+	}
+	b := &blobFile{be: be, id: id, fd: fd, refs: 1, syncErr: be.failed[id]}
+	b.size.Store(st.Size)
+	be.open[id] = b
+	return &handle{b: b}, nil
+}
+
+// Delete unlinks blob id's file; it is durable after Sync.
+func (be *Backend) Delete(id backend.BlobID) error {
+	if err := backend.CheckID(id); err != nil {
+		return errorf("delete", id, err)
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if be.closed.Load() {
+		return errorf("delete", id, syscall.EBADF)
+	}
+	if be.open[id] != nil {
+		return errorf("delete", id, syscall.EBUSY)
+	}
+	if err := unix.Unlink(be.path(id)); err != nil {
+		return errorf("delete", id, err)
+	}
+	delete(be.failed, id)
+	be.dirty[be.fanout(id)] = struct{}{}
+	return nil
+}
+
+// List reads every fan-out directory and returns the blob ids found,
+// ascending. Names that are not blobs are logged and skipped.
+func (be *Backend) List() ([]backend.BlobID, error) {
+	if be.closed.Load() {
+		return nil, fmt.Errorf("backend file: list: %w", syscall.EBADF)
+	}
+	top, err := os.ReadDir(be.root)
+	if err != nil {
+		return nil, fmt.Errorf("backend file: list: %w", err)
+	}
+	var ids []backend.BlobID
+	for _, d := range top {
+		fan, err := strconv.ParseUint(d.Name(), 16, 8)
+		if !d.IsDir() || len(d.Name()) != 2 || err != nil || d.Name() != fmt.Sprintf("%02x", fan) {
+			if !d.IsDir() && (d.Name() == "FORMAT" || d.Name() == "LOCK" || d.Name() == ".direct-probe") {
+				continue
+			}
+			be.log.Warn("stray entry in blob directory", "path", filepath.Join(be.root, d.Name()))
+			continue
+		}
+		dir := filepath.Join(be.root, d.Name())
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("backend file: list: %w", err)
+		}
+		for _, e := range ents {
+			id, err := strconv.ParseUint(e.Name(), 16, 64)
+			if err != nil || !e.Type().IsRegular() || e.Name() != fmt.Sprintf("%016x", id) ||
+				id == 0 || uint8(id) != uint8(fan) {
+				be.log.Warn("stray entry in blob directory", "path", filepath.Join(dir, e.Name()))
+				continue
+			}
+			ids = append(ids, backend.BlobID(id))
+		}
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// Sync fsyncs the directories changed by Create and Delete since the last
+// Sync. A failure is sticky.
+func (be *Backend) Sync() error {
+	be.syncMu.Lock()
+	defer be.syncMu.Unlock()
+	if be.syncErr != nil {
+		return be.syncErr
+	}
+	be.mu.Lock()
+	if be.closed.Load() {
+		be.mu.Unlock()
+		return fmt.Errorf("backend file: sync: %w", syscall.EBADF)
+	}
+	dirs := make([]string, 0, len(be.dirty))
+	rootDirty := false
+	for d := range be.dirty {
+		if d == be.root {
+			rootDirty = true
+			continue
+		}
+		dirs = append(dirs, d)
+	}
+	clear(be.dirty)
+	be.mu.Unlock()
+	// Entries first, then the fan-out directories that hold them.
+	slices.Sort(dirs)
+	if rootDirty {
+		dirs = append(dirs, be.root)
+	}
+	for _, d := range dirs {
+		if err := fsyncDir(d); err != nil {
+			be.syncErrors.Add(1)
+			be.syncErr = fmt.Errorf("backend file: sync %s: %w", d, err)
+			return be.syncErr
+		}
+	}
+	return nil
+}
+
+// Close closes every open blob file (their handles return EBADF from then
+// on) and releases the directory lock.
+func (be *Backend) Close() error {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if be.closed.Load() {
+		return fmt.Errorf("backend file: close: %w", syscall.EBADF)
+	}
+	be.closed.Store(true)
+	var first error
+	for _, b := range be.open {
+		if err := b.closeFile(); err != nil && first == nil {
+			first = err
+		}
+	}
+	clear(be.open)
+	if err := unix.Close(be.lockFD); err != nil && first == nil {
+		first = fmt.Errorf("backend file: close lock: %w", err)
+	}
+	be.lockFD = -1
+	return first
+}
