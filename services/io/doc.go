@@ -1,5 +1,19 @@
-// Package io will be the IO service: it owns the device and serves reads and
-// writes from client rings through polling workers, with a bounded
-// write-back buffer and readahead (docs/architecture.md). Not built yet:
-// issue 3 builds it, issue 4 adds the SPDK backend.
-package io
+// Package iosvc is the IO service: it owns the storage backend and serves
+// reads and writes from client rings (docs/architecture.md).
+//
+// A client session starts with a ring handshake on the IO socket, then
+// OpAttach binds it to the client's metadata session (the metadata service
+// vouches for the session id, token, uid and pid over NATS). The IO service
+// authorises nothing by itself: a handle works only after the metadata
+// service granted it to this session (wire.SubjGrant) and stops working when
+// it is revoked. Each session is served by its own poller goroutine, so a
+// slow request delays only its own session.
+//
+// Blob size and mtime are live here while a file is open for writing; the
+// metadata service asks for them (wire.SubjLive), receives them when a grant
+// ends, and is told durably at every fsync (wire.SubjSetLive).
+//
+// Not built yet (see docs/architecture.md): the write-back buffer cache with
+// readahead, split journaling, multiplexing many sessions onto a fixed set of
+// polling workers, and the SPDK backend (issue 4).
+package iosvc

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/weir-storage/weir/internal/stack"
+)
+
+func cmdUp(args []string) int {
+	fs := newFlags("up")
+	cfg, cfgPath, err := loadConfig(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "weir up: %v\n", err)
+		return 2
+	}
+	s := &stack.Supervisor{Config: cfg, ConfigPath: cfgPath, Log: cfg.Logger("weir-up", os.Stderr)}
+	if err := s.Start(); err != nil {
+		s.Log.Error("start failed", "error", err)
+		s.Stop()
+		return 1
+	}
+	s.Announce()
+	werr := s.Wait()
+	if werr != nil {
+		s.Log.Error("a service died; stopping the others", "error", werr)
+	}
+	s.Stop()
+	if werr != nil {
+		return 1
+	}
+	return 0
+}
+
+func cmdStatus(args []string) int {
+	fs := newFlags("status")
+	asJSON := fs.Bool("json", false, "print JSON")
+	cfg, _, err := loadConfig(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "weir status: %v\n", err)
+		return 2
+	}
+	url := cfg.NATS.URL
+	if url == "" {
+		b, err := os.ReadFile(filepath.Join(cfg.RunDir, stack.NATSURLFile))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "weir status: no NATS URL given and none recorded by weir up in %s: %v\n", cfg.RunDir, err)
+			return 1
+		}
+		url = strings.TrimSpace(string(b))
+	}
+	if err := printStatus(url, *asJSON); err != nil {
+		fmt.Fprintf(os.Stderr, "weir status: %v\n", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,209 @@
+package stack
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/internal/control"
+)
+
+// NATSURLFile in the run directory tells `weir status` where NATS is.
+const NATSURLFile = "nats.url"
+
+// child is a service process started by the supervisor.
+type child struct {
+	name   string
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when the process has been waited for
+	err    error         // cmd.Wait's result; read only after exited
+}
+
+// Supervisor runs embedded NATS (unless the configuration names a server)
+// and each service as a child process of Exe (the weir binary), the way
+// `weir up` does.
+type Supervisor struct {
+	Config     *config.Config
+	ConfigPath string       // passed to the services with --config; may be empty
+	Exe        string       // the weir binary; empty = this executable
+	Log        hclog.Logger // must not be nil
+	// Out receives the services' standard output and error; nil = os.Stderr.
+	Out io.Writer
+
+	nats *control.Embedded
+	url  string
+	kids []*child
+}
+
+// URL is the NATS server the services use (valid after Start).
+func (s *Supervisor) URL() string { return s.url }
+
+// PIDs maps each running service's name to its process id.
+func (s *Supervisor) PIDs() map[string]int {
+	m := map[string]int{}
+	for _, k := range s.kids {
+		m[k.name] = k.cmd.Process.Pid
+	}
+	return m
+}
+
+// Start brings up NATS and the services in order, each ready before the
+// next starts.
+func (s *Supervisor) Start() error {
+	if err := Prepare(s.Config); err != nil {
+		return err
+	}
+	s.url = s.Config.NATS.URL
+	if s.url == "" {
+		e, err := control.StartEmbedded(s.Config.NATS.Listen, s.Log.Named("nats"))
+		if err != nil {
+			return err
+		}
+		s.nats, s.url = e, e.URL()
+	}
+	if err := os.WriteFile(filepath.Join(s.Config.RunDir, NATSURLFile), []byte(s.url+"\n"), 0o644); err != nil {
+		return fmt.Errorf("record NATS URL: %w", err)
+	}
+	for _, name := range []string{"metadata", "io"} {
+		if err := s.startChild(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Supervisor) startChild(name string) error {
+	exe := s.Exe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return err
+		}
+	}
+	args := []string{name, "--ready-fd", "3", "--nats-url", s.url,
+		"--" + config.FlagData, s.Config.DataDir, "--" + config.FlagLogLevel, s.Config.LogLevel,
+		"--" + config.FlagLogFormat, s.Config.LogFormat}
+	if s.ConfigPath != "" {
+		args = append(args, "--config", s.ConfigPath)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	cmd := exec.Command(exe, args...)
+	out := s.Out
+	if out == nil {
+		out = os.Stderr
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = []*os.File{w}
+	// If the supervisor dies, so do its services.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	w.Close()
+	k := &child{name: name, cmd: cmd, exited: make(chan struct{})}
+	go func() { k.err = cmd.Wait(); close(k.exited) }()
+	s.kids = append(s.kids, k)
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(r).ReadString('\n')
+		if err == nil && strings.TrimSpace(line) != "ready" {
+			err = fmt.Errorf("unexpected %q", line)
+		}
+		ready <- err
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			<-k.exited
+			return fmt.Errorf("service %s did not become ready: %v (%s)", name, err, describeExit(k.err))
+		}
+	case <-time.After(60 * time.Second):
+		return fmt.Errorf("service %s not ready after 60s", name)
+	}
+	s.Log.Info("service ready", "service", name, "pid", cmd.Process.Pid)
+	return nil
+}
+
+// Wait blocks until a signal (clean stop, returns nil) or the death of a
+// service (returns an error naming it).
+func (s *Supervisor) Wait() error {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	died := make(chan *child, len(s.kids))
+	for _, k := range s.kids {
+		go func() { <-k.exited; died <- k }()
+	}
+	select {
+	case sig := <-sigs:
+		s.Log.Info("stopping", "signal", sig.String())
+		return nil
+	case k := <-died:
+		return fmt.Errorf("service %s (pid %d) exited unexpectedly: %s", k.name, k.cmd.Process.Pid, describeExit(k.err))
+	}
+}
+
+func describeExit(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ProcessState.String()
+	}
+	if err == nil {
+		return "exit status 0"
+	}
+	return err.Error()
+}
+
+// Stop stops the services, metadata first (it revokes its grants and
+// records the sizes the IO service reports), then NATS.
+func (s *Supervisor) Stop() {
+	for _, k := range s.kids {
+		select {
+		case <-k.exited:
+			continue // already gone
+		default:
+		}
+		_ = k.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-k.exited:
+			if k.err != nil {
+				s.Log.Warn("service stopped with an error", "service", k.name, "status", describeExit(k.err))
+			}
+		case <-time.After(ShutdownTimeout + 5*time.Second):
+			s.Log.Error("service did not stop; killing it", "service", k.name)
+			_ = k.cmd.Process.Kill()
+			<-k.exited
+		}
+	}
+	if s.nats != nil {
+		s.nats.Shutdown()
+	}
+	_ = os.Remove(filepath.Join(s.Config.RunDir, NATSURLFile))
+}
+
+// Announce prints where clients connect.
+func (s *Supervisor) Announce() {
+	fmt.Printf("weir is up (data %s)\n", s.Config.DataDir)
+	fmt.Printf("  metadata socket  %s\n", s.Config.Metadata.Socket)
+	fmt.Printf("  io socket        %s\n", s.Config.IO.Socket)
+	fmt.Printf("  nats             %s\n", s.url)
+	for _, k := range s.kids {
+		fmt.Printf("  %-16s pid %d\n", k.name, k.cmd.Process.Pid)
+	}
+}

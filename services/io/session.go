@@ -1,0 +1,223 @@
+package iosvc
+
+import (
+	"errors"
+	"io"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/ring"
+)
+
+// session is one client's ring session. Its fields are owned by the
+// session's poller goroutine (ring handlers run there), except sc and cred
+// which are set before Serve starts.
+type session struct {
+	svc  *Service
+	mux  *ring.Mux
+	sc   *ring.ServerConn
+	cred *unix.Ucred
+	sid  uint64 // metadata session this ring is bound to; 0 until OpAttach
+}
+
+func (s *session) register() {
+	s.mux.Handle(wire.OpAttach, s.attach)
+	s.mux.Handle(wire.OpRead, s.read)
+	s.mux.Handle(wire.OpWrite, s.write)
+	s.mux.Handle(wire.OpTruncate, s.truncate)
+	s.mux.Handle(wire.OpSync, s.sync)
+	s.mux.Handle(wire.OpGetAttr, s.getattr)
+}
+
+var errEOF = io.EOF
+
+func fail(e syscall.Errno) (int64, uint64) { return -int64(e), 0 }
+
+// errno maps a backend or control error to what the client is told.
+func errno(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return syscall.EIO
+}
+
+func (s *session) attach(q *ring.Request) (int64, uint64) {
+	if s.sid != 0 {
+		return fail(syscall.EISCONN)
+	}
+	if q.Length < 8+wire.TokenSize {
+		return fail(syscall.EINVAL)
+	}
+	body := make([]byte, 8+wire.TokenSize)
+	q.ReadPayload(body)
+	d := wire.NewDec(body)
+	sid := d.U64()
+	token := d.Bytes(wire.TokenSize)
+	var info wire.SessionInfo
+	if err := s.svc.request(wire.SubjSession, wire.SessionQuery{Session: sid, Token: token}, &info); err != nil {
+		s.svc.log.Warn("attach refused", "pid", s.cred.Pid, "session", sid, "error", err)
+		return fail(syscall.EPERM)
+	}
+	// The metadata session and this ring must belong to the same process,
+	// as the kernel reported it to each service.
+	if info.PID != s.cred.Pid || info.UID != s.cred.Uid {
+		s.svc.log.Warn("attach from another process", "pid", s.cred.Pid, "owner_pid", info.PID)
+		return fail(syscall.EPERM)
+	}
+	s.sid = sid
+	return 0, 0
+}
+
+// access is what a request needs from its handle's grant.
+type access int
+
+const (
+	accAny access = iota // any grant: sync, getattr
+	accRead
+	accWrite
+)
+
+// use looks up the grant for a request's handle and checks the access it
+// needs. The grant's blob holds a reference until done(g) is called.
+func (s *session) use(q *ring.Request, need access) (*grant, syscall.Errno) {
+	if s.sid == 0 {
+		return nil, syscall.ENOTCONN
+	}
+	g := s.svc.lookup(s.sid, q.Handle)
+	if g == nil {
+		s.svc.Stats.Denied.Add(1)
+		return nil, syscall.EBADF
+	}
+	if (need == accWrite && !g.write) || (need == accRead && !g.read) {
+		s.svc.releaseBlob(g.blob)
+		s.svc.Stats.Denied.Add(1)
+		return nil, syscall.EBADF
+	}
+	return g, 0
+}
+
+func (s *session) read(q *ring.Request) (int64, uint64) {
+	g, e := s.use(q, accRead)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.releaseBlob(g.blob)
+	if int64(q.Offset) < 0 {
+		return fail(syscall.EINVAL)
+	}
+	off := int64(q.Offset)
+	var n int64
+	for i := range q.Segs {
+		seg := q.Seg(i)
+		m, err := g.blob.b.ReadAt(seg, off+n)
+		n += int64(m)
+		if err != nil {
+			if errors.Is(err, errEOF) {
+				break
+			}
+			return fail(errno(err))
+		}
+	}
+	s.svc.Stats.Reads.Add(1)
+	s.svc.Stats.BytesRead.Add(uint64(n))
+	return n, 0
+}
+
+func (s *session) write(q *ring.Request) (int64, uint64) {
+	g, e := s.use(q, accWrite)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.releaseBlob(g.blob)
+	ob := g.blob
+	off := int64(q.Offset)
+	switch q.Arg {
+	case 0:
+		if off < 0 {
+			return fail(syscall.EINVAL)
+		}
+	case wire.WriteAppend:
+		ob.appendMu.Lock()
+		defer ob.appendMu.Unlock()
+		off = ob.b.Size()
+	default:
+		return fail(syscall.EINVAL)
+	}
+	var n int64
+	for i := range q.Segs {
+		m, err := ob.b.WriteAt(q.Seg(i), off+n)
+		n += int64(m)
+		if err != nil {
+			if n > 0 {
+				break // report the partial write, as write(2) does
+			}
+			return fail(errno(err))
+		}
+	}
+	ob.touch()
+	s.svc.Stats.Writes.Add(1)
+	s.svc.Stats.BytesWritten.Add(uint64(n))
+	return n, uint64(off)
+}
+
+func (s *session) truncate(q *ring.Request) (int64, uint64) {
+	g, e := s.use(q, accWrite)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.releaseBlob(g.blob)
+	if int64(q.Offset) < 0 {
+		return fail(syscall.EINVAL)
+	}
+	if err := g.blob.b.Truncate(int64(q.Offset)); err != nil {
+		return fail(errno(err))
+	}
+	g.blob.touch()
+	return 0, 0
+}
+
+// sync makes the blob durable, then its size and mtime, before answering.
+func (s *session) sync(q *ring.Request) (int64, uint64) {
+	g, e := s.use(q, accAny)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.releaseBlob(g.blob)
+	if err := g.blob.b.Sync(); err != nil {
+		return fail(errno(err))
+	}
+	if g.blob.wrote.Load() {
+		if err := s.svc.reportLive(g.blob, true); err != nil {
+			s.svc.log.Error("fsync: metadata not updated", "blob", g.blob.id, "error", err)
+			return fail(syscall.EIO)
+		}
+	}
+	s.svc.Stats.Syncs.Add(1)
+	return 0, 0
+}
+
+func (s *session) getattr(q *ring.Request) (int64, uint64) {
+	g, e := s.use(q, accAny)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.releaseBlob(g.blob)
+	if q.Length < 17 {
+		return fail(syscall.EINVAL)
+	}
+	var out wire.Enc
+	out.I64(g.blob.b.Size())
+	out.I64(g.blob.mtime.Load())
+	out.U8(boolByte(g.blob.wrote.Load()))
+	return int64(q.WritePayload(out.B)), 0
+}
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,379 @@
+// Package metadata is the metadata service: the namespace, the authoritative
+// permission table, open handles and the grants that let a session touch a
+// file's blob through the IO service (docs/architecture.md). The namespace
+// and its write-ahead log live in package ns; this package serves it on
+// rings and speaks to the IO service over NATS.
+//
+// Every request is checked against the credentials the kernel reported for
+// the client at its handshake (SO_PEERCRED, plus the supplementary groups
+// read from /proc at that moment). Opening a regular file grants the session
+// a handle at the IO service, and the open completes only after the IO
+// service acknowledged the grant; closing revokes it first and then records
+// the size and mtime the IO service reports.
+package metadata
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+
+	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/ring"
+	"github.com/weir-storage/weir/services/metadata/ns"
+)
+
+// Options configure a metadata service.
+type Options struct {
+	Socket   string     // Unix socket clients connect to
+	NS       ns.Options // where and how the namespace is persisted
+	NATS     *nats.Conn // control plane; not owned
+	Ring     ring.Config
+	WaitMode ring.WaitMode
+	Logger   hclog.Logger
+	// RequestTimeout bounds each control request to the IO service.
+	RequestTimeout time.Duration
+}
+
+// Stats are the service's counters.
+type Stats struct {
+	Sessions atomic.Int64
+	Requests atomic.Uint64
+	Opens    atomic.Uint64
+	Handles  atomic.Int64
+	Errors   atomic.Uint64 // requests answered with an errno
+}
+
+// Snapshot returns the counters for the stats endpoint.
+func (s *Stats) Snapshot() map[string]any {
+	return map[string]any{
+		"sessions": s.Sessions.Load(), "requests": s.Requests.Load(), "opens": s.Opens.Load(),
+		"handles": s.Handles.Load(), "errors": s.Errors.Load(),
+	}
+}
+
+// Service is the metadata service.
+type Service struct {
+	opts Options
+	log  hclog.Logger
+	ns   *ns.NS
+
+	mu       sync.Mutex
+	sessions map[uint64]*session // by id; protected by mu
+	writers  map[ns.Ino]int      // open write grants per inode; protected by mu
+	nextSID  uint64              // protected by mu
+	nextH    atomic.Uint64       // handle ids, unique across sessions
+
+	subs   []*nats.Subscription // immutable after Start
+	ln     *ring.Listener       // immutable after Start
+	wg     sync.WaitGroup
+	ready  chan struct{}
+	closed atomic.Bool
+
+	Stats Stats
+}
+
+// New opens (and recovers) the namespace; Start makes the service serve.
+func New(opts Options) (*Service, error) {
+	if opts.Socket == "" || opts.NATS == nil {
+		return nil, errors.New("metadata: Socket and NATS are required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = hclog.NewNullLogger()
+	}
+	if opts.RequestTimeout == 0 {
+		opts.RequestTimeout = 5 * time.Second
+	}
+	if opts.NS.Logger == nil {
+		opts.NS.Logger = opts.Logger.Named("ns")
+	}
+	n, err := ns.Open(opts.NS)
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	return &Service{
+		opts: opts, log: opts.Logger, ns: n,
+		sessions: make(map[uint64]*session),
+		writers:  make(map[ns.Ino]int),
+		ready:    make(chan struct{}),
+	}, nil
+}
+
+// NS exposes the namespace (for checks and tests).
+func (s *Service) NS() *ns.NS { return s.ns }
+
+// Start subscribes to the control subjects, accepts client sessions and
+// starts deleting the blobs of files orphaned by the last shutdown.
+func (s *Service) Start() error {
+	for subj, h := range map[string]nats.MsgHandler{
+		wire.SubjSession: s.onSession,
+		wire.SubjSetLive: s.onSetLive,
+	} {
+		sub, err := s.opts.NATS.Subscribe(subj, h)
+		if err != nil {
+			s.unsubscribe()
+			return fmt.Errorf("metadata: subscribe %s: %w", subj, err)
+		}
+		s.subs = append(s.subs, sub)
+	}
+	if err := s.opts.NATS.Flush(); err != nil {
+		s.unsubscribe()
+		return fmt.Errorf("metadata: flush subscriptions: %w", err)
+	}
+	ln, err := ring.Listen(s.opts.Socket, s.opts.Ring)
+	if err != nil {
+		s.unsubscribe()
+		return fmt.Errorf("metadata: %w", err)
+	}
+	s.ln = ln
+	s.wg.Add(1)
+	go s.acceptLoop()
+	if orphans := s.ns.Orphans(); len(orphans) > 0 {
+		s.wg.Add(1)
+		go s.deleteOrphans(orphans)
+	}
+	close(s.ready)
+	s.log.Info("serving", "socket", s.opts.Socket)
+	return nil
+}
+
+// Ready is closed once the service accepts sessions.
+func (s *Service) Ready() <-chan struct{} { return s.ready }
+
+func (s *Service) unsubscribe() {
+	for _, sub := range s.subs {
+		_ = sub.Unsubscribe()
+	}
+}
+
+// deleteOrphans asks the IO service to delete blobs whose files lost their
+// last name while open before a restart. The IO service may start after
+// this one, so it retries until each delete is acknowledged or Shutdown.
+func (s *Service) deleteOrphans(blobs []uint64) {
+	defer s.wg.Done()
+	for _, b := range blobs {
+		for !s.closed.Load() {
+			if err := s.deleteBlob(b); err == nil {
+				break
+			} else {
+				s.log.Debug("orphan delete deferred", "blob", b, "error", err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+}
+
+func (s *Service) acceptLoop() {
+	defer s.wg.Done()
+	for {
+		conn, err := s.ln.AcceptUnix()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				s.log.Error("accept", "error", err)
+			}
+			return
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.serveConn(conn)
+		}()
+	}
+}
+
+func (s *Service) serveConn(conn *net.UnixConn) {
+	sess := &session{svc: s, mux: ring.NewMux(), handles: make(map[uint64]*handle)}
+	sess.register()
+	sc, err := ring.NewServerConn(context.Background(), conn, s.ln.Config(), sess.mux, s.opts.WaitMode)
+	if err != nil {
+		s.log.Warn("handshake failed", "error", err)
+		return
+	}
+	sess.sc = sc
+	sess.pid = sc.Cred.Pid
+	sess.cred = ns.Cred{UID: sc.Cred.Uid, GID: sc.Cred.Gid, Groups: supplementaryGroups(sc.Cred.Pid)}
+	if _, err := rand.Read(sess.token[:]); err != nil {
+		s.log.Error("session token", "error", err)
+		sc.Close()
+		return
+	}
+	s.mu.Lock()
+	if s.closed.Load() {
+		s.mu.Unlock()
+		sc.Close()
+		return
+	}
+	s.nextSID++
+	sess.id = s.nextSID
+	s.sessions[sess.id] = sess
+	s.mu.Unlock()
+	s.Stats.Sessions.Add(1)
+	err = sc.Serve()
+	sc.Close()
+	sess.closeAll()
+	s.mu.Lock()
+	delete(s.sessions, sess.id)
+	s.mu.Unlock()
+	s.Stats.Sessions.Add(-1)
+	if err != nil && !errors.Is(err, ring.ErrPeerGone) {
+		s.log.Warn("session torn down", "pid", sess.pid, "session", sess.id, "error", err)
+	}
+}
+
+// supplementaryGroups reads a process's groups from /proc. SO_PEERCRED
+// gives only the primary gid; a process that cannot be read gets none.
+func supplementaryGroups(pid int32) []uint32 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/status")
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		rest, ok := strings.CutPrefix(line, "Groups:")
+		if !ok {
+			continue
+		}
+		var gs []uint32
+		for _, f := range strings.Fields(rest) {
+			if g, err := strconv.ParseUint(f, 10, 32); err == nil {
+				gs = append(gs, uint32(g))
+			}
+		}
+		return gs
+	}
+	return nil
+}
+
+// Shutdown stops accepting, ends every session (revoking its grants) and
+// closes the namespace with a final checkpoint.
+func (s *Service) Shutdown(ctx context.Context) error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	s.mu.Lock()
+	sessions := make([]*session, 0, len(s.sessions))
+	for _, se := range s.sessions {
+		sessions = append(sessions, se)
+	}
+	s.mu.Unlock()
+	for _, se := range sessions {
+		se.sc.Close()
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("metadata: shutdown: sessions still running: %w", ctx.Err())
+	}
+	s.unsubscribe()
+	if err := s.ns.Close(); err != nil {
+		return fmt.Errorf("metadata: close namespace: %w", err)
+	}
+	return nil
+}
+
+// request sends a control request to the IO service.
+func (s *Service) request(subj string, msg any) (wire.Ack, error) {
+	var ack wire.Ack
+	data, err := json.Marshal(msg)
+	if err != nil {
+		return ack, err
+	}
+	m, err := s.opts.NATS.Request(subj, data, s.opts.RequestTimeout)
+	if err != nil {
+		return ack, fmt.Errorf("%s: %w", subj, err)
+	}
+	if err := json.Unmarshal(m.Data, &ack); err != nil {
+		return ack, fmt.Errorf("%s: bad reply: %w", subj, err)
+	}
+	if ack.Error != "" {
+		return ack, fmt.Errorf("%s: %s", subj, ack.Error)
+	}
+	return ack, nil
+}
+
+func (s *Service) deleteBlob(blob uint64) error {
+	_, err := s.request(wire.SubjDelete, wire.Delete{Blob: blob})
+	return err
+}
+
+func respond(m *nats.Msg, v any) {
+	data, _ := json.Marshal(v)
+	_ = m.Respond(data)
+}
+
+// onSession vouches for a session to the IO service: the token must match
+// and the answer is who the kernel said the client is.
+func (s *Service) onSession(m *nats.Msg) {
+	var q wire.SessionQuery
+	if err := json.Unmarshal(m.Data, &q); err != nil {
+		respond(m, wire.SessionInfo{Error: "malformed query"})
+		return
+	}
+	s.mu.Lock()
+	se := s.sessions[q.Session]
+	s.mu.Unlock()
+	if se == nil || subtle.ConstantTimeCompare(se.token[:], q.Token) != 1 {
+		respond(m, wire.SessionInfo{Error: "unknown session or wrong token"})
+		return
+	}
+	respond(m, wire.SessionInfo{UID: se.cred.UID, GID: se.cred.GID, PID: se.pid})
+}
+
+// onSetLive records a file's size and mtime reported by the IO service.
+func (s *Service) onSetLive(m *nats.Msg) {
+	var l wire.SetLive
+	if err := json.Unmarshal(m.Data, &l); err != nil {
+		respond(m, wire.Ack{Error: "malformed setlive"})
+		return
+	}
+	err := s.ns.SetLive(ns.Ino(l.Ino), l.Size, l.Mtime)
+	if err == nil && l.Sync {
+		err = s.ns.Sync()
+	}
+	if err != nil {
+		respond(m, wire.Ack{Error: err.Error()})
+		return
+	}
+	respond(m, wire.Ack{})
+}
+
+// liveAttr overlays the IO service's live size and mtime on a regular
+// file's attributes while some session may be writing it.
+func (s *Service) liveAttr(a ns.Attr) ns.Attr {
+	if a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return a
+	}
+	s.mu.Lock()
+	w := s.writers[a.Ino]
+	s.mu.Unlock()
+	if w == 0 {
+		return a
+	}
+	ack, err := s.request(wire.SubjLive, wire.LiveQuery{Blob: a.Blob})
+	if err != nil {
+		s.log.Warn("live attributes unavailable", "ino", a.Ino, "error", err)
+		return a
+	}
+	a.Size = ack.Size
+	if ack.Wrote {
+		a.Mtime, a.Ctime = ack.Mtime, max(a.Ctime, ack.Mtime)
+	}
+	return a
+}
