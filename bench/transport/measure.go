@@ -5,12 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/weir-storage/weir/bench/internal/benchutil"
 )
 
 // rowGrace is how long a configuration may overrun its warm-up and window
@@ -143,17 +144,17 @@ func (r *recorder) reset(n, payload int) []*worker {
 // the whole machine.
 type cpuTimes struct {
 	client, server time.Duration
-	machine        machineCPU
+	machine        benchutil.MachineCPU
 }
 
 func readCPU(serverPid int) (t cpuTimes, err error) {
-	if t.client, err = procCPU(os.Getpid()); err != nil {
+	if t.client, err = benchutil.ProcCPU(os.Getpid()); err != nil {
 		return t, fmt.Errorf("client: %w", err)
 	}
-	if t.server, err = procCPU(serverPid); err != nil {
+	if t.server, err = benchutil.ProcCPU(serverPid); err != nil {
 		return t, fmt.Errorf("server: %w", err)
 	}
-	if t.machine, err = readMachineCPU(); err != nil {
+	if t.machine, err = benchutil.ReadMachineCPU(); err != nil {
 		return t, err
 	}
 	return t, nil
@@ -288,8 +289,8 @@ func (row *Row) setCPU(before, after cpuTimes, window time.Duration) {
 	client, server := after.client-before.client, after.server-before.server
 	cores := func(d time.Duration) float64 { return d.Seconds() / window.Seconds() }
 	row.ClientCPUCores, row.ServerCPUCores = cores(client), cores(server)
-	row.OtherCPUCores = cores(after.machine.busy - before.machine.busy - client - server)
-	row.StealCores = cores(after.machine.steal - before.machine.steal)
+	row.OtherCPUCores = cores(after.machine.Busy - before.machine.Busy - client - server)
+	row.StealCores = cores(after.machine.Steal - before.machine.Steal)
 	if row.Ops > 0 {
 		row.ClientCPUusPerOp = float64(client.Microseconds()) / float64(row.Ops)
 		row.ServerCPUusPerOp = float64(server.Microseconds()) / float64(row.Ops)
@@ -298,10 +299,10 @@ func (row *Row) setCPU(before, after cpuTimes, window time.Duration) {
 
 // setRSS fills the peak RSS columns.
 func (row *Row) setRSS(serverPid int) (err error) {
-	if row.ClientPeakRSSKiB, err = procPeakRSS(os.Getpid()); err != nil {
+	if row.ClientPeakRSSKiB, err = benchutil.ProcPeakRSS(os.Getpid()); err != nil {
 		return fmt.Errorf("client: %w", err)
 	}
-	if row.ServerPeakRSSKiB, err = procPeakRSS(serverPid); err != nil {
+	if row.ServerPeakRSSKiB, err = benchutil.ProcPeakRSS(serverPid); err != nil {
 		return fmt.Errorf("server: %w", err)
 	}
 	return nil
@@ -333,18 +334,7 @@ func (r *recorder) summarize(ws []*worker, window time.Duration, row *Row) {
 	row.WindowSec = window.Seconds()
 	row.OpsPerSec = float64(row.Ops) / window.Seconds()
 	row.Samples = len(r.merged)
-	row.P50us = percentileUs(r.merged, 0.50)
-	row.P99us = percentileUs(r.merged, 0.99)
-	row.P999us = percentileUs(r.merged, 0.999)
-}
-
-// percentileUs is the nearest-rank p-quantile of sorted nanoseconds, in
-// microseconds.
-func percentileUs(sorted []int64, p float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(math.Ceil(p*float64(len(sorted)))) - 1
-	i = min(max(i, 0), len(sorted)-1)
-	return float64(sorted[i]) / 1e3
+	row.P50us = benchutil.PercentileUs(r.merged, 0.50)
+	row.P99us = benchutil.PercentileUs(r.merged, 0.99)
+	row.P999us = benchutil.PercentileUs(r.merged, 0.999)
 }

@@ -1,19 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/weir-storage/weir/bench/internal/benchutil"
 )
 
 // The goal issue 2 sets for the ring with busy polling.
@@ -23,13 +21,7 @@ const (
 )
 
 // Host describes the machine the run was on.
-type Host struct {
-	NProc      int    `json:"nproc"`
-	CPUModel   string `json:"cpu_model"`
-	Kernel     string `json:"kernel"`
-	GoVersion  string `json:"go_version"`
-	GOMAXPROCS int    `json:"gomaxprocs"`
-}
+type Host = benchutil.Host
 
 // Settings are the measurement parameters of the run.
 type Settings struct {
@@ -68,7 +60,7 @@ type report struct {
 }
 
 func newReport(cfg config) (*report, error) {
-	h, err := hostInfo()
+	h, err := benchutil.HostInfo()
 	if err != nil {
 		return nil, err
 	}
@@ -83,50 +75,13 @@ func newReport(cfg config) (*report, error) {
 			Quick:          cfg.quick,
 			MaxSamples:     cfg.s.maxSamples,
 			EchoPayload:    echoPayload,
-			CPUTickMs:      1000.0 / clockTicks,
+			CPUTickMs:      1000.0 / benchutil.ClockTicks,
 			ServerPerTrans: true,
 		},
 	}, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func hostInfo() (Host, error) {
-	h := Host{NProc: runtime.NumCPU(), GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0)}
-	var u unix.Utsname
-	if err := unix.Uname(&u); err != nil {
-		return h, fmt.Errorf("uname: %w", err)
-	}
-	h.Kernel = fmt.Sprintf("%s %s %s", unix.ByteSliceToString(u.Sysname[:]),
-		unix.ByteSliceToString(u.Release[:]), unix.ByteSliceToString(u.Machine[:]))
-	model, err := cpuModel()
-	if err != nil {
-		return h, err
-	}
-	h.CPUModel = model
-	return h, nil
-}
-
-// cpuModel is the first "model name" in /proc/cpuinfo, or "unknown" on
-// machines that have none.
-func cpuModel() (string, error) {
-	f, err := os.Open("/proc/cpuinfo")
-	if err != nil {
-		return "", fmt.Errorf("CPU model: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		if ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v), nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read /proc/cpuinfo: %w", err)
-	}
-	return "unknown", nil
-}
 
 func transportRank(t string) int { return slices.Index(allTransports, t) }
 
@@ -193,11 +148,11 @@ func (r *report) checkGoal() {
 	g := &r.Goal
 	g.P50LimitUs, g.MinLowerThanUDS = goalP50Us, goalLowerThanUDS
 	thr := r.headlineThreads()
-	g.Headline = fmt.Sprintf("%s, %d %s", workloadName(0), thr, plural(thr, "thread"))
+	g.Headline = fmt.Sprintf("%s, %d %s", workloadName(0), thr, benchutil.Plural(thr, "thread"))
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "**Goal (issue 2):** with busy polling, ring p50 round trip ≤ %s µs and ≥ %s× lower than the Unix socket measured side by side.\n\n",
-		fnum(goalP50Us), fnum(goalLowerThanUDS))
+		benchutil.Fnum(goalP50Us), benchutil.Fnum(goalLowerThanUDS))
 
 	bp, uds := r.find(transportRingBusyPoll, 0, thr), r.find(transportUDS, 0, thr)
 	switch {
@@ -209,7 +164,7 @@ func (r *report) checkGoal() {
 		met := meetsGoal(bp)
 		g.Met = &met
 		fmt.Fprintf(&b, "**This run (%s): goal %s against uds** (Go netpoller): ring-busypoll p50 %s µs, uds %s µs, %s× lower.\n\n",
-			g.Headline, verdict(met), fnum(bp.P50us), fnum(uds.P50us), fnum(*bp.P50LowerThanUDS))
+			g.Headline, verdict(met), benchutil.Fnum(bp.P50us), benchutil.Fnum(uds.P50us), benchutil.Fnum(*bp.P50LowerThanUDS))
 	}
 	ub := r.find(transportUDSBlocking, 0, thr)
 	if bp != nil && bp.Error == "" && bp.P50us > 0 && ub != nil && ub.Error == "" {
@@ -217,7 +172,7 @@ func (r *report) checkGoal() {
 		met := bp.P50us <= goalP50Us && lower >= goalLowerThanUDS
 		g.MetVsBlocking = &met
 		fmt.Fprintf(&b, "**Goal %s against uds-blocking** (the same socket protocol with blocking system calls, as C code would do): "+
-			"uds-blocking %s µs, %s× lower.\n\n", verdict(met), fnum(ub.P50us), fnum(lower))
+			"uds-blocking %s µs, %s× lower.\n\n", verdict(met), benchutil.Fnum(ub.P50us), benchutil.Fnum(lower))
 	}
 
 	var misses []string
@@ -269,13 +224,13 @@ func (r *report) missReason(row *Row) string {
 	}
 	var why []string
 	if row.P50us > goalP50Us {
-		why = append(why, fmt.Sprintf("p50 %s µs", fnum(row.P50us)))
+		why = append(why, fmt.Sprintf("p50 %s µs", benchutil.Fnum(row.P50us)))
 	}
 	switch {
 	case row.P50LowerThanUDS == nil:
 		why = append(why, "no UDS row to compare")
 	case *row.P50LowerThanUDS < goalLowerThanUDS:
-		why = append(why, fmt.Sprintf("only %s× lower than UDS", fnum(*row.P50LowerThanUDS)))
+		why = append(why, fmt.Sprintf("only %s× lower than UDS", benchutil.Fnum(*row.P50LowerThanUDS)))
 	}
 	return name + " (" + strings.Join(why, ", ") + ")"
 }
@@ -286,14 +241,14 @@ func (r *report) disturbed() string {
 	for i := range r.Rows {
 		row := &r.Rows[i]
 		if !row.Idle && row.Error == "" && otherLoad(row) >= disturbedLoad {
-			rows = append(rows, fmt.Sprintf("%s %s ×%d (%s cores)", row.Transport, row.Workload, row.Threads, fnum(otherLoad(row))))
+			rows = append(rows, fmt.Sprintf("%s %s ×%d (%s cores)", row.Transport, row.Workload, row.Threads, benchutil.Fnum(otherLoad(row))))
 		}
 	}
 	if len(rows) == 0 {
 		return ""
 	}
 	return fmt.Sprintf("Disturbed rows (other processes or the hypervisor took ≥ %s cores during the window; rerun before trusting them): %s.",
-		fnum(disturbedLoad), strings.Join(rows, "; "))
+		benchutil.Fnum(disturbedLoad), strings.Join(rows, "; "))
 }
 
 // oversubscription explains busy-poll rows in which the spinning client
@@ -310,7 +265,7 @@ func (r *report) oversubscription() string {
 		return ""
 	}
 	return fmt.Sprintf("With busy polling every client goroutine spins while it waits (on up to GOMAXPROCS=%d threads) and the server's session poller spins too: at %s client %s that is more spinners than the %d CPUs, so those rows measure the OS time-slicing spinners as much as the ring.",
-		r.Host.GOMAXPROCS, strings.Join(over, ", "), plural(len(over), "thread"), r.Host.NProc)
+		r.Host.GOMAXPROCS, strings.Join(over, ", "), benchutil.Plural(len(over), "thread"), r.Host.NProc)
 }
 
 func (r *report) threadCounts(transport string) []int {
@@ -333,14 +288,14 @@ func (r *report) spinCost(thr int) string {
 			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s %s + %s cores (%s µs/op, p50 %s µs)", t,
-			fnum(row.ClientCPUCores), fnum(row.ServerCPUCores),
-			fnum(row.ClientCPUusPerOp+row.ServerCPUusPerOp), fnum(row.P50us)))
+			benchutil.Fnum(row.ClientCPUCores), benchutil.Fnum(row.ServerCPUCores),
+			benchutil.Fnum(row.ClientCPUusPerOp+row.ServerCPUusPerOp), benchutil.Fnum(row.P50us)))
 	}
 	if len(parts) == 0 {
 		return ""
 	}
 	return fmt.Sprintf("**CPU cost of waiting** (%s %d %s, client + server): %s.",
-		workloadName(0), thr, plural(thr, "thread"), strings.Join(parts, "; "))
+		workloadName(0), thr, benchutil.Plural(thr, "thread"), strings.Join(parts, "; "))
 }
 
 // idleCost states what an open session without requests costs.
@@ -348,7 +303,7 @@ func (r *report) idleCost() string {
 	var parts []string
 	for _, row := range r.Rows {
 		if row.Idle && row.Error == "" {
-			parts = append(parts, fmt.Sprintf("%s %s + %s", row.Transport, fnum(row.ClientCPUCores), fnum(row.ServerCPUCores)))
+			parts = append(parts, fmt.Sprintf("%s %s + %s", row.Transport, benchutil.Fnum(row.ClientCPUCores), benchutil.Fnum(row.ServerCPUCores)))
 		}
 	}
 	if len(parts) == 0 {
@@ -357,46 +312,12 @@ func (r *report) idleCost() string {
 	return fmt.Sprintf("**CPU cost of an idle session** (one session open, no requests, client + server cores): %s.", strings.Join(parts, "; "))
 }
 
-func plural(n int, word string) string {
-	if n == 1 {
-		return word
-	}
-	return word + "s"
-}
-
-// fnum formats a measurement with about three significant digits.
-func fnum(v float64) string {
-	switch a := max(v, -v); {
-	case a >= 100:
-		return strconv.FormatFloat(v, 'f', 0, 64)
-	case a >= 10:
-		return strconv.FormatFloat(v, 'f', 1, 64)
-	default:
-		return strconv.FormatFloat(v, 'f', 2, 64)
-	}
-}
-
-// fint formats an integer with thousands separators.
-func fint(v float64) string {
-	s := strconv.FormatInt(int64(v+0.5), 10)
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
-}
-
 // otherLoad is CPU the benchmark could not have: other processes' and
 // stolen time. Tick sampling can make it slightly negative; that is 0.
 func otherLoad(row *Row) float64 { return max(row.OtherCPUCores+row.StealCores, 0) }
 
 // disturbedLoad is the other load above which a row is called disturbed.
 const disturbedLoad = 0.25
-
-func mib(kib int64) string { return fnum(float64(kib) / 1024) }
 
 func (r *report) markdown() string {
 	var b strings.Builder
@@ -407,7 +328,7 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&b, "- Go: %s, GOMAXPROCS %d (client and server processes)\n", h.GoVersion, h.GOMAXPROCS)
 	fmt.Fprintf(&b, "- Command: `%s`\n", r.Command)
 	fmt.Fprintf(&b, "- Per configuration: %s ms warm-up, %s ms measured window; one server child process per transport.\n",
-		fnum(r.Settings.WarmupMs), fnum(r.Settings.WindowMs))
+		benchutil.Fnum(r.Settings.WarmupMs), benchutil.Fnum(r.Settings.WindowMs))
 	fmt.Fprintf(&b, "- Workloads: no-op; echo of %d bytes (client copies in, server copies into its memory and back, client copies out).\n", r.Settings.EchoPayload)
 	b.WriteString("- Latency: one client goroutine's round trip. CPU: utime+stime from /proc/<pid>/stat over the window " +
 		"(10 ms ticks), as cores busy and µs per op. RSS: VmHWM at the end of the configuration (the client's is for the whole run so far).\n")
@@ -423,28 +344,28 @@ func (r *report) markdown() string {
 	for _, row := range r.Rows {
 		if row.Error != "" {
 			errs = append(errs, fmt.Sprintf("%s, %s, %d %s: %s", row.Transport, row.Workload, row.Threads,
-				plural(row.Threads, "thread"), strings.ReplaceAll(row.Error, "\n", "; ")))
+				benchutil.Plural(row.Threads, "thread"), strings.ReplaceAll(row.Error, "\n", "; ")))
 			fmt.Fprintf(&b, "| %s | %d | %s | error [%d] | | | | | | | | | | |\n", row.Workload, row.Threads, row.Transport, len(errs))
 			continue
 		}
 		if row.Idle {
 			fmt.Fprintf(&b, "| %s | %d | %s | — | — | — | — | %s | %s | %s | — | %s / %s | — | — |\n",
 				row.Workload, row.Threads, row.Transport,
-				fnum(row.ClientCPUCores), fnum(row.ServerCPUCores), fnum(otherLoad(&row)),
-				mib(row.ClientPeakRSSKiB), mib(row.ServerPeakRSSKiB))
+				benchutil.Fnum(row.ClientCPUCores), benchutil.Fnum(row.ServerCPUCores), benchutil.Fnum(otherLoad(&row)),
+				benchutil.MiB(row.ClientPeakRSSKiB), benchutil.MiB(row.ServerPeakRSSKiB))
 			continue
 		}
 		lower, ops := "—", "—"
 		if row.P50LowerThanUDS != nil {
-			lower = fnum(*row.P50LowerThanUDS) + "×"
-			ops = fnum(*row.OpsVsUDS) + "×"
+			lower = benchutil.Fnum(*row.P50LowerThanUDS) + "×"
+			ops = benchutil.Fnum(*row.OpsVsUDS) + "×"
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s + %s | %s / %s | %s | %s |\n",
-			row.Workload, row.Threads, row.Transport, fint(row.OpsPerSec),
-			fnum(row.P50us), fnum(row.P99us), fnum(row.P999us),
-			fnum(row.ClientCPUCores), fnum(row.ServerCPUCores), fnum(otherLoad(&row)),
-			fnum(row.ClientCPUusPerOp), fnum(row.ServerCPUusPerOp),
-			mib(row.ClientPeakRSSKiB), mib(row.ServerPeakRSSKiB), lower, ops)
+			row.Workload, row.Threads, row.Transport, benchutil.Fint(row.OpsPerSec),
+			benchutil.Fnum(row.P50us), benchutil.Fnum(row.P99us), benchutil.Fnum(row.P999us),
+			benchutil.Fnum(row.ClientCPUCores), benchutil.Fnum(row.ServerCPUCores), benchutil.Fnum(otherLoad(&row)),
+			benchutil.Fnum(row.ClientCPUusPerOp), benchutil.Fnum(row.ServerCPUusPerOp),
+			benchutil.MiB(row.ClientPeakRSSKiB), benchutil.MiB(row.ServerPeakRSSKiB), lower, ops)
 	}
 	b.WriteString("\n")
 	for i, e := range errs {
@@ -456,7 +377,7 @@ func (r *report) markdown() string {
 	for _, row := range r.Rows {
 		if row.Error == "" && uint64(row.Samples) < row.Ops {
 			fmt.Fprintf(&b, "Note: %s, %s, %d %s timed the first %d of %d round trips (-max-samples per goroutine); the percentiles are from those.\n\n",
-				row.Transport, row.Workload, row.Threads, plural(row.Threads, "thread"), row.Samples, row.Ops)
+				row.Transport, row.Workload, row.Threads, benchutil.Plural(row.Threads, "thread"), row.Samples, row.Ops)
 		}
 	}
 	b.WriteString(r.Goal.Note + "\n")
@@ -473,20 +394,8 @@ func (r *report) write(dir, md string) error {
 	if err != nil {
 		return fmt.Errorf("encode report: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, "transport.json"), append(js, '\n')); err != nil {
+	if err := benchutil.WriteFileAtomic(filepath.Join(dir, "transport.json"), append(js, '\n')); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, "transport.md"), []byte(md))
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("rename %s: %w", tmp, err)
-	}
-	return nil
+	return benchutil.WriteFileAtomic(filepath.Join(dir, "transport.md"), []byte(md))
 }

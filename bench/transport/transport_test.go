@@ -63,55 +63,6 @@ func TestReadFrame(t *testing.T) {
 	}
 }
 
-func TestPercentile(t *testing.T) {
-	var ns []int64
-	for i := int64(1); i <= 1000; i++ {
-		ns = append(ns, i*1000)
-	}
-	for _, tc := range []struct{ p, want float64 }{{0.5, 500}, {0.99, 990}, {0.999, 999}, {1, 1000}} {
-		if got := percentileUs(ns, tc.p); got != tc.want {
-			t.Errorf("percentileUs(%v) = %v, want %v", tc.p, got, tc.want)
-		}
-	}
-	if got := percentileUs(nil, 0.5); got != 0 {
-		t.Errorf("percentileUs of nothing = %v, want 0", got)
-	}
-}
-
-func TestProc(t *testing.T) {
-	if _, err := procCPU(os.Getpid()); err != nil {
-		t.Error(err)
-	}
-	if kib, err := procPeakRSS(os.Getpid()); err != nil || kib <= 0 {
-		t.Errorf("procPeakRSS = %d, %v", kib, err)
-	}
-	if _, err := readMachineCPU(); err != nil {
-		t.Error(err)
-	}
-	if _, err := procCPU(-1); err == nil {
-		t.Error("procCPU of no process succeeded")
-	}
-}
-
-func TestFormat(t *testing.T) {
-	for _, tc := range []struct {
-		v    float64
-		want string
-	}{{0, "0"}, {999, "999"}, {1000, "1,000"}, {1234567.4, "1,234,567"}} {
-		if got := fint(tc.v); got != tc.want {
-			t.Errorf("fint(%v) = %q, want %q", tc.v, got, tc.want)
-		}
-	}
-	for _, tc := range []struct {
-		v    float64
-		want string
-	}{{0.812, "0.81"}, {13.26, "13.3"}, {157.2, "157"}} {
-		if got := fnum(tc.v); got != tc.want {
-			t.Errorf("fnum(%v) = %q, want %q", tc.v, got, tc.want)
-		}
-	}
-}
-
 // TestRunSmoke runs every transport for a few milliseconds per
 // configuration and checks the report is complete. It asserts no timings.
 func TestRunSmoke(t *testing.T) {

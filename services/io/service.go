@@ -77,13 +77,13 @@ type Service struct {
 	be   backend.Backend
 
 	mu     sync.Mutex
-	blobs  map[backend.BlobID]*openBlob     // protected by mu
-	grants map[uint64]map[uint64]*grant     // session -> handle -> grant; protected by mu
-	conns  map[*session]struct{}            // live ring sessions; protected by mu
-	subs   []*nats.Subscription             // immutable after Start
-	ln     *ring.Listener                   // immutable after Start
-	wg     sync.WaitGroup                   // accept loop and session goroutines
-	ready  chan struct{}                    // closed when Start succeeded
+	blobs  map[backend.BlobID]*openBlob // protected by mu
+	grants map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
+	conns  map[*session]struct{}        // live ring sessions; protected by mu
+	subs   []*nats.Subscription         // immutable after Start
+	ln     *ring.Listener               // immutable after Start
+	wg     sync.WaitGroup               // accept loop and session goroutines
+	ready  chan struct{}                // closed when Start succeeded
 	closed atomic.Bool
 
 	Stats Stats
