@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -132,6 +133,13 @@ func (s *Service) Start() error {
 	if err != nil {
 		s.unsubscribe()
 		return fmt.Errorf("iosvc: %w", err)
+	}
+	// Every local user may connect: permissions are checked per request
+	// against the credentials the kernel reports.
+	if err := os.Chmod(s.opts.Socket, 0o666); err != nil {
+		ln.Close()
+		s.unsubscribe()
+		return fmt.Errorf("iosvc: open socket to all users: %w", err)
 	}
 	s.ln = ln
 	s.wg.Add(1)

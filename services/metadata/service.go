@@ -138,6 +138,13 @@ func (s *Service) Start() error {
 		s.unsubscribe()
 		return fmt.Errorf("metadata: %w", err)
 	}
+	// Every local user may connect: permissions are checked per request
+	// against the credentials the kernel reports.
+	if err := os.Chmod(s.opts.Socket, 0o666); err != nil {
+		ln.Close()
+		s.unsubscribe()
+		return fmt.Errorf("metadata: open socket to all users: %w", err)
+	}
 	s.ln = ln
 	s.wg.Add(1)
 	go s.acceptLoop()

@@ -32,21 +32,17 @@ type session struct {
 }
 
 func (se *session) register() {
-	m := se.mux
-	m.Handle(wire.OpHello, se.hello)
-	m.Handle(wire.OpStat, se.stat)
-	m.Handle(wire.OpOpen, se.open)
-	m.Handle(wire.OpClose, se.close)
-	m.Handle(wire.OpMkdir, se.mkdir)
-	m.Handle(wire.OpRmdir, se.rmdir)
-	m.Handle(wire.OpUnlink, se.unlink)
-	m.Handle(wire.OpRename, se.rename)
-	m.Handle(wire.OpChmod, se.chmod)
-	m.Handle(wire.OpChown, se.chown)
-	m.Handle(wire.OpChtimes, se.chtimes)
-	m.Handle(wire.OpReadDir, se.readdir)
-	m.Handle(wire.OpFStat, se.fstat)
-	m.Handle(wire.OpSyncMeta, se.syncMeta)
+	for op, f := range map[uint8]ring.HandlerFunc{
+		wire.OpHello: se.hello, wire.OpStat: se.stat, wire.OpOpen: se.open, wire.OpClose: se.close,
+		wire.OpMkdir: se.mkdir, wire.OpRmdir: se.rmdir, wire.OpUnlink: se.unlink, wire.OpRename: se.rename,
+		wire.OpChmod: se.chmod, wire.OpChown: se.chown, wire.OpChtimes: se.chtimes,
+		wire.OpReadDir: se.readdir, wire.OpFStat: se.fstat, wire.OpSyncMeta: se.syncMeta,
+	} {
+		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
+			se.svc.Stats.Requests.Add(1)
+			return f(q)
+		})
+	}
 }
 
 // errno turns a namespace or control error into what the client is told.
@@ -144,7 +140,9 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 		g := wire.Grant{Session: se.id, Handle: id, Ino: uint64(a.Ino), Blob: a.Blob,
 			Read:     acc == syscall.O_RDONLY || acc == syscall.O_RDWR,
 			Write:    acc == syscall.O_WRONLY || acc == syscall.O_RDWR,
-			Truncate: flags&syscall.O_TRUNC != 0 && acc != syscall.O_RDONLY,
+			// Linux truncates with O_TRUNC even on a read-only open (the
+			// namespace required write permission for it).
+			Truncate: flags&syscall.O_TRUNC != 0,
 		}
 		ack, err := se.svc.request(wire.SubjGrant, g)
 		if err != nil {
