@@ -138,8 +138,8 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 	if a.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		acc := flags & accMode
 		g := wire.Grant{Session: se.id, Handle: id, Ino: uint64(a.Ino), Blob: a.Blob,
-			Read:     acc == syscall.O_RDONLY || acc == syscall.O_RDWR,
-			Write:    acc == syscall.O_WRONLY || acc == syscall.O_RDWR,
+			Read:  acc == syscall.O_RDONLY || acc == syscall.O_RDWR,
+			Write: acc == syscall.O_WRONLY || acc == syscall.O_RDWR,
 			// Linux truncates with O_TRUNC even on a read-only open (the
 			// namespace required write permission for it).
 			Truncate: flags&syscall.O_TRUNC != 0,

@@ -1,0 +1,95 @@
+package client_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weir-storage/weir/client"
+)
+
+// A child process dials weir, opens files and waits to be killed.
+const (
+	envChild    = "WEIR_CLIENT_TEST_CHILD"
+	envMetaSock = "WEIR_CLIENT_TEST_METADATA"
+	envIOSock   = "WEIR_CLIENT_TEST_IO"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envChild) != "" {
+		os.Exit(childClient())
+	}
+	os.Exit(m.Run())
+}
+
+func childClient() int {
+	c, err := client.Dial(context.Background(), client.Options{
+		MetadataSocket: os.Getenv(envMetaSock), IOSocket: os.Getenv(envIOSock)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for i := range 3 {
+		f, err := c.Create(fmt.Sprintf("child-%d", i))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if _, err := f.Write([]byte("unsynced but written")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	fmt.Println("ready")
+	select {}
+}
+
+// TestClientDeathFreesSession: SIGKILL a client process holding open files;
+// both services notice, release its handles and grants, and record what it
+// wrote.
+func TestClientDeathFreesSession(t *testing.T) {
+	c, st := newFS(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChild+"=1",
+		envMetaSock+"="+st.Config.Metadata.Socket, envIOSock+"="+st.Config.IO.Socket)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		cmd.Process.Kill()
+		t.Fatalf("child: %q %v", line, err)
+	}
+	if h := st.Metadata.Stats.Handles.Load(); h != 3 {
+		t.Fatalf("%d handles open before the kill, want 3", h)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for st.Metadata.Stats.Handles.Load() != 0 || st.IO.Stats.Grants.Load() != 0 || st.Metadata.Stats.Sessions.Load() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the kill: %d handles, %d grants, %d metadata sessions",
+				st.Metadata.Stats.Handles.Load(), st.IO.Stats.Grants.Load(), st.Metadata.Stats.Sessions.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := range 3 {
+		got, err := c.ReadFile(fmt.Sprintf("child-%d", i))
+		if err != nil || string(got) != "unsynced but written" {
+			t.Fatalf("child-%d: %q %v", i, got, err)
+		}
+	}
+}
