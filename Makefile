@@ -6,9 +6,11 @@ SHORTFUZZ ?= 5s
 RESULTS   ?= bench/results
 FUZZ_TARGETS := FuzzDecodeHeader FuzzValidateDescriptor FuzzServerSlot
 
-.PHONY: help build test test-unit fuzz-short fuzz lint bench bench-transport bench-quick clean
+.PHONY: help demo up build test test-unit fuzz-short fuzz lint bench bench-transport bench-quick clean
 
 help:
+	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
+	@echo "up               run weir in the foreground on DATA (default ./weir-data) until Ctrl-C"
 	@echo "build            compile every package and command"
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
 	@echo "fuzz             each fuzzer for FUZZTIME (default 5m)"
@@ -17,8 +19,17 @@ help:
 	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
 	@echo "bench-quick      the transport benchmark with short windows"
 
+DATA ?= ./weir-data
+
+demo:
+	$(GO) run ./cmd/weir demo
+
+up:
+	$(GO) run ./cmd/weir up --data $(DATA)
+
 build:
 	$(GO) build ./...
+	$(GO) build -o bin/weir ./cmd/weir
 
 test: test-unit fuzz-short
 
