@@ -1,5 +1,7 @@
 package wire
 
+import "errors"
+
 // Control messages between services on NATS, JSON-encoded. They carry
 // grants, revocations and attributes, never file data and never a client's
 // namespace request. Subjects are request-reply; a reply with a non-empty
@@ -80,4 +82,20 @@ type Ack struct {
 	Mtime int64  `json:"mtime,omitempty"`
 	Wrote bool   `json:"wrote,omitempty"` // the blob changed since the grant
 	Error string `json:"error,omitempty"`
+}
+
+// Err is the refusal an Ack carries, or nil.
+func (a *Ack) Err() error {
+	if a.Error == "" {
+		return nil
+	}
+	return errors.New(a.Error)
+}
+
+// Err is the refusal a SessionInfo carries, or nil.
+func (s *SessionInfo) Err() error {
+	if s.Error == "" {
+		return nil
+	}
+	return errors.New(s.Error)
 }

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -15,6 +13,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/internal/ringsrv"
 	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/io/backend"
@@ -80,10 +80,8 @@ type Service struct {
 	mu     sync.Mutex
 	blobs  map[backend.BlobID]*openBlob // protected by mu
 	grants map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
-	conns  map[*session]struct{}        // live ring sessions; protected by mu
 	subs   []*nats.Subscription         // immutable after Start
-	ln     *ring.Listener               // immutable after Start
-	wg     sync.WaitGroup               // accept loop and session goroutines
+	srv    ringsrv.Server               // client sessions
 	ready  chan struct{}                // closed when Start succeeded
 	closed atomic.Bool
 
@@ -105,45 +103,28 @@ func New(opts Options) (*Service, error) {
 		opts: opts, log: opts.Logger, be: opts.Backend,
 		blobs:  make(map[backend.BlobID]*openBlob),
 		grants: make(map[uint64]map[uint64]*grant),
-		conns:  make(map[*session]struct{}),
 		ready:  make(chan struct{}),
 	}, nil
 }
 
 // Start subscribes to the control subjects and accepts client sessions.
 func (s *Service) Start() error {
-	for subj, h := range map[string]nats.MsgHandler{
+	subs, err := ringsrv.Subscribe(s.opts.NATS, map[string]nats.MsgHandler{
 		wire.SubjGrant:  s.onGrant,
 		wire.SubjRevoke: s.onRevoke,
 		wire.SubjLive:   s.onLive,
 		wire.SubjDelete: s.onDelete,
-	} {
-		sub, err := s.opts.NATS.Subscribe(subj, h)
-		if err != nil {
-			s.unsubscribe()
-			return fmt.Errorf("iosvc: subscribe %s: %w", subj, err)
-		}
-		s.subs = append(s.subs, sub)
-	}
-	if err := s.opts.NATS.Flush(); err != nil {
-		s.unsubscribe()
-		return fmt.Errorf("iosvc: flush subscriptions: %w", err)
-	}
-	ln, err := ring.Listen(s.opts.Socket, s.opts.Ring)
+	})
 	if err != nil {
-		s.unsubscribe()
 		return fmt.Errorf("iosvc: %w", err)
 	}
-	// Every local user may connect: permissions are checked per request
-	// against the credentials the kernel reports.
-	if err := os.Chmod(s.opts.Socket, 0o666); err != nil {
-		ln.Close()
-		s.unsubscribe()
-		return fmt.Errorf("iosvc: open socket to all users: %w", err)
+	s.subs = subs
+	s.srv = ringsrv.Server{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode, Log: s.log,
+		New: func() ringsrv.Session { return newSession(s) }}
+	if err := s.srv.Start(); err != nil {
+		ringsrv.Unsubscribe(s.subs)
+		return fmt.Errorf("iosvc: %w", err)
 	}
-	s.ln = ln
-	s.wg.Add(1)
-	go s.acceptLoop()
 	close(s.ready)
 	s.log.Info("serving", "socket", s.opts.Socket, "backend", s.be.Name(), "wait", s.opts.WaitMode)
 	return nil
@@ -152,63 +133,6 @@ func (s *Service) Start() error {
 // Ready is closed once the service accepts sessions.
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
-func (s *Service) unsubscribe() {
-	for _, sub := range s.subs {
-		_ = sub.Unsubscribe()
-	}
-}
-
-func (s *Service) acceptLoop() {
-	defer s.wg.Done()
-	for {
-		conn, err := s.ln.AcceptUnix()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				s.log.Error("accept", "error", err)
-			}
-			return
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serveConn(conn)
-		}()
-	}
-}
-
-func (s *Service) serveConn(conn *net.UnixConn) {
-	sess := &session{svc: s, mux: ring.NewMux()}
-	sess.register()
-	sc, err := ring.NewServerConn(context.Background(), conn, s.ln.Config(), sess.mux, s.opts.WaitMode)
-	if err != nil {
-		s.log.Warn("handshake failed", "error", err)
-		return
-	}
-	sess.sc = sc
-	sess.cred = sc.Cred
-	s.mu.Lock()
-	if s.closed.Load() {
-		s.mu.Unlock()
-		sc.Close()
-		return
-	}
-	s.conns[sess] = struct{}{}
-	s.mu.Unlock()
-	s.Stats.Sessions.Add(1)
-	err = sc.Serve()
-	sc.Close()
-	s.Stats.Sessions.Add(-1)
-	s.mu.Lock()
-	delete(s.conns, sess)
-	s.mu.Unlock()
-	switch {
-	case err == nil, errors.Is(err, ring.ErrPeerGone):
-		s.log.Debug("session ended", "pid", sess.cred.Pid, "session", sess.sid)
-	default:
-		s.log.Warn("session torn down", "pid", sess.cred.Pid, "session", sess.sid, "error", err)
-	}
-}
-
 // Shutdown stops accepting, ends every session, reports the live size and
 // mtime of every changed blob to the metadata service, syncs and closes the
 // backend.
@@ -216,25 +140,9 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	s.unsubscribe()
-	if s.ln != nil {
-		s.ln.Close()
-	}
-	s.mu.Lock()
-	conns := make([]*session, 0, len(s.conns))
-	for c := range s.conns {
-		conns = append(conns, c)
-	}
-	s.mu.Unlock()
-	for _, c := range conns {
-		c.sc.Close()
-	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return fmt.Errorf("iosvc: shutdown: sessions still running: %w", ctx.Err())
+	ringsrv.Unsubscribe(s.subs)
+	if err := s.srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("iosvc: shutdown: %w", err)
 	}
 	var errs []error
 	s.mu.Lock()
@@ -277,49 +185,33 @@ func (s *Service) reportLive(ob *openBlob, sync bool) error {
 	return nil
 }
 
-// request sends a control request and decodes its reply; a reply that
-// carries an Error becomes an error.
-func (s *Service) request(subj string, msg any, reply any) error {
-	data, err := json.Marshal(msg)
-	if err != nil {
+// request sends a control request to the metadata service; a refusal in
+// the reply becomes an error.
+func (s *Service) request(subj string, msg any, reply interface{ Err() error }) error {
+	if err := control.Request(s.opts.NATS, subj, msg, reply, s.opts.RequestTimeout); err != nil {
 		return err
 	}
-	m, err := s.opts.NATS.Request(subj, data, s.opts.RequestTimeout)
-	if err != nil {
+	if err := reply.Err(); err != nil {
 		return fmt.Errorf("%s: %w", subj, err)
 	}
-	if err := json.Unmarshal(m.Data, reply); err != nil {
-		return fmt.Errorf("%s: bad reply: %w", subj, err)
-	}
-	if a, ok := reply.(*wire.Ack); ok && a.Error != "" {
-		return fmt.Errorf("%s: %s", subj, a.Error)
-	}
-	if a, ok := reply.(*wire.SessionInfo); ok && a.Error != "" {
-		return fmt.Errorf("%s: %s", subj, a.Error)
-	}
 	return nil
-}
-
-func respond(m *nats.Msg, v any) {
-	data, _ := json.Marshal(v)
-	_ = m.Respond(data)
 }
 
 func (s *Service) onGrant(m *nats.Msg) {
 	var g wire.Grant
 	if err := json.Unmarshal(m.Data, &g); err != nil || g.Blob == 0 || g.Handle == 0 {
-		respond(m, wire.Ack{Error: "malformed grant"})
+		control.Respond(m, wire.Ack{Error: "malformed grant"})
 		return
 	}
 	ob, err := s.openBlob(backend.BlobID(g.Blob), g.Ino)
 	if err != nil {
-		respond(m, wire.Ack{Error: err.Error()})
+		control.Respond(m, wire.Ack{Error: err.Error()})
 		return
 	}
 	if g.Truncate {
 		if err := ob.b.Truncate(0); err != nil {
 			s.releaseBlob(ob)
-			respond(m, wire.Ack{Error: err.Error()})
+			control.Respond(m, wire.Ack{Error: err.Error()})
 			return
 		}
 		ob.touch()
@@ -333,13 +225,13 @@ func (s *Service) onGrant(m *nats.Msg) {
 	if old := hs[g.Handle]; old != nil {
 		s.mu.Unlock()
 		s.releaseBlob(ob)
-		respond(m, wire.Ack{Error: "handle already granted"})
+		control.Respond(m, wire.Ack{Error: "handle already granted"})
 		return
 	}
 	hs[g.Handle] = &grant{blob: ob, read: g.Read, write: g.Write}
 	s.mu.Unlock()
 	s.Stats.Grants.Add(1)
-	respond(m, wire.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
+	control.Respond(m, wire.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
 }
 
 func (ob *openBlob) touch() {
@@ -350,7 +242,7 @@ func (ob *openBlob) touch() {
 func (s *Service) onRevoke(m *nats.Msg) {
 	var r wire.Revoke
 	if err := json.Unmarshal(m.Data, &r); err != nil {
-		respond(m, wire.Ack{Error: "malformed revoke"})
+		control.Respond(m, wire.Ack{Error: "malformed revoke"})
 		return
 	}
 	s.mu.Lock()
@@ -379,13 +271,13 @@ func (s *Service) onRevoke(m *nats.Msg) {
 		}
 		s.releaseBlob(g.blob)
 	}
-	respond(m, ack)
+	control.Respond(m, ack)
 }
 
 func (s *Service) onLive(m *nats.Msg) {
 	var q wire.LiveQuery
 	if err := json.Unmarshal(m.Data, &q); err != nil {
-		respond(m, wire.Ack{Error: "malformed query"})
+		control.Respond(m, wire.Ack{Error: "malformed query"})
 		return
 	}
 	s.mu.Lock()
@@ -395,32 +287,32 @@ func (s *Service) onLive(m *nats.Msg) {
 	}
 	s.mu.Unlock()
 	if ob == nil {
-		respond(m, wire.Ack{Error: "blob not open"})
+		control.Respond(m, wire.Ack{Error: "blob not open"})
 		return
 	}
-	respond(m, wire.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
+	control.Respond(m, wire.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
 	s.releaseBlob(ob)
 }
 
 func (s *Service) onDelete(m *nats.Msg) {
 	var d wire.Delete
 	if err := json.Unmarshal(m.Data, &d); err != nil || d.Blob == 0 {
-		respond(m, wire.Ack{Error: "malformed delete"})
+		control.Respond(m, wire.Ack{Error: "malformed delete"})
 		return
 	}
 	s.mu.Lock()
 	_, busy := s.blobs[backend.BlobID(d.Blob)]
 	s.mu.Unlock()
 	if busy {
-		respond(m, wire.Ack{Error: "blob is still open"})
+		control.Respond(m, wire.Ack{Error: "blob is still open"})
 		return
 	}
 	err := s.be.Delete(backend.BlobID(d.Blob))
 	if err != nil && !errors.Is(err, syscall.ENOENT) {
-		respond(m, wire.Ack{Error: err.Error()})
+		control.Respond(m, wire.Ack{Error: err.Error()})
 		return
 	}
-	respond(m, wire.Ack{})
+	control.Respond(m, wire.Ack{})
 }
 
 // openBlob returns the open blob for id, opening (and creating) it if need

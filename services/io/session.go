@@ -12,14 +12,34 @@ import (
 )
 
 // session is one client's ring session. Its fields are owned by the
-// session's poller goroutine (ring handlers run there), except sc and cred
-// which are set before Serve starts.
+// session's poller goroutine (ring handlers run there), except cred which
+// is set in Started, before the first request.
 type session struct {
 	svc  *Service
 	mux  *ring.Mux
-	sc   *ring.ServerConn
 	cred *unix.Ucred
 	sid  uint64 // metadata session this ring is bound to; 0 until OpAttach
+}
+
+func newSession(svc *Service) *session {
+	s := &session{svc: svc, mux: ring.NewMux()}
+	s.register()
+	return s
+}
+
+func (s *session) Handler() ring.Handler { return s.mux }
+
+func (s *session) Started(sc *ring.ServerConn) error {
+	s.cred = sc.Cred
+	s.svc.Stats.Sessions.Add(1)
+	return nil
+}
+
+// Ended needs no clean-up: grants belong to the metadata session, which
+// revokes them when it ends.
+func (s *session) Ended(err error) {
+	s.svc.Stats.Sessions.Add(-1)
+	s.svc.log.Debug("session ended", "session", s.sid, "error", err)
 }
 
 func (s *session) register() {

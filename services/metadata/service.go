@@ -14,12 +14,10 @@ package metadata
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -31,6 +29,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/internal/ringsrv"
 	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/metadata/ns"
@@ -78,8 +78,8 @@ type Service struct {
 	nextH    atomic.Uint64       // handle ids, unique across sessions
 
 	subs   []*nats.Subscription // immutable after Start
-	ln     *ring.Listener       // immutable after Start
-	wg     sync.WaitGroup
+	srv    ringsrv.Server       // client sessions
+	bg     sync.WaitGroup       // background work (orphan deletion)
 	ready  chan struct{}
 	closed atomic.Bool
 
@@ -118,38 +118,22 @@ func (s *Service) NS() *ns.NS { return s.ns }
 // Start subscribes to the control subjects, accepts client sessions and
 // starts deleting the blobs of files orphaned by the last shutdown.
 func (s *Service) Start() error {
-	for subj, h := range map[string]nats.MsgHandler{
+	subs, err := ringsrv.Subscribe(s.opts.NATS, map[string]nats.MsgHandler{
 		wire.SubjSession: s.onSession,
 		wire.SubjSetLive: s.onSetLive,
-	} {
-		sub, err := s.opts.NATS.Subscribe(subj, h)
-		if err != nil {
-			s.unsubscribe()
-			return fmt.Errorf("metadata: subscribe %s: %w", subj, err)
-		}
-		s.subs = append(s.subs, sub)
-	}
-	if err := s.opts.NATS.Flush(); err != nil {
-		s.unsubscribe()
-		return fmt.Errorf("metadata: flush subscriptions: %w", err)
-	}
-	ln, err := ring.Listen(s.opts.Socket, s.opts.Ring)
+	})
 	if err != nil {
-		s.unsubscribe()
 		return fmt.Errorf("metadata: %w", err)
 	}
-	// Every local user may connect: permissions are checked per request
-	// against the credentials the kernel reports.
-	if err := os.Chmod(s.opts.Socket, 0o666); err != nil {
-		ln.Close()
-		s.unsubscribe()
-		return fmt.Errorf("metadata: open socket to all users: %w", err)
+	s.subs = subs
+	s.srv = ringsrv.Server{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode, Log: s.log,
+		New: func() ringsrv.Session { return newSession(s) }}
+	if err := s.srv.Start(); err != nil {
+		ringsrv.Unsubscribe(s.subs)
+		return fmt.Errorf("metadata: %w", err)
 	}
-	s.ln = ln
-	s.wg.Add(1)
-	go s.acceptLoop()
 	if orphans := s.ns.Orphans(); len(orphans) > 0 {
-		s.wg.Add(1)
+		s.bg.Add(1)
 		go s.deleteOrphans(orphans)
 	}
 	close(s.ready)
@@ -160,17 +144,11 @@ func (s *Service) Start() error {
 // Ready is closed once the service accepts sessions.
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
-func (s *Service) unsubscribe() {
-	for _, sub := range s.subs {
-		_ = sub.Unsubscribe()
-	}
-}
-
 // deleteOrphans asks the IO service to delete blobs whose files lost their
 // last name while open before a restart. The IO service may start after
 // this one, so it retries until each delete is acknowledged or Shutdown.
 func (s *Service) deleteOrphans(blobs []uint64) {
-	defer s.wg.Done()
+	defer s.bg.Done()
 	for _, b := range blobs {
 		for !s.closed.Load() {
 			if err := s.deleteBlob(b); err == nil {
@@ -180,63 +158,6 @@ func (s *Service) deleteOrphans(blobs []uint64) {
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-	}
-}
-
-func (s *Service) acceptLoop() {
-	defer s.wg.Done()
-	for {
-		conn, err := s.ln.AcceptUnix()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				s.log.Error("accept", "error", err)
-			}
-			return
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.serveConn(conn)
-		}()
-	}
-}
-
-func (s *Service) serveConn(conn *net.UnixConn) {
-	sess := &session{svc: s, mux: ring.NewMux(), handles: make(map[uint64]*handle)}
-	sess.register()
-	sc, err := ring.NewServerConn(context.Background(), conn, s.ln.Config(), sess.mux, s.opts.WaitMode)
-	if err != nil {
-		s.log.Warn("handshake failed", "error", err)
-		return
-	}
-	sess.sc = sc
-	sess.pid = sc.Cred.Pid
-	sess.cred = ns.Cred{UID: sc.Cred.Uid, GID: sc.Cred.Gid, Groups: supplementaryGroups(sc.Cred.Pid)}
-	if _, err := rand.Read(sess.token[:]); err != nil {
-		s.log.Error("session token", "error", err)
-		sc.Close()
-		return
-	}
-	s.mu.Lock()
-	if s.closed.Load() {
-		s.mu.Unlock()
-		sc.Close()
-		return
-	}
-	s.nextSID++
-	sess.id = s.nextSID
-	s.sessions[sess.id] = sess
-	s.mu.Unlock()
-	s.Stats.Sessions.Add(1)
-	err = sc.Serve()
-	sc.Close()
-	sess.closeAll()
-	s.mu.Lock()
-	delete(s.sessions, sess.id)
-	s.mu.Unlock()
-	s.Stats.Sessions.Add(-1)
-	if err != nil && !errors.Is(err, ring.ErrPeerGone) {
-		s.log.Warn("session torn down", "pid", sess.pid, "session", sess.id, "error", err)
 	}
 }
 
@@ -269,48 +190,26 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	if s.ln != nil {
-		s.ln.Close()
+	if err := s.srv.Shutdown(ctx); err != nil {
+		return fmt.Errorf("metadata: shutdown: %w", err)
 	}
-	s.mu.Lock()
-	sessions := make([]*session, 0, len(s.sessions))
-	for _, se := range s.sessions {
-		sessions = append(sessions, se)
-	}
-	s.mu.Unlock()
-	for _, se := range sessions {
-		se.sc.Close()
-	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return fmt.Errorf("metadata: shutdown: sessions still running: %w", ctx.Err())
-	}
-	s.unsubscribe()
+	s.bg.Wait()
+	ringsrv.Unsubscribe(s.subs)
 	if err := s.ns.Close(); err != nil {
 		return fmt.Errorf("metadata: close namespace: %w", err)
 	}
 	return nil
 }
 
-// request sends a control request to the IO service.
+// request sends a control request to the IO service; a refusal in the
+// reply becomes an error.
 func (s *Service) request(subj string, msg any) (wire.Ack, error) {
 	var ack wire.Ack
-	data, err := json.Marshal(msg)
-	if err != nil {
+	if err := control.Request(s.opts.NATS, subj, msg, &ack, s.opts.RequestTimeout); err != nil {
 		return ack, err
 	}
-	m, err := s.opts.NATS.Request(subj, data, s.opts.RequestTimeout)
-	if err != nil {
+	if err := ack.Err(); err != nil {
 		return ack, fmt.Errorf("%s: %w", subj, err)
-	}
-	if err := json.Unmarshal(m.Data, &ack); err != nil {
-		return ack, fmt.Errorf("%s: bad reply: %w", subj, err)
-	}
-	if ack.Error != "" {
-		return ack, fmt.Errorf("%s: %s", subj, ack.Error)
 	}
 	return ack, nil
 }
@@ -320,34 +219,29 @@ func (s *Service) deleteBlob(blob uint64) error {
 	return err
 }
 
-func respond(m *nats.Msg, v any) {
-	data, _ := json.Marshal(v)
-	_ = m.Respond(data)
-}
-
 // onSession vouches for a session to the IO service: the token must match
 // and the answer is who the kernel said the client is.
 func (s *Service) onSession(m *nats.Msg) {
 	var q wire.SessionQuery
 	if err := json.Unmarshal(m.Data, &q); err != nil {
-		respond(m, wire.SessionInfo{Error: "malformed query"})
+		control.Respond(m, wire.SessionInfo{Error: "malformed query"})
 		return
 	}
 	s.mu.Lock()
 	se := s.sessions[q.Session]
 	s.mu.Unlock()
 	if se == nil || subtle.ConstantTimeCompare(se.token[:], q.Token) != 1 {
-		respond(m, wire.SessionInfo{Error: "unknown session or wrong token"})
+		control.Respond(m, wire.SessionInfo{Error: "unknown session or wrong token"})
 		return
 	}
-	respond(m, wire.SessionInfo{UID: se.cred.UID, GID: se.cred.GID, PID: se.pid})
+	control.Respond(m, wire.SessionInfo{UID: se.cred.UID, GID: se.cred.GID, PID: se.pid})
 }
 
 // onSetLive records a file's size and mtime reported by the IO service.
 func (s *Service) onSetLive(m *nats.Msg) {
 	var l wire.SetLive
 	if err := json.Unmarshal(m.Data, &l); err != nil {
-		respond(m, wire.Ack{Error: "malformed setlive"})
+		control.Respond(m, wire.Ack{Error: "malformed setlive"})
 		return
 	}
 	err := s.ns.SetLive(ns.Ino(l.Ino), l.Size, l.Mtime)
@@ -355,10 +249,10 @@ func (s *Service) onSetLive(m *nats.Msg) {
 		err = s.ns.Sync()
 	}
 	if err != nil {
-		respond(m, wire.Ack{Error: err.Error()})
+		control.Respond(m, wire.Ack{Error: err.Error()})
 		return
 	}
-	respond(m, wire.Ack{})
+	control.Respond(m, wire.Ack{})
 }
 
 // liveAttr overlays the IO service's live size and mtime on a regular

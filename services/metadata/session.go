@@ -1,7 +1,9 @@
 package metadata
 
 import (
+	"crypto/rand"
 	"errors"
+	"fmt"
 	"syscall"
 
 	"github.com/weir-storage/weir/internal/wire"
@@ -17,18 +19,54 @@ type handle struct {
 	write   bool
 }
 
-// session is one client's metadata ring. Fields other than sc, id, pid,
-// cred and token (set before Serve) are owned by the session's poller
-// goroutine, where ring handlers run.
+// session is one client's metadata ring. id, pid, cred and token are set
+// in Started, before the first request; handles is owned by the session's
+// poller goroutine, where ring handlers run, and then by Ended.
 type session struct {
 	svc     *Service
 	mux     *ring.Mux
-	sc      *ring.ServerConn
 	id      uint64
 	pid     int32
 	cred    ns.Cred
 	token   [wire.TokenSize]byte
 	handles map[uint64]*handle
+}
+
+func newSession(svc *Service) *session {
+	se := &session{svc: svc, mux: ring.NewMux(), handles: make(map[uint64]*handle)}
+	se.register()
+	return se
+}
+
+func (se *session) Handler() ring.Handler { return se.mux }
+
+// Started records who the kernel says the client is and gives the session
+// its id and the token that binds the client's IO session to it.
+func (se *session) Started(sc *ring.ServerConn) error {
+	se.pid = sc.Cred.Pid
+	se.cred = ns.Cred{UID: sc.Cred.Uid, GID: sc.Cred.Gid, Groups: supplementaryGroups(sc.Cred.Pid)}
+	if _, err := rand.Read(se.token[:]); err != nil {
+		return fmt.Errorf("session token: %w", err)
+	}
+	s := se.svc
+	s.mu.Lock()
+	s.nextSID++
+	se.id = s.nextSID
+	s.sessions[se.id] = se
+	s.mu.Unlock()
+	s.Stats.Sessions.Add(1)
+	return nil
+}
+
+// Ended closes every handle the session left open (revoking its grants)
+// and forgets the session.
+func (se *session) Ended(err error) {
+	se.closeAll()
+	s := se.svc
+	s.mu.Lock()
+	delete(s.sessions, se.id)
+	s.mu.Unlock()
+	s.Stats.Sessions.Add(-1)
 }
 
 func (se *session) register() {

@@ -1,0 +1,130 @@
+// Package ns is the metadata service's namespace: directories, names and
+// inodes with POSIX semantics, Linux's permission rules, and crash-safe
+// persistence in a write-ahead log (WAL) with checkpoints.
+//
+// # Semantics
+//
+// Paths are resolved as Linux resolves them (fs/namei.c), check by check,
+// so that every failure gives the errno the kernel gives: a NUL byte is
+// EINVAL (as Go's syscall package reports it), an empty path ENOENT, a
+// path of 4096 bytes or more ENAMETOOLONG; slashes collapse and a leading
+// one changes nothing (paths are relative to the root); "." and ".."
+// resolve physically and ".." of the root is the root; each directory on
+// the way, including the one holding the last component, must be
+// searchable (EACCES), each intermediate component must exist (ENOENT),
+// have at most 255 bytes (ENAMETOOLONG) and be a directory (ENOTDIR); a
+// trailing slash demands a directory. Permissions follow
+// generic_permission without ACLs; root overrides read, write and
+// directory search, and execute only where some execute bit is set. In a
+// sticky directory only root, the entry's owner and the directory's owner
+// may remove or rename an entry (EPERM otherwise). rename follows
+// do_renameat2 and vfs_rename; rmdir, unlink, mkdir, open, chmod, chown,
+// utimensat and truncate follow their kernel counterparts, including the
+// clearing of setuid and setgid bits. Every errno rule was checked against
+// Linux 6.18 on ext4.
+//
+// Timestamps: creating, removing and renaming entries set the parent
+// directories' mtime and ctime; attribute changes and unlinks set the
+// inode's ctime. atime is never updated by reads (noatime); it changes
+// only through Chtimes. Hard links, symbolic links and special files do
+// not exist. Directory sizes are 0.
+//
+// All namespace errors are bare syscall.Errno values. Failures to read or
+// write the persistent state are *IOError (reported as EIO); a failed
+// flush is sticky: every later mutation and Sync fails. Reads keep working.
+//
+// # Durability
+//
+// A mutation runs under the namespace lock: all checks, then its record
+// is written to the WAL (reaching the kernel, so it survives a SIGKILL),
+// then it is applied in memory, then the lock is released. With
+// Options.SyncEveryOp the mutation returns only after an fsync covering its
+// record; concurrent mutations share one fsync (group commit). Otherwise a
+// background flush runs every Options.SyncInterval and Sync flushes on
+// demand. Readers may observe a change before it is durable; any mutation
+// that depends on it is logged after it, so its acknowledgement implies
+// the earlier change is durable too.
+//
+// Every Options.CheckpointEvery records a checkpoint (a full snapshot) is
+// taken: under a read lock the state is encoded and the WAL moves to a new
+// segment (the old one is flushed first); then the snapshot is written to
+// ckpt-<LSN>.tmp, flushed, renamed to ckpt-<LSN>.ckpt and the directory
+// flushed. Then checkpoints older than the previous one are removed, and
+// WAL segments whose records the previous checkpoint covers. So the newest
+// two checkpoints and the WAL after the older of them stay on disk, and
+// recovery can fall back to the older one if the newer is ever found
+// damaged. Close writes a final checkpoint. A LOCK file in the directory
+// is flock(2)ed by the one NS that has it open.
+//
+// Recovery (Open): remove ckpt-*.tmp; load the newest checkpoint that
+// verifies (a damaged one is logged, skipped and renamed to *.corrupt once
+// recovery succeeds; with none valid Open fails); replay the WAL records
+// with larger LSNs; cut a torn tail; free the inodes that have no name
+// (they were unlinked while open; opens do not survive a restart) and
+// report their blobs through Orphans; run Check. WAL damage that a crash
+// cannot explain fails Open with an error naming the file and offset: a
+// bad record followed by a valid one, a bad record in a segment that is
+// not the last, a gap in the LSNs, a record that does not apply.
+//
+// # On-disk formats (version 1)
+//
+// All integers are little-endian; checksums are CRC-32C (Castagnoli).
+// File names carry an LSN as 20 decimal digits.
+//
+// WAL segment wal-<first LSN>.log: a 32-byte header, then records.
+//
+//	header  0  [8]byte magic "weirwal\x00"
+//	        8  u32 format version (1)
+//	       12  u32 header size (32)
+//	       16  u64 LSN of the first record (equals the file name)
+//	       24  u32 CRC-32C of bytes 0..24
+//	       28  u32 reserved, 0
+//
+//	record  0  u32 length n: bytes after this 8-byte prefix (9 + payload)
+//	        4  u32 CRC-32C of the n bytes from offset 8
+//	        8  u64 LSN (consecutive across segments, the first one is 1)
+//	       16  u8  type
+//	       17  payload (n - 9 bytes, at most 65527)
+//
+// A name in a payload is u8 length (1..255) followed by its bytes. Times are
+// i64 Unix nanoseconds. Payloads by type:
+//
+//	1 create   u64 parent, u64 ino, u32 mode (with S_IF type), u32 uid,
+//	           u32 gid, i64 time, name
+//	2 remove   u64 parent, u64 ino, i64 time, u8 flags, name
+//	3 rename   u64 old parent, u64 new parent, u64 ino, u64 replaced ino
+//	           (0 = none), i64 time, u8 flags, old name, new name
+//	4 setattr  u64 ino, u8 mask, u32 mode, u32 uid, u32 gid, i64 size,
+//	           i64 atime, i64 mtime, i64 ctime
+//	           (mask bits 1 mode, 2 uid, 4 gid, 8 size, 16 atime,
+//	           32 mtime, 64 ctime: only those fields are applied)
+//	5 free     u64 ino
+//
+// flags bit 0 of remove and rename: the removed (or replaced) inode is
+// dropped at once; otherwise it lives on without a name (still open) until
+// a free record. Inode numbers are allocated consecutively and never
+// reused: a create carries exactly the next number.
+//
+// Checkpoint ckpt-<LSN>.ckpt: a 64-byte header, then the body.
+//
+//	header  0  [8]byte magic "weirckpt"
+//	        8  u32 format version (1)
+//	       12  u32 header size (64)
+//	       16  u64 LSN: the state after every WAL record up to this one
+//	       24  u64 next inode number
+//	       32  u64 inode count
+//	       40  u64 body length in bytes
+//	       48  u32 CRC-32C of the body
+//	       52  [8]byte reserved, 0
+//	       60  u32 CRC-32C of bytes 0..60
+//
+//	body    one record per inode, ascending by inode number:
+//	        0  u64 ino       8 u32 mode     12 u32 uid      16 u32 gid
+//	       20  u32 nlink    24 i64 size     32 i64 atime    40 i64 mtime
+//	       48  i64 ctime    56 u64 blob     64 u32 entry count
+//	       68  entries, ascending by name: name, u64 ino
+//
+// A checkpoint verifies when both checksums match, the header fields are
+// as above, the body decodes exactly and the state passes Check (unnamed
+// inodes allowed).
+package ns

@@ -1,0 +1,142 @@
+package ns
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"syscall"
+)
+
+// gen produces random operations over a small name space so that they
+// collide often: creates over existing names, renames into subtrees,
+// removals of open files, permission failures.
+type gen struct {
+	rng     *rand.Rand
+	handles []Ino // open handles, to Release or SetLive
+	prefix  string
+	bad     error // the first error that was not a bare Errno
+}
+
+func newGen(seed uint64, prefix string) *gen {
+	return &gen{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), prefix: prefix}
+}
+
+func (g *gen) path() string {
+	depth := 1 + g.rng.IntN(3)
+	parts := make([]string, depth)
+	for i := range parts {
+		switch r := g.rng.IntN(24); {
+		case r == 0:
+			parts[i] = "."
+		case r == 1:
+			parts[i] = ".."
+		default:
+			parts[i] = string(rune('a' + g.rng.IntN(4)))
+		}
+	}
+	p := strings.Join(parts, "/")
+	if g.prefix != "" {
+		p = g.prefix + "/" + strings.Join(parts, "/")
+		if strings.Contains(p, "..") {
+			p = g.prefix + "/" + strings.ReplaceAll(strings.Join(parts, "/"), "..", "b")
+		}
+	}
+	if g.rng.IntN(10) == 0 {
+		p = "/" + p
+	}
+	if g.rng.IntN(15) == 0 {
+		p += "/"
+	}
+	return p
+}
+
+func (g *gen) cred() Cred {
+	switch r := g.rng.IntN(10); {
+	case r < 6:
+		return root
+	case r < 8:
+		return u1
+	}
+	return u2
+}
+
+func (g *gen) mode(modes ...uint32) uint32 { return modes[g.rng.IntN(len(modes))] }
+
+// step runs one random operation on n and describes it with its result.
+func (g *gen) step(n *NS) string {
+	c := g.cred()
+	var err error
+	var what string
+	switch g.rng.IntN(16) {
+	case 0, 1, 2:
+		p := g.path()
+		flags := syscall.O_CREAT | []int{syscall.O_RDONLY, syscall.O_WRONLY, syscall.O_RDWR}[g.rng.IntN(3)]
+		if g.rng.IntN(3) == 0 {
+			flags |= syscall.O_EXCL
+		}
+		if g.rng.IntN(4) == 0 {
+			flags |= syscall.O_TRUNC
+		}
+		var a Attr
+		a, _, err = n.Open(c, p, flags, g.mode(0o644, 0o600, 0o755, 0o2755, 0o4755, 0o777))
+		if err == nil {
+			g.handles = append(g.handles, a.Ino)
+		}
+		what = fmt.Sprintf("open %q %#x", p, flags)
+	case 3, 4:
+		p := g.path()
+		_, err = n.Mkdir(c, p, g.mode(0o755, 0o777, 0o1777, 0o2775, 0o700))
+		what = fmt.Sprintf("mkdir %q", p)
+	case 5:
+		p := g.path()
+		err = n.Rmdir(c, p)
+		what = fmt.Sprintf("rmdir %q", p)
+	case 6:
+		p := g.path()
+		_, err = n.Unlink(c, p)
+		what = fmt.Sprintf("unlink %q", p)
+	case 7, 8:
+		p, q := g.path(), g.path()
+		_, err = n.Rename(c, p, q)
+		what = fmt.Sprintf("rename %q %q", p, q)
+	case 9:
+		p := g.path()
+		err = n.Chmod(c, p, uint32(g.rng.IntN(0o10000)))
+		what = fmt.Sprintf("chmod %q", p)
+	case 10:
+		p := g.path()
+		ids := []int{-1, 0, 1001, 1002, 2000, 3000}
+		err = n.Chown(c, p, ids[g.rng.IntN(len(ids))], ids[g.rng.IntN(len(ids))])
+		what = fmt.Sprintf("chown %q", p)
+	case 11:
+		p := g.path()
+		err = n.Chtimes(c, p, g.rng.Int64N(1e18), g.rng.Int64N(1e18))
+		what = fmt.Sprintf("chtimes %q", p)
+	case 12:
+		p := g.path()
+		_, err = n.Truncate(c, p, g.rng.Int64N(1<<20))
+		what = fmt.Sprintf("truncate %q", p)
+	case 13:
+		if len(g.handles) == 0 {
+			return "nothing"
+		}
+		ino := g.handles[g.rng.IntN(len(g.handles))]
+		err = n.SetLive(ino, g.rng.Int64N(1<<30), g.rng.Int64N(1e18))
+		what = fmt.Sprintf("setlive %d", ino)
+	case 14, 15:
+		if len(g.handles) == 0 {
+			return "nothing"
+		}
+		i := g.rng.IntN(len(g.handles))
+		ino := g.handles[i]
+		g.handles = append(g.handles[:i], g.handles[i+1:]...)
+		_, err = n.Release(ino)
+		what = fmt.Sprintf("release %d", ino)
+	}
+	if err != nil {
+		if _, ok := err.(syscall.Errno); !ok && g.bad == nil {
+			g.bad = fmt.Errorf("%s as uid %d: non-errno error %w", what, c.UID, err)
+		}
+	}
+	return fmt.Sprintf("uid %d %s: %v", c.UID, what, err)
+}

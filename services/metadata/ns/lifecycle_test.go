@@ -1,0 +1,400 @@
+package ns
+
+import (
+	"errors"
+	"syscall"
+	"testing"
+
+	"github.com/weir-storage/weir/services/metadata/ns/internal/vfs"
+)
+
+func stat(t *testing.T, n *NS, p string) Attr {
+	t.Helper()
+	a, err := n.Stat(root, p)
+	must(t, err)
+	return a
+}
+
+func create(t *testing.T, n *NS, c Cred, p string) Attr {
+	t.Helper()
+	a, created, err := n.Open(c, p, syscall.O_CREAT|syscall.O_EXCL|syscall.O_RDWR, 0o644)
+	must(t, err)
+	if !created {
+		t.Fatalf("%s: not created", p)
+	}
+	return a
+}
+
+func release(t *testing.T, n *NS, ino Ino) uint64 {
+	t.Helper()
+	b, err := n.Release(ino)
+	must(t, err)
+	return b
+}
+
+func TestNewFileAndDirectoryAttributes(t *testing.T) {
+	n, clk := newNS(t)
+	d, err := n.Mkdir(u1, "d", 0o755)
+	if errno(t, err) != syscall.EACCES {
+		t.Fatalf("mkdir in root-owned 0755 root as u1: %v", err)
+	}
+	must(t, n.Chmod(root, "/", 0o777))
+	d, err = n.Mkdir(u1, "d", 0o750)
+	must(t, err)
+	now := clk.last()
+	want := Attr{Ino: d.Ino, Mode: syscall.S_IFDIR | 0o750, UID: 1001, GID: 1001, Nlink: 2, Atime: now, Mtime: now, Ctime: now}
+	if d != want {
+		t.Errorf("mkdir attr %+v, want %+v", d, want)
+	}
+	r := stat(t, n, "/")
+	if r.Nlink != 3 || r.Mtime != now || r.Ctime != now {
+		t.Errorf("root after mkdir: %+v", r)
+	}
+	f := create(t, n, u1, "d/f")
+	now = clk.last()
+	want = Attr{Ino: f.Ino, Mode: syscall.S_IFREG | 0o644, UID: 1001, GID: 1001, Nlink: 1, Atime: now, Mtime: now, Ctime: now, Blob: uint64(f.Ino)}
+	if f != want {
+		t.Errorf("create attr %+v, want %+v", f, want)
+	}
+	if d := stat(t, n, "d"); d.Nlink != 2 || d.Mtime != now || d.Ctime != now {
+		t.Errorf("dir after create: %+v", d)
+	}
+	if f.Ino <= d.Ino || d.Ino <= RootIno {
+		t.Errorf("inode numbers not increasing: root, %d, %d", d.Ino, f.Ino)
+	}
+	release(t, n, f.Ino)
+}
+
+func TestTimestamps(t *testing.T) {
+	n, clk := newNS(t)
+	fixture(t, n)
+	before := stat(t, n, "f")
+	// Reads change nothing, atime included (noatime).
+	_, err := n.ReadDir(root, "/")
+	must(t, err)
+	a, _, err := n.Open(root, "f", syscall.O_RDONLY, 0)
+	must(t, err)
+	release(t, n, a.Ino)
+	if got := stat(t, n, "f"); got != before {
+		t.Fatalf("read-only access changed %+v to %+v", before, got)
+	}
+	// chmod and chown: ctime only.
+	must(t, n.Chmod(root, "f", 0o600))
+	got := stat(t, n, "f")
+	if got.Ctime != clk.last() || got.Mtime != before.Mtime || got.Atime != before.Atime {
+		t.Errorf("chmod times %+v", got)
+	}
+	must(t, n.Chown(u1, "ro/rof", -1, -1))
+	if got := stat(t, n, "ro/rof"); got.Ctime != clk.last() {
+		t.Errorf("no-op chown did not set ctime: %+v", got)
+	}
+	// utimes: explicit atime and mtime, ctime now; omit leaves one alone.
+	must(t, n.Chtimes(root, "f", 11, 22))
+	got = stat(t, n, "f")
+	if got.Atime != 11 || got.Mtime != 22 || got.Ctime != clk.last() {
+		t.Errorf("chtimes %+v", got)
+	}
+	must(t, n.Chtimes(root, "f", TimeOmit, 33))
+	if got = stat(t, n, "f"); got.Atime != 11 || got.Mtime != 33 {
+		t.Errorf("chtimes with omit %+v", got)
+	}
+	// truncate to the same size: nothing; to another size: mtime and ctime.
+	prev := stat(t, n, "f")
+	_, err = n.Truncate(root, "f", 0)
+	must(t, err)
+	if got = stat(t, n, "f"); got != prev {
+		t.Errorf("same-size truncate changed %+v to %+v", prev, got)
+	}
+	_, err = n.Truncate(root, "f", 100)
+	must(t, err)
+	if got = stat(t, n, "f"); got.Size != 100 || got.Mtime != clk.last() || got.Ctime != clk.last() {
+		t.Errorf("truncate %+v", got)
+	}
+	// O_TRUNC always sets mtime and ctime.
+	a, _, err = n.Open(root, "f", syscall.O_WRONLY|syscall.O_TRUNC, 0)
+	must(t, err)
+	release(t, n, a.Ino)
+	if got = stat(t, n, "f"); got.Size != 0 || got.Mtime != clk.last() || got.Ctime != clk.last() || a != got {
+		t.Errorf("O_TRUNC %+v (open returned %+v)", got, a)
+	}
+	a, _, err = n.Open(root, "f", syscall.O_WRONLY|syscall.O_TRUNC, 0)
+	must(t, err)
+	release(t, n, a.Ino)
+	if a.Mtime != clk.last() {
+		t.Errorf("O_TRUNC of an empty file left mtime %d", a.Mtime)
+	}
+	// rename across directories: both parents' mtime/ctime, the file's ctime.
+	src, dst, fb := stat(t, n, "a/b"), stat(t, n, "d"), stat(t, n, "a/b/g")
+	_, err = n.Rename(root, "a/b/g", "d/g")
+	must(t, err)
+	now := clk.last()
+	if s := stat(t, n, "a/b"); s.Mtime != now || s.Ctime != now || s.Mtime == src.Mtime {
+		t.Errorf("old parent %+v", s)
+	}
+	if s := stat(t, n, "d"); s.Mtime != now || s.Ctime != now || s.Mtime == dst.Mtime {
+		t.Errorf("new parent %+v", s)
+	}
+	if s := stat(t, n, "d/g"); s.Ctime != now || s.Mtime != fb.Mtime {
+		t.Errorf("renamed file %+v", s)
+	}
+	// unlink and rmdir: the parent's mtime/ctime.
+	_, err = n.Unlink(root, "d/g")
+	must(t, err)
+	if s := stat(t, n, "d"); s.Mtime != clk.last() {
+		t.Errorf("unlink parent %+v", s)
+	}
+	must(t, n.Rmdir(root, "e/x"))
+	if s := stat(t, n, "e"); s.Mtime != clk.last() || s.Nlink != 2 {
+		t.Errorf("rmdir parent %+v", s)
+	}
+	// SetLive: size, mtime, and ctime if mtime is later.
+	h := create(t, n, root, "live")
+	must(t, n.SetLive(h.Ino, 4096, h.Ctime+5))
+	got, err = n.GetAttr(h.Ino)
+	must(t, err)
+	if got.Size != 4096 || got.Mtime != h.Ctime+5 || got.Ctime != h.Ctime+5 {
+		t.Errorf("SetLive %+v", got)
+	}
+	must(t, n.SetLive(h.Ino, 1, h.Ctime-5))
+	if got, _ = n.GetAttr(h.Ino); got.Ctime != h.Ctime+5 || got.Mtime != h.Ctime-5 {
+		t.Errorf("SetLive with an older mtime moved ctime back: %+v", got)
+	}
+	release(t, n, h.Ino)
+}
+
+func TestLinkCounts(t *testing.T) {
+	n, _ := newNS(t)
+	for _, p := range []string{"a", "a/b", "a/c", "d"} {
+		_, err := n.Mkdir(root, p, 0o755)
+		must(t, err)
+	}
+	check := func(p string, want uint32) {
+		t.Helper()
+		if got := stat(t, n, p).Nlink; got != want {
+			t.Errorf("%s: nlink %d, want %d", p, got, want)
+		}
+	}
+	check("/", 4)
+	check("a", 4)
+	_, err := n.Rename(root, "a/b", "d/b")
+	must(t, err)
+	check("a", 3)
+	check("d", 3)
+	_, err = n.Rename(root, "a/c", "d/b") // replaces the empty d/b
+	must(t, err)
+	check("a", 2)
+	check("d", 3)
+	must(t, n.Check())
+}
+
+func TestReadDir(t *testing.T) {
+	n, _ := newNS(t)
+	for _, p := range []string{"z", "a", "m"} {
+		release(t, n, create(t, n, root, "/"+p).Ino)
+	}
+	_, err := n.Mkdir(root, "dir", 0o755)
+	must(t, err)
+	ents, err := n.ReadDir(root, "/")
+	must(t, err)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name)
+		a := stat(t, n, e.Name)
+		if a.Ino != e.Ino || a.Mode&syscall.S_IFMT != e.Mode {
+			t.Errorf("%s: dirent %+v, attr %+v", e.Name, e, a)
+		}
+	}
+	if want := []string{"a", "dir", "m", "z"}; !equalStrings(names, want) {
+		t.Errorf("ReadDir names %q, want %q", names, want)
+	}
+	if ents, err := n.ReadDir(root, "dir/"); err != nil || len(ents) != 0 {
+		t.Errorf("empty dir: %v %v", ents, err)
+	}
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestUnlinkWhileOpen(t *testing.T) {
+	n, _ := newNS(t)
+	a := create(t, n, root, "f")
+	a2, created, err := n.Open(root, "f", syscall.O_RDONLY, 0) // a second open
+	must(t, err)
+	if created || a2.Ino != a.Ino {
+		t.Fatalf("second open: %+v created=%v", a2, created)
+	}
+	blob, err := n.Unlink(root, "f")
+	must(t, err)
+	if blob != 0 {
+		t.Fatalf("unlink of an open file returned blob %d", blob)
+	}
+	must(t, n.Check())
+	if _, err := n.Stat(root, "f"); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("stat after unlink: %v", err)
+	}
+	got, err := n.GetAttr(a.Ino)
+	must(t, err)
+	if got.Nlink != 0 || got.Blob != uint64(a.Ino) {
+		t.Fatalf("unlinked open inode: %+v", got)
+	}
+	must(t, n.SetLive(a.Ino, 10, got.Mtime+1)) // still writable
+	if b := release(t, n, a.Ino); b != 0 {
+		t.Fatalf("first release freed blob %d", b)
+	}
+	if b := release(t, n, a.Ino); b != uint64(a.Ino) {
+		t.Fatalf("last release returned blob %d, want %d", b, a.Ino)
+	}
+	if _, err := n.GetAttr(a.Ino); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("GetAttr after the last release: %v", err)
+	}
+	if _, err := n.Release(a.Ino); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("release of a freed inode: %v", err)
+	}
+	if err := n.SetLive(a.Ino, 1, 1); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("SetLive of a freed inode: %v", err)
+	}
+	// Not open: the blob comes back at once.
+	b := create(t, n, root, "g")
+	if _, err := n.Release(b.Ino); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Release(b.Ino); errno(t, err) != syscall.EBADF {
+		t.Fatalf("release of a closed inode: %v", err)
+	}
+	if blob, err := n.Unlink(root, "g"); err != nil || blob != uint64(b.Ino) {
+		t.Fatalf("unlink of a closed file: blob %d, %v", blob, err)
+	}
+	must(t, n.Check())
+}
+
+func TestRenameOverFileFreesBlob(t *testing.T) {
+	n, _ := newNS(t)
+	src := create(t, n, root, "src")
+	release(t, n, src.Ino)
+	dst := create(t, n, root, "dst")
+	release(t, n, dst.Ino)
+	blob, err := n.Rename(root, "src", "dst")
+	must(t, err)
+	if blob != uint64(dst.Ino) {
+		t.Fatalf("rename over a closed file returned blob %d, want %d", blob, dst.Ino)
+	}
+	// Over an open file: the blob comes with the last Release.
+	other := create(t, n, root, "other")
+	release(t, n, other.Ino)
+	held, _, err := n.Open(root, "dst", syscall.O_RDONLY, 0)
+	must(t, err)
+	if blob, err := n.Rename(root, "other", "dst"); err != nil || blob != 0 {
+		t.Fatalf("rename over an open file: blob %d, %v", blob, err)
+	}
+	must(t, n.Check())
+	if b := release(t, n, held.Ino); b != uint64(src.Ino) {
+		t.Fatalf("release of the replaced file returned %d, want %d", b, src.Ino)
+	}
+	if a := stat(t, n, "dst"); a.Ino != other.Ino {
+		t.Fatalf("dst is %d, want %d", a.Ino, other.Ino)
+	}
+}
+
+func TestRmdirWhileOpen(t *testing.T) {
+	n, _ := newNS(t)
+	d, err := n.Mkdir(root, "d", 0o755)
+	must(t, err)
+	h, _, err := n.Open(root, "d", syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	must(t, err)
+	must(t, n.Rmdir(root, "d"))
+	must(t, n.Check())
+	if a, err := n.GetAttr(d.Ino); err != nil || a.Nlink != 0 {
+		t.Fatalf("removed open dir: %+v %v", a, err)
+	}
+	if b := release(t, n, h.Ino); b != 0 {
+		t.Fatalf("directory release returned blob %d", b)
+	}
+	if _, err := n.GetAttr(d.Ino); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("dir after release: %v", err)
+	}
+}
+
+func TestSetLiveErrors(t *testing.T) {
+	n, _ := newNS(t)
+	if err := n.SetLive(RootIno, 1, 1); errno(t, err) != syscall.EISDIR {
+		t.Errorf("SetLive on a directory: %v", err)
+	}
+	if err := n.SetLive(99, 1, 1); errno(t, err) != syscall.ENOENT {
+		t.Errorf("SetLive on a missing inode: %v", err)
+	}
+	a := create(t, n, root, "f")
+	if err := n.SetLive(a.Ino, -1, 1); errno(t, err) != syscall.EINVAL {
+		t.Errorf("SetLive with a negative size: %v", err)
+	}
+	release(t, n, a.Ino)
+}
+
+func TestOrphansAfterRestart(t *testing.T) {
+	m := vfs.NewMem()
+	clk := newClock()
+	n := openMem(t, m, testOpts(clk))
+	a := create(t, n, root, "f")
+	b := create(t, n, root, "g")
+	_, err := n.Unlink(root, "f")
+	must(t, err)
+	_, err = n.Unlink(root, "g")
+	must(t, err)
+	release(t, n, b.Ino) // freed now, not an orphan
+	must(t, n.Close())   // a stays open: its handle dies with the service
+	n2 := openMem(t, m, testOpts(clk))
+	if got := n2.Orphans(); len(got) != 1 || got[0] != uint64(a.Ino) {
+		t.Fatalf("Orphans() = %v, want [%d]", got, a.Ino)
+	}
+	if _, err := n2.GetAttr(a.Ino); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("orphan still present: %v", err)
+	}
+	must(t, n2.Close())
+	n3 := openMem(t, m, testOpts(clk))
+	if got := n3.Orphans(); len(got) != 0 {
+		t.Fatalf("orphans reported twice: %v", got)
+	}
+	c := create(t, n3, root, "h")
+	if c.Ino <= b.Ino {
+		t.Fatalf("inode number %d reused (last was %d)", c.Ino, b.Ino)
+	}
+	release(t, n3, c.Ino)
+}
+
+func TestClosed(t *testing.T) {
+	n, _ := newNS(t)
+	must(t, n.Close())
+	must(t, n.Close())
+	_, err := n.Stat(root, "/")
+	var ioe *IOError
+	if !errors.As(err, &ioe) || !errors.Is(err, ErrClosed) || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("Stat after Close: %v", err)
+	}
+	if _, err := n.Mkdir(root, "x", 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Mkdir after Close: %v", err)
+	}
+	if err := n.Sync(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Sync after Close: %v", err)
+	}
+}
+
+func TestDirectoryLocked(t *testing.T) {
+	dir := t.TempDir()
+	n, err := Open(Options{Dir: dir})
+	must(t, err)
+	if _, err := Open(Options{Dir: dir}); err == nil {
+		t.Fatal("a second Open of the same directory succeeded")
+	}
+	must(t, n.Close())
+	n, err = Open(Options{Dir: dir})
+	must(t, err)
+	must(t, n.Close())
+}

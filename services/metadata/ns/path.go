@@ -1,0 +1,171 @@
+package ns
+
+import (
+	"strings"
+	"syscall"
+)
+
+// Linux limits.
+const (
+	nameMax = 255  // NAME_MAX: bytes in one component
+	pathMax = 4096 // PATH_MAX: bytes in a path including its NUL
+)
+
+// lastKind is the kind of a path's final component, as the kernel's
+// last_type.
+type lastKind uint8
+
+const (
+	lastNorm   lastKind = iota // a name
+	lastDot                    // "."
+	lastDotDot                 // ".."
+	lastRoot                   // the path was only slashes
+)
+
+// walked is a path resolved up to its final component, like the kernel's
+// nameidata after link_path_walk.
+type walked struct {
+	dir   *inode   // directory holding the final component (for lastRoot: the root)
+	name  string   // the final component
+	kind  lastKind // what the final component is
+	slash bool     // the path ended in one or more slashes
+}
+
+// checkPath applies the checks made before any lookup: Go's syscall
+// package refuses a NUL byte (EINVAL), then getname refuses an empty path
+// (ENOENT) and one of PATH_MAX bytes or more (ENAMETOOLONG).
+func checkPath(p string) error {
+	switch {
+	case strings.IndexByte(p, 0) >= 0:
+		return syscall.EINVAL
+	case p == "":
+		return syscall.ENOENT
+	case len(p) >= pathMax:
+		return syscall.ENAMETOOLONG
+	}
+	return nil
+}
+
+// walk resolves every component of p but the last, from the root, as
+// link_path_walk does: before each component, including the last, the
+// current directory must be searchable (EACCES); each intermediate
+// component must exist (ENOENT), fit NAME_MAX (ENAMETOOLONG) and be a
+// directory (ENOTDIR). "." and ".." resolve physically; ".." of the root
+// is the root.
+func (s *state) walk(c *Cred, p string) (walked, error) {
+	if err := checkPath(p); err != nil {
+		return walked{}, err
+	}
+	cur := s.root()
+	i := 0
+	for i < len(p) && p[i] == '/' {
+		i++
+	}
+	if i == len(p) {
+		return walked{dir: cur, kind: lastRoot}, nil
+	}
+	for {
+		j := strings.IndexByte(p[i:], '/')
+		if j < 0 {
+			j = len(p)
+		} else {
+			j += i
+		}
+		comp := p[i:j]
+		k := j
+		for k < len(p) && p[k] == '/' {
+			k++
+		}
+		if err := permission(c, &cur.attr, mayExec); err != nil {
+			return walked{}, err
+		}
+		if k == len(p) {
+			w := walked{dir: cur, name: comp, slash: j < len(p)}
+			switch comp {
+			case ".":
+				w.kind = lastDot
+			case "..":
+				w.kind = lastDotDot
+			}
+			return w, nil
+		}
+		next, err := s.step(cur, comp)
+		if err != nil {
+			return walked{}, err
+		}
+		if !next.isDir() {
+			return walked{}, syscall.ENOTDIR
+		}
+		cur, i = next, k
+	}
+}
+
+// step looks up one component in directory dir (whose search permission
+// the caller checked).
+func (s *state) step(dir *inode, comp string) (*inode, error) {
+	switch comp {
+	case ".":
+		return dir, nil
+	case "..":
+		return s.inodes[dir.parent], nil
+	}
+	if len(comp) > nameMax {
+		return nil, syscall.ENAMETOOLONG
+	}
+	ino, ok := dir.entries[comp]
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	return s.inodes[ino], nil
+}
+
+// final looks up the last component of a walked path; a trailing slash
+// demands a directory (ENOTDIR).
+func (s *state) final(w walked) (*inode, error) {
+	switch w.kind {
+	case lastRoot, lastDot:
+		return w.dir, nil
+	case lastDotDot:
+		return s.inodes[w.dir.parent], nil
+	}
+	n, err := s.step(w.dir, w.name)
+	if err != nil {
+		return nil, err
+	}
+	if w.slash && !n.isDir() {
+		return nil, syscall.ENOTDIR
+	}
+	return n, nil
+}
+
+// resolve looks up a whole path.
+func (s *state) resolve(c *Cred, p string) (*inode, error) {
+	w, err := s.walk(c, p)
+	if err != nil {
+		return nil, err
+	}
+	return s.final(w)
+}
+
+// trap is the kernel's lock_rename result for a rename from directory
+// oldDir to directory newDir: when one is a proper ancestor of the other,
+// the child of the ancestor on the path to the other; else nil. The
+// source being the trap means a directory would move under itself
+// (EINVAL); the target being the trap means the target is an ancestor of
+// the source, hence not empty (ENOTEMPTY).
+func (s *state) trap(newDir, oldDir *inode) *inode {
+	if newDir == oldDir {
+		return nil
+	}
+	for p := newDir; p.attr.Ino != RootIno; p = s.inodes[p.parent] {
+		if p.parent == oldDir.attr.Ino {
+			return p
+		}
+	}
+	for q := oldDir; q.attr.Ino != RootIno; q = s.inodes[q.parent] {
+		if q.parent == newDir.attr.Ino {
+			return q
+		}
+	}
+	return nil
+}

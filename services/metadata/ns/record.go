@@ -1,0 +1,237 @@
+package ns
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+)
+
+// WAL record types (format version 1). Every record describes a change by
+// inode numbers and names, after all permission and errno checks passed,
+// so replay needs no credentials and reaches exactly the state the live
+// service had.
+const (
+	recCreate  uint8 = 1 // create a file or directory
+	recRemove  uint8 = 2 // unlink or rmdir
+	recRename  uint8 = 3 // rename, possibly replacing a target
+	recSetAttr uint8 = 4 // chmod, chown, utimes, truncate, O_TRUNC, live size/mtime
+	recFree    uint8 = 5 // drop an inode whose nlink is 0 and that nobody has open
+)
+
+// Flags of remove and rename records.
+const flagFree uint8 = 1 // the unlinked (or replaced) inode is dropped at once
+
+// Field mask of setattr records.
+const (
+	setMode uint8 = 1 << iota
+	setUID
+	setGID
+	setSize
+	setAtime
+	setMtime
+	setCtime
+	setAll = setMode | setUID | setGID | setSize | setAtime | setMtime | setCtime
+)
+
+// record is one logged change.
+type record interface {
+	typ() uint8
+	encode(dst []byte) []byte
+}
+
+type createRec struct {
+	parent, ino    Ino
+	mode, uid, gid uint32 // mode includes the S_IF type bits
+	time           int64
+	name           string
+}
+
+type removeRec struct {
+	parent, ino Ino
+	time        int64
+	flags       uint8
+	name        string
+}
+
+type renameRec struct {
+	oldParent, newParent Ino
+	ino                  Ino // the inode that moves
+	replaced             Ino // the inode newName pointed at, or 0
+	time                 int64
+	flags                uint8
+	oldName, newName     string
+}
+
+type setAttrRec struct {
+	ino                       Ino
+	mask                      uint8
+	mode, uid, gid            uint32
+	size, atime, mtime, ctime int64
+}
+
+type freeRec struct{ ino Ino }
+
+func (*createRec) typ() uint8  { return recCreate }
+func (*removeRec) typ() uint8  { return recRemove }
+func (*renameRec) typ() uint8  { return recRename }
+func (*setAttrRec) typ() uint8 { return recSetAttr }
+func (*freeRec) typ() uint8    { return recFree }
+
+var le = binary.LittleEndian
+
+func appendName(b []byte, name string) []byte {
+	b = append(b, uint8(len(name)))
+	return append(b, name...)
+}
+
+func (r *createRec) encode(b []byte) []byte {
+	b = le.AppendUint64(b, uint64(r.parent))
+	b = le.AppendUint64(b, uint64(r.ino))
+	b = le.AppendUint32(b, r.mode)
+	b = le.AppendUint32(b, r.uid)
+	b = le.AppendUint32(b, r.gid)
+	b = le.AppendUint64(b, uint64(r.time))
+	return appendName(b, r.name)
+}
+
+func (r *removeRec) encode(b []byte) []byte {
+	b = le.AppendUint64(b, uint64(r.parent))
+	b = le.AppendUint64(b, uint64(r.ino))
+	b = le.AppendUint64(b, uint64(r.time))
+	b = append(b, r.flags)
+	return appendName(b, r.name)
+}
+
+func (r *renameRec) encode(b []byte) []byte {
+	b = le.AppendUint64(b, uint64(r.oldParent))
+	b = le.AppendUint64(b, uint64(r.newParent))
+	b = le.AppendUint64(b, uint64(r.ino))
+	b = le.AppendUint64(b, uint64(r.replaced))
+	b = le.AppendUint64(b, uint64(r.time))
+	b = append(b, r.flags)
+	b = appendName(b, r.oldName)
+	return appendName(b, r.newName)
+}
+
+func (r *setAttrRec) encode(b []byte) []byte {
+	b = le.AppendUint64(b, uint64(r.ino))
+	b = append(b, r.mask)
+	b = le.AppendUint32(b, r.mode)
+	b = le.AppendUint32(b, r.uid)
+	b = le.AppendUint32(b, r.gid)
+	b = le.AppendUint64(b, uint64(r.size))
+	b = le.AppendUint64(b, uint64(r.atime))
+	b = le.AppendUint64(b, uint64(r.mtime))
+	return le.AppendUint64(b, uint64(r.ctime))
+}
+
+func (r *freeRec) encode(b []byte) []byte { return le.AppendUint64(b, uint64(r.ino)) }
+
+// decoder reads little-endian fields; the first short read sets err and
+// every later read returns zero.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+var errShort = errors.New("truncated")
+
+func (d *decoder) take(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if len(d.b) < n {
+		d.err = errShort
+		d.b = nil
+		return nil
+	}
+	v := d.b[:n]
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) u8() uint8 {
+	if v := d.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (d *decoder) u32() uint32 {
+	if v := d.take(4); v != nil {
+		return le.Uint32(v)
+	}
+	return 0
+}
+
+func (d *decoder) u64() uint64 {
+	if v := d.take(8); v != nil {
+		return le.Uint64(v)
+	}
+	return 0
+}
+
+func (d *decoder) i64() int64 { return int64(d.u64()) }
+
+func (d *decoder) ino() Ino { return Ino(d.u64()) }
+
+// name reads a u8 length and that many bytes.
+func (d *decoder) name() string {
+	n := int(d.u8())
+	return string(d.take(n))
+}
+
+// finish reports a short read or trailing bytes.
+func (d *decoder) finish() error {
+	if d.err != nil {
+		return d.err
+	}
+	if len(d.b) != 0 {
+		return fmt.Errorf("%d trailing bytes", len(d.b))
+	}
+	return nil
+}
+
+// decodeRecord decodes the payload of a record of type typ.
+func decodeRecord(typ uint8, p []byte) (record, error) {
+	d := &decoder{b: p}
+	var r record
+	switch typ {
+	case recCreate:
+		r = &createRec{parent: d.ino(), ino: d.ino(), mode: d.u32(), uid: d.u32(), gid: d.u32(), time: d.i64(), name: d.name()}
+	case recRemove:
+		r = &removeRec{parent: d.ino(), ino: d.ino(), time: d.i64(), flags: d.u8(), name: d.name()}
+	case recRename:
+		r = &renameRec{oldParent: d.ino(), newParent: d.ino(), ino: d.ino(), replaced: d.ino(), time: d.i64(), flags: d.u8(), oldName: d.name(), newName: d.name()}
+	case recSetAttr:
+		r = &setAttrRec{ino: d.ino(), mask: d.u8(), mode: d.u32(), uid: d.u32(), gid: d.u32(), size: d.i64(), atime: d.i64(), mtime: d.i64(), ctime: d.i64()}
+	case recFree:
+		r = &freeRec{ino: d.ino()}
+	default:
+		return nil, fmt.Errorf("unknown record type %d", typ)
+	}
+	if err := d.finish(); err != nil {
+		return nil, fmt.Errorf("record type %d: %w", typ, err)
+	}
+	return r, nil
+}
+
+// validName reports whether name may be a directory entry.
+func validName(name string) bool {
+	if name == "" || name == "." || name == ".." || len(name) > nameMax {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if name[i] == '/' || name[i] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// modeValid reports whether mode has a supported type and no unknown bits.
+func modeValid(mode uint32) bool {
+	t := mode & syscall.S_IFMT
+	return (t == syscall.S_IFDIR || t == syscall.S_IFREG) && mode&^(syscall.S_IFMT|0o7777) == 0
+}

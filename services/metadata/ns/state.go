@@ -1,0 +1,260 @@
+package ns
+
+import (
+	"fmt"
+	"syscall"
+)
+
+// inode is one file or directory in memory.
+type inode struct {
+	attr    Attr
+	parent  Ino            // directories: the directory that holds this one (the root: itself); 0 for files
+	entries map[string]Ino // directories: name -> inode; nil for files
+	opens   int            // open handles (Open minus Release); not persisted
+}
+
+func (n *inode) isDir() bool { return n.attr.IsDir() }
+
+// state is the whole namespace. It is changed only by apply, which both
+// the live operations (after their checks) and recovery use, so the two
+// cannot diverge. The caller synchronises access.
+type state struct {
+	inodes  map[Ino]*inode
+	nextIno Ino // the number the next created inode gets
+}
+
+// newState returns a namespace holding only the root directory, owned by
+// root, mode 0755.
+func newState(now int64) *state {
+	root := &inode{
+		attr:    Attr{Ino: RootIno, Mode: syscall.S_IFDIR | 0o755, Nlink: 2, Atime: now, Mtime: now, Ctime: now},
+		parent:  RootIno,
+		entries: map[string]Ino{},
+	}
+	return &state{inodes: map[Ino]*inode{RootIno: root}, nextIno: RootIno + 1}
+}
+
+func (s *state) root() *inode { return s.inodes[RootIno] }
+
+// dirFor returns the live directory ino, or an error naming it.
+func (s *state) dirFor(ino Ino) (*inode, error) {
+	d := s.inodes[ino]
+	if d == nil || !d.isDir() || d.attr.Nlink == 0 {
+		return nil, fmt.Errorf("inode %d is not a live directory", ino)
+	}
+	return d, nil
+}
+
+// apply performs one logged change. An error means the record does not
+// fit the state: during recovery that is corruption, in the live service a
+// bug (the operation's checks passed).
+func (s *state) apply(r record) error {
+	switch r := r.(type) {
+	case *createRec:
+		return s.applyCreate(r)
+	case *removeRec:
+		return s.applyRemove(r)
+	case *renameRec:
+		return s.applyRename(r)
+	case *setAttrRec:
+		return s.applySetAttr(r)
+	case *freeRec:
+		return s.applyFree(r)
+	}
+	return fmt.Errorf("unknown record %T", r)
+}
+
+func (s *state) applyCreate(r *createRec) error {
+	p, err := s.dirFor(r.parent)
+	if err != nil {
+		return err
+	}
+	if !validName(r.name) {
+		return fmt.Errorf("invalid name %q", r.name)
+	}
+	if _, ok := p.entries[r.name]; ok {
+		return fmt.Errorf("create %q in %d: exists", r.name, r.parent)
+	}
+	if r.ino != s.nextIno {
+		return fmt.Errorf("create inode %d, want %d", r.ino, s.nextIno)
+	}
+	if !modeValid(r.mode) {
+		return fmt.Errorf("invalid mode %#o", r.mode)
+	}
+	n := &inode{attr: Attr{Ino: r.ino, Mode: r.mode, UID: r.uid, GID: r.gid, Nlink: 1, Atime: r.time, Mtime: r.time, Ctime: r.time}}
+	if n.isDir() {
+		n.attr.Nlink = 2
+		n.parent = r.parent
+		n.entries = map[string]Ino{}
+		p.attr.Nlink++
+	} else {
+		n.attr.Blob = uint64(r.ino)
+	}
+	p.entries[r.name] = r.ino
+	p.attr.Mtime, p.attr.Ctime = r.time, r.time
+	s.inodes[r.ino] = n
+	s.nextIno++
+	return nil
+}
+
+// unlinkInode drops one name of n from directory p (the entry itself is
+// removed by the caller) and updates link counts and ctime.
+func unlinkInode(p, n *inode, t int64) {
+	if n.isDir() {
+		p.attr.Nlink--
+		n.attr.Nlink = 0
+	} else {
+		n.attr.Nlink--
+	}
+	n.attr.Ctime = t
+}
+
+func (s *state) applyRemove(r *removeRec) error {
+	p, err := s.dirFor(r.parent)
+	if err != nil {
+		return err
+	}
+	ino, ok := p.entries[r.name]
+	if !ok || ino != r.ino {
+		return fmt.Errorf("remove %q from %d: entry is %d, want %d", r.name, r.parent, ino, r.ino)
+	}
+	n := s.inodes[ino]
+	if n == nil {
+		return fmt.Errorf("remove %q: inode %d missing", r.name, ino)
+	}
+	if n.isDir() && len(n.entries) != 0 {
+		return fmt.Errorf("remove directory %d: not empty", ino)
+	}
+	delete(p.entries, r.name)
+	unlinkInode(p, n, r.time)
+	p.attr.Mtime, p.attr.Ctime = r.time, r.time
+	if r.flags&flagFree != 0 {
+		return s.drop(n)
+	}
+	return nil
+}
+
+// drop removes an inode that has no name left.
+func (s *state) drop(n *inode) error {
+	if n.attr.Nlink != 0 || n.attr.Ino == RootIno {
+		return fmt.Errorf("free inode %d with nlink %d", n.attr.Ino, n.attr.Nlink)
+	}
+	delete(s.inodes, n.attr.Ino)
+	return nil
+}
+
+// isAncestor reports whether a is d or one of d's ancestors.
+func (s *state) isAncestor(a, d *inode) bool {
+	for {
+		if d == a {
+			return true
+		}
+		if d.attr.Ino == RootIno {
+			return false
+		}
+		d = s.inodes[d.parent]
+	}
+}
+
+func (s *state) applyRename(r *renameRec) error {
+	op, err := s.dirFor(r.oldParent)
+	if err != nil {
+		return err
+	}
+	np, err := s.dirFor(r.newParent)
+	if err != nil {
+		return err
+	}
+	if !validName(r.oldName) || !validName(r.newName) {
+		return fmt.Errorf("rename: invalid name %q or %q", r.oldName, r.newName)
+	}
+	if ino, ok := op.entries[r.oldName]; !ok || ino != r.ino {
+		return fmt.Errorf("rename %q in %d: entry is %d, want %d", r.oldName, r.oldParent, ino, r.ino)
+	}
+	src := s.inodes[r.ino]
+	if src == nil {
+		return fmt.Errorf("rename: inode %d missing", r.ino)
+	}
+	if src.isDir() && s.isAncestor(src, np) {
+		return fmt.Errorf("rename directory %d under itself", r.ino)
+	}
+	tino, exists := np.entries[r.newName]
+	if tino != r.replaced {
+		return fmt.Errorf("rename onto %q in %d: entry is %d, want %d", r.newName, r.newParent, tino, r.replaced)
+	}
+	var tgt *inode
+	if exists {
+		if tgt = s.inodes[tino]; tgt == nil || tgt == src {
+			return fmt.Errorf("rename onto inode %d: missing or the source", tino)
+		}
+		if tgt.isDir() != src.isDir() || (tgt.isDir() && len(tgt.entries) != 0) {
+			return fmt.Errorf("rename %d onto %d: incompatible target", r.ino, tino)
+		}
+	} else if r.flags&flagFree != 0 {
+		return fmt.Errorf("rename frees a target that does not exist")
+	}
+	if tgt != nil {
+		unlinkInode(np, tgt, r.time)
+	}
+	delete(op.entries, r.oldName)
+	np.entries[r.newName] = r.ino
+	if src.isDir() && op != np {
+		op.attr.Nlink--
+		np.attr.Nlink++
+		src.parent = np.attr.Ino
+	}
+	op.attr.Mtime, op.attr.Ctime = r.time, r.time
+	np.attr.Mtime, np.attr.Ctime = r.time, r.time
+	src.attr.Ctime = r.time
+	if tgt != nil && r.flags&flagFree != 0 {
+		return s.drop(tgt)
+	}
+	return nil
+}
+
+func (s *state) applySetAttr(r *setAttrRec) error {
+	n := s.inodes[r.ino]
+	if n == nil {
+		return fmt.Errorf("setattr: inode %d missing", r.ino)
+	}
+	if r.mask&^setAll != 0 {
+		return fmt.Errorf("setattr: unknown mask bits %#x", r.mask)
+	}
+	if r.mask&setMode != 0 && (!modeValid(r.mode) || r.mode&syscall.S_IFMT != n.attr.Mode&syscall.S_IFMT) {
+		return fmt.Errorf("setattr: mode %#o does not fit inode %d (%#o)", r.mode, r.ino, n.attr.Mode)
+	}
+	if r.mask&setSize != 0 && (r.size < 0 || n.isDir()) {
+		return fmt.Errorf("setattr: size %d on inode %d", r.size, r.ino)
+	}
+	a := &n.attr
+	if r.mask&setMode != 0 {
+		a.Mode = r.mode
+	}
+	if r.mask&setUID != 0 {
+		a.UID = r.uid
+	}
+	if r.mask&setGID != 0 {
+		a.GID = r.gid
+	}
+	if r.mask&setSize != 0 {
+		a.Size = r.size
+	}
+	if r.mask&setAtime != 0 {
+		a.Atime = r.atime
+	}
+	if r.mask&setMtime != 0 {
+		a.Mtime = r.mtime
+	}
+	if r.mask&setCtime != 0 {
+		a.Ctime = r.ctime
+	}
+	return nil
+}
+
+func (s *state) applyFree(r *freeRec) error {
+	n := s.inodes[r.ino]
+	if n == nil {
+		return fmt.Errorf("free: inode %d missing", r.ino)
+	}
+	return s.drop(n)
+}

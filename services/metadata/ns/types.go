@@ -1,0 +1,109 @@
+package ns
+
+import (
+	"errors"
+	"math"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Cred is the identity a request runs with, as the kernel reported it for
+// the peer (SO_PEERCRED) plus its supplementary groups. UID 0 is root.
+type Cred struct {
+	UID, GID uint32
+	Groups   []uint32 // supplementary groups
+}
+
+// isRoot reports whether c has the capabilities root has on Linux
+// (CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_CHOWN).
+func (c *Cred) isRoot() bool { return c.UID == 0 }
+
+// inGroup is the kernel's in_group_p: gid is the caller's group or one of
+// its supplementary groups.
+func (c *Cred) inGroup(gid uint32) bool {
+	if c.GID == gid {
+		return true
+	}
+	for _, g := range c.Groups {
+		if g == gid {
+			return true
+		}
+	}
+	return false
+}
+
+// Ino is an inode number. Numbers are never reused.
+type Ino uint64
+
+// RootIno is the inode number of the root directory.
+const RootIno Ino = 1
+
+// Attr is the persistent attributes of an inode.
+type Attr struct {
+	Ino                 Ino
+	Mode                uint32 // syscall.S_IFDIR or syscall.S_IFREG | permission bits, setuid, setgid, sticky
+	UID, GID            uint32
+	Nlink               uint32
+	Size                int64
+	Atime, Mtime, Ctime int64  // Unix nanoseconds
+	Blob                uint64 // data blob of a regular file (== uint64(Ino)); 0 for directories
+}
+
+// IsDir reports whether a is a directory.
+func (a *Attr) IsDir() bool { return a.Mode&syscall.S_IFMT == syscall.S_IFDIR }
+
+// Dirent is one entry returned by ReadDir.
+type Dirent struct {
+	Name string
+	Ino  Ino
+	Mode uint32 // S_IF* type bits only
+}
+
+// TimeOmit, passed to Chtimes as atime or mtime, leaves that time unchanged
+// (utimensat's UTIME_OMIT; os.Chtimes passes it for a zero time.Time).
+const TimeOmit int64 = math.MinInt64
+
+// Options configures Open.
+type Options struct {
+	// Dir holds the WAL segments and checkpoints; created (0700) if missing.
+	Dir string
+	// CheckpointEvery is the number of WAL records between checkpoints;
+	// 0 means 10000.
+	CheckpointEvery int
+	// SyncEveryOp flushes the WAL before each mutation returns; concurrent
+	// mutations share one flush (group commit). When false, mutations are
+	// durable after Sync or within SyncInterval, but still survive a
+	// SIGKILL of the service: the record reaches the kernel before the
+	// mutation is applied.
+	SyncEveryOp bool
+	// SyncInterval is the flush period when SyncEveryOp is false; 0 means
+	// 5ms (ext4 commits its journal every 5 s by default; this is shorter).
+	SyncInterval time.Duration
+	// Logger receives recovery and checkpoint events; nil discards them.
+	Logger hclog.Logger
+	// Now is the clock for timestamps; nil means time.Now.
+	Now func() time.Time
+}
+
+// IOError is a failure to read or write the persistent state. Namespace
+// operations return it, never a bare syscall.Errno, so a caller tells the
+// two apart with a type assertion to syscall.Errno and reports every
+// IOError as EIO; errors.Is(err, syscall.EIO) also holds. After an IOError
+// from a flush every later mutation and Sync fails: the failure is sticky.
+type IOError struct {
+	Op  string // what was being done
+	Err error  // the cause
+}
+
+func (e *IOError) Error() string { return "ns: " + e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *IOError) Unwrap() error { return e.Err }
+
+// Is makes errors.Is(err, syscall.EIO) true.
+func (e *IOError) Is(target error) bool { return target == syscall.EIO }
+
+// ErrClosed is the cause of the IOError returned after Close.
+var ErrClosed = errors.New("namespace closed")
