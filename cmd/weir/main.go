@@ -3,6 +3,7 @@
 //	weir up       [--config FILE] [--data DIR] ...  start NATS and every service; stop on SIGINT/SIGTERM
 //	weir demo     [--data DIR] [--files N]          weir up, a real workload, a restart check, stop
 //	weir status   [--json] [--nats-url URL]          every service's health and counters, over NATS
+//	weir check    [--json] [--data DIR]              fsck of a stopped data directory
 //	weir metadata [--config FILE] --nats-url URL    run the metadata service (what weir up starts)
 //	weir io       [--config FILE] --nats-url URL    run the IO service (what weir up starts)
 //
@@ -28,6 +29,7 @@ var commands = map[string]command{
 	"up":       {"start embedded NATS and the services, stop them on SIGINT or SIGTERM", cmdUp},
 	"demo":     {"bring weir up, run a workload, restart, check the data, stop", cmdDemo},
 	"status":   {"print every service's health and counters", cmdStatus},
+	"check":    {"check a stopped data directory: namespace invariants, blob map vs backend", cmdCheck},
 	"metadata": {"run the metadata service in this process", func(a []string) int { return cmdService("metadata", a) }},
 	"io":       {"run the IO service in this process", func(a []string) int { return cmdService("io", a) }},
 }

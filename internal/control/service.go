@@ -87,5 +87,11 @@ func Register(nc *nats.Conn, info ServiceInfo, healthFn func() error, statsFn fu
 		_ = svc.Stop()
 		return nil, fmt.Errorf("control: register %s: %w", info.Name, err)
 	}
+	// The server must have the service's subscriptions before Register
+	// returns, or a status request from another connection can miss it.
+	if err := nc.Flush(); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("control: register %s: flush: %w", info.Name, err)
+	}
 	return svc, nil
 }

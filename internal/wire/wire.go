@@ -84,7 +84,8 @@ const (
 	OpGetAttr
 )
 
-// TimeOmit in OpChtimes leaves that time unchanged (UTIME_OMIT).
+// TimeOmit in OpChtimes leaves that time unchanged (UTIME_OMIT); it is
+// the namespace's ns.TimeOmit, passed through.
 const TimeOmit = -1 << 63
 
 // WriteAppend in OpWrite's Arg: write at the end of the file, atomically

@@ -73,7 +73,7 @@ type Service struct {
 
 	mu       sync.Mutex
 	sessions map[uint64]*session // by id; protected by mu
-	writers  map[ns.Ino]int      // open write grants per inode; protected by mu
+	writers  map[ns.Ino]writers  // open write grants per inode; protected by mu
 	nextSID  uint64              // protected by mu
 	nextH    atomic.Uint64       // handle ids, unique across sessions
 
@@ -107,7 +107,7 @@ func New(opts Options) (*Service, error) {
 	return &Service{
 		opts: opts, log: opts.Logger, ns: n,
 		sessions: make(map[uint64]*session),
-		writers:  make(map[ns.Ino]int),
+		writers:  make(map[ns.Ino]writers),
 		ready:    make(chan struct{}),
 	}, nil
 }
@@ -255,6 +255,28 @@ func (s *Service) onSetLive(m *nats.Msg) {
 	control.Respond(m, wire.Ack{})
 }
 
+// writers counts the write grants open on one inode.
+type writers struct {
+	all    int
+	unpriv int // of which opened by non-root sessions
+}
+
+// addWriter counts a write grant in (d = 1) or out (d = -1).
+func (s *Service) addWriter(ino ns.Ino, unpriv bool, d int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.writers[ino]
+	w.all += d
+	if unpriv {
+		w.unpriv += d
+	}
+	if w.all <= 0 {
+		delete(s.writers, ino)
+		return
+	}
+	s.writers[ino] = w
+}
+
 // liveAttr overlays the IO service's live size and mtime on a regular
 // file's attributes while some session may be writing it.
 func (s *Service) liveAttr(a ns.Attr) ns.Attr {
@@ -264,7 +286,7 @@ func (s *Service) liveAttr(a ns.Attr) ns.Attr {
 	s.mu.Lock()
 	w := s.writers[a.Ino]
 	s.mu.Unlock()
-	if w == 0 {
+	if w.all == 0 {
 		return a
 	}
 	ack, err := s.request(wire.SubjLive, wire.LiveQuery{Blob: a.Blob})
@@ -275,6 +297,13 @@ func (s *Service) liveAttr(a ns.Attr) ns.Attr {
 	a.Size = ack.Size
 	if ack.Wrote {
 		a.Mtime, a.Ctime = ack.Mtime, max(a.Ctime, ack.Mtime)
+		// Some non-root writer may have written: Linux would have dropped
+		// setuid/setgid at that write.
+		if w.unpriv > 0 && s.ns.KillPriv(a.Ino) == nil {
+			if na, err := s.ns.GetAttr(a.Ino); err == nil {
+				a.Mode = na.Mode
+			}
+		}
 	}
 	return a
 }

@@ -17,6 +17,7 @@ type handle struct {
 	blob    uint64
 	granted bool // the IO service holds a grant for it (regular files)
 	write   bool
+	unpriv  bool // opened for writing by a non-root session: a write drops setuid/setgid
 }
 
 // session is one client's metadata ring. id, pid, cred and token are set
@@ -188,11 +189,9 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 			se.release(h)
 			return se.errno(syscall.EIO)
 		}
-		h.granted, h.write = true, g.Write
+		h.granted, h.write, h.unpriv = true, g.Write, g.Write && se.cred.UID != 0
 		if h.write {
-			se.svc.mu.Lock()
-			se.svc.writers[a.Ino]++
-			se.svc.mu.Unlock()
+			se.svc.addWriter(a.Ino, h.unpriv, 1)
 		}
 		// The blob is the truth for size: after a crash the namespace may
 		// hold a stale size; the first open puts it right.
@@ -246,13 +245,14 @@ func (se *session) closeHandle(id uint64, h *handle) error {
 			if err := se.svc.ns.SetLive(h.ino, ack.Size, ack.Mtime); err != nil && !errors.Is(err, syscall.ENOENT) {
 				firstErr = err
 			}
+			if h.unpriv {
+				if err := se.svc.ns.KillPriv(h.ino); err != nil && !errors.Is(err, syscall.ENOENT) && firstErr == nil {
+					firstErr = err
+				}
+			}
 		}
 		if h.write {
-			se.svc.mu.Lock()
-			if se.svc.writers[h.ino]--; se.svc.writers[h.ino] <= 0 {
-				delete(se.svc.writers, h.ino)
-			}
-			se.svc.mu.Unlock()
+			se.svc.addWriter(h.ino, h.unpriv, -1)
 		}
 	}
 	if err := se.release(h); err != nil && firstErr == nil {
@@ -364,7 +364,9 @@ func (se *session) chown(q *ring.Request) (int64, uint64) {
 	if err := d.Err(); err != nil {
 		return se.errno(err)
 	}
-	if uid < -1 || uid > 1<<32-2 || gid < -1 || gid > 1<<32-2 {
+	// uid_t and gid_t are 32 bits: -1 and 0xffffffff both mean
+	// "unchanged", -2 is uid 0xfffffffe, as in chown(2).
+	if uid < -1<<31 || uid > 1<<32-1 || gid < -1<<31 || gid > 1<<32-1 {
 		return se.errno(syscall.EINVAL)
 	}
 	if err := se.svc.ns.Chown(se.cred, path, int(uid), int(gid)); err != nil {
@@ -379,18 +381,6 @@ func (se *session) chtimes(q *ring.Request) (int64, uint64) {
 	path := d.Str()
 	if err := d.Err(); err != nil {
 		return se.errno(err)
-	}
-	if atime == wire.TimeOmit || mtime == wire.TimeOmit {
-		a, err := se.svc.ns.Stat(se.cred, path)
-		if err != nil {
-			return se.errno(err)
-		}
-		if atime == wire.TimeOmit {
-			atime = a.Atime
-		}
-		if mtime == wire.TimeOmit {
-			mtime = a.Mtime
-		}
 	}
 	if err := se.svc.ns.Chtimes(se.cred, path, atime, mtime); err != nil {
 		return se.errno(err)

@@ -22,7 +22,13 @@ func newGen(seed uint64, prefix string) *gen {
 }
 
 func (g *gen) path() string {
-	depth := 1 + g.rng.IntN(3)
+	depth := 1
+	switch r := g.rng.IntN(20); {
+	case r >= 17:
+		depth = 3
+	case r >= 9:
+		depth = 2
+	}
 	parts := make([]string, depth)
 	for i := range parts {
 		switch r := g.rng.IntN(24); {
@@ -31,7 +37,7 @@ func (g *gen) path() string {
 		case r == 1:
 			parts[i] = ".."
 		default:
-			parts[i] = string(rune('a' + g.rng.IntN(4)))
+			parts[i] = string(rune('a' + g.rng.IntN(5)))
 		}
 	}
 	p := strings.Join(parts, "/")
@@ -50,11 +56,39 @@ func (g *gen) path() string {
 	return p
 }
 
+// target returns an existing path (a random walk from the prefix, read as
+// root) two times in three, else a random one.
+func (g *gen) target(n *NS) string {
+	if g.rng.IntN(3) == 0 {
+		return g.path()
+	}
+	p := g.prefix
+	for depth := 0; depth < 4; depth++ {
+		ents, err := n.ReadDir(root, "/"+p)
+		if err != nil || len(ents) == 0 || (depth > 0 && g.rng.IntN(3) == 0) {
+			break
+		}
+		e := ents[g.rng.IntN(len(ents))]
+		if p == "" {
+			p = e.Name
+		} else {
+			p += "/" + e.Name
+		}
+		if e.Mode != syscall.S_IFDIR {
+			break
+		}
+	}
+	if p == g.prefix {
+		return g.path()
+	}
+	return p
+}
+
 func (g *gen) cred() Cred {
 	switch r := g.rng.IntN(10); {
-	case r < 6:
+	case r < 7:
 		return root
-	case r < 8:
+	case r < 9:
 		return u1
 	}
 	return u2
@@ -67,9 +101,16 @@ func (g *gen) step(n *NS) string {
 	c := g.cred()
 	var err error
 	var what string
-	switch g.rng.IntN(16) {
+	op := g.rng.IntN(16)
+	if op >= 13 && len(g.handles) == 0 {
+		op = 0 // nothing open: create instead
+	}
+	switch op {
 	case 0, 1, 2:
 		p := g.path()
+		if g.rng.IntN(4) == 0 {
+			p = g.target(n)
+		}
 		flags := syscall.O_CREAT | []int{syscall.O_RDONLY, syscall.O_WRONLY, syscall.O_RDWR}[g.rng.IntN(3)]
 		if g.rng.IntN(3) == 0 {
 			flags |= syscall.O_EXCL
@@ -88,45 +129,46 @@ func (g *gen) step(n *NS) string {
 		_, err = n.Mkdir(c, p, g.mode(0o755, 0o777, 0o1777, 0o2775, 0o700))
 		what = fmt.Sprintf("mkdir %q", p)
 	case 5:
-		p := g.path()
+		p := g.target(n)
 		err = n.Rmdir(c, p)
 		what = fmt.Sprintf("rmdir %q", p)
 	case 6:
-		p := g.path()
+		p := g.target(n)
 		_, err = n.Unlink(c, p)
 		what = fmt.Sprintf("unlink %q", p)
 	case 7, 8:
-		p, q := g.path(), g.path()
+		p, q := g.target(n), g.path()
+		if g.rng.IntN(3) == 0 {
+			q = g.target(n)
+		}
 		_, err = n.Rename(c, p, q)
 		what = fmt.Sprintf("rename %q %q", p, q)
 	case 9:
-		p := g.path()
-		err = n.Chmod(c, p, uint32(g.rng.IntN(0o10000)))
+		p := g.target(n)
+		mode := g.mode(0o777, 0o755, 0o1777, 0o2775, 0o700, 0o644, 0o4755, 0o2745)
+		if g.rng.IntN(4) == 0 {
+			mode = uint32(g.rng.IntN(0o10000))
+		}
+		err = n.Chmod(c, p, mode)
 		what = fmt.Sprintf("chmod %q", p)
 	case 10:
-		p := g.path()
+		p := g.target(n)
 		ids := []int{-1, 0, 1001, 1002, 2000, 3000}
 		err = n.Chown(c, p, ids[g.rng.IntN(len(ids))], ids[g.rng.IntN(len(ids))])
 		what = fmt.Sprintf("chown %q", p)
 	case 11:
-		p := g.path()
+		p := g.target(n)
 		err = n.Chtimes(c, p, g.rng.Int64N(1e18), g.rng.Int64N(1e18))
 		what = fmt.Sprintf("chtimes %q", p)
 	case 12:
-		p := g.path()
+		p := g.target(n)
 		_, err = n.Truncate(c, p, g.rng.Int64N(1<<20))
 		what = fmt.Sprintf("truncate %q", p)
 	case 13:
-		if len(g.handles) == 0 {
-			return "nothing"
-		}
 		ino := g.handles[g.rng.IntN(len(g.handles))]
 		err = n.SetLive(ino, g.rng.Int64N(1<<30), g.rng.Int64N(1e18))
 		what = fmt.Sprintf("setlive %d", ino)
 	case 14, 15:
-		if len(g.handles) == 0 {
-			return "nothing"
-		}
 		i := g.rng.IntN(len(g.handles))
 		ino := g.handles[i]
 		g.handles = append(g.handles[:i], g.handles[i+1:]...)

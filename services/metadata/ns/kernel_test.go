@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if base := os.Getenv(kernelChildEnv); base != "" {
 		os.Exit(kernelChild(base))
 	}
+	if arg := os.Getenv(killChildEnv); arg != "" {
+		os.Exit(killChild(arg))
+	}
 	os.Exit(m.Run())
 }
 
@@ -228,28 +231,39 @@ func TestKernelAgreesWithErrnoTables(t *testing.T) {
 func TestKernelAgreesWithModeTable(t *testing.T) {
 	requireRoot(t)
 	k := newKernelEnv(t)
+	byCred := map[uint32][]attrCase{}
+	creds := map[uint32]Cred{}
 	for _, tc := range modeCases {
 		// All steps of a case run as one credential in this table.
-		ops := []string{}
-		for _, s := range tc.steps {
-			ops = append(ops, s.op)
-		}
-		ops = append(ops, "stat:"+tc.path)
-		res := k.run(t, tc.steps[0].cred, [][]string{ops})[0]
-		for i, s := range tc.steps {
-			if res[i] != strconv.Itoa(int(s.want)) {
-				t.Errorf("%s: kernel step %q: errno %s, want %d", tc.name, s.op, res[i], int(s.want))
+		c := tc.steps[0].cred
+		byCred[c.UID] = append(byCred[c.UID], tc)
+		creds[c.UID] = c
+	}
+	for uid, cases := range byCred {
+		batches := make([][]string, len(cases))
+		for i, tc := range cases {
+			for _, s := range tc.steps {
+				batches[i] = append(batches[i], s.op)
 			}
+			batches[i] = append(batches[i], "stat:"+tc.path)
 		}
-		want := fmt.Sprintf("0 %o %d %d", tc.mode, tc.gid, tc.size)
-		got := res[len(res)-1]
-		if tc.mode&syscall.S_IFMT == syscall.S_IFDIR {
-			// Directory sizes are file-system specific (ext4: 4096); weir's are 0.
-			f := strings.Fields(got)
-			got = strings.Join(append(f[:3], "0"), " ")
-		}
-		if got != want {
-			t.Errorf("%s: kernel stat: %q, table says %q", tc.name, got, want)
+		for i, res := range k.run(t, creds[uid], batches) {
+			tc := cases[i]
+			for j, s := range tc.steps {
+				if res[j] != strconv.Itoa(int(s.want)) {
+					t.Errorf("%s: kernel step %q: errno %s, want %d", tc.name, s.op, res[j], int(s.want))
+				}
+			}
+			want := fmt.Sprintf("0 %o %d %d", tc.mode, tc.gid, tc.size)
+			got := res[len(res)-1]
+			if tc.mode&syscall.S_IFMT == syscall.S_IFDIR {
+				// Directory sizes are file-system specific (ext4: 4096); weir's are 0.
+				f := strings.Fields(got)
+				got = strings.Join(append(f[:3], "0"), " ")
+			}
+			if got != want {
+				t.Errorf("%s: kernel stat: %q, table says %q", tc.name, got, want)
+			}
 		}
 	}
 }

@@ -304,6 +304,25 @@ func TestRenameOverFileFreesBlob(t *testing.T) {
 	}
 }
 
+func TestFiles(t *testing.T) {
+	n, _ := newNS(t)
+	_, err := n.Mkdir(root, "d", 0o755)
+	must(t, err)
+	a := create(t, n, root, "d/a")
+	b := create(t, n, root, "b")
+	_, err = n.Unlink(root, "d/a") // still open: its blob is in use
+	must(t, err)
+	files := n.Files()
+	if len(files) != 2 || files[0].Ino != a.Ino || files[1].Ino != b.Ino || files[0].Blob != uint64(a.Ino) {
+		t.Fatalf("Files() = %+v", files)
+	}
+	release(t, n, a.Ino)
+	release(t, n, b.Ino)
+	if files := n.Files(); len(files) != 1 || files[0].Ino != b.Ino {
+		t.Fatalf("Files() after release = %+v", files)
+	}
+}
+
 func TestRmdirWhileOpen(t *testing.T) {
 	n, _ := newNS(t)
 	d, err := n.Mkdir(root, "d", 0o755)

@@ -77,6 +77,7 @@ func Open(opts Options) (*NS, error) {
 	return open(opts, config{fs: vfs.OS{}})
 }
 
+// open is Open with test knobs.
 func open(opts Options, cfg config) (*NS, error) {
 	if opts.Dir == "" {
 		return nil, errors.New("ns: Options.Dir is empty")

@@ -1,6 +1,7 @@
 package ns
 
 import (
+	"cmp"
 	"slices"
 	"strings"
 	"syscall"
@@ -70,6 +71,8 @@ func (n *NS) Open(c Cred, path string, flags int, mode uint32) (a Attr, created 
 	return a, created, nil
 }
 
+// openLocked is Open with mu held for writing; it returns the LSN of the
+// logged record (0 if nothing was logged).
 func (n *NS) openLocked(c *Cred, path string, flags int, mode uint32) (Attr, bool, uint64, error) {
 	s := n.st
 	w, err := s.walk(c, path)
@@ -225,6 +228,7 @@ func (n *NS) Mkdir(c Cred, path string, mode uint32) (Attr, error) {
 	return a, nil
 }
 
+// mkdirLocked is Mkdir with mu held for writing.
 func (n *NS) mkdirLocked(c *Cred, path string, mode uint32) (Attr, uint64, error) {
 	s := n.st
 	w, err := s.walk(c, path)
@@ -273,6 +277,8 @@ func (n *NS) Rmdir(c Cred, path string) error {
 	return n.finish(lsn)
 }
 
+// rmdirLocked is Rmdir with mu held for writing, in do_rmdir's order of
+// checks.
 func (n *NS) rmdirLocked(c *Cred, path string) (uint64, error) {
 	s := n.st
 	w, err := s.walk(c, path)
@@ -322,6 +328,8 @@ func (n *NS) Unlink(c Cred, path string) (freeBlob uint64, err error) {
 	return freeBlob, nil
 }
 
+// unlinkLocked is Unlink with mu held for writing, in do_unlinkat's order
+// of checks (a trailing slash is judged before permissions).
 func (n *NS) unlinkLocked(c *Cred, path string) (uint64, uint64, error) {
 	s := n.st
 	w, err := s.walk(c, path)
@@ -648,6 +656,7 @@ func (n *NS) SetLive(ino Ino, size int64, mtime int64) error {
 	return n.finish(lsn)
 }
 
+// setLiveLocked is SetLive with mu held for writing.
 func (n *NS) setLiveLocked(ino Ino, size, mtime int64) (uint64, error) {
 	nd := n.st.inodes[ino]
 	switch {
@@ -662,4 +671,53 @@ func (n *NS) setLiveLocked(ino Ino, size, mtime int64) (uint64, error) {
 		ino: ino, mask: setSize | setMtime | setCtime,
 		size: size, mtime: mtime, ctime: max(nd.attr.Ctime, mtime),
 	})
+}
+
+// Files returns the attributes of every regular file, named or still open
+// after an unlink, sorted by inode number: the blob map (each file's blob
+// is its Blob). Trusted callers only, such as `weir check`.
+func (n *NS) Files() []Attr {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	var out []Attr
+	for _, nd := range n.st.inodes {
+		if !nd.isDir() {
+			out = append(out, nd.attr)
+		}
+	}
+	slices.SortFunc(out, func(a, b Attr) int { return cmp.Compare(a.Ino, b.Ino) })
+	return out
+}
+
+// KillPriv drops setuid, and setgid when group execute is set, from a
+// regular file that a process other than root wrote, as Linux does on
+// write. Trusted: the metadata service calls it when the IO service
+// reports a write through a handle a non-root session opened. Nothing is
+// logged when no bit needs clearing.
+func (n *NS) KillPriv(ino Ino) error {
+	if err := n.lockMut(); err != nil {
+		return err
+	}
+	var lsn uint64
+	var err error
+	switch nd := n.st.inodes[ino]; {
+	case nd == nil:
+		err = syscall.ENOENT
+	case nd.isDir():
+		err = syscall.EISDIR
+	default:
+		m := nd.attr.Mode
+		kill := m & syscall.S_ISUID
+		if m&syscall.S_IXGRP != 0 {
+			kill |= m & syscall.S_ISGID
+		}
+		if kill != 0 {
+			lsn, err = n.logLocked(&setAttrRec{ino: ino, mask: setMode | setCtime, mode: m &^ kill, ctime: n.now()})
+		}
+	}
+	n.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return n.finish(lsn)
 }

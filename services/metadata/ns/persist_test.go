@@ -161,38 +161,65 @@ func TestPowerLossRecoversSyncedPrefix(t *testing.T) {
 			dumps := []string{dump(n)}
 			orphans := [][]uint64{nil}
 			synced := 0
-			for i := 1; i <= 500; i++ {
-				g.step(n)
-				dumps = append(dumps, dump(n))
-				orphans = append(orphans, unnamedBlobs(n))
-				if syncOp {
-					synced = i
-				} else if rng.IntN(20) == 0 {
-					must(t, n.Sync())
-					synced = i
-				}
-				if rng.IntN(10) != 0 {
-					continue
-				}
-				img := m.Crash(func(k int) int { return rng.IntN(k + 1) }, rng.IntN(3) == 0)
+			// verify opens a crash image and requires the state after some
+			// operation in [lo, hi].
+			verify := func(img *vfs.Mem, lo, hi int, when string) {
+				t.Helper()
 				r, err := open(o, config{fs: img, inlineCheckpoint: true})
 				if err != nil {
-					t.Fatalf("op %d (seed %d): recovery failed: %v", i, seed, err)
+					t.Fatalf("%s (seed %d): recovery failed: %v", when, seed, err)
 				}
 				got := dump(r)
 				k := -1
-				for j := i; j >= synced; j-- {
+				for j := hi; j >= lo; j-- {
 					if dumps[j] == got && slices.Equal(orphans[j], r.Orphans()) {
 						k = j
 						break
 					}
 				}
 				if k < 0 {
-					t.Fatalf("op %d (seed %d, synced up to %d): recovered state matches no state since:\n%s", i, seed, synced, diff(dumps[i], got))
+					t.Fatalf("%s (seed %d): recovered state matches none of states %d..%d:\n%s", when, seed, lo, hi, diff(dumps[hi], got))
 				}
 				must(t, r.Check())
 				must(t, r.Close())
 			}
+			// Images taken inside a flush (in the middle of an operation,
+			// a rotation or a checkpoint), checked once the operation is done.
+			type midImage struct {
+				img    *vfs.Mem
+				lo, hi int
+				what   string
+			}
+			var mids []midImage
+			op, midCount := 0, 0
+			m.FailSync = func(name string) error {
+				if rng.IntN(6) == 0 {
+					mids = append(mids, midImage{m.Crash(func(k int) int { return rng.IntN(k + 1) }, rng.IntN(3) == 0), synced, op, "flush of " + name})
+				}
+				return nil
+			}
+			for i := 1; i <= 1500; i++ {
+				op = i
+				g.step(n)
+				dumps = append(dumps, dump(n))
+				orphans = append(orphans, unnamedBlobs(n))
+				for _, mi := range mids {
+					verify(mi.img, mi.lo, mi.hi, fmt.Sprintf("op %d, image taken before the %s", i, mi.what))
+					midCount++
+				}
+				mids = mids[:0]
+				if syncOp {
+					synced = i
+				} else if rng.IntN(20) == 0 {
+					must(t, n.Sync())
+					synced = i
+				}
+				if rng.IntN(10) == 0 {
+					verify(m.Crash(func(k int) int { return rng.IntN(k + 1) }, rng.IntN(3) == 0), synced, i, fmt.Sprintf("after op %d", i))
+				}
+			}
+			m.FailSync = nil
+			t.Logf("%d images taken inside flushes; %d records", midCount, n.w.LastLSN())
 		})
 	}
 }
@@ -674,6 +701,9 @@ func assertIOError(t *testing.T, what string, err error) {
 	var ioe *IOError
 	if _, bare := err.(syscall.Errno); bare || !errors.As(err, &ioe) || !errors.Is(err, syscall.EIO) {
 		t.Fatalf("%s: got %v (%T), want an IOError", what, err, err)
+	}
+	if e := syscall.Errno(0); !errors.As(err, &e) || e != syscall.EIO {
+		t.Fatalf("%s: errors.As gives errno %v, want EIO", what, e)
 	}
 }
 

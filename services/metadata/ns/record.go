@@ -72,19 +72,30 @@ type setAttrRec struct {
 
 type freeRec struct{ ino Ino }
 
-func (*createRec) typ() uint8  { return recCreate }
-func (*removeRec) typ() uint8  { return recRemove }
-func (*renameRec) typ() uint8  { return recRename }
+// typ implements record.
+func (*createRec) typ() uint8 { return recCreate }
+
+// typ implements record.
+func (*removeRec) typ() uint8 { return recRemove }
+
+// typ implements record.
+func (*renameRec) typ() uint8 { return recRename }
+
+// typ implements record.
 func (*setAttrRec) typ() uint8 { return recSetAttr }
-func (*freeRec) typ() uint8    { return recFree }
+
+// typ implements record.
+func (*freeRec) typ() uint8 { return recFree }
 
 var le = binary.LittleEndian
 
+// appendName encodes a name as u8 length and bytes.
 func appendName(b []byte, name string) []byte {
 	b = append(b, uint8(len(name)))
 	return append(b, name...)
 }
 
+// encode implements record (layout in the package comment).
 func (r *createRec) encode(b []byte) []byte {
 	b = le.AppendUint64(b, uint64(r.parent))
 	b = le.AppendUint64(b, uint64(r.ino))
@@ -95,6 +106,7 @@ func (r *createRec) encode(b []byte) []byte {
 	return appendName(b, r.name)
 }
 
+// encode implements record.
 func (r *removeRec) encode(b []byte) []byte {
 	b = le.AppendUint64(b, uint64(r.parent))
 	b = le.AppendUint64(b, uint64(r.ino))
@@ -103,6 +115,7 @@ func (r *removeRec) encode(b []byte) []byte {
 	return appendName(b, r.name)
 }
 
+// encode implements record.
 func (r *renameRec) encode(b []byte) []byte {
 	b = le.AppendUint64(b, uint64(r.oldParent))
 	b = le.AppendUint64(b, uint64(r.newParent))
@@ -114,6 +127,7 @@ func (r *renameRec) encode(b []byte) []byte {
 	return appendName(b, r.newName)
 }
 
+// encode implements record.
 func (r *setAttrRec) encode(b []byte) []byte {
 	b = le.AppendUint64(b, uint64(r.ino))
 	b = append(b, r.mask)
@@ -126,6 +140,7 @@ func (r *setAttrRec) encode(b []byte) []byte {
 	return le.AppendUint64(b, uint64(r.ctime))
 }
 
+// encode implements record.
 func (r *freeRec) encode(b []byte) []byte { return le.AppendUint64(b, uint64(r.ino)) }
 
 // decoder reads little-endian fields; the first short read sets err and
@@ -137,6 +152,7 @@ type decoder struct {
 
 var errShort = errors.New("truncated")
 
+// take returns the next n bytes, or nil after a short read.
 func (d *decoder) take(n int) []byte {
 	if d.err != nil {
 		return nil
@@ -151,6 +167,7 @@ func (d *decoder) take(n int) []byte {
 	return v
 }
 
+// u8 reads one byte.
 func (d *decoder) u8() uint8 {
 	if v := d.take(1); v != nil {
 		return v[0]
@@ -158,6 +175,7 @@ func (d *decoder) u8() uint8 {
 	return 0
 }
 
+// u32 reads a little-endian uint32.
 func (d *decoder) u32() uint32 {
 	if v := d.take(4); v != nil {
 		return le.Uint32(v)
@@ -165,6 +183,7 @@ func (d *decoder) u32() uint32 {
 	return 0
 }
 
+// u64 reads a little-endian uint64.
 func (d *decoder) u64() uint64 {
 	if v := d.take(8); v != nil {
 		return le.Uint64(v)
@@ -172,8 +191,10 @@ func (d *decoder) u64() uint64 {
 	return 0
 }
 
+// i64 reads a little-endian int64.
 func (d *decoder) i64() int64 { return int64(d.u64()) }
 
+// ino reads an inode number.
 func (d *decoder) ino() Ino { return Ino(d.u64()) }
 
 // name reads a u8 length and that many bytes.

@@ -13,6 +13,7 @@ type inode struct {
 	opens   int            // open handles (Open minus Release); not persisted
 }
 
+// isDir reports whether n is a directory.
 func (n *inode) isDir() bool { return n.attr.IsDir() }
 
 // state is the whole namespace. It is changed only by apply, which both
@@ -34,6 +35,7 @@ func newState(now int64) *state {
 	return &state{inodes: map[Ino]*inode{RootIno: root}, nextIno: RootIno + 1}
 }
 
+// root returns the root directory.
 func (s *state) root() *inode { return s.inodes[RootIno] }
 
 // dirFor returns the live directory ino, or an error naming it.
@@ -64,6 +66,8 @@ func (s *state) apply(r record) error {
 	return fmt.Errorf("unknown record %T", r)
 }
 
+// applyCreate adds a file or directory; the parent's mtime and ctime
+// become the record's time.
 func (s *state) applyCreate(r *createRec) error {
 	p, err := s.dirFor(r.parent)
 	if err != nil {
@@ -109,6 +113,7 @@ func unlinkInode(p, n *inode, t int64) {
 	n.attr.Ctime = t
 }
 
+// applyRemove removes an entry (unlink or rmdir).
 func (s *state) applyRemove(r *removeRec) error {
 	p, err := s.dirFor(r.parent)
 	if err != nil {
@@ -156,6 +161,8 @@ func (s *state) isAncestor(a, d *inode) bool {
 	}
 }
 
+// applyRename moves an entry, replacing the target if the record names
+// one; it refuses a directory moving under itself.
 func (s *state) applyRename(r *renameRec) error {
 	op, err := s.dirFor(r.oldParent)
 	if err != nil {
@@ -212,6 +219,8 @@ func (s *state) applyRename(r *renameRec) error {
 	return nil
 }
 
+// applySetAttr sets the fields the mask selects; the type bits of the
+// mode and the size of a directory cannot change.
 func (s *state) applySetAttr(r *setAttrRec) error {
 	n := s.inodes[r.ino]
 	if n == nil {
@@ -251,6 +260,7 @@ func (s *state) applySetAttr(r *setAttrRec) error {
 	return nil
 }
 
+// applyFree drops an inode with no name left.
 func (s *state) applyFree(r *freeRec) error {
 	n := s.inodes[r.ino]
 	if n == nil {

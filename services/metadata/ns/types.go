@@ -88,15 +88,17 @@ type Options struct {
 }
 
 // IOError is a failure to read or write the persistent state. Namespace
-// operations return it, never a bare syscall.Errno, so a caller tells the
-// two apart with a type assertion to syscall.Errno and reports every
-// IOError as EIO; errors.Is(err, syscall.EIO) also holds. After an IOError
-// from a flush every later mutation and Sync fails: the failure is sticky.
+// operations return it instead of a bare syscall.Errno, and it reports
+// itself as EIO whatever its cause: errors.Is(err, syscall.EIO) holds and
+// errors.As(err, &errno) sets errno to EIO (a cause such as ENOSPC is not
+// what the client should see). After an IOError from a flush every later
+// mutation and Sync fails: the failure is sticky.
 type IOError struct {
 	Op  string // what was being done
 	Err error  // the cause
 }
 
+// Error describes the operation and its cause.
 func (e *IOError) Error() string { return "ns: " + e.Op + ": " + e.Err.Error() }
 
 // Unwrap returns the cause.
@@ -104,6 +106,15 @@ func (e *IOError) Unwrap() error { return e.Err }
 
 // Is makes errors.Is(err, syscall.EIO) true.
 func (e *IOError) Is(target error) bool { return target == syscall.EIO }
+
+// As makes errors.As(err, &errno) give EIO for a *syscall.Errno target.
+func (e *IOError) As(target any) bool {
+	if p, ok := target.(*syscall.Errno); ok {
+		*p = syscall.EIO
+		return true
+	}
+	return false
+}
 
 // ErrClosed is the cause of the IOError returned after Close.
 var ErrClosed = errors.New("namespace closed")

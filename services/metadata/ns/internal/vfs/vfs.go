@@ -143,11 +143,20 @@ func (OS) Lock(name string) (io.Closer, error) {
 
 type osFile struct{ f *os.File }
 
+// Write implements File.
 func (o osFile) Write(p []byte) (int, error) { return o.f.Write(p) }
-func (o osFile) Truncate(size int64) error   { return o.f.Truncate(size) }
-func (o osFile) Close() error                { return o.f.Close() }
-func (o osFile) Name() string                { return o.f.Name() }
-func (o osFile) sync() error                 { return fsyncFD(int(o.f.Fd())) }
+
+// Truncate implements File.
+func (o osFile) Truncate(size int64) error { return o.f.Truncate(size) }
+
+// Close implements File.
+func (o osFile) Close() error { return o.f.Close() }
+
+// Name implements File.
+func (o osFile) Name() string { return o.f.Name() }
+
+// sync implements File with fsync(2).
+func (o osFile) sync() error { return fsyncFD(int(o.f.Fd())) }
 
 // fsyncFD is fsync(2), retried on EINTR (which Linux does not return for
 // fsync on local file systems, but FUSE and network file systems may).
@@ -306,6 +315,7 @@ type memLock struct {
 	name string
 }
 
+// Close releases the lock.
 func (l memLock) Close() error {
 	l.m.mu.Lock()
 	defer l.m.mu.Unlock()
@@ -319,9 +329,14 @@ type memHandle struct {
 	f    *memFile
 }
 
+// Name implements File.
 func (h *memHandle) Name() string { return h.name }
+
+// Close implements File; Mem files hold no resources.
 func (h *memHandle) Close() error { return nil }
 
+// Write implements File: it appends to the file (Mem files are written
+// only at their end), failing halfway when FailWrite says so.
 func (h *memHandle) Write(p []byte) (int, error) {
 	if h.m.FailWrite != nil {
 		if err := h.m.FailWrite(h.name); err != nil {
@@ -338,6 +353,7 @@ func (h *memHandle) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// Truncate implements File; the synced bytes are untouched until Sync.
 func (h *memHandle) Truncate(size int64) error {
 	h.m.mu.Lock()
 	defer h.m.mu.Unlock()
@@ -352,6 +368,7 @@ func (h *memHandle) Truncate(size int64) error {
 	return nil
 }
 
+// sync makes the current bytes the synced ones, unless FailSync fails it.
 func (h *memHandle) sync() error {
 	if h.m.FailSync != nil {
 		if err := h.m.FailSync(h.name); err != nil {
@@ -431,6 +448,7 @@ type Gated struct {
 
 var _ FS = Gated{}
 
+// enter holds the gate for reading and returns its release.
 func (g Gated) enter() func() { g.Gate.RLock(); return g.Gate.RUnlock }
 
 // MkdirAll implements FS.
@@ -479,8 +497,17 @@ type gatedFile struct {
 	g Gated
 }
 
+// Write implements File under the gate.
 func (f gatedFile) Write(p []byte) (int, error) { defer f.g.enter()(); return f.f.Write(p) }
-func (f gatedFile) Truncate(n int64) error      { defer f.g.enter()(); return f.f.Truncate(n) }
-func (f gatedFile) Close() error                { defer f.g.enter()(); return f.f.Close() }
-func (f gatedFile) Name() string                { return f.f.Name() }
-func (f gatedFile) sync() error                 { defer f.g.enter()(); return f.f.sync() }
+
+// Truncate implements File under the gate.
+func (f gatedFile) Truncate(n int64) error { defer f.g.enter()(); return f.f.Truncate(n) }
+
+// Close implements File under the gate.
+func (f gatedFile) Close() error { defer f.g.enter()(); return f.f.Close() }
+
+// Name implements File.
+func (f gatedFile) Name() string { return f.f.Name() }
+
+// sync implements File under the gate.
+func (f gatedFile) sync() error { defer f.g.enter()(); return f.f.sync() }

@@ -62,6 +62,7 @@ type CorruptError struct {
 	Reason string
 }
 
+// Error names the file, the offset and what is wrong.
 func (e *CorruptError) Error() string {
 	return fmt.Sprintf("corrupt WAL segment %s at offset %d: %s", e.File, e.Offset, e.Reason)
 }
@@ -98,6 +99,7 @@ func AppendRecord(dst []byte, lsn uint64, typ uint8, payload []byte) []byte {
 	return dst
 }
 
+// segmentHeader encodes the header of the segment starting at first.
 func segmentHeader(first uint64) []byte {
 	b := make([]byte, SegmentHeaderSize)
 	copy(b, segMagic[:])
@@ -383,6 +385,8 @@ func (w *Writer) start(first uint64) error {
 	return nil
 }
 
+// createSegment creates the segment file for first, writes and flushes its
+// header and flushes the directory, so the segment exists after a crash.
 func (w *Writer) createSegment(first uint64) (vfs.File, error) {
 	path := filepath.Join(w.o.Dir, SegmentName(first))
 	f, err := w.o.FS.Create(path)
@@ -599,6 +603,7 @@ func (w *Writer) Close() error {
 // Abandon closes the log without flushing it, as a crash would.
 func (w *Writer) Abandon() { w.shut() }
 
+// shut closes the current segment and makes every later call fail.
 func (w *Writer) shut() {
 	w.syncMu.Lock()
 	defer w.syncMu.Unlock()

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/weir-storage/weir/internal/fsck"
+	"github.com/weir-storage/weir/internal/stack"
+)
+
+// cmdCheck is the fsck: run on a stopped data directory. It exits 0 when
+// consistent, 1 when problems were found, 2 on usage or open errors.
+func cmdCheck(args []string) int {
+	fs := newFlags("check")
+	asJSON := fs.Bool("json", false, "print JSON")
+	cfg, _, err := loadConfig(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "weir check: %v\n", err)
+		return 2
+	}
+	log := cfg.Logger("weir-check", os.Stderr)
+	be, err := stack.Backend(cfg, log)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "weir check: open backend (are the services still running?): %v\n", err)
+		return 2
+	}
+	r, err := fsck.Check(cfg, be, log)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "weir check: %v\n", err)
+		return 2
+	}
+	if err := r.Write(os.Stdout, *asJSON); err != nil {
+		return 2
+	}
+	if !r.OK() {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,109 @@
+package fsck_test
+
+import (
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/internal/fsck"
+	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/services/io/backend"
+)
+
+func testConfig(t *testing.T) *config.Config {
+	t.Helper()
+	c := config.Default()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	config.AddFlags(fs)
+	if err := fs.Parse([]string{"--data", t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ApplyFlags(fs); err != nil {
+		t.Fatal(err)
+	}
+	run, err := os.MkdirTemp("", "weir-fsck-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
+	c.RunDir = run
+	c.Metadata.Socket = filepath.Join(run, "m.sock")
+	c.IO.Socket = filepath.Join(run, "io.sock")
+	return c
+}
+
+func check(t *testing.T, c *config.Config) *fsck.Report {
+	t.Helper()
+	log := hclog.NewNullLogger()
+	be, err := stack.Backend(c, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := fsck.Check(c, be, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestCheck: a cleanly stopped weir is consistent; a stray blob and a lost
+// blob are each reported.
+func TestCheck(t *testing.T) {
+	c := testConfig(t)
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b", "empty"} {
+		data := []byte(strings.Repeat(name, 1000))
+		if name == "empty" {
+			data = nil
+		}
+		if err := fs.WriteFile(name, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fi, err := fs.Stat("b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs.Close()
+	if err := st.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := check(t, c); !r.OK() || r.Files != 3 {
+		t.Fatalf("clean data: %+v", r)
+	}
+
+	be, err := stack.Backend(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := be.Create(backend.BlobID(1 << 40)); err != nil { // a blob no file names
+		t.Fatal(err)
+	}
+	lost := backend.BlobID(fi.Sys().(*syscall.Stat_t).Ino) // a file's blob is its inode number
+	if err := be.Delete(lost); err != nil {
+		t.Fatal(err)
+	}
+	be.Close()
+	r := check(t, c)
+	kinds := map[string]uint64{}
+	for _, p := range r.Problems {
+		kinds[p.Kind] = p.Blob
+	}
+	if len(r.Problems) != 2 || kinds["orphan-blob"] != 1<<40 || kinds["missing-blob"] != uint64(lost) {
+		t.Fatalf("problems: %+v", r.Problems)
+	}
+}
