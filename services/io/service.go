@@ -315,8 +315,9 @@ func (s *Service) onDelete(m *nats.Msg) {
 	control.Respond(m, wire.Ack{})
 }
 
-// openBlob returns the open blob for id, opening (and creating) it if need
-// be, with one reference for the caller.
+// openBlob returns the open blob for id, opening it if need be, with one
+// reference for the caller. A blob that does not exist yet is created on
+// its first write (lazyBlob).
 func (s *Service) openBlob(id backend.BlobID, ino uint64) (*openBlob, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -324,11 +325,10 @@ func (s *Service) openBlob(id backend.BlobID, ino uint64) (*openBlob, error) {
 		ob.refs++
 		return ob, nil
 	}
+	var b backend.Blob
 	b, err := s.be.Open(id)
 	if errors.Is(err, syscall.ENOENT) {
-		if err = s.be.Create(id); err == nil || errors.Is(err, syscall.EEXIST) {
-			b, err = s.be.Open(id)
-		}
+		b, err = &lazyBlob{be: s.be, id: id}, nil // created on first write
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open blob %d: %w", id, err)
