@@ -6,7 +6,7 @@ SHORTFUZZ ?= 5s
 RESULTS   ?= bench/results
 FUZZ_TARGETS := FuzzDecodeHeader FuzzValidateDescriptor FuzzServerSlot
 
-.PHONY: help demo up build test test-unit fuzz-short fuzz lint bench bench-transport bench-quick clean
+.PHONY: help demo up build test test-unit fuzz-short fuzz lint bench bench-transport bench-fileops bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
@@ -15,9 +15,10 @@ help:
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
 	@echo "fuzz             each fuzzer for FUZZTIME (default 5m)"
 	@echo "lint             gofmt and go vet"
-	@echo "bench            every benchmark in bench/, report in $(RESULTS)/"
+	@echo "bench            every benchmark in bench/, one report: $(RESULTS)/report.md (about 2 min)"
 	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
-	@echo "bench-quick      the transport benchmark with short windows"
+	@echo "bench-fileops    weir client vs os (buffered, O_DIRECT): 4 KiB random, metadata, sequential"
+	@echo "bench-quick      every benchmark with small sizes and short windows, and the report (under a minute)"
 
 DATA ?= ./weir-data
 
@@ -52,13 +53,27 @@ lint:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-bench: bench-transport
+# The benchmarks run one after another (never in parallel: they measure);
+# bench/report joins their results into $(RESULTS)/report.md.
+BENCH_TRANSPORT = $(GO) run ./bench/transport -out $(RESULTS)
+BENCH_FILEOPS   = $(GO) run ./bench/fileops -out $(RESULTS)
+BENCH_REPORT    = $(GO) run ./bench/report -out $(RESULTS) -benchmarks transport,fileops
+
+bench:
+	$(BENCH_TRANSPORT)
+	$(BENCH_FILEOPS)
+	$(BENCH_REPORT)
 
 bench-transport:
-	$(GO) run ./bench/transport -out $(RESULTS)
+	$(BENCH_TRANSPORT)
+
+bench-fileops:
+	$(BENCH_FILEOPS)
 
 bench-quick:
-	$(GO) run ./bench/transport -quick -out $(RESULTS)
+	$(BENCH_TRANSPORT) -quick
+	$(BENCH_FILEOPS) -quick
+	$(BENCH_REPORT)
 
 clean:
 	rm -rf bin $(RESULTS)

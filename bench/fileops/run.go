@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/bench/internal/benchutil"
+)
+
+// Workload families, in report order.
+const (
+	famRandom = "4 KiB random, queue depth 1"
+	famMeta   = "metadata, one directory"
+	famSeq    = "sequential 1 MiB"
+)
+
+var families = []string{famRandom, famMeta, famSeq}
+
+// familyFlag maps the names -only takes to the families.
+var familyFlag = map[string]string{"random": famRandom, "metadata": famMeta, "sequential": famSeq}
+
+// Workload names within their family.
+const (
+	wlRead      = "read"
+	wlWrite     = "write (no fsync)"
+	wlWriteSync = "write + fsync"
+	wlCreate    = "create"
+	wlStat      = "stat"
+	wlUnlink    = "unlink"
+	wlSeqWrite  = "write (fsync once at the end)"
+	wlSeqRead   = "read"
+)
+
+// Names of the files and directory each target works on.
+const (
+	randFile = "rand.dat"
+	seqFile  = "seq.dat"
+	metaDir  = "meta"
+	seed     = 42
+)
+
+// run brings weir up, runs every workload on every target and builds the
+// report.
+func run(ctx context.Context, cfg options, logger *log.Logger) (rep *report, err error) {
+	rep, err = newReport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	base := cfg.dir
+	if base == "" {
+		base = os.TempDir()
+	}
+	parent, err := os.MkdirTemp(base, "wb-")
+	if err != nil {
+		return nil, fmt.Errorf("run directory: %w", err)
+	}
+	if cfg.keep {
+		logger.Printf("keeping %s", parent)
+	} else {
+		defer os.RemoveAll(parent)
+	}
+	rep.Dir = parent
+	if rep.Filesystem, err = benchutil.DescribeFS(parent); err != nil {
+		return nil, err
+	}
+
+	exe := cfg.weirBin
+	if exe == "" {
+		logger.Print("building cmd/weir")
+		bin := filepath.Join(parent, "bin")
+		if err := os.MkdirAll(bin, 0o755); err != nil {
+			return nil, err
+		}
+		if exe, err = buildWeir(bin); err != nil {
+			return nil, err
+		}
+	}
+	var verbose io.Writer
+	if cfg.verbose {
+		verbose = os.Stderr
+	}
+	w, err := startWeir(exe, parent, cfg.direct, cfg.wait, verbose)
+	if err != nil {
+		return nil, err
+	}
+	weirUp := true
+	defer func() {
+		if weirUp {
+			w.stop()
+		}
+	}()
+	serviceNames, servicePIDs := w.pids()
+	logger.Printf("weir is up: services %v, pids %v; data in %s", serviceNames, servicePIDs, parent)
+
+	// The embedded NATS server runs in this process, which otherwise only
+	// waits for the drivers: its CPU time counts as weir's.
+	r := &runner{ctx: ctx, rep: rep, logger: logger, services: append(slices.Clone(servicePIDs), os.Getpid()),
+		drivers: map[string]*driverProc{}, na: map[string]string{}, dir: parent}
+	defer r.stopDrivers()
+	for _, t := range allTargets {
+		var args []string
+		switch t {
+		case targetWeir:
+			args = []string{"-meta-sock", w.cfg.Metadata.Socket, "-io-sock", w.cfg.IO.Socket, "-wait", cfg.wait}
+		default:
+			args = []string{"-root", filepath.Join(parent, t)}
+		}
+		d, err := startDriver(t, args, os.Stderr)
+		if err != nil {
+			return nil, err
+		}
+		r.drivers[t] = d
+	}
+
+	if err := r.workloads(cfg.s, cfg.only); err != nil {
+		return nil, err
+	}
+
+	// Peak RSS, before anything stops.
+	for i, pid := range servicePIDs {
+		rep.addRSS(serviceNames[i]+" service", pid)
+	}
+	for _, t := range allTargets {
+		rep.addRSS(t+" client (driver process)", r.drivers[t].Pid())
+	}
+	rep.addRSS("benchmark process (orchestration, embedded NATS)", os.Getpid())
+
+	r.stopDrivers()
+	w.stop()
+	weirUp = false
+	rep.setWeir(cfg, w)
+	rep.finish()
+	return rep, nil
+}
+
+// runner sends workloads to the drivers and records the rows.
+type runner struct {
+	ctx      context.Context
+	rep      *report
+	logger   *log.Logger
+	services []int
+	drivers  map[string]*driverProc
+	// dir is the parent of every target's files; syncfs on it before each
+	// row writes back what earlier rows left dirty, so that writeback does
+	// not land in the next row's window.
+	dir string
+	// na remembers "target/file" pairs a target could not create (O_DIRECT
+	// refused), so the workloads that use the file are n/a too.
+	na map[string]string
+}
+
+func (r *runner) stopDrivers() {
+	for _, t := range allTargets {
+		d := r.drivers[t]
+		if d == nil {
+			continue
+		}
+		if err := d.stop(); err != nil {
+			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("%s driver: %v", t, err))
+		}
+		delete(r.drivers, t)
+	}
+}
+
+// workloads runs every family, each workload on every target in turn.
+func (r *runner) workloads(s settings, only []string) error {
+	run := func(fam string) bool { return len(only) == 0 || slices.Contains(only, fam) }
+	if run(famRandom) {
+		if err := r.random(s); err != nil {
+			return err
+		}
+	}
+	if run(famMeta) {
+		if err := r.metadata(s); err != nil {
+			return err
+		}
+	}
+	if run(famSeq) {
+		return r.sequential(s)
+	}
+	return nil
+}
+
+// Targets of the data and of the namespace workloads.
+var (
+	dataTargets = []string{targetWeir, targetOS, targetOSDirect}
+	nsTargets   = []string{targetWeir, targetOS}
+)
+
+// random runs the 4 KiB random family on a file prepared per target.
+func (r *runner) random(s settings) error {
+	for _, t := range dataTargets {
+		if err := r.prepare(t, request{Op: opPrepare, File: randFile, Size: s.RandSize}); err != nil {
+			return err
+		}
+	}
+	random := request{File: randFile, Size: s.RandSize, Block: randBlock, Warmup: s.Warmup, Window: s.Window, Seed: seed}
+	for _, step := range []struct {
+		wl string
+		q  request
+	}{
+		{wlRead, with(random, func(q *request) { q.Op = opRandRead })},
+		{wlWrite, with(random, func(q *request) { q.Op = opRandWrite })},
+		{wlWriteSync, with(random, func(q *request) {
+			q.Op, q.Window, q.MaxOps, q.Warmup = opRandSync, s.FsyncWindow, s.FsyncOps, min(s.Warmup, s.FsyncWindow/10)
+		})},
+	} {
+		for _, t := range dataTargets {
+			if err := r.row(famRandom, step.wl, t, step.q); err != nil {
+				return err
+			}
+		}
+	}
+	for _, t := range dataTargets {
+		if err := r.prepare(t, request{Op: opRemove, File: randFile}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// metadata runs create, stat and unlink of s.Files files in one directory.
+func (r *runner) metadata(s settings) error {
+	for _, t := range nsTargets {
+		if err := r.prepare(t, request{Op: opMkdir, File: metaDir}); err != nil {
+			return err
+		}
+	}
+	for _, step := range []struct{ wl, op string }{{wlCreate, opCreate}, {wlStat, opStat}, {wlUnlink, opUnlink}} {
+		for _, t := range nsTargets {
+			if err := r.row(famMeta, step.wl, t, request{Op: step.op, File: metaDir, Count: s.Files, Seed: seed}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// sequential writes a new file per target in 1 MiB writes, then reads it.
+func (r *runner) sequential(s settings) error {
+	if err := pretouch(filepath.Join(r.dir, ".pagecache-scratch"), s.SeqSize); err != nil {
+		r.rep.Warnings = append(r.rep.Warnings, err.Error())
+	}
+	seq := request{File: seqFile, Size: s.SeqSize, Block: seqBlock}
+	for _, step := range []struct{ wl, op string }{{wlSeqWrite, opSeqWrite}, {wlSeqRead, opSeqRead}} {
+		for _, t := range dataTargets {
+			if err := r.row(famSeq, step.wl, t, with(seq, func(q *request) { q.Op = step.op })); err != nil {
+				return err
+			}
+		}
+	}
+	for _, t := range dataTargets {
+		if err := r.prepare(t, request{Op: opRemove, File: seqFile}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func with(q request, f func(*request)) request {
+	f(&q)
+	return q
+}
+
+// call sends q to target's driver. A driver that failed earlier fails the
+// request; an interrupted run stops here.
+func (r *runner) call(t string, q request) (result, error) {
+	if err := r.ctx.Err(); err != nil {
+		return result{}, fmt.Errorf("interrupted: %w", err)
+	}
+	d := r.drivers[t]
+	if d == nil {
+		return result{Error: t + " driver is gone"}, nil
+	}
+	if t == targetWeir {
+		q.Services = r.services
+	}
+	res, err := d.call(q)
+	if err != nil {
+		// The driver was killed: its later requests fail as rows.
+		delete(r.drivers, t)
+		r.rep.Warnings = append(r.rep.Warnings, err.Error())
+		return result{Error: err.Error()}, nil
+	}
+	return res, nil
+}
+
+// prepare runs a step that is not a row; its failure is a warning, except
+// for the preparation of the random file, which is also recorded.
+func (r *runner) prepare(t string, q request) error {
+	res, err := r.call(t, q)
+	if err != nil {
+		return err
+	}
+	if res.NA != "" {
+		r.na[t+"/"+q.File] = res.NA
+	}
+	if q.Op == opPrepare {
+		r.rep.Prep = append(r.rep.Prep, prepNote{Target: t, Bytes: res.Bytes, Seconds: res.Elapsed.Seconds(), NA: res.NA, Error: res.Error})
+	}
+	switch {
+	case res.Error != "":
+		msg := fmt.Sprintf("%s %s %s: %s", t, q.Op, q.File, res.Error)
+		r.logger.Print(msg)
+		if q.Op != opPrepare {
+			r.rep.Warnings = append(r.rep.Warnings, msg)
+		}
+	case res.NA != "":
+		r.logger.Printf("%s %s %s: n/a: %s", t, q.Op, q.File, res.NA)
+	case q.Op == opPrepare:
+		r.logger.Printf("%-9s prepared %s: %d MiB in %.2f s", t, q.File, res.Bytes/mib, res.Elapsed.Seconds())
+	}
+	return nil
+}
+
+// row runs one measured workload and records it.
+func (r *runner) row(family, wl, t string, q request) error {
+	res, err := result{NA: r.na[t+"/"+q.File]}, error(nil)
+	if res.NA == "" {
+		if err := syncFS(r.dir); err != nil {
+			r.rep.Warnings = append(r.rep.Warnings, err.Error())
+		}
+		if res, err = r.call(t, q); err != nil {
+			return err
+		}
+		if res.NA != "" {
+			r.na[t+"/"+q.File] = res.NA
+		}
+	}
+	row := newRow(family, wl, t, q, res)
+	r.rep.Rows = append(r.rep.Rows, row)
+	switch {
+	case row.Error != "":
+		r.logger.Printf("%-28s %-30s %-9s error: %s", family, wl, t, strings.ReplaceAll(row.Error, "\n", "; "))
+	case row.NA != "":
+		r.logger.Printf("%-28s %-30s %-9s n/a: %s", family, wl, t, row.NA)
+	default:
+		r.logger.Printf("%-28s %-30s %-9s %7d ops %10.0f ops/s  p50 %8.1f µs  p99 %8.1f µs", family, wl, t,
+			row.Ops, row.OpsPerSec, row.P50us, row.P99us)
+	}
+	return nil
+}
+
+// syncFS writes back every dirty page and inode of the file system holding
+// dir (syncfs(2)).
+func syncFS(dir string) error {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("syncfs %s: %w", dir, err)
+	}
+	return nil
+}
+
+// pretouch writes size bytes to path through the page cache and removes
+// the file, dropping its pages unwritten. The page cache then has that much
+// memory the guest has used before. On the reference VM, growing the page
+// cache into never-used memory was about ten times slower than reusing
+// memory (dd of 512 MiB: 310 MB/s into fresh memory, 3.5 GB/s into reused;
+// most likely the hypervisor backing guest memory on first touch), and that
+// would be charged to the os row of the sequential write.
+func pretouch(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("page cache pre-touch: %w", err)
+	}
+	defer os.Remove(path)
+	buf := make([]byte, mib)
+	for off := int64(0); off < size; off += mib {
+		if _, err := f.Write(buf); err != nil {
+			f.Close()
+			return fmt.Errorf("page cache pre-touch: %w", err)
+		}
+	}
+	return f.Close()
+}
