@@ -74,6 +74,14 @@ func TestCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A removed file's blob is deleted in the background; a clean stop
+	// finishes that, so no orphan blob may remain.
+	if err := fs.WriteFile("gone", []byte("data that had a blob"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Remove("gone"); err != nil {
+		t.Fatal(err)
+	}
 	fi, err := fs.Stat("b")
 	if err != nil {
 		t.Fatal(err)

@@ -79,7 +79,8 @@ type Service struct {
 
 	subs   []*nats.Subscription // immutable after Start
 	srv    ringsrv.Server       // client sessions
-	bg     sync.WaitGroup       // background work (orphan deletion)
+	dels   chan uint64          // blobs to delete at the IO service (deleteLoop)
+	bg     sync.WaitGroup       // deleteLoop
 	ready  chan struct{}
 	closed atomic.Bool
 
@@ -108,6 +109,7 @@ func New(opts Options) (*Service, error) {
 		opts: opts, log: opts.Logger, ns: n,
 		sessions: make(map[uint64]*session),
 		writers:  make(map[ns.Ino]writers),
+		dels:     make(chan uint64, 1<<16),
 		ready:    make(chan struct{}),
 	}, nil
 }
@@ -132,9 +134,10 @@ func (s *Service) Start() error {
 		ringsrv.Unsubscribe(s.subs)
 		return fmt.Errorf("metadata: %w", err)
 	}
-	if orphans := s.ns.Orphans(); len(orphans) > 0 {
-		s.bg.Add(1)
-		go s.deleteOrphans(orphans)
+	s.bg.Add(1)
+	go s.deleteLoop()
+	for _, b := range s.ns.Orphans() {
+		s.queueDelete(b)
 	}
 	close(s.ready)
 	s.log.Info("serving", "socket", s.opts.Socket)
@@ -144,19 +147,41 @@ func (s *Service) Start() error {
 // Ready is closed once the service accepts sessions.
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
-// deleteOrphans asks the IO service to delete blobs whose files lost their
-// last name while open before a restart. The IO service may start after
-// this one, so it retries until each delete is acknowledged or Shutdown.
-func (s *Service) deleteOrphans(blobs []uint64) {
+// queueDelete hands a blob whose file lost its last name and last open to
+// the deleter: the reply to an unlink or close does not wait for the IO
+// service. A crash before the delete leaves the blob behind, exactly as a
+// crash between the namespace change and a synchronous delete would;
+// `weir check` reports it as an orphan blob.
+func (s *Service) queueDelete(blob uint64) {
+	if blob == 0 {
+		return
+	}
+	select {
+	case s.dels <- blob:
+	default: // the queue is full: delete in the caller, as backpressure
+		if err := s.deleteBlob(blob); err != nil {
+			s.log.Warn("blob delete failed; weir check will report it", "blob", blob, "error", err)
+		}
+	}
+}
+
+// deleteLoop asks the IO service to delete queued blobs, retrying while it
+// is unreachable (it may start after this service). After Shutdown closed
+// the queue it makes one more attempt for each blob left.
+func (s *Service) deleteLoop() {
 	defer s.bg.Done()
-	for _, b := range blobs {
-		for !s.closed.Load() {
-			if err := s.deleteBlob(b); err == nil {
+	for b := range s.dels {
+		for attempt := 0; ; attempt++ {
+			err := s.deleteBlob(b)
+			if err == nil {
 				break
-			} else {
-				s.log.Debug("orphan delete deferred", "blob", b, "error", err)
 			}
-			time.Sleep(200 * time.Millisecond)
+			if s.closed.Load() && attempt > 0 {
+				s.log.Warn("blob delete failed; weir check will report it", "blob", b, "error", err)
+				break
+			}
+			s.log.Debug("blob delete deferred", "blob", b, "error", err)
+			time.Sleep(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
 		}
 	}
 }
@@ -193,6 +218,8 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	if err := s.srv.Shutdown(ctx); err != nil {
 		return fmt.Errorf("metadata: shutdown: %w", err)
 	}
+	// Every session has ended: nothing queues deletes any more.
+	close(s.dels)
 	s.bg.Wait()
 	ringsrv.Unsubscribe(s.subs)
 	if err := s.ns.Close(); err != nil {

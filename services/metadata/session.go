@@ -266,11 +266,7 @@ func (se *session) release(h *handle) error {
 	if err != nil {
 		return err
 	}
-	if blob != 0 {
-		if err := se.svc.deleteBlob(blob); err != nil {
-			se.svc.log.Warn("blob delete failed; weir check will report it", "blob", blob, "error", err)
-		}
-	}
+	se.svc.queueDelete(blob)
 	return nil
 }
 
@@ -309,17 +305,8 @@ func (se *session) pathOp(q *ring.Request, f func(path string) (uint64, error)) 
 	if err != nil {
 		return se.errno(err)
 	}
-	se.freeBlob(blob)
+	se.svc.queueDelete(blob)
 	return 0, 0
-}
-
-func (se *session) freeBlob(blob uint64) {
-	if blob == 0 {
-		return
-	}
-	if err := se.svc.deleteBlob(blob); err != nil {
-		se.svc.log.Warn("blob delete failed; weir check will report it", "blob", blob, "error", err)
-	}
 }
 
 func (se *session) rmdir(q *ring.Request) (int64, uint64) {
@@ -340,7 +327,7 @@ func (se *session) rename(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	se.freeBlob(blob)
+	se.svc.queueDelete(blob)
 	return 0, 0
 }
 
