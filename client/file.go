@@ -27,6 +27,9 @@ type File struct {
 	dir    bool
 	closed atomic.Bool
 
+	granted atomic.Bool // the IO service accepts the handle
+	grantMu sync.Mutex  // serialises the OpGrant of the first data request
+
 	mu       sync.Mutex // protects off, dirAfter, dirDone
 	off      int64
 	dirAfter string
@@ -76,14 +79,16 @@ func (f *FS) OpenFile(name string, flag int, perm fs.FileMode) (*File, error) {
 	var e wire.Enc
 	e.U32(modeBits(perm) &^ f.umask)
 	e.Str(name)
-	var out [8 + wire.AttrSize + 1]byte
+	var out [8 + wire.AttrSize + 2]byte
 	if _, err := f.call(f.meta, wire.OpOpen, uint32(flag&^syscall.O_CLOEXEC), 0, 0, e.B, out[:]); err != nil {
 		return nil, pathErr("open", name, err)
 	}
 	d := wire.NewDec(out[:])
 	h := d.U64()
 	a := d.Attr()
+	d.U8() // created
 	file := &File{fs: f, name: name, handle: h, flags: flag, dir: a.Mode&syscall.S_IFMT == syscall.S_IFDIR}
+	file.granted.Store(d.U8() != 0)
 	return file, nil
 }
 
@@ -163,8 +168,30 @@ func (fl *File) transfer(op uint8, p []byte, off int64, arg uint32) (int, error)
 	return n, err
 }
 
+// ensureGrant asks the metadata service, once, to grant this handle at the
+// IO service: opening a file costs no round trip to the IO service until
+// the file is read or written.
+func (fl *File) ensureGrant() error {
+	if fl.granted.Load() {
+		return nil
+	}
+	fl.grantMu.Lock()
+	defer fl.grantMu.Unlock()
+	if fl.granted.Load() {
+		return nil
+	}
+	if _, err := fl.fs.call(fl.fs.meta, wire.OpGrant, 0, fl.handle, 0, nil, nil); err != nil {
+		return err
+	}
+	fl.granted.Store(true)
+	return nil
+}
+
 // do submits one data request on an arena buffer.
 func (fl *File) do(op uint8, b *ring.Buffer, off int64, arg uint32) (int, uint64, error) {
+	if err := fl.ensureGrant(); err != nil {
+		return 0, 0, err
+	}
 	comp, err := fl.fs.data.Do(bgctx, &ring.Call{Op: op, Arg: arg, Handle: fl.handle, Offset: uint64(off), Buf: b})
 	if err != nil {
 		return 0, 0, transportErr(err)
@@ -474,6 +501,9 @@ func (fl *File) Truncate(size int64) error {
 	if fl.dir || !fl.writable() || size < 0 {
 		return fl.err("truncate", syscall.EINVAL)
 	}
+	if err := fl.ensureGrant(); err != nil {
+		return fl.err("truncate", err)
+	}
 	if _, err := fl.fs.call(fl.fs.data, wire.OpTruncate, 0, fl.handle, uint64(size), nil, nil); err != nil {
 		return fl.err("truncate", err)
 	}
@@ -488,6 +518,8 @@ func (fl *File) Sync() error {
 	op, c := wire.OpSync, fl.fs.data
 	if fl.dir {
 		op, c = wire.OpSyncMeta, fl.fs.meta
+	} else if err := fl.ensureGrant(); err != nil {
+		return fl.err("sync", err)
 	}
 	if _, err := fl.fs.call(c, op, 0, fl.handle, 0, nil, nil); err != nil {
 		return fl.err("sync", err)

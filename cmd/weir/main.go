@@ -4,6 +4,7 @@
 //	weir demo     [--data DIR] [--files N]          weir up, a real workload, a restart check, stop
 //	weir status   [--json] [--nats-url URL]          every service's health and counters, over NATS
 //	weir check    [--json] [--data DIR]              fsck of a stopped data directory
+//	weir doctor   [--json] [--hugemem SIZE]          what the SPDK backend needs on this host, and the fixes
 //	weir metadata [--config FILE] --nats-url URL    run the metadata service (what weir up starts)
 //	weir io       [--config FILE] --nats-url URL    run the IO service (what weir up starts)
 //
@@ -30,6 +31,7 @@ var commands = map[string]command{
 	"demo":     {"bring weir up, run a workload, restart, check the data, stop", cmdDemo},
 	"status":   {"print every service's health and counters", cmdStatus},
 	"check":    {"check a stopped data directory: namespace invariants, blob map vs backend", cmdCheck},
+	"doctor":   {"check what the SPDK backend needs on this host and print the fix for each problem", cmdDoctor},
 	"metadata": {"run the metadata service in this process", func(a []string) int { return cmdService("metadata", a) }},
 	"io":       {"run the IO service in this process", func(a []string) int { return cmdService("io", a) }},
 }

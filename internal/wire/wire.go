@@ -36,7 +36,9 @@ const (
 	// OpStat: in: str path; out: attr.
 	OpStat
 	// OpOpen: Arg = open flags (syscall O_*); in: u32 perm, str path;
-	// out: u64 handle, attr, u8 created.
+	// out: u64 handle, attr, u8 created, u8 granted (the IO service
+	// already accepts the handle; otherwise send OpGrant before the first
+	// data request).
 	OpOpen
 	// OpClose: Handle = handle; no body.
 	OpClose
@@ -63,6 +65,9 @@ const (
 	OpFStat
 	// OpSyncMeta: make every metadata change so far durable.
 	OpSyncMeta
+	// OpGrant: Handle = handle of a regular file; the metadata service
+	// grants it at the IO service. Idempotent.
+	OpGrant
 )
 
 // IO ring opcodes (the IO service's sessions).

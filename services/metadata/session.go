@@ -15,7 +15,8 @@ import (
 type handle struct {
 	ino     ns.Ino
 	blob    uint64
-	granted bool // the IO service holds a grant for it (regular files)
+	granted bool        // the IO service holds a grant for it (regular files)
+	pending *wire.Grant // the grant to ask for at the first read or write
 	write   bool
 	unpriv  bool // opened for writing by a non-root session: a write drops setuid/setgid
 }
@@ -76,6 +77,7 @@ func (se *session) register() {
 		wire.OpMkdir: se.mkdir, wire.OpRmdir: se.rmdir, wire.OpUnlink: se.unlink, wire.OpRename: se.rename,
 		wire.OpChmod: se.chmod, wire.OpChown: se.chown, wire.OpChtimes: se.chtimes,
 		wire.OpReadDir: se.readdir, wire.OpFStat: se.fstat, wire.OpSyncMeta: se.syncMeta,
+		wire.OpGrant: se.grantOp,
 	} {
 		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
 			se.svc.Stats.Requests.Add(1)
@@ -176,28 +178,22 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 	id := se.svc.nextH.Add(1)
 	if a.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		acc := flags & accMode
-		g := wire.Grant{Session: se.id, Handle: id, Ino: uint64(a.Ino), Blob: a.Blob,
+		h.pending = &wire.Grant{Session: se.id, Handle: id, Ino: uint64(a.Ino), Blob: a.Blob,
 			Read:  acc == syscall.O_RDONLY || acc == syscall.O_RDWR,
 			Write: acc == syscall.O_WRONLY || acc == syscall.O_RDWR,
 			// Linux truncates with O_TRUNC even on a read-only open (the
 			// namespace required write permission for it).
 			Truncate: flags&syscall.O_TRUNC != 0,
 		}
-		ack, err := se.svc.request(wire.SubjGrant, g)
-		if err != nil {
-			se.svc.log.Error("grant failed", "ino", a.Ino, "error", err)
-			se.release(h)
-			return se.errno(syscall.EIO)
-		}
-		h.granted, h.write, h.unpriv = true, g.Write, g.Write && se.cred.UID != 0
-		if h.write {
-			se.svc.addWriter(a.Ino, h.unpriv, 1)
-		}
-		// The blob is the truth for size: after a crash the namespace may
-		// hold a stale size; the first open puts it right.
-		if ack.Size != a.Size || g.Truncate {
-			if err := se.svc.ns.SetLive(a.Ino, ack.Size, max(a.Mtime, ack.Mtime)); err == nil {
-				a.Size = ack.Size
+		// The grant waits for the first read or write (OpGrant), so
+		// that opening and closing a file costs no round trip to the IO
+		// service; O_TRUNC must empty the blob now.
+		if h.pending.Truncate {
+			if size, err := se.grant(h); err != nil {
+				se.release(h)
+				return se.errno(err)
+			} else {
+				a.Size = size
 			}
 		}
 	}
@@ -208,7 +204,43 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 	w := toWire(a)
 	e.Attr(&w)
 	e.U8(boolByte(created))
+	e.U8(boolByte(h.granted))
 	return reply(q, e.B)
+}
+
+// grant asks the IO service to let this session use h and returns the
+// blob's size. The blob is the truth for size: after a crash the
+// namespace may hold a stale one, and the first grant puts it right.
+func (se *session) grant(h *handle) (int64, error) {
+	g := h.pending
+	ack, err := se.svc.request(wire.SubjGrant, g)
+	if err != nil {
+		se.svc.log.Error("grant failed", "ino", h.ino, "error", err)
+		return 0, syscall.EIO
+	}
+	h.pending = nil
+	h.granted, h.write, h.unpriv = true, g.Write, g.Write && se.cred.UID != 0
+	if h.write {
+		se.svc.addWriter(h.ino, h.unpriv, 1)
+	}
+	if a, err := se.svc.ns.GetAttr(h.ino); err == nil && (ack.Size != a.Size || g.Truncate) {
+		_ = se.svc.ns.SetLive(h.ino, ack.Size, max(a.Mtime, ack.Mtime))
+	}
+	return ack.Size, nil
+}
+
+// grantOp grants a handle before its first read or write.
+func (se *session) grantOp(q *ring.Request) (int64, uint64) {
+	h := se.handles[q.Handle]
+	if h == nil || (h.pending == nil && !h.granted) {
+		return se.errno(syscall.EBADF)
+	}
+	if h.pending != nil {
+		if _, err := se.grant(h); err != nil {
+			return se.errno(err)
+		}
+	}
+	return 0, 0
 }
 
 func boolByte(b bool) uint8 {
