@@ -315,7 +315,7 @@ func TestServerLogger(t *testing.T) {
 	l.Fatalf("f %s", "x")
 	l.Fatalf("second fatal does not block")
 	out := logs.String()
-	for _, want := range []string{"[INFO]  TestServerLogger: n 1", "[WARN]  TestServerLogger: w", "[ERROR] TestServerLogger: e", "[DEBUG] TestServerLogger: d", "[ERROR] TestServerLogger: f x: fatal=true"} {
+	for _, want := range []string{"[DEBUG] TestServerLogger: n 1", "[WARN]  TestServerLogger: w", "[ERROR] TestServerLogger: e", "[DEBUG] TestServerLogger: d", "[ERROR] TestServerLogger: f x: fatal=true"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}
