@@ -34,6 +34,9 @@ type child struct {
 // and each service as a child process of Exe (the weir binary), the way
 // `weir up` does.
 type Supervisor struct {
+	// Config must be what ConfigPath and the override flags (--data,
+	// --log-level, --log-format) yield: the services rebuild their
+	// configuration from those, not from this value.
 	Config     *config.Config
 	ConfigPath string       // passed to the services with --config; may be empty
 	Exe        string       // the weir binary; empty = this executable
