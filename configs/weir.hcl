@@ -72,12 +72,9 @@ io {
   # allows, on requires it (start fails otherwise), off never uses it.
   direct = "auto"
 
-  # How polling workers wait for requests: adaptive spins briefly then
+  # How session pollers wait for requests: adaptive spins briefly then
   # sleeps on the doorbell; busy-poll never sleeps (a pinned core each).
   wait_mode = "adaptive"
-
-  # Polling workers; each serves its sessions round-robin.
-  workers = 1
 }
 
 # Shape of the shared-memory rings created for each client session.

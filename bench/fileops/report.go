@@ -117,7 +117,6 @@ type WeirSetup struct {
 	ModeLog        []string `json:"mode_log"`
 	DirectConfig   string   `json:"io_direct"`
 	WaitMode       string   `json:"wait_mode"`
-	Workers        int      `json:"io_workers"`
 	SyncEveryOp    bool     `json:"metadata_sync_every_op"`
 	SyncInterval   string   `json:"metadata_sync_interval"`
 	CheckpointEvry int      `json:"metadata_checkpoint_every"`
@@ -200,7 +199,7 @@ func (r *report) setWeir(cfg options, w *weirStack) {
 	direct, lines := w.tap.ioMode()
 	r.Weir = WeirSetup{
 		Backend: c.IO.Backend, Direct: direct, ModeLog: lines, DirectConfig: c.IO.Direct,
-		WaitMode: c.IO.WaitMode, Workers: c.IO.Workers, SyncEveryOp: c.Metadata.SyncEveryOp,
+		WaitMode: c.IO.WaitMode, SyncEveryOp: c.Metadata.SyncEveryOp,
 		SyncInterval: c.Metadata.SyncInterval.String(), CheckpointEvry: c.Metadata.CheckpointEvery,
 		SQEntries: c.Ring.SQEntries, ArenaSize: c.Ring.ArenaSize.String(), BlockSize: c.Ring.BlockSize.String(),
 		ConfigFile: w.cfgText,
@@ -345,10 +344,10 @@ func (r *report) markdown() string {
 		fmt.Fprintf(&b, " (backend log: `%s`)", strings.Join(w.ModeLog, "`; `"))
 	}
 	b.WriteString(".\n")
-	fmt.Fprintf(&b, "- weir configuration: io.direct = %s, io.wait_mode = %s (client too), io.workers = %d, metadata.sync_every_op = %v "+
+	fmt.Fprintf(&b, "- weir configuration: io.direct = %s, io.wait_mode = %s (client too), metadata.sync_every_op = %v "+
 		"(group commit every %s), metadata.checkpoint_every = %d, ring: %d SQ entries, %s arena, %s blocks. "+
 		"Metadata and IO services are processes of the weir binary; embedded NATS runs in the benchmark process.\n",
-		w.DirectConfig, w.WaitMode, w.Workers, w.SyncEveryOp, w.SyncInterval, w.CheckpointEvry, w.SQEntries, w.ArenaSize, w.BlockSize)
+		w.DirectConfig, w.WaitMode, w.SyncEveryOp, w.SyncInterval, w.CheckpointEvry, w.SQEntries, w.ArenaSize, w.BlockSize)
 	b.WriteString("- Clients: one driver process per target, one goroutine, queue depth 1. weir: `client.File` ReadAt/WriteAt/Sync " +
 		"(the copying API); os: `os.File` ReadAt/WriteAt/Sync (fsync), buffered; os-direct: the same with O_DIRECT and page-aligned buffers " +
 		"(data files only). Targets run one after another per workload, weir first; before each row the file system is synced (syncfs) " +

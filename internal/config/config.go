@@ -81,7 +81,6 @@ type IO struct {
 	Backend  string // backend: file|mem, default file
 	Direct   string // direct: O_DIRECT for the file backend, auto|on|off; default auto
 	WaitMode string // wait_mode: adaptive|busy-poll, default adaptive
-	Workers  int    // workers: polling workers; default 1
 }
 
 // Ring sizes the shared-memory rings a service creates for each session.
@@ -103,7 +102,6 @@ const (
 	DefaultBackend         = "file"
 	DefaultDirect          = "auto"
 	DefaultWaitMode        = "adaptive"
-	DefaultWorkers         = 1
 	DefaultSQEntries       = 256
 	DefaultArenaSize       = 8 * MiB
 	DefaultBlockSize       = 4 * KiB
@@ -139,7 +137,6 @@ func Default() *Config {
 			Backend:  DefaultBackend,
 			Direct:   DefaultDirect,
 			WaitMode: DefaultWaitMode,
-			Workers:  DefaultWorkers,
 		},
 		Ring: Ring{
 			SQEntries: DefaultSQEntries,

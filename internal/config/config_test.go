@@ -38,7 +38,7 @@ func TestDefault(t *testing.T) {
 		},
 		IO: IO{
 			Socket: "/var/lib/weir/run/io.sock", Backend: "file", Direct: "auto",
-			WaitMode: "adaptive", Workers: 1,
+			WaitMode: "adaptive",
 		},
 		Ring:    Ring{SQEntries: 256, ArenaSize: 8 << 20, BlockSize: 4096},
 		derived: derivedPaths{runDir: true, metadataSocket: true, ioSocket: true},
@@ -77,7 +77,6 @@ io {
   backend   = "mem"
   direct    = "off"
   wait_mode = "busy-poll"
-  workers   = 4
 }
 ring {
   sq_entries = 1024
@@ -105,7 +104,7 @@ ring {
 		},
 		IO: IO{
 			Socket: filepath.Join(dir, "io.sock"), Backend: "mem", Direct: "off",
-			WaitMode: "busy-poll", Workers: 4,
+			WaitMode: "busy-poll",
 		},
 		Ring: Ring{SQEntries: 1024, ArenaSize: 64 * MiB, BlockSize: 64 * KiB},
 	}
@@ -169,9 +168,9 @@ func TestLoadErrors(t *testing.T) {
 		{"syntax", "log_level = \n", "bad.hcl:1:"},
 		{"unknown block", "disk {\n}\n", `bad.hcl:1: Unsupported block type`},
 		{"duplicate block", "io {\n}\nio {\n}\n", `bad.hcl:3: Duplicate io block`},
-		{"wrong type", "io {\n  workers = \"many\"\n}\n", `bad.hcl:2: io.workers: want a whole number, got "many"`},
-		{"fraction", "io {\n  workers = 1.5\n}\n", `bad.hcl:2: io.workers: want a whole number, got 1.5`},
-		{"zero workers", "io {\n  workers = 0\n}\n", `bad.hcl:2: io.workers: 0: want 1 to 1024`},
+		{"wrong type", "metadata {\n  checkpoint_every = \"many\"\n}\n", `bad.hcl:2: metadata.checkpoint_every: want a whole number, got "many"`},
+		{"fraction", "metadata {\n  checkpoint_every = 1.5\n}\n", `bad.hcl:2: metadata.checkpoint_every: want a whole number, got 1.5`},
+		{"zero checkpoint_every", "metadata {\n  checkpoint_every = 0\n}\n", `bad.hcl:2: metadata.checkpoint_every: 0: must be at least 1`},
 		{"bool", "metadata {\n  sync_every_op = \"maybe\"\n}\n", `bad.hcl:2: metadata.sync_every_op: want true or false`},
 		{"duration number", "metadata {\n  sync_interval = 5\n}\n", `bad.hcl:2: metadata.sync_interval: want a duration string`},
 		{"negative duration", "metadata {\n  sync_interval = \"-1ms\"\n}\n", `bad.hcl:2: metadata.sync_interval: -1ms: must be positive`},

@@ -100,7 +100,6 @@ type (
 		Backend  *hcl.Attribute `hcl:"backend,optional"`
 		Direct   *hcl.Attribute `hcl:"direct,optional"`
 		WaitMode *hcl.Attribute `hcl:"wait_mode,optional"`
-		Workers  *hcl.Attribute `hcl:"workers,optional"`
 	}
 	ringBlock struct {
 		SQEntries *hcl.Attribute `hcl:"sq_entries,optional"`
@@ -180,7 +179,6 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.str("io.backend", b.Backend, &c.IO.Backend)
 		d.str("io.direct", b.Direct, &c.IO.Direct)
 		d.str("io.wait_mode", b.WaitMode, &c.IO.WaitMode)
-		d.int("io.workers", b.Workers, &c.IO.Workers)
 	}
 	if b := fc.Ring; b != nil {
 		d.int("ring.sq_entries", b.SQEntries, &c.Ring.SQEntries)

@@ -20,7 +20,6 @@ const (
 	MinBlockSize = 64 * B
 	MaxBlockSize = 1 * MiB
 	MaxArenaSize = 4 * GiB // exclusive
-	MaxWorkers   = 1024
 
 	ringPage = 4 * KiB
 	// maxSocketPath is the longest path a Unix socket address holds
@@ -104,9 +103,6 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	enum("io.backend", c.IO.Backend, Backends)
 	enum("io.direct", c.IO.Direct, DirectIO)
 	enum("io.wait_mode", c.IO.WaitMode, WaitModes)
-	if c.IO.Workers < 1 || c.IO.Workers > MaxWorkers {
-		bad(at("io.workers"), "io.workers", "%d: want 1 to %d", c.IO.Workers, MaxWorkers)
-	}
 
 	r := c.Ring
 	if r.SQEntries < 2 || r.SQEntries > MaxSQEntries || !isPow2(uint64(r.SQEntries)) {
