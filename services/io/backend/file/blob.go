@@ -118,6 +118,17 @@ func (h *handle) ReadAt(p []byte, off int64) (int, error) {
 // readDirectLocked reads p at off, which lies below the size, through
 // aligned bounce transfers. b.mu is held shared.
 func (b *blobFile) readDirectLocked(p []byte, off int64) error {
+	// Zero copy: a block-aligned range into block-aligned memory (a ring
+	// arena block, for one) needs no bounce buffer.
+	if off%blockSize == 0 && len(p)%blockSize == 0 && isAligned(p, blockSize) {
+		got, err := preadFull(b.fd, p, off, true)
+		if err != nil {
+			return err
+		}
+		clear(p[got:])
+		b.be.directReads.Add(1)
+		return nil
+	}
 	bp := getBounce()
 	defer putBounce(bp)
 	buf := *bp
@@ -217,8 +228,15 @@ func (b *blobFile) writeDirectLocked(p []byte, off, size int64) (n int, last int
 			pos += m
 			continue
 		}
-		chunk := buf[:min(alignDown(end)-pos, int64(len(buf)))]
-		copy(chunk, p[pos-off:])
+		// The aligned middle goes straight from p when p is aligned
+		// there too (zero copy), else through the bounce buffer.
+		chunk := p[pos-off : alignDown(end)-off]
+		if isAligned(chunk, blockSize) {
+			b.be.directWrites.Add(1)
+		} else {
+			chunk = buf[:min(alignDown(end)-pos, int64(len(buf)))]
+			copy(chunk, p[pos-off:])
+		}
 		last = pos + int64(len(chunk))
 		if _, err := pwriteFull(b.fd, chunk, pos); err != nil {
 			return int(pos - off), last, err

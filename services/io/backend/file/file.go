@@ -72,6 +72,10 @@ type Stats struct {
 	// EdgeWrites counts partial edge blocks written (after a read, or
 	// zero-filled when the block lay at or past the end of the blob).
 	EdgeWrites uint64
+	// DirectReads and DirectWrites count O_DIRECT transfers made straight
+	// from or into the caller's memory, without a bounce buffer (the
+	// range and the memory were both block aligned).
+	DirectReads, DirectWrites uint64
 	// SyncErrors counts failed blob and directory syncs.
 	SyncErrors uint64
 	// OpenBlobs is the number of blobs with at least one open handle.
@@ -95,9 +99,11 @@ type Backend struct {
 	syncMu  sync.Mutex // serialises Sync
 	syncErr error      // sticky directory sync error; protected by syncMu
 
-	edgeReads  atomic.Uint64
-	edgeWrites atomic.Uint64
-	syncErrors atomic.Uint64
+	edgeReads    atomic.Uint64
+	edgeWrites   atomic.Uint64
+	directReads  atomic.Uint64
+	directWrites atomic.Uint64
+	syncErrors   atomic.Uint64
 
 	// syncHook, when set, runs before each blob sync's system call; an
 	// error it returns is the sync's result. Tests only.
@@ -290,11 +296,13 @@ func (be *Backend) Stats() Stats {
 	open := len(be.open)
 	be.mu.Unlock()
 	return Stats{
-		Direct:     be.direct,
-		EdgeReads:  be.edgeReads.Load(),
-		EdgeWrites: be.edgeWrites.Load(),
-		SyncErrors: be.syncErrors.Load(),
-		OpenBlobs:  open,
+		Direct:       be.direct,
+		EdgeReads:    be.edgeReads.Load(),
+		EdgeWrites:   be.edgeWrites.Load(),
+		DirectReads:  be.directReads.Load(),
+		DirectWrites: be.directWrites.Load(),
+		SyncErrors:   be.syncErrors.Load(),
+		OpenBlobs:    open,
 	}
 }
 
