@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"io"
 	"io/fs"
 	"os"
@@ -27,24 +26,16 @@ import (
 // testConfig is a configuration for an in-process stack under dir.
 func testConfig(t testing.TB, dir, backend string) *config.Config {
 	t.Helper()
-	c := config.Default()
-	fs := newFlagSet()
-	config.AddFlags(fs)
-	if err := fs.Parse([]string{"--data", dir}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.ApplyFlags(fs); err != nil {
-		t.Fatal(err)
-	}
 	// Unix socket paths are limited to 108 bytes; t.TempDir can be long.
 	run, err := os.MkdirTemp("", "weir-run-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(run) })
-	c.RunDir = run
-	c.Metadata.Socket = filepath.Join(run, "m.sock")
-	c.IO.Socket = filepath.Join(run, "io.sock")
+	c, err := stack.LocalConfig(dir, run)
+	if err != nil {
+		t.Fatal(err)
+	}
 	c.IO.Backend = backend
 	c.Ring.ArenaSize = 4 << 20
 	if err := c.Validate(); err != nil {
@@ -455,5 +446,3 @@ func TestRestartKeepsData(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("test", flag.ContinueOnError) }

@@ -2,11 +2,9 @@ package conformance_test
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,8 +111,6 @@ func init() {
 	})
 }
 
-func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("conformance", flag.ContinueOnError) }
-
 // TestConformanceWeir runs every case against the kernel and against weir
 // (file backend, services in this process) and compares them.
 func TestConformanceWeir(t *testing.T) {
@@ -128,18 +124,10 @@ func TestConformanceWeir(t *testing.T) {
 	if err := os.Chmod(run, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Default()
-	fset := newFlagSet()
-	config.AddFlags(fset)
-	if err := fset.Parse([]string{"--data", data}); err != nil {
+	cfg, err := stack.LocalConfig(data, run)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cfg.ApplyFlags(fset); err != nil {
-		t.Fatal(err)
-	}
-	cfg.RunDir = run
-	cfg.Metadata.Socket = filepath.Join(run, "m.sock")
-	cfg.IO.Socket = filepath.Join(run, "io.sock")
 	cfg.Ring.ArenaSize = 4 << 20
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)

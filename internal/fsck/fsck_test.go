@@ -2,9 +2,7 @@ package fsck_test
 
 import (
 	"context"
-	"flag"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -19,23 +17,15 @@ import (
 
 func testConfig(t *testing.T) *config.Config {
 	t.Helper()
-	c := config.Default()
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	config.AddFlags(fs)
-	if err := fs.Parse([]string{"--data", t.TempDir()}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.ApplyFlags(fs); err != nil {
-		t.Fatal(err)
-	}
 	run, err := os.MkdirTemp("", "weir-fsck-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(run) })
-	c.RunDir = run
-	c.Metadata.Socket = filepath.Join(run, "m.sock")
-	c.IO.Socket = filepath.Join(run, "io.sock")
+	c, err := stack.LocalConfig(t.TempDir(), run)
+	if err != nil {
+		t.Fatal(err)
+	}
 	return c
 }
 

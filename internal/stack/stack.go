@@ -7,6 +7,7 @@ package stack
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -223,3 +224,24 @@ func (st *Stack) Shutdown(ctx context.Context) error {
 
 // ShutdownTimeout is how long a clean stop may take.
 const ShutdownTimeout = 30 * time.Second
+
+// LocalConfig is the default configuration with its data in dataDir and,
+// when runDir is not empty, its sockets in runDir (Unix socket paths are
+// limited to 108 bytes, which a deep test directory can exceed).
+func LocalConfig(dataDir, runDir string) (*config.Config, error) {
+	c := config.Default()
+	fs := flag.NewFlagSet("weir", flag.ContinueOnError)
+	config.AddFlags(fs)
+	if err := fs.Parse([]string{"--" + config.FlagData, dataDir}); err != nil {
+		return nil, err
+	}
+	if err := c.ApplyFlags(fs); err != nil {
+		return nil, err
+	}
+	if runDir != "" {
+		c.RunDir = runDir
+		c.Metadata.Socket = filepath.Join(runDir, "metadata.sock")
+		c.IO.Socket = filepath.Join(runDir, "io.sock")
+	}
+	return c, c.Validate()
+}

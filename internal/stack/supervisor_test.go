@@ -2,7 +2,6 @@ package stack_test
 
 import (
 	"context"
-	"flag"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -36,17 +35,12 @@ func buildWeir(t *testing.T) string {
 
 func testConfig(t *testing.T) *config.Config {
 	t.Helper()
-	c := config.Default()
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	config.AddFlags(fs)
-	if err := fs.Parse([]string{"--data", t.TempDir()}); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.ApplyFlags(fs); err != nil {
-		t.Fatal(err)
-	}
 	// The services rebuild their configuration from the file and flags,
 	// so the paths stay the ones derived from --data.
+	c, err := stack.LocalConfig(t.TempDir(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
 	return c
 }
 
