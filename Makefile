@@ -6,12 +6,14 @@ SHORTFUZZ ?= 5s
 RESULTS   ?= bench/results
 FUZZ_TARGETS := FuzzDecodeHeader FuzzValidateDescriptor FuzzServerSlot
 
-.PHONY: help demo up build test test-unit fuzz-short fuzz lint bench bench-transport bench-fileops bench-quick clean
+.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz lint bench bench-transport bench-fileops bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
 	@echo "up               run weir in the foreground on DATA (default ./weir-data) until Ctrl-C"
 	@echo "build            compile every package and command"
+	@echo "spdk             build everything with the SPDK backend (needs an installed SPDK)"
+	@echo "test-spdk        the backend suite against SPDK Blobstore on a malloc bdev"
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
 	@echo "fuzz             each fuzzer for FUZZTIME (default 5m)"
 	@echo "lint             gofmt and go vet"
@@ -31,6 +33,24 @@ up:
 build:
 	$(GO) build ./...
 	$(GO) build -o bin/weir ./cmd/weir
+
+# The SPDK backend builds only with the spdk tag, against an SPDK found by
+# pkg-config: in SPDK_PREFIX (default /opt/spdk) or on PKG_CONFIG_PATH.
+SPDK_PREFIX ?= /opt/spdk
+SPDK_PC     := spdk_blob spdk_blob_bdev spdk_bdev spdk_env_dpdk spdk_init spdk_thread spdk_event_bdev spdk_syslibs
+SPDK_ENV     = PKG_CONFIG_PATH="$(SPDK_PREFIX)/lib/pkgconfig:$$PKG_CONFIG_PATH" CGO_LDFLAGS="-Wl,-rpath,$(SPDK_PREFIX)/lib"
+
+spdk-check:
+	@$(SPDK_ENV) pkg-config --exists $(SPDK_PC) || { \
+		echo "SPDK not found: pkg-config does not find all of $(SPDK_PC) in $(SPDK_PREFIX)/lib/pkgconfig or PKG_CONFIG_PATH."; \
+		echo "Install SPDK (README: supported releases) and set SPDK_PREFIX; 'go run ./cmd/weir doctor' checks the host."; \
+		exit 1; }
+
+spdk: spdk-check
+	$(SPDK_ENV) $(GO) build -tags spdk ./...
+
+test-spdk: spdk-check
+	$(SPDK_ENV) $(GO) test -tags spdk -count=1 ./services/io/backend/spdk
 
 test: test-unit fuzz-short
 
