@@ -13,7 +13,7 @@ help:
 	@echo "up               run weir in the foreground on DATA (default ./weir-data) until Ctrl-C"
 	@echo "build            compile every package and command"
 	@echo "spdk             build everything with the SPDK backend (needs an installed SPDK)"
-	@echo "test-spdk        the backend suite against SPDK Blobstore on a malloc bdev"
+	@echo "test-spdk        backend suite, conformance suite and kill -9 restart on SPDK Blobstore"
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
 	@echo "fuzz             each fuzzer for FUZZTIME (default 5m)"
 	@echo "lint             gofmt and go vet"
@@ -51,6 +51,7 @@ spdk: spdk-check
 
 test-spdk: spdk-check
 	$(SPDK_ENV) $(GO) test -tags spdk -count=1 ./services/io/backend/spdk
+	$(SPDK_ENV) $(GO) test -tags spdk -count=1 -run SPDK ./internal/conformance ./internal/stack
 
 test: test-unit fuzz-short
 

@@ -66,7 +66,18 @@ io {
   # socket = "/var/lib/weir/run/io.sock"
 
   # file: blobs under data_dir. mem: in memory, lost on exit (tests only).
+  # spdk: SPDK Blobstore on the bdev spdk_bdev, which the SPDK JSON
+  # configuration spdk_config creates (NVMe, aio, uring or malloc); only in
+  # a weir built with the spdk tag (make spdk).
   backend = "file"
+
+  # For backend = "spdk": the SPDK JSON configuration and the bdev.
+  # spdk_config = "/etc/weir/spdk.json"
+  # spdk_bdev   = "Nvme0n1"
+  # Run SPDK on ordinary memory instead of huge pages (tests only: no DMA
+  # to real devices), and its memory size in MiB (0: SPDK's default).
+  # spdk_no_huge = false
+  # spdk_mem_mb  = 0
 
   # O_DIRECT for the file backend: auto uses it where the file system
   # allows, on requires it (start fails otherwise), off never uses it.

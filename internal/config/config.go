@@ -80,6 +80,11 @@ type IO struct {
 	Socket   string // socket: default "<RunDir>/io.sock"
 	Backend  string // backend: file|mem, default file
 	Direct   string // direct: O_DIRECT for the file backend, auto|on|off; default auto
+	// SPDK backend (backend = "spdk", in a weir built with the spdk tag):
+	SPDKConfig string // spdk_config: SPDK JSON configuration that creates the bdev; required for spdk
+	SPDKBdev   string // spdk_bdev: the bdev that holds the blobstore; required for spdk
+	SPDKNoHuge bool   // spdk_no_huge: run SPDK without huge pages (tests; no DMA to real devices)
+	SPDKMemMB  int    // spdk_mem_mb: SPDK memory in MiB; 0 = SPDK's default
 	WaitMode string // wait_mode: adaptive|busy-poll, default adaptive
 }
 
@@ -112,7 +117,7 @@ const (
 var (
 	LogLevels  = []string{"trace", "debug", "info", "warn", "error"}
 	LogFormats = []string{"text", "json"}
-	Backends   = []string{"file", "mem"}
+	Backends   = []string{"file", "mem", "spdk"}
 	DirectIO   = []string{"auto", "on", "off"}
 	WaitModes  = []string{"adaptive", "busy-poll"}
 )

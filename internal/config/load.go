@@ -100,6 +100,11 @@ type (
 		Backend  *hcl.Attribute `hcl:"backend,optional"`
 		Direct   *hcl.Attribute `hcl:"direct,optional"`
 		WaitMode *hcl.Attribute `hcl:"wait_mode,optional"`
+
+		SPDKConfig *hcl.Attribute `hcl:"spdk_config,optional"`
+		SPDKBdev   *hcl.Attribute `hcl:"spdk_bdev,optional"`
+		SPDKNoHuge *hcl.Attribute `hcl:"spdk_no_huge,optional"`
+		SPDKMemMB  *hcl.Attribute `hcl:"spdk_mem_mb,optional"`
 	}
 	ringBlock struct {
 		SQEntries *hcl.Attribute `hcl:"sq_entries,optional"`
@@ -179,6 +184,10 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.str("io.backend", b.Backend, &c.IO.Backend)
 		d.str("io.direct", b.Direct, &c.IO.Direct)
 		d.str("io.wait_mode", b.WaitMode, &c.IO.WaitMode)
+		d.path("io.spdk_config", b.SPDKConfig, &c.IO.SPDKConfig)
+		d.str("io.spdk_bdev", b.SPDKBdev, &c.IO.SPDKBdev)
+		d.bool("io.spdk_no_huge", b.SPDKNoHuge, &c.IO.SPDKNoHuge)
+		d.int("io.spdk_mem_mb", b.SPDKMemMB, &c.IO.SPDKMemMB)
 	}
 	if b := fc.Ring; b != nil {
 		d.int("ring.sq_entries", b.SQEntries, &c.Ring.SQEntries)

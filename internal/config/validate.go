@@ -101,6 +101,12 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 		bad(at("io.socket", "metadata.socket"), "io.socket", "%q is also metadata.socket", c.IO.Socket)
 	}
 	enum("io.backend", c.IO.Backend, Backends)
+	if c.IO.Backend == "spdk" && (c.IO.SPDKConfig == "" || c.IO.SPDKBdev == "") {
+		bad(at("io.backend"), "io.backend", `"spdk" needs io.spdk_config and io.spdk_bdev`)
+	}
+	if c.IO.SPDKMemMB < 0 {
+		bad(at("io.spdk_mem_mb"), "io.spdk_mem_mb", "%d: must not be negative", c.IO.SPDKMemMB)
+	}
 	enum("io.direct", c.IO.Direct, DirectIO)
 	enum("io.wait_mode", c.IO.WaitMode, WaitModes)
 

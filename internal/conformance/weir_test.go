@@ -113,7 +113,11 @@ func init() {
 
 // TestConformanceWeir runs every case against the kernel and against weir
 // (file backend, services in this process) and compares them.
-func TestConformanceWeir(t *testing.T) {
+func TestConformanceWeir(t *testing.T) { runWeirConformance(t, nil) }
+
+// runWeirConformance runs the suite against weir with the default
+// configuration, changed by adjust (nil: unchanged).
+func runWeirConformance(t *testing.T, adjust func(*config.Config)) {
 	data := t.TempDir()
 	run, err := os.MkdirTemp("", "weir-conf-")
 	if err != nil {
@@ -129,6 +133,9 @@ func TestConformanceWeir(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.Ring.ArenaSize = 4 << 20
+	if adjust != nil {
+		adjust(cfg)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -81,6 +81,8 @@ func Backend(c *config.Config, log hclog.Logger) (backend.Backend, error) {
 			d = file.DirectOff
 		}
 		return file.New(file.Options{Dir: c.DataDir, Direct: d, Logger: log.Named("backend")})
+	case "spdk":
+		return spdkBackend(c)
 	default:
 		return nil, fmt.Errorf("unknown backend %q", c.IO.Backend)
 	}

@@ -1,0 +1,15 @@
+//go:build !spdk
+
+package stack
+
+import (
+	"errors"
+
+	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/services/io/backend"
+)
+
+// spdkBackend: this binary has no SPDK backend.
+func spdkBackend(*config.Config) (backend.Backend, error) {
+	return nil, errors.New(`io.backend = "spdk" needs a weir built with the spdk tag (make spdk)`)
+}

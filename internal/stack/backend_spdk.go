@@ -1,0 +1,23 @@
+//go:build spdk
+
+package stack
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/services/io/backend"
+	"github.com/weir-storage/weir/services/io/backend/spdk"
+)
+
+// spdkBackend opens the SPDK Blobstore backend (this binary was built with
+// the spdk tag).
+func spdkBackend(c *config.Config) (backend.Backend, error) {
+	json, err := os.ReadFile(c.IO.SPDKConfig)
+	if err != nil {
+		return nil, fmt.Errorf("spdk backend: read io.spdk_config: %w", err)
+	}
+	return spdk.New(spdk.Options{ConfigJSON: json, Bdev: c.IO.SPDKBdev,
+		NoHuge: c.IO.SPDKNoHuge, MemMB: c.IO.SPDKMemMB})
+}
