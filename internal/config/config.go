@@ -77,15 +77,15 @@ type Metadata struct {
 
 // IO configures the IO service.
 type IO struct {
-	Socket   string // socket: default "<RunDir>/io.sock"
-	Backend  string // backend: file|mem, default file
-	Direct   string // direct: O_DIRECT for the file backend, auto|on|off; default auto
+	Socket  string // socket: default "<RunDir>/io.sock"
+	Backend string // backend: file|mem, default file
+	Direct  string // direct: O_DIRECT for the file backend, auto|on|off; default auto
 	// SPDK backend (backend = "spdk", in a weir built with the spdk tag):
 	SPDKConfig string // spdk_config: SPDK JSON configuration that creates the bdev; required for spdk
 	SPDKBdev   string // spdk_bdev: the bdev that holds the blobstore; required for spdk
 	SPDKNoHuge bool   // spdk_no_huge: run SPDK without huge pages (tests; no DMA to real devices)
 	SPDKMemMB  int    // spdk_mem_mb: SPDK memory in MiB; 0 = SPDK's default
-	WaitMode string // wait_mode: adaptive|busy-poll, default adaptive
+	WaitMode   string // wait_mode: adaptive|busy-poll, default adaptive
 }
 
 // Ring sizes the shared-memory rings a service creates for each session.
