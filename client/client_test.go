@@ -445,4 +445,8 @@ func TestRestartKeepsData(t *testing.T) {
 	if err := st.Metadata.NS().Check(); err != nil {
 		t.Fatal(err)
 	}
+	// The IO service's stats carry the backend's counters.
+	if _, ok := st.IO.Snapshot()["file_edge_writes"]; !ok {
+		t.Errorf("io stats lack the file backend's counters: %v", st.IO.Snapshot())
+	}
 }

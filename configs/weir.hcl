@@ -78,6 +78,8 @@ io {
   # to real devices), and its memory size in MiB (0: SPDK's default).
   # spdk_no_huge = false
   # spdk_mem_mb  = 0
+  # Cluster (allocation unit) of a new blobstore: 0 is SPDK's 1MiB.
+  # spdk_cluster_size = 0
 
   # O_DIRECT for the file backend: auto uses it where the file system
   # allows, on requires it (start fails otherwise), off never uses it.

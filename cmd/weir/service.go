@@ -97,7 +97,7 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 			be.Close()
 			return err
 		}
-		svc, stats, desc = s, s.Stats.Snapshot, "blob storage and the data path"
+		svc, stats, desc = s, s.Snapshot, "blob storage and the data path"
 	default:
 		return fmt.Errorf("unknown service %q", kind)
 	}

@@ -85,7 +85,11 @@ type IO struct {
 	SPDKBdev   string // spdk_bdev: the bdev that holds the blobstore; required for spdk
 	SPDKNoHuge bool   // spdk_no_huge: run SPDK without huge pages (tests; no DMA to real devices)
 	SPDKMemMB  int    // spdk_mem_mb: SPDK memory in MiB; 0 = SPDK's default
-	WaitMode   string // wait_mode: adaptive|busy-poll, default adaptive
+	// spdk_cluster_size: blob allocation unit of a new blobstore (a power
+	// of two, at least 64KiB); 0 = SPDK's default (1MiB). An existing
+	// blobstore keeps the size it was made with.
+	SPDKClusterSize Size
+	WaitMode        string // wait_mode: adaptive|busy-poll, default adaptive
 }
 
 // Ring sizes the shared-memory rings a service creates for each session.

@@ -105,6 +105,8 @@ type (
 		SPDKBdev   *hcl.Attribute `hcl:"spdk_bdev,optional"`
 		SPDKNoHuge *hcl.Attribute `hcl:"spdk_no_huge,optional"`
 		SPDKMemMB  *hcl.Attribute `hcl:"spdk_mem_mb,optional"`
+
+		SPDKClusterSize *hcl.Attribute `hcl:"spdk_cluster_size,optional"`
 	}
 	ringBlock struct {
 		SQEntries *hcl.Attribute `hcl:"sq_entries,optional"`
@@ -188,6 +190,7 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.str("io.spdk_bdev", b.SPDKBdev, &c.IO.SPDKBdev)
 		d.bool("io.spdk_no_huge", b.SPDKNoHuge, &c.IO.SPDKNoHuge)
 		d.int("io.spdk_mem_mb", b.SPDKMemMB, &c.IO.SPDKMemMB)
+		d.size("io.spdk_cluster_size", b.SPDKClusterSize, &c.IO.SPDKClusterSize)
 	}
 	if b := fc.Ring; b != nil {
 		d.int("ring.sq_entries", b.SQEntries, &c.Ring.SQEntries)

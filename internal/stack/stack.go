@@ -177,7 +177,7 @@ func Start(c *config.Config, log hclog.Logger) (st *Stack, err error) {
 	if err := st.IO.Start(); err != nil {
 		return st, err
 	}
-	if err := st.register(inc, "weir-io", "blob storage and the data path", st.IO.Stats.Snapshot); err != nil {
+	if err := st.register(inc, "weir-io", "blob storage and the data path", st.IO.Snapshot); err != nil {
 		return st, err
 	}
 	return st, nil

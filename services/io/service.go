@@ -44,8 +44,19 @@ type Stats struct {
 	Denied       atomic.Uint64 // requests refused for lack of a grant
 }
 
-// Snapshot returns the counters as a map for the stats endpoint.
-func (s *Stats) Snapshot() map[string]any {
+// Snapshot returns the service's counters and the backend's, for the
+// stats endpoint.
+func (s *Service) Snapshot() map[string]any {
+	m := s.Stats.snapshot()
+	if r, ok := s.be.(backend.Reporter); ok {
+		for k, v := range r.Counters() {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+func (s *Stats) snapshot() map[string]any {
 	return map[string]any{
 		"sessions": s.Sessions.Load(), "reads": s.Reads.Load(), "writes": s.Writes.Load(),
 		"bytes_read": s.BytesRead.Load(), "bytes_written": s.BytesWritten.Load(),

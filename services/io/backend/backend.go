@@ -29,6 +29,12 @@ package backend
 
 import "syscall"
 
+// Reporter is implemented by backends with counters worth showing in the
+// IO service's stats (weir status).
+type Reporter interface {
+	Counters() map[string]uint64
+}
+
 // BlobID names one blob: the data of one file. 0 is never a valid id.
 type BlobID uint64
 

@@ -290,6 +290,15 @@ func (be *Backend) Mode() DirectMode {
 	return DirectOff
 }
 
+var _ backend.Reporter = (*Backend)(nil)
+
+// Counters reports Stats for the IO service's stats.
+func (be *Backend) Counters() map[string]uint64 {
+	st := be.Stats()
+	return map[string]uint64{"file_edge_reads": st.EdgeReads, "file_edge_writes": st.EdgeWrites,
+		"file_direct_reads": st.DirectReads, "file_direct_writes": st.DirectWrites, "file_sync_errors": st.SyncErrors}
+}
+
 // Stats returns the backend's counters.
 func (be *Backend) Stats() Stats {
 	be.mu.Lock()

@@ -41,4 +41,8 @@ func TestShrinkThenGrowReadsZeros(t *testing.T) {
 	if i := bytes.IndexFunc(got[100:], func(r rune) bool { return r != 0 }); i >= 0 {
 		t.Fatalf("byte %d is %#x after shrink and grow, want 0", 100+i, got[100+i])
 	}
+	// Every payload byte went through the bounce buffer, and says so.
+	if b := be.Counters()["spdk_bounce_bytes"]; b < 6<<20 {
+		t.Fatalf("spdk_bounce_bytes %d after 3 MiB written and 3 MiB read", b)
+	}
 }
