@@ -188,10 +188,12 @@ func serveUDS(ctx context.Context, logger *log.Logger, sock string, blocking boo
 			logger.Print(err)
 			continue
 		}
-		// The tracked closer only shuts the socket down; the serving
-		// goroutine closes the descriptor once it no longer reads it.
-		cs.serve(shutdownCloser{s}, func() error {
-			defer s.Close()
+		// The tracked closer only shuts the socket down, and only while
+		// the serving goroutine has not released the descriptor: once it
+		// is closed its number may belong to a new connection.
+		bc := &blockingConn{s: s}
+		cs.serve(bc, func() error {
+			defer bc.release()
 			return serveStream(s, s)
 		}, logger)
 	}
@@ -221,9 +223,31 @@ func blockingStream(conn *net.UnixConn) (fdStream, error) {
 	return fdStream(fd), nil
 }
 
-type shutdownCloser struct{ s fdStream }
+// blockingConn is a blocking socket served by one goroutine. Close wakes
+// that goroutine (shutdown); release, called by the goroutine when done,
+// closes the descriptor. The mutex keeps a shutdown from reaching a
+// descriptor number that was closed and reused.
+type blockingConn struct {
+	s        fdStream
+	mu       sync.Mutex
+	released bool // protected by mu
+}
 
-func (c shutdownCloser) Close() error { c.s.shutdown(); return nil }
+func (c *blockingConn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.released {
+		c.s.shutdown()
+	}
+	return nil
+}
+
+func (c *blockingConn) release() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.released = true
+	_ = c.s.Close()
+}
 
 // pipeServer is the server end of one pipe pair.
 type pipeServer struct{ req, resp *os.File }
