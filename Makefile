@@ -6,7 +6,7 @@ SHORTFUZZ ?= 5s
 RESULTS   ?= bench/results
 FUZZ_TARGETS := FuzzDecodeHeader FuzzValidateDescriptor FuzzServerSlot
 
-.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz lint bench bench-transport bench-fileops bench-quick clean
+.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz lint bench bench-transport bench-fileops bench-backend bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
@@ -20,6 +20,7 @@ help:
 	@echo "bench            every benchmark in bench/, one report: $(RESULTS)/report.md (about 2 min)"
 	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
 	@echo "bench-fileops    weir client vs os (buffered, O_DIRECT): 4 KiB random, metadata, sequential"
+	@echo "bench-backend    backends at the interface: raw O_DIRECT, file, SPDK aio and malloc (spdk tag if SPDK is found)"
 	@echo "bench-quick      every benchmark with small sizes and short windows, and the report (under a minute)"
 
 DATA ?= ./weir-data
@@ -90,6 +91,17 @@ bench-transport:
 
 bench-fileops:
 	$(BENCH_FILEOPS)
+
+# Not part of bench or bench-quick: it needs SPDK for half its rows and
+# takes about 2 minutes. Without SPDK the spdk rows read "n/a".
+bench-backend:
+	@if $(MAKE) -s spdk-check >/dev/null 2>&1; then \
+		echo "bench-backend: SPDK found, building with -tags spdk"; \
+		$(SPDK_ENV) $(GO) run -tags spdk ./bench/backend -out $(RESULTS) $(BENCH_BACKEND_ARGS); \
+	else \
+		echo "bench-backend: SPDK not found (make spdk-check), spdk rows will be n/a"; \
+		$(GO) run ./bench/backend -out $(RESULTS) $(BENCH_BACKEND_ARGS); \
+	fi
 
 bench-quick:
 	$(BENCH_TRANSPORT) -quick
