@@ -121,6 +121,14 @@ io {
 	c.Close()
 	s.Stop()
 
+	// weir check (the fsck) reads the recovered blobstore and compares
+	// it with the namespace: after the kill and a dirty load, consistent.
+	check := exec.Command(exe, "check", "--config", cfgPath)
+	out, err := check.Output()
+	if err != nil || !strings.Contains(string(out), "20 files in the namespace, 20 blobs in the backend") {
+		t.Fatalf("weir check after the kill: %v\n%s", err, out)
+	}
+
 	s = up()
 	defer s.Stop()
 	c = dial()
