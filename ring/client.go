@@ -63,7 +63,7 @@ type Client struct {
 	bsem    *sema
 
 	maxBlocks int           // blocks one Buffer may hold
-	waitNs    atomic.Int64  // moving average of completion waits (ns), shared by callers
+	spinNs    atomic.Int64  // adaptive spin budget shared by callers
 	parked    atomic.Int32  // callers asleep on their channel
 	reapWake  chan struct{} // tells the reaper a caller parked
 	done      chan struct{} // closed on Close, peer loss or damage
@@ -100,6 +100,7 @@ func NewClient(r *Region, opts ClientOptions) *Client {
 	for i := range c.waiters {
 		c.waiters[i].ch = make(chan struct{}, 1)
 	}
+	c.spinNs.Store(int64(minSpin * 8))
 	r.store32(offClientState, StateRunning)
 	if opts.Mode == WaitAdaptive {
 		c.reaperWG.Add(1)
@@ -365,45 +366,39 @@ func (c *Client) putWaiter(idx uint32, w *waiter) {
 	c.wsem.release(1)
 }
 
-// spinBudget is how long a caller spins before it parks. Adaptive: it
-// follows the moving average of recent waits. A completion expected within
-// maxSpin is worth spinning for (a little past the average); one expected
-// later is not, and the caller parks almost at once instead of burning a
-// core for nothing.
-func (c *Client) spinBudget() time.Duration {
-	avg := time.Duration(c.waitNs.Load())
-	if avg > maxSpin {
-		return minSpin
-	}
-	return min(max(avg+avg/4+minSpin, minSpin), maxSpin)
-}
-
 // wait spins (helping to drain the CQ) and, in adaptive mode, parks until
 // the completion for w arrives.
 func (c *Client) wait(ctx context.Context, idx uint32, w *waiter) (Completion, error) {
-	start := time.Now()
-	budget := c.spinBudget()
+	var start time.Time
 	for i := 0; ; i++ {
 		if w.state.Load() == wDone {
-			return c.collect(idx, w, start), nil
+			return c.collect(idx, w), nil
 		}
 		c.reap()
 		if w.state.Load() == wDone {
-			return c.collect(idx, w, start), nil
+			return c.collect(idx, w), nil
 		}
 		if err := c.Err(); err != nil {
-			return c.giveUp(idx, w, err, start)
+			return c.giveUp(idx, w, err)
 		}
 		if err := ctx.Err(); err != nil {
-			return c.giveUp(idx, w, err, start)
+			return c.giveUp(idx, w, err)
 		}
 		if c.opts.Mode == WaitBusyPoll {
 			pollPause(i)
 			continue
 		}
-		if i&31 != 31 || time.Since(start) < budget {
+		if i&31 != 31 {
 			continue
 		}
+		if start.IsZero() {
+			start = time.Now()
+		}
+		budget := time.Duration(c.spinNs.Load())
+		if time.Since(start) < budget {
+			continue
+		}
+		c.spinNs.Store(int64(max(budget/2, minSpin)))
 		if !w.state.CompareAndSwap(wPending, wParked) {
 			continue // being delivered right now
 		}
@@ -429,31 +424,28 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter) (Completion, e
 			<-w.ch
 		}
 		c.parked.Add(-1)
-		return c.collect(idx, w, start), nil
+		return c.collect(idx, w), nil
 	}
 }
 
 // giveUp abandons a pending request: its slot is freed when (if) its
 // completion arrives. If the completion is being delivered right now, it is
 // taken instead.
-func (c *Client) giveUp(idx uint32, w *waiter, err error, start time.Time) (Completion, error) {
+func (c *Client) giveUp(idx uint32, w *waiter, err error) (Completion, error) {
 	if w.state.CompareAndSwap(wPending, wAbandoned) {
 		return Completion{}, err
 	}
 	for w.state.Load() != wDone {
 		pollPause(1)
 	}
-	return c.collect(idx, w, start), nil
+	return c.collect(idx, w), nil
 }
 
-// collect takes a delivered completion, frees its slot and feeds the wait
-// it took into the moving average (weight 1/8; concurrent callers may
-// lose an update, which only makes the average a little less smooth).
-func (c *Client) collect(idx uint32, w *waiter, start time.Time) Completion {
+func (c *Client) collect(idx uint32, w *waiter) Completion {
 	res := w.res
-	took := int64(time.Since(start))
-	avg := c.waitNs.Load()
-	c.waitNs.Store(avg + (took-avg)/8)
+	if budget := c.spinNs.Load(); budget < int64(maxSpin) {
+		c.spinNs.Store(min(budget*2, int64(maxSpin)))
+	}
 	c.putWaiter(idx, w)
 	return res
 }

@@ -464,23 +464,3 @@ func TestServeDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%.2f allocations per echo round trip", a)
 	}
 }
-
-// TestSpinBudget: the adaptive spin budget follows the average wait: a
-// little past it while that is short, almost nothing when the wait is
-// longer than spinning is worth.
-func TestSpinBudget(t *testing.T) {
-	e := newPipe(t, smallCfg(), WaitAdaptive, ClientOptions{})
-	for _, tc := range []struct{ avg, want time.Duration }{
-		{0, minSpin},
-		{1 * time.Microsecond, 1*time.Microsecond + 250*time.Nanosecond + minSpin},
-		{40 * time.Microsecond, 50*time.Microsecond + minSpin},
-		{90 * time.Microsecond, maxSpin},
-		{maxSpin + time.Nanosecond, minSpin},
-		{5 * time.Millisecond, minSpin},
-	} {
-		e.cli.waitNs.Store(int64(tc.avg))
-		if got := e.cli.spinBudget(); got != tc.want {
-			t.Errorf("average wait %v: budget %v, want %v", tc.avg, got, tc.want)
-		}
-	}
-}
