@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -306,6 +307,23 @@ func TestZeroCopyAndVectored(t *testing.T) {
 	}
 	if n, err := f.ReadV([][]byte{p1, p2}); err != nil || n != 5 || string(p1)+string(p2) != "abcde" {
 		t.Fatalf("readv: %d %v %q %q", n, err, p1, p2)
+	}
+	// ReadV across arena blocks into odd-sized buffers, up to the end of
+	// the file (10100 bytes): a short read, then io.EOF.
+	if _, err := f.Seek(100, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	v1, v2, v3 := make([]byte, 4999), make([]byte, 3), make([]byte, 7000)
+	if n, err := f.ReadV([][]byte{v1, v2, v3}); err != nil || n != 10000 {
+		t.Fatalf("readv across blocks: %d %v", n, err)
+	}
+	for i, v := range append(append(slices.Clone(v1), v2...), v3[:10000-4999-3]...) {
+		if v != byte(i%251) {
+			t.Fatalf("readv byte %d is %d, want %d", i, v, byte(i%251))
+		}
+	}
+	if n, err := f.ReadV([][]byte{v1}); n != 0 || err != io.EOF {
+		t.Fatalf("readv at the end: %d %v", n, err)
 	}
 	rb, err := c.AllocBuffer(10000)
 	if err != nil {

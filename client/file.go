@@ -315,38 +315,63 @@ func (fl *File) WriteAt(p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-// ReadV reads into several buffers with one request, at the file position.
-func (fl *File) ReadV(bufs [][]byte) (int, error) {
-	if err := fl.check("readv"); err != nil {
-		return 0, err
-	}
+// vecLen is the total length of bufs; E2BIG if one request cannot carry it.
+func (fl *File) vecLen(bufs [][]byte) (int, error) {
 	total := 0
 	for _, b := range bufs {
 		total += len(b)
 	}
+	if total > fl.fs.chunk {
+		return 0, syscall.E2BIG
+	}
+	return total, nil
+}
+
+// ReadV reads into several buffers with one request, at the file position,
+// scattering straight from the shared arena (one copy per byte). Like
+// readv(2) it returns fewer bytes at the end of the file, and io.EOF only
+// when there are none.
+func (fl *File) ReadV(bufs [][]byte) (int, error) {
+	if err := fl.check("readv"); err != nil {
+		return 0, err
+	}
+	total, err := fl.vecLen(bufs)
+	if err != nil {
+		return 0, fl.err("readv", err)
+	}
 	if total == 0 {
 		return 0, nil
 	}
-	if total > fl.fs.chunk {
-		return 0, fl.err("readv", syscall.E2BIG)
+	if fl.dir {
+		return 0, fl.err("readv", syscall.EISDIR)
 	}
-	flat := make([]byte, total)
+	if !fl.readable() {
+		return 0, fl.err("readv", syscall.EBADF)
+	}
+	b, err := fl.fs.data.Alloc(bgctx, total)
+	if err != nil {
+		return 0, fl.err("readv", transportErr(err))
+	}
+	defer b.Release()
 	fl.mu.Lock()
-	n, err := fl.readAt(flat, fl.off)
+	n, _, err := fl.do(wire.OpRead, b, fl.off, 0)
 	fl.off += int64(n)
 	fl.mu.Unlock()
-	rest := flat[:n]
-	for _, b := range bufs {
-		rest = rest[copy(b, rest):]
-	}
-	if errors.Is(err, io.EOF) {
-		if n > 0 {
-			err = nil
-		}
-		return n, err
-	}
 	if err != nil {
-		return n, fl.err("readv", err)
+		return 0, fl.err("readv", err)
+	}
+	if n == 0 {
+		return 0, io.EOF
+	}
+	src, si, soff, left := b.Slices(), 0, 0, n
+	for _, dst := range bufs {
+		for d := 0; d < len(dst) && left > 0; {
+			k := copy(dst[d:min(len(dst), d+left)], src[si][soff:])
+			d, soff, left = d+k, soff+k, left-k
+			if soff == len(src[si]) {
+				si, soff = si+1, 0
+			}
+		}
 	}
 	return n, nil
 }
@@ -356,15 +381,12 @@ func (fl *File) WriteV(bufs [][]byte) (int, error) {
 	if err := fl.check("writev"); err != nil {
 		return 0, err
 	}
-	total := 0
-	for _, b := range bufs {
-		total += len(b)
+	total, err := fl.vecLen(bufs)
+	if err != nil {
+		return 0, fl.err("writev", err)
 	}
 	if total == 0 {
 		return 0, nil
-	}
-	if total > fl.fs.chunk {
-		return 0, fl.err("writev", syscall.E2BIG)
 	}
 	b, err := fl.fs.data.Alloc(bgctx, total)
 	if err != nil {
