@@ -63,3 +63,16 @@ func newSPDK(dir string, s settings) []target {
 	start(&mal, "Malloc0")
 	return []target{aio, mal}
 }
+
+// sparseFile creates path with size bytes (a hole), for an aio bdev.
+func sparseFile(path string, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
@@ -141,17 +140,4 @@ func blobOf(be backend.Backend, size int64) (backend.Blob, error) {
 		return nil, err
 	}
 	return b, nil
-}
-
-// sparseFile creates path with size bytes (a hole), for an aio bdev.
-func sparseFile(path string, size int64) error {
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

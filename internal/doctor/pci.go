@@ -38,16 +38,6 @@ func (i iommuInfo) driver() string {
 	return "uio_pci_generic"
 }
 
-func (i iommuInfo) loaded(driver string) bool {
-	switch driver {
-	case "vfio-pci":
-		return i.vfioPCI
-	case "uio_pci_generic":
-		return i.uio
-	}
-	return false
-}
-
 func (p *probe) iommu() iommuInfo {
 	exists := func(parts ...string) bool {
 		_, err := os.Stat(filepath.Join(append([]string{p.h.Sys}, parts...)...))

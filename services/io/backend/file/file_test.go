@@ -156,19 +156,26 @@ func directBackend(t *testing.T) (backend.Backend, string) {
 	return nil, ""
 }
 
+// createOpen creates blob id and opens it for the rest of the test.
+func createOpen(t *testing.T, be backend.Backend, id backend.BlobID) backend.Blob {
+	t.Helper()
+	if err := be.Create(id); err != nil {
+		t.Fatal(err)
+	}
+	h, err := be.Open(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	return h
+}
+
 // TestEdgeOnlyRMW checks that an O_DIRECT write reads only its partial
 // edge blocks, and only those holding data.
 func TestEdgeOnlyRMW(t *testing.T) {
 	be, _ := directBackend(t)
 	fb := be.(*file.Backend)
-	if err := be.Create(1); err != nil {
-		t.Fatal(err)
-	}
-	h, err := be.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := createOpen(t, be, 1)
 	var model []byte
 	step := func(what string, off int64, n int, wantReads, wantWrites uint64) {
 		t.Helper()
@@ -398,14 +405,7 @@ func TestFormatVersion(t *testing.T) {
 func TestZeroCopyAligned(t *testing.T) {
 	be, _ := directBackend(t)
 	fb := be.(*file.Backend)
-	if err := be.Create(1); err != nil {
-		t.Fatal(err)
-	}
-	h, err := be.Open(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
+	h := createOpen(t, be, 1)
 	mem, err := unix.Mmap(-1, 0, 3*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		t.Fatal(err)

@@ -30,15 +30,12 @@ func options(format bool) Options {
 	return Options{ConfigJSON: []byte(mallocConfig), Bdev: "Malloc0", NoHuge: true, MemMB: 1024, Format: format}
 }
 
-func TestMemoryMode(t *testing.T) {
+func TestBackendSuite(t *testing.T) {
 	if onHugePages {
 		t.Logf("SPDK runs on huge pages (%d MiB free)", HugePagesFree()>>20)
 	} else {
 		t.Logf("SPDK runs with --no-huge: fewer than %d MiB of free huge pages (reserve them: sysctl -w vm.nr_hugepages=512)", hugeNeed>>20)
 	}
-}
-
-func TestBackendSuite(t *testing.T) {
 	backendtest.Run(t, backendtest.Factory{
 		New: func(t *testing.T) backend.Backend {
 			be, err := New(options(true))
