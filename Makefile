@@ -51,6 +51,7 @@ spdk: spdk-check
 	$(SPDK_ENV) $(GO) build -tags spdk ./...
 
 test-spdk: spdk-check
+	$(SPDK_ENV) $(GO) vet -tags spdk ./...
 	$(SPDK_ENV) $(GO) test -tags spdk -count=1 ./services/io/backend/spdk
 	$(SPDK_ENV) $(GO) test -tags spdk -count=1 -run SPDK ./internal/conformance ./internal/stack
 

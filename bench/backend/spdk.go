@@ -3,6 +3,8 @@
 package main
 
 import (
+	"os"
+
 	"fmt"
 	"path/filepath"
 
