@@ -35,6 +35,24 @@ type Reporter interface {
 	Counters() map[string]uint64
 }
 
+// MemRegistrar is implemented by backends that can move data straight
+// between a device and memory registered with them (SPDK DMAs only from
+// registered memory). The IO service registers each session's ring region
+// when the session starts, so that payloads go from the client's arena to
+// the device without a copy, and unregisters it after the session's last
+// request and before the region is unmapped.
+//
+// HugePages says whether the backend wants regions backed by huge pages
+// (MFD_HUGETLB): SPDK registers memory in 2 MiB units. RegisterMem's mem
+// must stay mapped until UnregisterMem(mem) returns. A backend that cannot
+// register a region returns an error and must still serve reads and writes
+// of that memory, through a copy (a bounce buffer) it counts in Counters.
+type MemRegistrar interface {
+	HugePages() bool
+	RegisterMem(mem []byte) error
+	UnregisterMem(mem []byte) error
+}
+
 // BlobID names one blob: the data of one file. 0 is never a valid id.
 type BlobID uint64
 
