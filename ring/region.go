@@ -127,6 +127,13 @@ func (r *Region) Geometry() Geometry { return r.g }
 // File returns the memfd, for passing to the peer.
 func (r *Region) File() *os.File { return r.f }
 
+// Bytes returns the whole mapping: header, queues and arena, TotalSize bytes
+// from the start of the region. It stays valid until the region is closed.
+// A service hands it to a backend that registers memory for DMA: the
+// mapping of a huge-page region is 2 MiB aligned and a multiple of 2 MiB
+// long (NewGeometry rounds TotalSize up); its arena is neither.
+func (r *Region) Bytes() []byte { return r.mem[:len(r.mem):len(r.mem)] }
+
 // HeaderIntact reports whether the shared copy of the immutable header still
 // matches the private one. A mismatch means the peer scribbled on it.
 func (r *Region) HeaderIntact() bool {

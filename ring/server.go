@@ -199,6 +199,15 @@ func (s *ServerSession) PeerGone() {
 	s.sqBell.kick()
 }
 
+// Stop makes Serve return nil soon, as Close does, but keeps the region
+// mapped: the owner may still use it (a service unregisters it from a
+// backend) and calls Close afterwards. Safe from any goroutine; a Serve
+// that has not started yet returns at once.
+func (s *ServerSession) Stop() {
+	s.stopping.Store(true)
+	s.sqBell.kick()
+}
+
 // Close stops Serve, waits for it and releases the region.
 func (s *ServerSession) Close() {
 	s.once.Do(func() {

@@ -86,6 +86,15 @@ func ServerHandshake(ctx context.Context, conn *net.UnixConn, cfg Config) (*Regi
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := sendRegion(ctx, conn, r); err != nil {
+		r.Close()
+		return nil, nil, err
+	}
+	return r, cred, nil
+}
+
+// sendRegion sends r's memfd over conn and waits for the client's ack.
+func sendRegion(ctx context.Context, conn *net.UnixConn, r *Region) error {
 	dl := time.Now().Add(HandshakeTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
@@ -95,20 +104,14 @@ func ServerHandshake(ctx context.Context, conn *net.UnixConn, cfg Config) (*Regi
 	var msg [helloLen]byte
 	putHello(msg[:], helloMagic)
 	if _, _, err := conn.WriteMsgUnix(msg[:], unix.UnixRights(int(r.File().Fd())), nil); err != nil {
-		r.Close()
-		return nil, nil, fmt.Errorf("ring: send hello: %w", err)
+		return fmt.Errorf("ring: send hello: %w", err)
 	}
 	var ack [helloLen + 1]byte
 	n, err := readFull(conn, ack[:helloLen])
 	if err != nil {
-		r.Close()
-		return nil, nil, fmt.Errorf("ring: read ack (%d bytes): %w", n, err)
+		return fmt.Errorf("ring: read ack (%d bytes): %w", n, err)
 	}
-	if err := checkHello(ack[:helloLen], ackMagic); err != nil {
-		r.Close()
-		return nil, nil, err
-	}
-	return r, cred, nil
+	return checkHello(ack[:helloLen], ackMagic)
 }
 
 func readFull(conn *net.UnixConn, b []byte) (int, error) {
@@ -315,9 +318,30 @@ func NewServerConn(ctx context.Context, conn *net.UnixConn, cfg Config, h Handle
 		conn.Close()
 		return nil, err
 	}
+	return newServerConn(conn, r, cred, h, mode), nil
+}
+
+// NewServerConnRegion is NewServerConn for a region the caller made with
+// Create: a server that chooses each session's region itself (one that
+// falls back to ordinary pages when huge pages run out) hands it over here.
+// The session owns r from now on; on error r and conn are closed.
+func NewServerConnRegion(ctx context.Context, conn *net.UnixConn, r *Region, h Handler, mode WaitMode) (*ServerConn, error) {
+	cred, err := peerCred(conn)
+	if err == nil {
+		err = sendRegion(ctx, conn, r)
+	}
+	if err != nil {
+		r.Close()
+		conn.Close()
+		return nil, err
+	}
+	return newServerConn(conn, r, cred, h, mode), nil
+}
+
+func newServerConn(conn *net.UnixConn, r *Region, cred *unix.Ucred, h Handler, mode WaitMode) *ServerConn {
 	sc := &ServerConn{Cred: cred, ServerSession: NewServerSession(r, h, mode)}
 	sc.stop = watchPeer(conn, cred.Pid, sc.ServerSession.PeerGone)
-	return sc, nil
+	return sc
 }
 
 // Close ends the session and its socket.

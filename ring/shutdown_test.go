@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -275,5 +276,39 @@ func TestListenerReplacesStaleSocket(t *testing.T) {
 	defer c.Close()
 	if r, err := c.Do(context.Background(), &Call{Op: OpNop}); err != nil || r.Result != 0 {
 		t.Fatalf("%+v %v", r, err)
+	}
+}
+
+// Stop ends Serve like Close but leaves the region mapped for its owner,
+// whether Serve is running or has not started yet.
+func TestStopKeepsRegion(t *testing.T) {
+	for _, started := range []bool{true, false} {
+		t.Run(fmt.Sprint("serving=", started), func(t *testing.T) {
+			srv, cli, err := Pipe(smallCfg(), newTestHandler(), WaitAdaptive, ClientOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cli.Close()
+			defer srv.Close()
+			serveCh := make(chan error, 1)
+			if started {
+				go func() { serveCh <- srv.Serve() }()
+				if _, err := cli.Do(context.Background(), &Call{Op: OpNop}); err != nil {
+					t.Fatal(err)
+				}
+				srv.Stop()
+			} else {
+				srv.Stop()
+				go func() { serveCh <- srv.Serve() }()
+			}
+			if err := <-serveCh; err != nil {
+				t.Fatalf("Serve after Stop: %v", err)
+			}
+			mem := srv.Region().Bytes()
+			if uint64(len(mem)) != srv.Region().Geometry().TotalSize || binary.LittleEndian.Uint64(mem) != Magic {
+				t.Fatalf("region after Stop: %d bytes (want %d), magic %#x",
+					len(mem), srv.Region().Geometry().TotalSize, binary.LittleEndian.Uint64(mem))
+			}
+		})
 	}
 }

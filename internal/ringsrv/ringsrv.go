@@ -27,9 +27,21 @@ type Session interface {
 	// Started is called after the handshake, before the first request;
 	// an error ends the session at once.
 	Started(sc *ring.ServerConn) error
-	// Ended is called once Serve has returned (nil: closed by Shutdown;
-	// ring.ErrPeerGone: the client went; anything else: torn down).
+	// Ended is called once Serve has returned and the region is unmapped
+	// (nil: stopped by Shutdown; ring.ErrPeerGone: the client went;
+	// anything else: torn down).
 	Ended(err error)
+}
+
+// Drainer is implemented by sessions that must act after their last
+// request and before their region is unmapped: an IO service whose backend
+// registered the region for DMA unregisters it in Drained.
+type Drainer interface {
+	// Drained is called once, on the session's goroutine, after Started
+	// has returned (whatever its result) and Serve, if it ran, has
+	// returned: no request is being served or will be. The region
+	// (sc.Region()) is still mapped; Ended follows.
+	Drained(sc *ring.ServerConn)
 }
 
 // Server accepts ring sessions for one service.
@@ -39,6 +51,9 @@ type Server struct {
 	Mode   ring.WaitMode
 	Log    hclog.Logger
 	New    func() Session // makes the state of a new session
+	// NewRegion creates each session's region from Ring; nil means
+	// ring.Create. A service that falls back from huge pages sets it.
+	NewRegion func(cfg ring.Config) (*ring.Region, error)
 
 	ln     *ring.Listener                // immutable after Start
 	mu     sync.Mutex                    // protects conns, closed
@@ -85,10 +100,21 @@ func (s *Server) acceptLoop() {
 }
 
 // serve runs one session: the handshake in this goroutine (a slow client
-// delays no one else), then Serve.
+// delays no one else), then Serve. This goroutine alone closes the session,
+// so the region stays mapped from Started to Drained.
 func (s *Server) serve(conn *net.UnixConn) {
+	newRegion := s.NewRegion
+	if newRegion == nil {
+		newRegion = ring.Create
+	}
+	r, err := newRegion(s.Ring)
+	if err != nil {
+		conn.Close()
+		s.Log.Error("create session region", "error", err)
+		return
+	}
 	sess := s.New()
-	sc, err := ring.NewServerConn(context.Background(), conn, s.Ring, sess.Handler(), s.Mode)
+	sc, err := ring.NewServerConnRegion(context.Background(), conn, r, sess.Handler(), s.Mode)
 	if err != nil {
 		s.Log.Warn("handshake failed", "error", err)
 		return
@@ -104,6 +130,9 @@ func (s *Server) serve(conn *net.UnixConn) {
 	if err = sess.Started(sc); err == nil {
 		err = sc.Serve()
 	}
+	if d, ok := sess.(Drainer); ok {
+		d.Drained(sc)
+	}
 	sc.Close()
 	s.mu.Lock()
 	delete(s.conns, sc)
@@ -114,8 +143,10 @@ func (s *Server) serve(conn *net.UnixConn) {
 	}
 }
 
-// Shutdown stops accepting, closes every session and waits until each has
-// ended (Ended called) or ctx expires.
+// Shutdown stops accepting, stops every session and waits until each has
+// ended (Drained and Ended called, region unmapped) or ctx expires. It
+// stops rather than closes a session: the session's own goroutine unmaps
+// the region, after Drained.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
@@ -132,7 +163,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.ln.Close()
 	}
 	for _, sc := range conns {
-		sc.Close()
+		sc.Stop()
 	}
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()

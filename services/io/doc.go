@@ -13,6 +13,15 @@
 // metadata service asks for them (wire.SubjLive), receives them when a grant
 // ends, and is told durably at every fsync (wire.SubjSetLive).
 //
+// A backend that moves data straight between the device and registered
+// memory (backend.MemRegistrar: SPDK) gets each session's whole region
+// registered when the session starts and unregistered after its last
+// request, before the region is unmapped (ringsrv.Drainer); a refusal is
+// counted in mem_register_failures and the backend copies that session's
+// payloads. If it wants huge pages, regions are MFD_HUGETLB; a session for
+// which none can be had falls back to ordinary pages, unregistered,
+// counted in ring_hugepage_fallbacks.
+//
 // Not built yet (see docs/architecture.md): the write-back buffer cache with
 // readahead, split journaling, multiplexing many sessions onto a fixed set of
 // polling workers, and the SPDK backend (issue 4).

@@ -42,6 +42,11 @@ type Stats struct {
 	Syncs        atomic.Uint64
 	Grants       atomic.Int64
 	Denied       atomic.Uint64 // requests refused for lack of a grant
+
+	// Zero-copy memory (backends that implement backend.MemRegistrar).
+	HugePageFallbacks     atomic.Uint64 // sessions given ordinary pages: no huge page region could be made
+	MemRegisterFailures   atomic.Uint64 // regions the backend refused to register: it bounces their payloads
+	MemUnregisterFailures atomic.Uint64 // regions the backend failed to unregister
 }
 
 // Snapshot returns the service's counters and the backend's, for the
@@ -61,6 +66,9 @@ func (s *Stats) snapshot() map[string]any {
 		"sessions": s.Sessions.Load(), "reads": s.Reads.Load(), "writes": s.Writes.Load(),
 		"bytes_read": s.BytesRead.Load(), "bytes_written": s.BytesWritten.Load(),
 		"syncs": s.Syncs.Load(), "grants": s.Grants.Load(), "denied": s.Denied.Load(),
+		"ring_hugepage_fallbacks": s.HugePageFallbacks.Load(),
+		"mem_register_failures":   s.MemRegisterFailures.Load(),
+		"mem_unregister_failures": s.MemUnregisterFailures.Load(),
 	}
 }
 
@@ -87,6 +95,12 @@ type Service struct {
 	opts Options
 	log  hclog.Logger
 	be   backend.Backend
+	// reg is be when it registers memory, else nil; immutable after New.
+	// When it wants huge pages, opts.Ring.HugePages is set.
+	reg backend.MemRegistrar
+	// newRegion creates a session's region: ring.Create; tests replace it
+	// before Start to make huge pages fail. Immutable after Start.
+	newRegion func(ring.Config) (*ring.Region, error)
 
 	mu     sync.Mutex
 	blobs  map[backend.BlobID]*openBlob // protected by mu
@@ -110,8 +124,12 @@ func New(opts Options) (*Service, error) {
 	if opts.RequestTimeout == 0 {
 		opts.RequestTimeout = 5 * time.Second
 	}
+	reg, _ := opts.Backend.(backend.MemRegistrar)
+	if reg != nil && reg.HugePages() {
+		opts.Ring.HugePages = true
+	}
 	return &Service{
-		opts: opts, log: opts.Logger, be: opts.Backend,
+		opts: opts, log: opts.Logger, be: opts.Backend, reg: reg, newRegion: ring.Create,
 		blobs:  make(map[backend.BlobID]*openBlob),
 		grants: make(map[uint64]map[uint64]*grant),
 		ready:  make(chan struct{}),
@@ -131,14 +149,39 @@ func (s *Service) Start() error {
 	}
 	s.subs = subs
 	s.srv = ringsrv.Server{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode, Log: s.log,
-		New: func() ringsrv.Session { return newSession(s) }}
+		New: func() ringsrv.Session { return newSession(s) }, NewRegion: s.createRegion}
 	if err := s.srv.Start(); err != nil {
 		ringsrv.Unsubscribe(s.subs)
 		return fmt.Errorf("iosvc: %w", err)
 	}
 	close(s.ready)
-	s.log.Info("serving", "socket", s.opts.Socket, "backend", s.be.Name(), "wait", s.opts.WaitMode)
+	s.log.Info("serving", "socket", s.opts.Socket, "backend", s.be.Name(), "wait", s.opts.WaitMode,
+		"register_mem", s.reg != nil, "hugepages", s.opts.Ring.HugePages)
 	return nil
+}
+
+// createRegion makes a session's region. When huge pages were asked for
+// and none can be had (none free, or no hugetlb support), the session gets
+// ordinary pages: it works, but the backend cannot register the region and
+// copies its payloads through a bounce buffer. Only the first fallback is
+// logged as a warning; ring_hugepage_fallbacks counts them all.
+func (s *Service) createRegion(cfg ring.Config) (*ring.Region, error) {
+	r, err := s.newRegion(cfg)
+	if err == nil || !cfg.HugePages {
+		return r, err
+	}
+	cfg.HugePages = false
+	r, err2 := s.newRegion(cfg)
+	if err2 != nil {
+		return nil, fmt.Errorf("iosvc: session region: huge pages: %w; ordinary pages: %w", err, err2)
+	}
+	lvl := hclog.Debug
+	if s.Stats.HugePageFallbacks.Add(1) == 1 {
+		lvl = hclog.Warn
+	}
+	s.log.Log(lvl, "no huge pages for a session region: it gets ordinary pages and the backend copies its payloads (later fallbacks are logged at debug level; all are counted in ring_hugepage_fallbacks)",
+		"error", err)
+	return r, nil
 }
 
 // Ready is closed once the service accepts sessions.

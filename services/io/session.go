@@ -5,21 +5,25 @@ import (
 	"io"
 	"syscall"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/weir-storage/weir/internal/ringsrv"
 	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
 )
 
 // session is one client's ring session. Its fields are owned by the
-// session's poller goroutine (ring handlers run there), except cred which
-// is set in Started, before the first request.
+// session's goroutine: Started, the ring handlers and Drained all run there.
 type session struct {
 	svc  *Service
 	mux  *ring.Mux
 	cred *unix.Ucred
 	sid  uint64 // metadata session this ring is bound to; 0 until OpAttach
+	mem  []byte // the region as registered with the backend; nil if not registered
 }
+
+var _ ringsrv.Drainer = (*session)(nil)
 
 func newSession(svc *Service) *session {
 	s := &session{svc: svc, mux: ring.NewMux()}
@@ -32,7 +36,52 @@ func (s *session) Handler() ring.Handler { return s.mux }
 func (s *session) Started(sc *ring.ServerConn) error {
 	s.cred = sc.Cred
 	s.svc.Stats.Sessions.Add(1)
+	s.registerMem(sc.Region())
 	return nil
+}
+
+// registerMem registers the session's whole region with a backend that
+// registers memory, so that payloads move between the arena and the
+// device without a copy. The whole mapping, not the arena: only the
+// mapping of a huge-page region is 2 MiB aligned and sized, as SPDK needs.
+// A failure costs a copy per request, not the session. Only the first is
+// logged as a warning (a backend that refuses one region tends to refuse
+// them all); mem_register_failures counts them all.
+func (s *session) registerMem(r *ring.Region) {
+	reg := s.svc.reg
+	if reg == nil {
+		return
+	}
+	if s.svc.opts.Ring.HugePages && r.Geometry().Features&ring.FeatureHugePages == 0 {
+		// Fell back to ordinary pages (counted in createRegion): the
+		// backend wants huge pages and could not register this mapping.
+		return
+	}
+	mem := r.Bytes()
+	if err := reg.RegisterMem(mem); err != nil {
+		lvl := hclog.Debug
+		if s.svc.Stats.MemRegisterFailures.Add(1) == 1 {
+			lvl = hclog.Warn
+		}
+		s.svc.log.Log(lvl, "register session region with the backend: its payloads are copied (later failures are logged at debug level; all are counted in mem_register_failures)",
+			"pid", s.cred.Pid, "bytes", len(mem), "error", err)
+		return
+	}
+	s.mem = mem
+}
+
+// Drained unregisters the region after the session's last request, while
+// it is still mapped.
+func (s *session) Drained(*ring.ServerConn) {
+	if s.mem == nil {
+		return
+	}
+	if err := s.svc.reg.UnregisterMem(s.mem); err != nil {
+		s.svc.Stats.MemUnregisterFailures.Add(1)
+		s.svc.log.Error("unregister session region from the backend", "pid", s.cred.Pid,
+			"bytes", len(s.mem), "error", err)
+	}
+	s.mem = nil
 }
 
 // Ended needs no clean-up: grants belong to the metadata session, which

@@ -1,0 +1,181 @@
+package ringsrv
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/ring"
+)
+
+// mapped reports whether all of mem is still mapped in this process and
+// still starts with a ring header: msync fails with ENOMEM on a range with
+// unmapped pages, where reading would fault.
+func mapped(mem []byte) error {
+	if err := unix.Msync(mem, unix.MS_ASYNC); err != nil {
+		return fmt.Errorf("msync of the region: %w", err)
+	}
+	if m := binary.LittleEndian.Uint64(mem); m != ring.Magic {
+		return fmt.Errorf("region starts with %#x, not the ring magic", m)
+	}
+	return nil
+}
+
+// recSession records what the server calls, in order.
+type recSession struct {
+	mux    *ring.Mux
+	mu     sync.Mutex
+	events []string
+	mem    []byte // the region, from Started
+	ended  chan error
+}
+
+func (s *recSession) log(e string) {
+	s.mu.Lock()
+	s.events = append(s.events, e)
+	s.mu.Unlock()
+}
+
+func (s *recSession) Handler() ring.Handler { return s.mux }
+
+func (s *recSession) Started(sc *ring.ServerConn) error {
+	s.mem = sc.Region().Bytes()
+	s.log("started")
+	return nil
+}
+
+func (s *recSession) Drained(sc *ring.ServerConn) {
+	// Give anything that would unmap the region behind the session's back
+	// (a Shutdown that closed rather than stopped it) time to do so. A
+	// correct server cannot fail for it.
+	time.Sleep(20 * time.Millisecond)
+	if err := mapped(s.mem); err != nil {
+		s.log("drained: " + err.Error())
+		return
+	}
+	s.log("drained")
+}
+
+func (s *recSession) Ended(err error) {
+	s.log("ended")
+	s.ended <- err
+}
+
+func (s *recSession) history() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]string(nil), s.events...)
+}
+
+// startServer runs a Server whose sessions are recSessions, handed out on
+// the returned channel as they are made.
+func startServer(t *testing.T) (*Server, <-chan *recSession, *atomic.Int32) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "ringsrv-") // socket paths are short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sessions := make(chan *recSession, 4)
+	var regions atomic.Int32 // NewRegion calls
+	srv := &Server{
+		Socket: filepath.Join(dir, "s.sock"),
+		Ring:   ring.Config{SQEntries: 16, ArenaSize: 256 << 10, BlockSize: 4096},
+		Mode:   ring.WaitAdaptive,
+		Log:    hclog.NewNullLogger(),
+		New: func() Session {
+			s := &recSession{mux: ring.NewMux(), ended: make(chan error, 1)}
+			sessions <- s
+			return s
+		},
+		NewRegion: func(cfg ring.Config) (*ring.Region, error) {
+			regions.Add(1)
+			return ring.Create(cfg)
+		},
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+	return srv, sessions, &regions
+}
+
+func dialNop(t *testing.T, srv *Server) *ring.Client {
+	t.Helper()
+	c, err := ring.Dial(context.Background(), srv.Socket, ring.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cp, err := c.Do(context.Background(), &ring.Call{Op: ring.OpNop}); err != nil || cp.Result != 0 {
+		c.Close()
+		t.Fatalf("nop: %+v %v", cp, err)
+	}
+	return c
+}
+
+func waitEnded(t *testing.T, s *recSession) error {
+	t.Helper()
+	select {
+	case err := <-s.ended:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatalf("session did not end; calls so far: %v", s.history())
+		return nil
+	}
+}
+
+func checkHistory(t *testing.T, s *recSession) {
+	t.Helper()
+	want := []string{"started", "drained", "ended"}
+	got := s.history()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("session calls %q, want %q", got, want)
+	}
+}
+
+// Drained runs after the last request and before the region is unmapped,
+// whether the client goes or the server shuts down.
+func TestDrainedBeforeUnmap(t *testing.T) {
+	t.Run("client closes", func(t *testing.T) {
+		srv, sessions, regions := startServer(t)
+		c := dialNop(t, srv)
+		s := <-sessions
+		c.Close()
+		if err := waitEnded(t, s); !errors.Is(err, ring.ErrPeerGone) {
+			t.Fatalf("Ended(%v), want ErrPeerGone", err)
+		}
+		checkHistory(t, s)
+		if n := regions.Load(); n != 1 {
+			t.Fatalf("NewRegion called %d times, want 1", n)
+		}
+	})
+	t.Run("shutdown", func(t *testing.T) {
+		srv, sessions, _ := startServer(t)
+		c := dialNop(t, srv)
+		defer c.Close()
+		s := <-sessions
+		if err := srv.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		// Shutdown returns once every session has ended.
+		select {
+		case err := <-s.ended:
+			if err != nil {
+				t.Fatalf("Ended(%v), want nil after Shutdown", err)
+			}
+		default:
+			t.Fatalf("Shutdown returned before the session ended; calls: %v", s.history())
+		}
+		checkHistory(t, s)
+	})
+}
