@@ -5,11 +5,14 @@
 // aio for tests), built only with the spdk build tag against an installed
 // SPDK (pkg-config). docs/spdk-backend.md is the design.
 //
-// This first version runs every SPDK call on one SPDK thread owned by one
-// locked OS thread, one request at a time: metadata operations (create,
-// open, resize, sync_md, delete) and I/O alike. Payloads go through one
-// DMA-able bounce buffer. The per-worker I/O channels and the zero-copy
-// path of the design come next.
+// Threads: blobstore metadata operations (load, create, open, resize,
+// sync_md, delete, close, unload) run on one SPDK thread, the metadata
+// thread, owned by one locked OS thread for the life of the process. Reads
+// and writes run on I/O workers (worker.go), each a locked OS thread that
+// owns an SPDK thread and a blobstore I/O channel and polls it. Payloads
+// move straight between the device and memory registered with
+// RegisterMem (ring arenas on huge pages) where they are aligned, and
+// through DMA bounce buffers otherwise (mem.go).
 //
 // A weir blob is an SPDK blob with two xattrs: "weir.id" (the 8-byte
 // BlobID) and "weir.size" (the byte size; the blob's clusters are only
@@ -19,7 +22,6 @@ package spdk
 import (
 	"errors"
 	"fmt"
-	"io"
 	"runtime"
 	"slices"
 	"sync"
@@ -34,150 +36,7 @@ import (
 /*
 #cgo pkg-config: spdk_blob_bdev spdk_blob spdk_bdev spdk_env_dpdk spdk_init spdk_thread spdk_event_bdev spdk_bdev_malloc spdk_bdev_aio spdk_syslibs
 #cgo LDFLAGS: -Wl,--no-as-needed
-
-#include <stdlib.h>
-#include <string.h>
-#include <errno.h>
-#include <spdk/stdinc.h>
-#include <spdk/env.h>
-#include <spdk/thread.h>
-#include <spdk/init.h>
-#include <spdk/rpc.h>
-#include <spdk/log.h>
-#include <spdk/bdev.h>
-#include <spdk/blob.h>
-#include <spdk/blob_bdev.h>
-
-// weir_op is one asynchronous SPDK operation: its callback fills it in,
-// and the Go loop polls the SPDK thread until done is set. It lives in C
-// memory so that SPDK may keep a pointer to it.
-typedef struct {
-	volatile int done;
-	int rc;
-	uint64_t id;
-	struct spdk_blob_store *bs;
-	struct spdk_blob *blob;
-} weir_op;
-
-static struct spdk_thread *weir_thread;
-
-static void weir_done(void *arg, int rc) { weir_op *op = arg; op->rc = rc; op->done = 1; }
-static void weir_done_id(void *arg, spdk_blob_id id, int rc) { weir_op *op = arg; op->id = id; op->rc = rc; op->done = 1; }
-static void weir_done_bs(void *arg, struct spdk_blob_store *bs, int rc) { weir_op *op = arg; op->bs = bs; op->rc = rc; op->done = 1; }
-static void weir_done_blob(void *arg, struct spdk_blob *b, int rc) { weir_op *op = arg; op->blob = b; op->rc = rc; op->done = 1; }
-
-// weir_env_init starts the SPDK environment and the one SPDK thread weir
-// uses, owned by the calling OS thread. no_huge runs on ordinary memory
-// (tests on hosts without huge pages); mem_mb sizes it.
-static int weir_env_init(int no_huge, int mem_mb) {
-	struct spdk_env_opts opts;
-	opts.opts_size = sizeof(opts);
-	spdk_env_opts_init(&opts);
-	opts.name = "weir-io";
-	opts.no_pci = true;
-	if (no_huge) {
-		opts.no_huge = true;
-	}
-	if (mem_mb > 0) {
-		opts.mem_size = mem_mb;
-	}
-	if (spdk_env_init(&opts) < 0) {
-		return -EIO;
-	}
-	spdk_log_set_print_level(SPDK_LOG_ERROR);
-	if (spdk_thread_lib_init(NULL, 0) != 0) {
-		return -ENOMEM;
-	}
-	weir_thread = spdk_thread_create("weir-spdk", NULL);
-	if (weir_thread == NULL) {
-		return -ENOMEM;
-	}
-	spdk_set_thread(weir_thread);
-	return 0;
-}
-
-static int weir_poll(void) { return spdk_thread_poll(weir_thread, 0, 0); }
-
-static void weir_init_done(int rc, void *arg) { weir_done(arg, rc); }
-
-static void weir_load_config(void *json, size_t len, weir_op *op) {
-	spdk_subsystem_load_config(json, (ssize_t)len, weir_init_done, op, true);
-}
-
-// As spdk_app_start does: the configuration's startup-time RPCs, then the
-// subsystems' initialisation, then its runtime RPCs (bdev creation).
-static void weir_subsystem_init(weir_op *op) { spdk_subsystem_init(weir_init_done, op); }
-static void weir_rpc_runtime(void) { spdk_rpc_set_state(SPDK_RPC_RUNTIME); }
-
-static void weir_bdev_event(enum spdk_bdev_event_type type, struct spdk_bdev *bdev, void *ctx) {}
-
-static int weir_bs_dev(const char *name, struct spdk_bs_dev **dev) {
-	return spdk_bdev_create_bs_dev_ext(name, weir_bdev_event, NULL, dev);
-}
-
-static void weir_bs_load(struct spdk_bs_dev *dev, int init, uint64_t cluster_sz, weir_op *op) {
-	struct spdk_bs_opts opts;
-	spdk_bs_opts_init(&opts, sizeof(opts));
-	memcpy(opts.bstype.bstype, "weir", 4);
-	if (init) {
-		if (cluster_sz) {
-			opts.cluster_sz = cluster_sz;
-		}
-		// A new blobstore starts with every cluster reading zeros.
-		opts.clear_method = BS_CLEAR_WITH_WRITE_ZEROES;
-		spdk_bs_init(dev, &opts, weir_done_bs, op);
-	} else {
-		spdk_bs_load(dev, &opts, weir_done_bs, op);
-	}
-}
-
-static void weir_bs_unload(struct spdk_blob_store *bs, weir_op *op) { spdk_bs_unload(bs, weir_done, op); }
-static void weir_create(struct spdk_blob_store *bs, weir_op *op) {
-	struct spdk_blob_opts opts;
-	spdk_blob_opts_init(&opts, sizeof(opts));
-	opts.thin_provision = true;
-	// Freed clusters (shrink, delete) are zeroed: a thin blob's newly
-	// allocated cluster is not, so this keeps "free clusters read as
-	// zeros", which holes and grows rely on.
-	opts.clear_method = BLOB_CLEAR_WITH_WRITE_ZEROES;
-	spdk_bs_create_blob_ext(bs, &opts, weir_done_id, op);
-}
-static void weir_open(struct spdk_blob_store *bs, uint64_t id, weir_op *op) { spdk_bs_open_blob(bs, id, weir_done_blob, op); }
-static void weir_close(struct spdk_blob *b, weir_op *op) { spdk_blob_close(b, weir_done, op); }
-static void weir_delete(struct spdk_blob_store *bs, uint64_t id, weir_op *op) { spdk_bs_delete_blob(bs, id, weir_done, op); }
-static void weir_resize(struct spdk_blob *b, uint64_t clusters, weir_op *op) { spdk_blob_resize(b, clusters, weir_done, op); }
-static void weir_sync_md(struct spdk_blob *b, weir_op *op) { spdk_blob_sync_md(b, weir_done, op); }
-static void weir_iter_first(struct spdk_blob_store *bs, weir_op *op) { spdk_bs_iter_first(bs, weir_done_blob, op); }
-static void weir_iter_next(struct spdk_blob_store *bs, struct spdk_blob *b, weir_op *op) { spdk_bs_iter_next(bs, b, weir_done_blob, op); }
-static void weir_read(struct spdk_blob *b, struct spdk_io_channel *ch, void *buf, uint64_t off, uint64_t n, weir_op *op) {
-	spdk_blob_io_read(b, ch, buf, off, n, weir_done, op);
-}
-static void weir_write(struct spdk_blob *b, struct spdk_io_channel *ch, void *buf, uint64_t off, uint64_t n, weir_op *op) {
-	spdk_blob_io_write(b, ch, buf, off, n, weir_done, op);
-}
-
-static void weir_write_zeroes(struct spdk_blob *b, struct spdk_io_channel *ch, uint64_t off, uint64_t n, weir_op *op) {
-	spdk_blob_io_write_zeroes(b, ch, off, n, weir_done, op);
-}
-
-// weir_get_u64 reads an 8-byte xattr; -ENOENT if missing.
-static int weir_get_u64(struct spdk_blob *b, const char *name, uint64_t *v) {
-	const void *val;
-	size_t len;
-	int rc = spdk_blob_get_xattr_value(b, name, &val, &len);
-	if (rc != 0) {
-		return rc;
-	}
-	if (len != sizeof(*v)) {
-		return -EINVAL;
-	}
-	memcpy(v, val, sizeof(*v));
-	return 0;
-}
-
-static int weir_set_u64(struct spdk_blob *b, const char *name, uint64_t v) {
-	return spdk_blob_set_xattr(b, name, &v, sizeof(v));
-}
+#include "weir_spdk.h"
 */
 import "C"
 
@@ -197,13 +56,31 @@ type Options struct {
 	MemMB  int
 	// Format makes a new, empty blobstore even if the bdev holds one.
 	Format bool
+	// Workers is the number of I/O workers, each a polling OS thread with
+	// its own SPDK thread and I/O channel (0: 1). One worker keeps many
+	// I/Os in flight; more spread them over cores.
+	Workers int
+	// CGOCallbacks completes each I/O through a cgo callback into Go
+	// instead of the workers' C completion queues. For the measurement in
+	// docs/spdk-backend.md only.
+	CGOCallbacks bool
 }
 
-const bounceSize = 1 << 20
-
-// spdkRuntime is the process's SPDK thread.
+// spdkRuntime is the process's SPDK environment and its metadata thread.
 type spdkRuntime struct {
+	md   *C.struct_spdk_thread
 	reqs chan func()
+	// kick wakes a sleeping metadata thread: a worker sends it when one of
+	// its writes needs a cluster allocated (a message to this thread).
+	kick chan struct{}
+	// mdWanted counts worker I/Os in flight that need the metadata thread;
+	// it does not sleep while any are.
+	mdWanted atomic.Int64
+	// workers are every backend's I/O workers, kicked while a metadata
+	// operation waits: resize and delete use spdk_for_each_channel, a
+	// barrier that needs every worker's thread polled.
+	workers atomic.Pointer[[]*worker]
+	wmu     sync.Mutex // serialises updates of workers
 }
 
 var rt struct {
@@ -215,7 +92,9 @@ var rt struct {
 // start brings SPDK up once per process.
 func start(opts Options) (*spdkRuntime, error) {
 	rt.once.Do(func() {
-		r := &spdkRuntime{reqs: make(chan func(), 256)}
+		r := &spdkRuntime{reqs: make(chan func(), 256), kick: make(chan struct{}, 1)}
+		addProcs(1)
+		r.workers.Store(&[]*worker{})
 		ready := make(chan error, 1)
 		go r.loop(opts, ready)
 		if err := <-ready; err != nil {
@@ -227,14 +106,14 @@ func start(opts Options) (*spdkRuntime, error) {
 	return rt.r, rt.err
 }
 
-// loop owns the SPDK thread: it runs submitted functions and polls.
+// loop owns the metadata thread: it runs submitted functions and polls.
 func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 	runtime.LockOSThread()
 	noHuge := C.int(0)
 	if opts.NoHuge {
 		noHuge = 1
 	}
-	if rc := C.weir_env_init(noHuge, C.int(opts.MemMB)); rc != 0 {
+	if rc := C.weir_env_init(noHuge, C.int(opts.MemMB), &r.md); rc != 0 {
 		ready <- fmt.Errorf("spdk: start the environment: %w", syscall.Errno(-rc))
 		return
 	}
@@ -255,10 +134,10 @@ func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 	}
 	ready <- nil
 	// Poll while there is work. After idleSleep without any, sleep on the
-	// request channel, waking at least every millisecond for SPDK's timed
-	// pollers, so that an idle backend does not burn a core. (Waking this
-	// locked OS thread costs tens of microseconds here, so the spin covers
-	// the gaps between the requests of a busy caller.)
+	// request and kick channels, waking at least every millisecond for
+	// SPDK's timed pollers, so that an idle backend does not burn a core.
+	// (Waking a locked OS thread costs tens of microseconds on a small VM,
+	// so the spin covers the gaps between the requests of a busy caller.)
 	idle := 0
 	var idleFrom time.Time
 	tick := time.NewTimer(time.Millisecond)
@@ -270,7 +149,7 @@ func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 			continue
 		default:
 		}
-		if C.weir_poll() != 0 {
+		if C.spdk_thread_poll(r.md, 0, 0) != 0 || r.mdWanted.Load() > 0 {
 			idle = 0
 			continue
 		}
@@ -285,27 +164,86 @@ func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 		case f := <-r.reqs:
 			f()
 			idle = 0
+		case <-r.kick:
+			idle = 0
 		case <-tick.C:
 		}
 	}
 }
 
-// idleSleep is how long the SPDK thread polls without work before it
-// sleeps.
+// addProcs changes GOMAXPROCS by n. Each polling thread (the metadata
+// thread and every worker) is a locked OS thread that runs Go code between
+// its SPDK polls, so it holds a P while it polls; one more P per poller
+// keeps the callers' goroutines from waiting for one (on a 2-CPU host,
+// without this, two pollers left the callers to sysmon's preemption, about
+// 2 ms per I/O). How pollers and callers share the CPUs is then the
+// kernel's business, as it is for SPDK's own reactors.
+func addProcs(n int) {
+	procMu.Lock()
+	defer procMu.Unlock()
+	runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + n)
+}
+
+var procMu sync.Mutex
+
+// idleSleep is how long a polling thread (metadata or worker) goes
+// without work before it sleeps.
 const idleSleep = 500 * time.Microsecond
 
-// run executes f on the SPDK thread and waits for it: spinning first (a
-// parked goroutine's thread takes tens of microseconds to wake on a small
-// VM, longer than most SPDK requests), then blocking.
+// wantMD tells the metadata thread that a worker I/O needs it (until
+// doneMD), waking it if it sleeps.
+func (r *spdkRuntime) wantMD() {
+	if r.mdWanted.Add(1) == 1 {
+		select {
+		case r.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (r *spdkRuntime) doneMD() { r.mdWanted.Add(-1) }
+
+// kickWorkers wakes every sleeping worker so that it polls its thread.
+func (r *spdkRuntime) kickWorkers() {
+	for _, w := range *r.workers.Load() {
+		w.wake()
+	}
+}
+
+func (r *spdkRuntime) addWorkers(ws []*worker) {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	all := append(slices.Clone(*r.workers.Load()), ws...)
+	r.workers.Store(&all)
+}
+
+func (r *spdkRuntime) removeWorkers(ws []*worker) {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	all := slices.DeleteFunc(slices.Clone(*r.workers.Load()), func(w *worker) bool { return slices.Contains(ws, w) })
+	r.workers.Store(&all)
+}
+
+// run executes f on the metadata thread and waits for it: spinning first
+// (a parked goroutine's thread takes tens of microseconds to wake on a
+// small VM, longer than most SPDK requests), then blocking.
 func (r *spdkRuntime) run(f func()) {
 	var finished atomic.Bool
 	done := make(chan struct{})
 	r.reqs <- func() { f(); finished.Store(true); close(done) }
+	spinWait(finished.Load, done)
+}
+
+// spinWait spins until ready() for up to runSpin, then blocks on done
+// (which is closed or sent to after ready() turns true) until ready().
+func spinWait(ready func() bool, done <-chan struct{}) {
 	start := time.Now()
-	for i := 1; !finished.Load(); i++ {
+	for i := 1; !ready(); i++ {
 		if i%64 == 0 {
 			if time.Since(start) > runSpin {
-				<-done
+				for !ready() {
+					<-done
+				}
 				return
 			}
 			runtime.Gosched()
@@ -316,10 +254,14 @@ func (r *spdkRuntime) run(f func()) {
 // runSpin bounds how long a caller spins for its SPDK request.
 const runSpin = 200 * time.Microsecond
 
-// wait polls the SPDK thread until op completes; on the SPDK thread only.
+// wait polls the metadata thread until op completes; on the metadata
+// thread only. While it waits it keeps the workers awake: the op may be a
+// barrier (spdk_for_each_channel) that needs each of their threads.
 func (r *spdkRuntime) wait(op *C.weir_op) error {
-	for op.done == 0 {
-		C.weir_poll()
+	for i := 1; op.done == 0; i++ {
+		if C.spdk_thread_poll(r.md, 0, 0) == 0 && i%64 == 0 {
+			r.kickWorkers()
+		}
 	}
 	if op.rc != 0 {
 		return syscall.Errno(-op.rc)
@@ -333,7 +275,8 @@ func newOp() *C.weir_op {
 
 func freeOp(op *C.weir_op) { C.free(unsafe.Pointer(op)) }
 
-// do runs one asynchronous SPDK call started by start on the SPDK thread.
+// do runs one asynchronous SPDK call started by start on the metadata
+// thread.
 func (r *spdkRuntime) do(start func(op *C.weir_op)) (id uint64, bs *C.struct_spdk_blob_store, blob *C.struct_spdk_blob, err error) {
 	op := newOp()
 	defer freeOp(op)
@@ -345,12 +288,20 @@ func (r *spdkRuntime) do(start func(op *C.weir_op)) (id uint64, bs *C.struct_spd
 // Backend is a blobstore on one bdev.
 type Backend struct {
 	r       *spdkRuntime
+	opts    Options
 	bs      *C.struct_spdk_blob_store
-	ch      *C.struct_spdk_io_channel
+	ch      *C.struct_spdk_io_channel // the metadata thread's, for Truncate's I/O
 	ioUnit  int64
 	cluster int64
-	bounce  []byte // DMA-able; used on the SPDK thread only
-	edge    []byte // DMA-able, one io unit, for edge read-modify-write
+	edge    []byte // DMA-able, one io unit, for Truncate on the metadata thread
+
+	workers []*worker
+	bufs    bouncePool
+	regs    memRegistry
+
+	// life is held shared by every I/O and exclusively by Close, so that
+	// the workers stop only once no I/O is in flight.
+	life sync.RWMutex
 
 	mu     sync.Mutex
 	ids    map[backend.BlobID]C.spdk_blob_id // protected by mu
@@ -358,16 +309,24 @@ type Backend struct {
 	closed bool                              // protected by mu
 	gone   atomic.Bool                       // closed, for handles
 
-	bounceBytes atomic.Uint64 // payload bytes copied through the bounce buffer
+	bounceBytes atomic.Uint64 // payload bytes copied through bounce buffers
+	directBytes atomic.Uint64 // payload bytes moved with no copy (registered memory)
 	edgeReads   atomic.Uint64 // partial io units read for read-modify-write
 }
 
 var _ backend.Reporter = (*Backend)(nil)
 
-// Counters reports the backend's counters. Every payload byte is bounced
-// in this version (no registered arenas yet), which bounce_bytes shows.
+// Counters reports the backend's counters.
 func (be *Backend) Counters() map[string]uint64 {
-	return map[string]uint64{"spdk_bounce_bytes": be.bounceBytes.Load(), "spdk_edge_reads": be.edgeReads.Load()}
+	regions, failures := be.regs.counts()
+	return map[string]uint64{
+		"spdk_bounce_bytes":       be.bounceBytes.Load(),
+		"spdk_direct_bytes":       be.directBytes.Load(),
+		"spdk_edge_reads":         be.edgeReads.Load(),
+		"spdk_registered_regions": regions,
+		"spdk_register_failures":  failures,
+		"spdk_workers":            uint64(len(be.workers)),
+	}
 }
 
 var _ backend.Backend = (*Backend)(nil)
@@ -378,21 +337,33 @@ var (
 )
 
 // New loads the blobstore on opts.Bdev, or creates it if the bdev holds
-// none, and indexes its blobs.
+// none, indexes its blobs and starts the I/O workers.
 func New(opts Options) (*Backend, error) {
 	r, err := start(opts)
 	if err != nil {
 		return nil, err
 	}
-	be := &Backend{r: r, ids: map[backend.BlobID]C.spdk_blob_id{}, open: map[backend.BlobID]*blobState{}}
+	be := &Backend{r: r, opts: opts, ids: map[backend.BlobID]C.spdk_blob_id{}, open: map[backend.BlobID]*blobState{}}
 	r.run(func() { err = be.load(opts) })
 	if err != nil {
 		return nil, err
 	}
+	be.bufs.unit = be.ioUnit
+	n := max(opts.Workers, 1)
+	for i := range n {
+		w, err := startWorker(be, i)
+		if err != nil {
+			be.stopWorkers()
+			be.Close()
+			return nil, err
+		}
+		be.workers = append(be.workers, w)
+	}
+	r.addWorkers(be.workers)
 	return be, nil
 }
 
-// load runs on the SPDK thread.
+// load runs on the metadata thread.
 func (be *Backend) load(opts Options) error {
 	name := C.CString(opts.Bdev)
 	defer C.free(unsafe.Pointer(name))
@@ -428,11 +399,6 @@ func (be *Backend) load(opts Options) error {
 	}
 	be.ioUnit = int64(C.spdk_bs_get_io_unit_size(bs))
 	be.cluster = int64(C.spdk_bs_get_cluster_size(bs))
-	buf := C.spdk_dma_zmalloc(bounceSize, 4096, nil)
-	if buf == nil {
-		return errors.New("spdk: no DMA memory for the bounce buffer")
-	}
-	be.bounce = unsafe.Slice((*byte)(buf), bounceSize)
 	ebuf := C.spdk_dma_zmalloc(C.size_t(be.ioUnit), 4096, nil)
 	if ebuf == nil {
 		return errors.New("spdk: no DMA memory for the edge buffer")
@@ -596,8 +562,19 @@ func (be *Backend) Sync() error {
 	return nil
 }
 
-// Close syncs and closes open blobs and unloads the blobstore (a clean
-// shutdown: the next load needs no recovery).
+// stopWorkers stops every worker: each releases its I/O channel and exits
+// its SPDK thread, polling until both are done.
+func (be *Backend) stopWorkers() {
+	be.r.removeWorkers(be.workers)
+	for _, w := range be.workers {
+		w.stop()
+	}
+	be.workers = nil
+}
+
+// Close waits for I/O in flight, stops the workers, syncs and closes open
+// blobs and unloads the blobstore (a clean shutdown: the next load needs no
+// recovery).
 func (be *Backend) Close() error {
 	be.mu.Lock()
 	defer be.mu.Unlock()
@@ -606,6 +583,9 @@ func (be *Backend) Close() error {
 	}
 	be.closed = true
 	be.gone.Store(true)
+	be.life.Lock() // no I/O in flight from here on
+	be.life.Unlock()
+	be.stopWorkers()
 	var errs []error
 	be.r.run(func() {
 		for _, s := range be.open {
@@ -616,35 +596,63 @@ func (be *Backend) Close() error {
 				errs = append(errs, err)
 			}
 		}
-		C.spdk_bs_free_io_channel(be.ch)
-		C.spdk_dma_free(unsafe.Pointer(unsafe.SliceData(be.bounce)))
-		C.spdk_dma_free(unsafe.Pointer(unsafe.SliceData(be.edge)))
-		if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_unload(be.bs, op) }); err != nil {
-			errs = append(errs, fmt.Errorf("unload blobstore: %w", err))
+		if be.ch != nil {
+			C.spdk_bs_free_io_channel(be.ch)
+		}
+		if be.edge != nil {
+			C.spdk_dma_free(unsafe.Pointer(unsafe.SliceData(be.edge)))
+		}
+		be.bufs.free()
+		if be.bs != nil {
+			if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_unload(be.bs, op) }); err != nil {
+				errs = append(errs, fmt.Errorf("unload blobstore: %w", err))
+			}
 		}
 	})
 	return errors.Join(errs...)
 }
 
-// blobState is one open blob; its fields other than size are used on the
-// SPDK thread (or under Backend.mu for refs).
+// blobState is one open blob.
 type blobState struct {
-	id        backend.BlobID
-	sid       C.spdk_blob_id
-	blob      *C.struct_spdk_blob
-	size      atomic.Int64
-	sizeDirty bool  // weir.size differs from what sync_md last wrote
-	syncErr   error // sticky
-	refs      int   // protected by Backend.mu
+	id   backend.BlobID
+	sid  C.spdk_blob_id
+	blob *C.struct_spdk_blob
+	size atomic.Int64
+
+	// rw is held shared by reads and by writes of whole io units, and
+	// exclusively by writes that read-modify-write a partial unit, by
+	// Truncate and by a resize: so a partial unit is never written from a
+	// stale copy, and the blob's cluster map never changes under a worker
+	// that is looking at it.
+	rw sync.RWMutex
+
+	// On the metadata thread (or under Backend.mu for refs):
+	sizeDirty atomic.Bool // weir.size differs from what sync_md last wrote
+	syncErr   error       // sticky
+	refs      int         // protected by Backend.mu
+}
+
+// growSize raises the blob's size to end if it is smaller.
+func (s *blobState) growSize(end int64) {
+	for {
+		old := s.size.Load()
+		if end <= old {
+			return
+		}
+		if s.size.CompareAndSwap(old, end) {
+			s.sizeDirty.Store(true)
+			return
+		}
+	}
 }
 
 // syncMDLocked writes weir.size and the blob's metadata if they changed.
-// On the SPDK thread.
+// On the metadata thread.
 func (be *Backend) syncMDLocked(s *blobState) error {
 	if s.syncErr != nil {
 		return s.syncErr
 	}
-	if !s.sizeDirty {
+	if !s.sizeDirty.Swap(false) {
 		return nil
 	}
 	if rc := C.weir_set_u64(s.blob, nameSize, C.uint64_t(s.size.Load())); rc != 0 {
@@ -655,7 +663,6 @@ func (be *Backend) syncMDLocked(s *blobState) error {
 		s.syncErr = errorf("sync", s.id, err)
 		return s.syncErr
 	}
-	s.sizeDirty = false
 	return nil
 }
 
@@ -678,10 +685,9 @@ func (h *handle) usable(op string) error {
 func alignDown(v, a int64) int64 { return v - v%a }
 func alignUp(v, a int64) int64   { return alignDown(v+a-1, a) }
 
-// io moves whole io units [pos, pos+len(buf)) between the device and buf,
-// which must be DMA-able memory (the bounce or edge buffer). On the SPDK
-// thread.
-func (be *Backend) io(write bool, s *blobState, pos int64, buf []byte) error {
+// mdIO moves whole io units [pos, pos+len(buf)) between the device and buf
+// (DMA-able) on the metadata thread's channel. On the metadata thread.
+func (be *Backend) mdIO(write bool, s *blobState, pos int64, buf []byte) error {
 	p := unsafe.Pointer(unsafe.SliceData(buf))
 	off, cnt := C.uint64_t(pos/be.ioUnit), C.uint64_t(int64(len(buf))/be.ioUnit)
 	_, _, _, err := be.r.do(func(op *C.weir_op) {
@@ -694,121 +700,25 @@ func (be *Backend) io(write bool, s *blobState, pos int64, buf []byte) error {
 	return err
 }
 
-// loadUnit fills dst (one io unit of the bounce buffer) with the unit at
-// pos: read through the edge buffer if it holds data (below size), zeros
-// otherwise. On the SPDK thread.
-func (be *Backend) loadUnit(s *blobState, pos, size int64, dst []byte) error {
-	if pos >= size {
-		clear(dst)
-		return nil
-	}
-	if err := be.io(false, s, pos, be.edge); err != nil {
-		return err
-	}
-	be.edgeReads.Add(1)
-	copy(dst, be.edge)
-	return nil
-}
-
-func (h *handle) ReadAt(p []byte, off int64) (int, error) {
-	if err := h.usable("read"); err != nil {
-		return 0, err
-	}
-	if err := backend.CheckRange(off, len(p)); err != nil {
-		return 0, errorf("read", h.s.id, err)
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	be, s := h.be, h.s
-	size := s.size.Load()
-	if off >= size {
-		return 0, io.EOF
-	}
-	n := int(min(int64(len(p)), size-off))
-	var err error
-	be.r.run(func() {
-		end := off + int64(n)
-		for pos := alignDown(off, be.ioUnit); pos < end && err == nil; {
-			chunk := min(alignUp(end, be.ioUnit)-pos, bounceSize)
-			if err = be.io(false, s, pos, be.bounce[:chunk]); err != nil {
-				break
-			}
-			from, to := max(off, pos), min(end, pos+chunk)
-			copy(p[from-off:to-off], be.bounce[from-pos:to-pos])
-			be.bounceBytes.Add(uint64(to - from))
-			pos += chunk
-		}
-	})
-	if err != nil {
-		return 0, errorf("read", s.id, err)
-	}
-	if n < len(p) {
-		return n, io.EOF
-	}
-	return n, nil
-}
-
-// ensure grows the blob's clusters to hold end bytes. On the SPDK thread.
+// ensure grows the blob's clusters to hold end bytes. It takes the blob's
+// lock exclusively for the resize; the caller holds it shared (and gets it
+// back shared).
 func (be *Backend) ensure(s *blobState, end int64) error {
 	need := uint64(alignUp(end, be.cluster) / be.cluster)
 	if uint64(C.spdk_blob_get_num_clusters(s.blob)) >= need {
 		return nil
 	}
-	_, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) })
-	return err
-}
-
-func (h *handle) WriteAt(p []byte, off int64) (int, error) {
-	if err := h.usable("write"); err != nil {
-		return 0, err
-	}
-	if err := backend.CheckRange(off, len(p)); err != nil {
-		return 0, errorf("write", h.s.id, err)
-	}
-	if len(p) == 0 {
-		return 0, nil
-	}
-	be, s := h.be, h.s
-	end := off + int64(len(p))
+	s.rw.RUnlock()
+	defer s.rw.RLock()
+	s.rw.Lock()
+	defer s.rw.Unlock()
 	var err error
 	be.r.run(func() {
-		if err = be.ensure(s, end); err != nil {
-			return
-		}
-		size := s.size.Load()
-		u := be.ioUnit
-		for pos := alignDown(off, u); pos < end && err == nil; {
-			chunk := min(alignUp(end, u)-pos, bounceSize)
-			from, to := max(off, pos), min(end, pos+chunk)
-			// Read-modify-write only the partial first and last units
-			// (zeros where they lie past the size), never whole units.
-			if from > pos {
-				if err = be.loadUnit(s, pos, size, be.bounce[:u]); err != nil {
-					break
-				}
-			}
-			if last := pos + chunk - u; to < pos+chunk && !(last == pos && from > pos) {
-				if err = be.loadUnit(s, last, size, be.bounce[last-pos:last-pos+u]); err != nil {
-					break
-				}
-			}
-			copy(be.bounce[from-pos:to-pos], p[from-off:to-off])
-			be.bounceBytes.Add(uint64(to - from))
-			if err = be.io(true, s, pos, be.bounce[:chunk]); err != nil {
-				break
-			}
-			pos += chunk
-		}
-		if err == nil && end > size {
-			s.size.Store(end)
-			s.sizeDirty = true
+		if uint64(C.spdk_blob_get_num_clusters(s.blob)) < need {
+			_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) })
 		}
 	})
-	if err != nil {
-		return 0, errorf("write", s.id, err)
-	}
-	return len(p), nil
+	return err
 }
 
 func (h *handle) Truncate(size int64) error {
@@ -819,49 +729,60 @@ func (h *handle) Truncate(size int64) error {
 		return errorf("truncate", h.s.id, err)
 	}
 	be, s := h.be, h.s
+	be.life.RLock()
+	defer be.life.RUnlock()
+	if be.gone.Load() {
+		return errorf("truncate", s.id, syscall.EBADF)
+	}
+	s.rw.Lock()
+	defer s.rw.Unlock()
 	var err error
 	be.r.run(func() {
 		old := s.size.Load()
-		if size < old {
-			// Zero the tail of the last unit so a later grow reads zeros,
-			// then give back the clusters past the end.
-			if tail := size % be.ioUnit; tail != 0 {
-				last := size - tail
-				if err = be.io(false, s, last, be.edge); err != nil {
-					return
-				}
-				clear(be.edge[tail:])
-				if err = be.io(true, s, last, be.edge); err != nil {
+		need := uint64(alignUp(size, be.cluster) / be.cluster)
+		if size >= old {
+			if uint64(C.spdk_blob_get_num_clusters(s.blob)) < need {
+				if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) }); err != nil {
 					return
 				}
 			}
-			// Whole units between the new and the old end that stay in
-			// kept clusters must read as zeros after a later grow.
-			need := uint64(alignUp(size, be.cluster) / be.cluster)
-			from := alignUp(size, be.ioUnit)
-			to := min(alignUp(old, be.ioUnit), int64(need)*be.cluster)
-			if to > from {
-				f, n := C.uint64_t(from/be.ioUnit), C.uint64_t((to-from)/be.ioUnit)
-				if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_write_zeroes(s.blob, be.ch, f, n, op) }); err != nil {
-					return
-				}
+			if size != old {
+				s.size.Store(size)
+				s.sizeDirty.Store(true)
 			}
-			_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) })
-			if err != nil {
-				return
-			}
-			// A shrink releases (and clears) its clusters only when the
-			// metadata is persisted; until then a grow would map the old
-			// clusters back, stale data and all. Persist now.
-			s.size.Store(size)
-			s.sizeDirty = true
-			err = be.syncMDLocked(s)
-			return
-		} else if err = be.ensure(s, size); err != nil {
 			return
 		}
+		// Zero the tail of the last unit so a later grow reads zeros,
+		// then give back the clusters past the end.
+		if tail := size % be.ioUnit; tail != 0 {
+			last := size - tail
+			if err = be.mdIO(false, s, last, be.edge); err != nil {
+				return
+			}
+			clear(be.edge[tail:])
+			if err = be.mdIO(true, s, last, be.edge); err != nil {
+				return
+			}
+		}
+		// Whole units between the new and the old end that stay in kept
+		// clusters must read as zeros after a later grow.
+		from := alignUp(size, be.ioUnit)
+		to := min(alignUp(old, be.ioUnit), int64(need)*be.cluster)
+		if to > from {
+			f, n := C.uint64_t(from/be.ioUnit), C.uint64_t((to-from)/be.ioUnit)
+			if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_write_zeroes(s.blob, be.ch, f, n, op) }); err != nil {
+				return
+			}
+		}
+		if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) }); err != nil {
+			return
+		}
+		// A shrink releases (and clears) its clusters only when the
+		// metadata is persisted; until then a grow would map the old
+		// clusters back, stale data and all. Persist now.
 		s.size.Store(size)
-		s.sizeDirty = s.sizeDirty || size != old
+		s.sizeDirty.Store(true)
+		err = be.syncMDLocked(s)
 	})
 	if err != nil {
 		return errorf("truncate", s.id, err)
@@ -892,6 +813,8 @@ func (h *handle) Close() error {
 		return nil
 	}
 	delete(be.open, s.id)
+	s.rw.Lock() // the last handle: wait for its I/O in flight
+	defer s.rw.Unlock()
 	var err error
 	be.r.run(func() {
 		err = be.syncMDLocked(s)

@@ -1,0 +1,225 @@
+// weir_spdk.h: the C side of weir's SPDK Blobstore backend (build tag spdk).
+//
+// Every function is static inline: each Go file of the package that needs
+// them includes this header in its cgo preamble, and no state lives here
+// (SPDK threads and channels are passed in from Go).
+#ifndef WEIR_SPDK_H
+#define WEIR_SPDK_H
+
+#include <stdlib.h>
+#include <string.h>
+#include <errno.h>
+#include <spdk/stdinc.h>
+#include <spdk/env.h>
+#include <spdk/thread.h>
+#include <spdk/init.h>
+#include <spdk/rpc.h>
+#include <spdk/log.h>
+#include <spdk/bdev.h>
+#include <spdk/blob.h>
+#include <spdk/blob_bdev.h>
+
+// WEIR_MAX_IOV: an I/O is at most a partial head unit, a middle and a
+// partial tail unit.
+#define WEIR_MAX_IOV 3
+
+// weir_cq is a worker's completion queue: SPDK's completion callbacks, which
+// run on the worker's own thread inside spdk_thread_poll, append the slot of
+// the finished op; the worker's Go loop drains it after each poll. One
+// thread writes and reads it, so it needs no atomics.
+typedef struct {
+	uint32_t n;
+	uint32_t slots[];
+} weir_cq;
+
+static inline uint32_t *weir_cq_slots(weir_cq *cq) { return cq->slots; }
+
+// weir_op is one asynchronous SPDK operation. It lives in C memory so that
+// SPDK may keep a pointer to it. Metadata ops (on the metadata thread) are
+// waited for through done; I/O ops (on a worker) report through cq, or
+// through a cgo callback in the measured alternative.
+typedef struct {
+	volatile int done;
+	int rc;
+	uint64_t id;
+	struct spdk_blob_store *bs;
+	struct spdk_blob *blob;
+	weir_cq *cq;
+	uint32_t slot;
+	uint64_t tag;
+	int iovcnt;
+	struct iovec iov[WEIR_MAX_IOV];
+} weir_op;
+
+static inline void weir_done(void *arg, int rc) { weir_op *op = arg; op->rc = rc; op->done = 1; }
+static inline void weir_done_id(void *arg, spdk_blob_id id, int rc) { weir_op *op = arg; op->id = id; op->rc = rc; op->done = 1; }
+static inline void weir_done_bs(void *arg, struct spdk_blob_store *bs, int rc) { weir_op *op = arg; op->bs = bs; op->rc = rc; op->done = 1; }
+static inline void weir_done_blob(void *arg, struct spdk_blob *b, int rc) { weir_op *op = arg; op->blob = b; op->rc = rc; op->done = 1; }
+
+// weir_env_init starts the SPDK environment and returns the metadata
+// thread, owned by the calling OS thread. no_huge runs on ordinary memory
+// (tests on hosts without huge pages); mem_mb sizes it.
+static inline int weir_env_init(int no_huge, int mem_mb, struct spdk_thread **md) {
+	struct spdk_env_opts opts;
+	opts.opts_size = sizeof(opts);
+	spdk_env_opts_init(&opts);
+	opts.name = "weir-io";
+	opts.no_pci = true;
+	if (no_huge) {
+		opts.no_huge = true;
+	}
+	if (mem_mb > 0) {
+		opts.mem_size = mem_mb;
+	}
+	if (spdk_env_init(&opts) < 0) {
+		return -EIO;
+	}
+	spdk_log_set_print_level(SPDK_LOG_ERROR);
+	if (spdk_thread_lib_init(NULL, 0) != 0) {
+		return -ENOMEM;
+	}
+	*md = spdk_thread_create("weir-md", NULL);
+	if (*md == NULL) {
+		return -ENOMEM;
+	}
+	spdk_set_thread(*md);
+	return 0;
+}
+
+// weir_thread_start makes an SPDK thread owned by the calling OS thread.
+static inline struct spdk_thread *weir_thread_start(const char *name) {
+	struct spdk_thread *t = spdk_thread_create(name, NULL);
+	if (t != NULL) {
+		spdk_set_thread(t);
+	}
+	return t;
+}
+
+// weir_thread_stop exits the calling OS thread's SPDK thread: it polls until
+// every outstanding message and channel release has run, then destroys it.
+static inline void weir_thread_stop(struct spdk_thread *t) {
+	spdk_thread_exit(t);
+	while (!spdk_thread_is_exited(t)) {
+		spdk_thread_poll(t, 0, 0);
+	}
+	spdk_thread_destroy(t);
+	spdk_set_thread(NULL);
+}
+
+static inline void weir_init_done(int rc, void *arg) { weir_done(arg, rc); }
+
+static inline void weir_load_config(void *json, size_t len, weir_op *op) {
+	spdk_subsystem_load_config(json, (ssize_t)len, weir_init_done, op, true);
+}
+
+// As spdk_app_start does: the configuration's startup-time RPCs, then the
+// subsystems' initialisation, then its runtime RPCs (bdev creation).
+static inline void weir_subsystem_init(weir_op *op) { spdk_subsystem_init(weir_init_done, op); }
+static inline void weir_rpc_runtime(void) { spdk_rpc_set_state(SPDK_RPC_RUNTIME); }
+
+static inline void weir_bdev_event(enum spdk_bdev_event_type type, struct spdk_bdev *bdev, void *ctx) {}
+
+static inline int weir_bs_dev(const char *name, struct spdk_bs_dev **dev) {
+	return spdk_bdev_create_bs_dev_ext(name, weir_bdev_event, NULL, dev);
+}
+
+static inline void weir_bs_load(struct spdk_bs_dev *dev, int init, uint64_t cluster_sz, weir_op *op) {
+	struct spdk_bs_opts opts;
+	spdk_bs_opts_init(&opts, sizeof(opts));
+	memcpy(opts.bstype.bstype, "weir", 4);
+	if (init) {
+		if (cluster_sz) {
+			opts.cluster_sz = cluster_sz;
+		}
+		// A new blobstore starts with every cluster reading zeros.
+		opts.clear_method = BS_CLEAR_WITH_WRITE_ZEROES;
+		spdk_bs_init(dev, &opts, weir_done_bs, op);
+	} else {
+		spdk_bs_load(dev, &opts, weir_done_bs, op);
+	}
+}
+
+static inline void weir_bs_unload(struct spdk_blob_store *bs, weir_op *op) { spdk_bs_unload(bs, weir_done, op); }
+
+static inline void weir_create(struct spdk_blob_store *bs, weir_op *op) {
+	struct spdk_blob_opts opts;
+	spdk_blob_opts_init(&opts, sizeof(opts));
+	opts.thin_provision = true;
+	// Freed clusters (shrink, delete) are zeroed: a thin blob's newly
+	// allocated cluster is not, so this keeps "free clusters read as
+	// zeros", which holes and grows rely on.
+	opts.clear_method = BLOB_CLEAR_WITH_WRITE_ZEROES;
+	spdk_bs_create_blob_ext(bs, &opts, weir_done_id, op);
+}
+static inline void weir_open(struct spdk_blob_store *bs, uint64_t id, weir_op *op) { spdk_bs_open_blob(bs, id, weir_done_blob, op); }
+static inline void weir_close(struct spdk_blob *b, weir_op *op) { spdk_blob_close(b, weir_done, op); }
+static inline void weir_delete(struct spdk_blob_store *bs, uint64_t id, weir_op *op) { spdk_bs_delete_blob(bs, id, weir_done, op); }
+static inline void weir_resize(struct spdk_blob *b, uint64_t clusters, weir_op *op) { spdk_blob_resize(b, clusters, weir_done, op); }
+static inline void weir_sync_md(struct spdk_blob *b, weir_op *op) { spdk_blob_sync_md(b, weir_done, op); }
+static inline void weir_iter_first(struct spdk_blob_store *bs, weir_op *op) { spdk_bs_iter_first(bs, weir_done_blob, op); }
+static inline void weir_iter_next(struct spdk_blob_store *bs, struct spdk_blob *b, weir_op *op) { spdk_bs_iter_next(bs, b, weir_done_blob, op); }
+
+// Synchronous-style I/O on the metadata thread (truncate's edge unit).
+static inline void weir_read(struct spdk_blob *b, struct spdk_io_channel *ch, void *buf, uint64_t off, uint64_t n, weir_op *op) {
+	spdk_blob_io_read(b, ch, buf, off, n, weir_done, op);
+}
+static inline void weir_write(struct spdk_blob *b, struct spdk_io_channel *ch, void *buf, uint64_t off, uint64_t n, weir_op *op) {
+	spdk_blob_io_write(b, ch, buf, off, n, weir_done, op);
+}
+static inline void weir_write_zeroes(struct spdk_blob *b, struct spdk_io_channel *ch, uint64_t off, uint64_t n, weir_op *op) {
+	spdk_blob_io_write_zeroes(b, ch, off, n, weir_done, op);
+}
+
+// Worker I/O completions: into the worker's C queue (the default), or
+// through a cgo callback into Go (measured, see docs/spdk-backend.md).
+static inline void weir_io_done(void *arg, int rc) {
+	weir_op *op = arg;
+	op->rc = rc;
+	weir_cq *cq = op->cq;
+	cq->slots[cq->n++] = op->slot;
+}
+
+extern void weirGoIODone(uint64_t tag, int rc);
+
+static inline void weir_io_done_cgo(void *arg, int rc) {
+	weir_op *op = arg;
+	weirGoIODone(op->tag, rc);
+}
+
+// weir_io_submit starts op's read or write of n io units at io unit off,
+// on the worker's channel. For a write it returns 1 if part of the range
+// has no cluster yet: the blobstore then allocates one, which takes a
+// message to the metadata thread.
+static inline int weir_io_submit(struct spdk_blob *b, struct spdk_io_channel *ch, int write,
+				 weir_op *op, uint64_t off, uint64_t n, int cgo) {
+	spdk_blob_op_complete cb = cgo ? weir_io_done_cgo : weir_io_done;
+	int alloc = 0;
+	if (write) {
+		alloc = spdk_blob_get_next_unallocated_io_unit(b, off) < off + n;
+		spdk_blob_io_writev(b, ch, op->iov, op->iovcnt, off, n, cb, op);
+	} else {
+		spdk_blob_io_readv(b, ch, op->iov, op->iovcnt, off, n, cb, op);
+	}
+	return alloc;
+}
+
+// weir_get_u64 reads an 8-byte xattr; -ENOENT if missing.
+static inline int weir_get_u64(struct spdk_blob *b, const char *name, uint64_t *v) {
+	const void *val;
+	size_t len;
+	int rc = spdk_blob_get_xattr_value(b, name, &val, &len);
+	if (rc != 0) {
+		return rc;
+	}
+	if (len != sizeof(*v)) {
+		return -EINVAL;
+	}
+	memcpy(v, val, sizeof(*v));
+	return 0;
+}
+
+static inline int weir_set_u64(struct spdk_blob *b, const char *name, uint64_t v) {
+	return spdk_blob_set_xattr(b, name, &v, sizeof(v));
+}
+
+#endif
