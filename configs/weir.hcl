@@ -80,6 +80,10 @@ io {
   # spdk_mem_mb  = 0
   # Cluster (allocation unit) of a new blobstore: 0 is SPDK's 1MiB.
   # spdk_cluster_size = 0
+  # I/O workers: polling threads, each with its own SPDK thread and I/O
+  # channel. One keeps many I/Os in flight; the next joins when the first
+  # has 16 outstanding. Each polls a core while it has work.
+  # spdk_workers = 1
 
   # O_DIRECT for the file backend: auto uses it where the file system
   # allows, on requires it (start fails otherwise), off never uses it.

@@ -85,6 +85,9 @@ type IO struct {
 	SPDKBdev   string // spdk_bdev: the bdev that holds the blobstore; required for spdk
 	SPDKNoHuge bool   // spdk_no_huge: run SPDK without huge pages (tests; no DMA to real devices)
 	SPDKMemMB  int    // spdk_mem_mb: SPDK memory in MiB; 0 = SPDK's default
+	// spdk_workers: I/O workers, each a polling OS thread with its own
+	// SPDK thread and I/O channel (1 to 64). One keeps many I/Os in flight.
+	SPDKWorkers int
 	// spdk_cluster_size: blob allocation unit of a new blobstore (a power
 	// of two, at least 64KiB); 0 = SPDK's default (1MiB). An existing
 	// blobstore keeps the size it was made with.
@@ -143,9 +146,10 @@ func Default() *Config {
 			CheckpointEvery: DefaultCheckpointEvery,
 		},
 		IO: IO{
-			Backend:  DefaultBackend,
-			Direct:   DefaultDirect,
-			WaitMode: DefaultWaitMode,
+			Backend:     DefaultBackend,
+			Direct:      DefaultDirect,
+			WaitMode:    DefaultWaitMode,
+			SPDKWorkers: 1,
 		},
 		Ring: Ring{
 			SQEntries: DefaultSQEntries,

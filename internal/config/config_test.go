@@ -38,7 +38,7 @@ func TestDefault(t *testing.T) {
 		},
 		IO: IO{
 			Socket: "/var/lib/weir/run/io.sock", Backend: "file", Direct: "auto",
-			WaitMode: "adaptive",
+			WaitMode: "adaptive", SPDKWorkers: 1,
 		},
 		Ring:    Ring{SQEntries: 256, ArenaSize: 8 << 20, BlockSize: 4096},
 		derived: derivedPaths{runDir: true, metadataSocket: true, ioSocket: true},
@@ -104,7 +104,7 @@ ring {
 		},
 		IO: IO{
 			Socket: filepath.Join(dir, "io.sock"), Backend: "mem", Direct: "off",
-			WaitMode: "busy-poll",
+			WaitMode: "busy-poll", SPDKWorkers: 1,
 		},
 		Ring: Ring{SQEntries: 1024, ArenaSize: 64 * MiB, BlockSize: 64 * KiB},
 	}
@@ -177,6 +177,7 @@ func TestLoadErrors(t *testing.T) {
 		{"listen not loopback", "nats {\n  listen = \"0.0.0.0:4222\"\n}\n", `bad.hcl:2: nats.listen: "0.0.0.0:4222": the embedded server listens on loopback only`},
 		{"bad url", "nats {\n  url = \"http://x\"\n}\n", `bad.hcl:2: nats.url: "http://x": scheme "http"`},
 		{"block size", "ring {\n  block_size = \"2MiB\"\n}\n", `bad.hcl:2: ring.block_size: 2MiB: want a power of two from 64B to 1MiB`},
+		{"spdk workers", "io {\n  spdk_workers = 0\n}\n", `bad.hcl:2: io.spdk_workers: 0: want 1 to 64`},
 		{"arena too big", "ring {\n  arena_size = \"4GiB\"\n}\n", `bad.hcl:2: ring.arena_size: 4GiB: must be below 4GiB`},
 		{"arena one block", "ring {\n  block_size = \"1MiB\"\n  arena_size = \"1MiB\"\n}\n", `bad.hcl:3: ring.arena_size: 1MiB: must hold at least two blocks of 1MiB`},
 		{"arena unit", "ring {\n  arena_size = \"8MB\"\n}\n", `bad.hcl:2: ring.arena_size: size "8MB": unknown unit "MB"`},

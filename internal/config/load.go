@@ -101,10 +101,11 @@ type (
 		Direct   *hcl.Attribute `hcl:"direct,optional"`
 		WaitMode *hcl.Attribute `hcl:"wait_mode,optional"`
 
-		SPDKConfig *hcl.Attribute `hcl:"spdk_config,optional"`
-		SPDKBdev   *hcl.Attribute `hcl:"spdk_bdev,optional"`
-		SPDKNoHuge *hcl.Attribute `hcl:"spdk_no_huge,optional"`
-		SPDKMemMB  *hcl.Attribute `hcl:"spdk_mem_mb,optional"`
+		SPDKConfig  *hcl.Attribute `hcl:"spdk_config,optional"`
+		SPDKBdev    *hcl.Attribute `hcl:"spdk_bdev,optional"`
+		SPDKNoHuge  *hcl.Attribute `hcl:"spdk_no_huge,optional"`
+		SPDKMemMB   *hcl.Attribute `hcl:"spdk_mem_mb,optional"`
+		SPDKWorkers *hcl.Attribute `hcl:"spdk_workers,optional"`
 
 		SPDKClusterSize *hcl.Attribute `hcl:"spdk_cluster_size,optional"`
 	}
@@ -190,6 +191,7 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.str("io.spdk_bdev", b.SPDKBdev, &c.IO.SPDKBdev)
 		d.bool("io.spdk_no_huge", b.SPDKNoHuge, &c.IO.SPDKNoHuge)
 		d.int("io.spdk_mem_mb", b.SPDKMemMB, &c.IO.SPDKMemMB)
+		d.int("io.spdk_workers", b.SPDKWorkers, &c.IO.SPDKWorkers)
 		d.size("io.spdk_cluster_size", b.SPDKClusterSize, &c.IO.SPDKClusterSize)
 	}
 	if b := fc.Ring; b != nil {

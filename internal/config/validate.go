@@ -107,6 +107,9 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	if cs := c.IO.SPDKClusterSize; cs != 0 && (cs < 64*KiB || !isPow2(uint64(cs))) {
 		bad(at("io.spdk_cluster_size"), "io.spdk_cluster_size", "%s: want 0 or a power of two of at least 64KiB", cs)
 	}
+	if c.IO.SPDKWorkers < 1 || c.IO.SPDKWorkers > 64 {
+		bad(at("io.spdk_workers"), "io.spdk_workers", "%d: want 1 to 64", c.IO.SPDKWorkers)
+	}
 	if c.IO.SPDKMemMB < 0 {
 		bad(at("io.spdk_mem_mb"), "io.spdk_mem_mb", "%d: must not be negative", c.IO.SPDKMemMB)
 	}

@@ -19,5 +19,5 @@ func spdkBackend(c *config.Config) (backend.Backend, error) {
 		return nil, fmt.Errorf("spdk backend: read io.spdk_config: %w", err)
 	}
 	return spdk.New(spdk.Options{ConfigJSON: json, Bdev: c.IO.SPDKBdev,
-		NoHuge: c.IO.SPDKNoHuge, MemMB: c.IO.SPDKMemMB, ClusterSize: uint64(c.IO.SPDKClusterSize)})
+		NoHuge: c.IO.SPDKNoHuge, MemMB: c.IO.SPDKMemMB, Workers: c.IO.SPDKWorkers, ClusterSize: uint64(c.IO.SPDKClusterSize)})
 }
