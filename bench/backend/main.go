@@ -57,6 +57,8 @@ type settings struct {
 	Warmup    time.Duration `json:"warmup_ns"`
 	QD        int           `json:"qd"`
 	HugePages bool          `json:"hugepages"`
+	// SPDKWorkers is the SPDK backend's I/O worker count.
+	SPDKWorkers int `json:"spdk_workers"`
 }
 
 type options struct {
@@ -101,6 +103,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.DurationVar(&cfg.s.Warmup, "warmup", 300*time.Millisecond, "warm-up before each row's window")
 	fs.IntVar(&cfg.s.QD, "qd", 32, "goroutines (queue depth) of the high-queue-depth rows")
 	fs.BoolVar(&cfg.s.HugePages, "hugepages", false, "run SPDK on huge pages (default: DPDK --no-huge)")
+	fs.IntVar(&cfg.s.SPDKWorkers, "spdk-workers", 1, "I/O workers of the SPDK backend")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -128,6 +131,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		return cfg, errors.New("-window must be positive and -warmup not negative")
 	case cfg.s.QD < 1:
 		return cfg, errors.New("-qd must be at least 1")
+	case cfg.s.SPDKWorkers < 1:
+		return cfg, errors.New("-spdk-workers must be at least 1")
 	}
 	cfg.s.FileBytes = int64(*fileMiB) * mib
 	return cfg, nil

@@ -10,20 +10,12 @@ import (
 	"github.com/weir-storage/weir/bench/internal/benchutil"
 )
 
-// ringP50us is the ring layer's round trip quoted from docs/benchmarks.md
-// (transport section, reference run 2026-11-30: ring-busypoll no-op, one
-// thread, p50 1.03 µs; the echo rows reach about 2 µs).
+// The ring layer's no-op round trip, when <out>/transport.json is missing:
+// the transport reference run in docs/benchmarks.md (2026-11-30T08:37Z,
+// ring-busypoll, one thread).
 const (
-	ringP50us     = 1.03
-	ringP50Source = "docs/benchmarks.md, transport section (reference run 2026-11-30): ring-busypoll no-op p50 1.03 µs, ~1–2 µs across rows"
-)
-
-// Reference weir 4 KiB random QD1 p50s from docs/benchmarks.md (fileops
-// section, reference run 2026-11-30), used when <out>/fileops.json is
-// missing.
-var (
-	refWeirP50     = map[bool]float64{false: 65.4, true: 43.1}
-	refOSDirectP50 = map[bool]float64{false: 47.7, true: 45.4}
+	refRingP50us  = 0.76
+	refRingSource = "docs/benchmarks.md transport reference run 2026-11-30T08:37Z"
 )
 
 // Report is one run.
@@ -43,21 +35,25 @@ type Report struct {
 	Layers      []Layer              `json:"layers"`
 }
 
-// Overhead is the software cost per IO of one QD1 workload, in µs of p50.
+// Overhead is the software cost per IO of one QD1 workload, in µs of p50,
+// each a difference of two rows of this run.
 type Overhead struct {
-	Workload     string   `json:"workload"`
-	RawP50us     *float64 `json:"raw_p50_us"`
-	FileMinusRaw *float64 `json:"file_minus_raw_us"`
-	AioMinusRaw  *float64 `json:"spdk_aio_minus_raw_us"`
-	MallocP50us  *float64 `json:"spdk_malloc_p50_us"`
+	Workload      string   `json:"workload"`
+	RawP50us      *float64 `json:"raw_p50_us"`
+	FileMinusRaw  *float64 `json:"file_minus_raw_us"`
+	WeirFileMinus *float64 `json:"weir_file_minus_file_us"`
+	AioMinusRaw   *float64 `json:"spdk_aio_minus_raw_us"`
+	WeirAioMinus  *float64 `json:"weir_spdk_aio_minus_spdk_aio_us"`
+	MallocP50us   *float64 `json:"spdk_malloc_p50_us"`
+	WeirMallocMin *float64 `json:"weir_spdk_malloc_minus_spdk_malloc_us"`
+	CGOMinusQueue *float64 `json:"spdk_cgocb_minus_spdk_malloc_us"`
 }
 
-// Layer is one layer's cost per IO, measured elsewhere or derived.
+// Layer is one layer's cost per IO.
 type Layer struct {
-	Layer  string  `json:"layer"`
-	P50us  float64 `json:"p50_us"`
-	How    string  `json:"how"`
-	Derive bool    `json:"derived"`
+	Layer string  `json:"layer"`
+	P50us float64 `json:"p50_us"`
+	How   string  `json:"how"`
 }
 
 func (r *Report) row(wl, target string) *Row {
@@ -74,91 +70,77 @@ func ptr(v float64) *float64 { return &v }
 
 // derive fills the overhead and layer tables.
 func (r *Report) derive(out string) {
+	diff := func(wl, a, b string) *float64 {
+		x, y := r.row(wl, a), r.row(wl, b)
+		if x == nil || y == nil {
+			return nil
+		}
+		return ptr(x.P50us - y.P50us)
+	}
+	p50 := func(wl, t string) *float64 {
+		if x := r.row(wl, t); x != nil {
+			return ptr(x.P50us)
+		}
+		return nil
+	}
 	for _, wl := range workloads(r.Settings.QD) {
 		if wl.QD != 1 {
 			continue
 		}
-		o := Overhead{Workload: wl.Name}
-		raw := r.row(wl.Name, targetRaw)
-		if raw != nil {
-			o.RawP50us = ptr(raw.P50us)
-			if f := r.row(wl.Name, targetFile); f != nil {
-				o.FileMinusRaw = ptr(f.P50us - raw.P50us)
-			}
-			if a := r.row(wl.Name, targetSPDKAio); a != nil {
-				o.AioMinusRaw = ptr(a.P50us - raw.P50us)
-			}
-		}
-		if m := r.row(wl.Name, targetSPDKMalloc); m != nil {
-			o.MallocP50us = ptr(m.P50us)
-		}
-		r.Overhead = append(r.Overhead, o)
-	}
-	r.Layers = append(r.Layers, Layer{Layer: "ring round trip", P50us: ringP50us, How: "quoted from " + ringP50Source})
-	weir, osd, src := weirP50s(out)
-	for _, w := range []struct {
-		write bool
-		wl    string
-	}{{false, "4 KiB random read, QD1"}, {true, "4 KiB random write, QD1"}} {
-		f := r.row(w.wl, targetFile)
-		if f == nil {
-			continue
-		}
-		op := "read"
-		if w.write {
-			op = "write"
-		}
-		r.Layers = append(r.Layers, Layer{
-			Layer:  "IO service + client + ring, 4 KiB " + op,
-			P50us:  weir[w.write] - f.P50us,
-			How:    fmt.Sprintf("weir 4 KiB random %s p50 %s µs (%s) − file backend p50 %s µs (this run)", op, benchutil.Fnum(weir[w.write]), src, benchutil.Fnum(f.P50us)),
-			Derive: true,
+		r.Overhead = append(r.Overhead, Overhead{
+			Workload:      wl.Name,
+			RawP50us:      p50(wl.Name, targetRaw),
+			FileMinusRaw:  diff(wl.Name, targetFile, targetRaw),
+			WeirFileMinus: diff(wl.Name, targetWeirFile, targetFile),
+			AioMinusRaw:   diff(wl.Name, targetSPDKAio, targetRaw),
+			WeirAioMinus:  diff(wl.Name, targetWeirSPDKAio, targetSPDKAio),
+			MallocP50us:   p50(wl.Name, targetSPDKMalloc),
+			WeirMallocMin: diff(wl.Name, targetWeirSPDKMalloc, targetSPDKMalloc),
+			CGOMinusQueue: diff(wl.Name, targetSPDKMallocCGO, targetSPDKMalloc),
 		})
-		if raw := r.row(w.wl, targetRaw); raw != nil {
-			// Same-run difference: fileops' weir vs its os-direct, minus
-			// what the file backend adds over raw here. Robust to the
-			// device's speed changing between runs.
-			r.Layers = append(r.Layers, Layer{
-				Layer: "IO service + client + ring, 4 KiB " + op + ", same-run",
-				P50us: weir[w.write] - osd[w.write] - (f.P50us - raw.P50us),
-				How: fmt.Sprintf("(weir %s − os-direct %s µs, both from %s) − (file − raw here, %s µs)",
-					benchutil.Fnum(weir[w.write]), benchutil.Fnum(osd[w.write]), src, benchutil.Fnum(f.P50us-raw.P50us)),
-				Derive: true,
-			})
+	}
+	ring, src := ringP50(out)
+	r.Layers = append(r.Layers, Layer{Layer: "ring round trip (no-op, busy-poll)", P50us: ring, How: "bench/transport, " + src})
+	for _, op := range []string{"read", "write"} {
+		wl := "4 KiB random " + op + ", QD1"
+		if d := diff(wl, targetWeirSPDKMalloc, targetSPDKMalloc); d != nil {
+			r.Layers = append(r.Layers, Layer{Layer: "client + ring + IO service, 4 KiB " + op + " (SPDK malloc)", P50us: *d,
+				How: "weir-spdk-malloc − spdk-malloc, this run"})
+		}
+		if d := diff(wl, targetWeirFile, targetFile); d != nil {
+			r.Layers = append(r.Layers, Layer{Layer: "client + ring + IO service, 4 KiB " + op + " (file backend)", P50us: *d,
+				How: "weir-file − file, this run (device noise included)"})
+		}
+		if m := p50(wl, targetSPDKMalloc); m != nil {
+			r.Layers = append(r.Layers, Layer{Layer: "SPDK backend, 4 KiB " + op + " (no device)", P50us: *m,
+				How: "spdk-malloc: caller → worker hand-off, blobstore, bdev, memcpy of the malloc bdev, completion"})
 		}
 	}
 }
 
-// weirP50s returns weir's 4 KiB random QD1 read and write p50 from
-// <out>/fileops.json, or the reference run's when that file is missing.
-func weirP50s(out string) (weir, osDirect map[bool]float64, src string) {
-	b, err := os.ReadFile(filepath.Join(out, "fileops.json"))
+// ringP50 is the ring-busypoll no-op one-thread p50 from <out>/transport.json,
+// or the reference run's.
+func ringP50(out string) (float64, string) {
+	b, err := os.ReadFile(filepath.Join(out, "transport.json"))
 	if err == nil {
 		var f struct {
 			Date string `json:"date"`
 			Rows []struct {
-				Family, Workload, Target string
-				P50                      float64 `json:"p50_us"`
+				Transport string  `json:"transport"`
+				Workload  string  `json:"workload"`
+				Threads   int     `json:"threads"`
+				P50       float64 `json:"p50_us"`
 			} `json:"rows"`
 		}
 		if json.Unmarshal(b, &f) == nil {
-			m := map[string]map[bool]float64{"weir": {}, "os-direct": {}}
 			for _, x := range f.Rows {
-				if m[x.Target] != nil && strings.HasPrefix(x.Family, "4 KiB random") {
-					switch x.Workload {
-					case "read":
-						m[x.Target][false] = x.P50
-					case "write (no fsync)":
-						m[x.Target][true] = x.P50
-					}
+				if x.Transport == "ring-busypoll" && x.Workload == "no-op" && x.Threads == 1 && x.P50 > 0 {
+					return x.P50, filepath.Join(out, "transport.json") + " of " + f.Date
 				}
-			}
-			if len(m["weir"]) == 2 && len(m["os-direct"]) == 2 {
-				return m["weir"], m["os-direct"], filepath.Join(out, "fileops.json") + " of " + f.Date
 			}
 		}
 	}
-	return refWeirP50, refOSDirectP50, "docs/benchmarks.md fileops reference run 2026-11-30"
+	return refRingP50us, refRingSource
 }
 
 func us(v *float64) string {
@@ -186,10 +168,10 @@ func (r *Report) markdown() string {
 	if r.Settings.HugePages {
 		huge = "huge pages"
 	}
-	p("- Targets: raw = `pread`/`pwrite` on an O_DIRECT file (the floor); file = `backend/file` (O_DIRECT); spdk-aio = `backend/spdk` on an `aio` bdev over a sparse file on the same file system (block_size 4096); spdk-malloc = `backend/spdk` on a `malloc` bdev (no device). SPDK: one environment for both bdevs, %s, one SPDK thread serving every request one at a time through a 1 MiB bounce buffer.\n", huge)
-	p("- Data: %s MiB per target, written in full with 1 MiB writes (and synced) before the rows (raw and file %s s; SPDK start, blobstore format and fill %s s). Buffers are page aligned. Nothing is fsynced during the rows; the file system is synced (syncfs) before each row.\n", benchutil.Fnum(float64(r.Settings.FileBytes)/mib), benchutil.Fnum(r.PrepSec), benchutil.Fnum(r.SPDKPrepSec))
-	p("- Order: every raw and file row runs first, then SPDK starts and the spdk rows run: SPDK's thread polls a core while it has work (and for 500 µs after), which would slow kernel rows running next to it on a small machine; that polling core is part of every spdk row (on a 2-CPU machine it leaves one CPU for the callers and the kernel).\n")
-	p("- Rows: random offsets are 4 KiB aligned and uniform, the same sequence on every target; QD%d is %d goroutines on one handle, each with one IO outstanding; sequential rows walk the file from offset 0 (wrapping). %s warm-up, then a %s window per row. Latency: wall time of each IO, log-linear histogram (0.8 %% buckets). MB/s is 10^6 bytes/s.\n\n",
+	p("- Targets: raw = `pread`/`pwrite` on an O_DIRECT file (the floor); file = `backend/file` (O_DIRECT); spdk-aio = `backend/spdk` on an `aio` bdev over a sparse file on the same file system (block_size 4096); spdk-malloc = `backend/spdk` on a `malloc` bdev (no device); spdk-malloc-cgocb = the same with each completion delivered by a cgo callback instead of the worker's C completion queue; weir-* = the whole data path, in this process: Go client → ring → IO service (adaptive poller) → that backend, on one file of the same size (embedded NATS and the metadata service run too). SPDK: one environment (%s), %d I/O worker(s); backends are used at the interface with Go-heap buffers (every byte bounced), weir's rings are huge-page regions registered with SPDK where huge pages are on (aligned payloads go straight from the arena).\n", huge, r.Settings.SPDKWorkers)
+	p("- Data: %s MiB per target, written in full with 1 MiB writes (and synced) before the rows (kernel targets %s s; SPDK start, blobstore format and fill %s s). Buffers are page aligned. Nothing is fsynced during the rows; the file system is synced (syncfs) before each row.\n", benchutil.Fnum(float64(r.Settings.FileBytes)/mib), benchutil.Fnum(r.PrepSec), benchutil.Fnum(r.SPDKPrepSec))
+	p("- Order: phases, each closing its targets before the next: raw, file, weir-file; spdk-aio, spdk-malloc; spdk-malloc-cgocb; weir-spdk-aio, weir-spdk-malloc (SPDK's pollers spin while they have work, and would slow kernel rows beside them on a small machine; the polling cores are part of every spdk row).\n")
+	p("- Rows: random offsets are 4 KiB aligned and uniform, the same sequence on every target; QD%d is %d goroutines on one handle (weir: one client session), each with one IO outstanding; sequential rows walk the file from offset 0 (wrapping). %s warm-up, then a %s window per row. Latency: wall time of each IO, log-linear histogram (0.8 %% buckets). MB/s is 10^6 bytes/s.\n\n",
 		r.Settings.QD, r.Settings.QD, r.Settings.Warmup, r.Settings.Window)
 
 	p("| Workload | Target | ops | ops/s | MB/s | p50 µs | p99 µs | mean µs | max µs |\n|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
@@ -205,20 +187,17 @@ func (r *Report) markdown() string {
 				benchutil.Fnum(x.MeanUs), benchutil.Fnum(x.MaxUs))
 		}
 	}
-	p("\n### Software overhead per IO (µs, p50)\n\n")
-	p("| Workload | raw p50 | file − raw | spdk-aio − raw | spdk-malloc p50 (pure software path) |\n|---|--:|--:|--:|--:|\n")
+	p("\n### Software overhead per IO (µs of p50, QD1, differences of rows of this run)\n\n")
+	p("| Workload | raw p50 | file − raw | weir-file − file | spdk-aio − raw | weir-spdk-aio − spdk-aio | spdk-malloc p50 | weir-spdk-malloc − spdk-malloc | cgo callback − C queue |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, o := range r.Overhead {
-		p("| %s | %s | %s | %s | %s |\n", o.Workload, us(o.RawP50us), us(o.FileMinusRaw), us(o.AioMinusRaw), us(o.MallocP50us))
+		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", o.Workload, us(o.RawP50us), us(o.FileMinusRaw), us(o.WeirFileMinus),
+			us(o.AioMinusRaw), us(o.WeirAioMinus), us(o.MallocP50us), us(o.WeirMallocMin), us(o.CGOMinusQueue))
 	}
-	p("\n### Other layers (not measured by this program)\n\n| Layer | p50 µs | How |\n|---|--:|---|\n")
+	p("\n### Per layer (µs of p50 per 4 KiB IO)\n\n| Layer | p50 µs | How |\n|---|--:|---|\n")
 	for _, l := range r.Layers {
-		name := l.Layer
-		if l.Derive {
-			name += " (derived)"
-		}
-		p("| %s | %s | %s |\n", name, benchutil.Fnum(l.P50us), l.How)
+		p("| %s | %s | %s |\n", l.Layer, benchutil.Fnum(l.P50us), l.How)
 	}
-	p("\nDerived rows subtract numbers from different runs and processes (the weir row also crosses the client, the ring and the IO service's worker): a rough split, not a measurement. The device's latency moves between runs on small VMs, so the same-run rows (weir against os-direct of one fileops run) are the better estimate.\n")
+	p("\nThe malloc rows are the clean split: no device, so weir-spdk-malloc − spdk-malloc is what the client, the ring and the IO service add to an SPDK I/O, and spdk-malloc is SPDK's software path with weir's worker hand-off. Differences against file and aio rows carry the device's noise.\n")
 	return b.String()
 }
 

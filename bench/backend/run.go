@@ -77,25 +77,14 @@ func run(cfg options, logger *log.Logger) (*Report, error) {
 	}
 	rep.MemTotal = memTotal()
 
-	// Two phases: raw and file first, then SPDK. Once started, SPDK's
-	// thread polls (spins) on one CPU until the process exits, which on a
-	// small machine would slow the kernel rows down if they ran beside it.
+	// Phases, each closing its targets before the next starts: the kernel
+	// targets (raw, file, weir on file) first, then SPDK's. Once started,
+	// SPDK's threads poll (spin) while they have work, which on a small
+	// machine would slow kernel rows running beside them.
 	logger.Printf("preparing %s MiB per target in %s", benchutil.MiB(cfg.s.FileBytes/1024), dir)
-	t0 := time.Now()
-	kernel := []target{newRaw(dir, cfg.s.FileBytes), newFile(dir, cfg.s.FileBytes)}
-	rep.PrepSec = time.Since(t0).Seconds()
-	var all []target
-	defer func() {
-		for _, t := range all {
-			if t.close != nil {
-				if err := t.close(); err != nil {
-					logger.Printf("close %s: %v", t.name, err)
-				}
-			}
-		}
-	}()
 	wls := workloads(cfg.s.QD)
 	rows := map[string]Row{}
+	var all []target
 	phase := func(targets []target) {
 		all = append(all, targets...)
 		for _, t := range targets {
@@ -113,17 +102,31 @@ func run(cfg options, logger *log.Logger) (*Report, error) {
 						unix.Close(fd)
 					}
 					measure(t.dev, wl, cfg.s, &row)
-					logger.Printf("%-32s %-12s %10.0f ops/s  p50 %8.2f µs  p99 %8.2f µs %s", wl.Name, t.name, row.OpsPerSec, row.P50us, row.P99us, row.Error)
+					logger.Printf("%-32s %-18s %10.0f ops/s  p50 %8.2f µs  p99 %8.2f µs %s", wl.Name, t.name, row.OpsPerSec, row.P50us, row.P99us, row.Error)
 				}
 				rows[wl.Name+"\x00"+t.name] = row
 			}
 		}
+		for _, t := range targets {
+			if t.close != nil {
+				if err := t.close(); err != nil {
+					logger.Printf("close %s: %v", t.name, err)
+				}
+			}
+		}
 	}
+	t0 := time.Now()
+	kernel := []target{newRaw(dir, cfg.s.FileBytes), newFile(dir, cfg.s.FileBytes), newWeirFile(dir, cfg.s.FileBytes)}
+	rep.PrepSec = time.Since(t0).Seconds()
 	phase(kernel)
-	t0 = time.Now()
-	spdkTargets := newSPDK(dir, cfg.s)
-	rep.SPDKPrepSec = time.Since(t0).Seconds()
-	phase(spdkTargets)
+	for i, mk := range spdkPhases(dir, cfg.s) {
+		t0 = time.Now()
+		ts := mk()
+		if i == 0 {
+			rep.SPDKPrepSec = time.Since(t0).Seconds()
+		}
+		phase(ts)
+	}
 	for _, wl := range wls {
 		for _, t := range all {
 			rep.Rows = append(rep.Rows, rows[wl.Name+"\x00"+t.name])

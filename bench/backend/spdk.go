@@ -3,11 +3,12 @@
 package main
 
 import (
-	"os"
-
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
+	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/services/io/backend/spdk"
 )
 
@@ -29,41 +30,65 @@ func spdkMemMB(size int64, huge bool) int {
 	return int(2*(size+bdevSlack)/mib) + 512
 }
 
-// newSPDK starts SPDK once, with both bdevs in its JSON configuration (one
-// SPDK environment per process), and makes one backend per bdev, each with
-// one filled blob.
-func newSPDK(dir string, s settings) []target {
-	aio := target{name: targetSPDKAio}
-	mal := target{name: targetSPDKMalloc}
+// spdkPhases are the SPDK targets, in three phases on the same two bdevs
+// (an aio bdev over a sparse file on the file system under test, and a
+// malloc bdev) of one SPDK environment (one per process): the backend at
+// its interface; the backend with cgo-callback completions (malloc only);
+// weir on the backend. Each phase's backends delete their blob and unload
+// their blobstore when the phase ends, so the next starts on an empty one.
+func spdkPhases(dir string, s settings) []func() []target {
 	disk := filepath.Join(dir, "aio.dat")
 	bdevBytes := s.FileBytes + bdevSlack
-	if err := sparseFile(disk, bdevBytes); err != nil {
-		aio.err, mal.err = err.Error(), err.Error()
-		return []target{aio, mal}
-	}
 	cfg := fmt.Sprintf(`{"subsystems": [{"subsystem": "bdev", "config": [
   {"method": "bdev_aio_create", "params": {"name": "Aio0", "filename": %q, "block_size": 4096}},
   {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": %d, "block_size": 4096}}
 ]}]}`, disk, bdevBytes/4096)
-	start := func(t *target, bdev string) {
-		be, err := spdk.New(spdk.Options{ConfigJSON: []byte(cfg), Bdev: bdev, NoHuge: !s.HugePages,
-			MemMB: spdkMemMB(s.FileBytes, s.HugePages), Format: true})
+	cfgPath := filepath.Join(dir, "spdk.json")
+	prep := errors.Join(sparseFile(disk, bdevBytes), os.WriteFile(cfgPath, []byte(cfg), 0o644))
+	opts := func(bdev string) spdk.Options {
+		return spdk.Options{ConfigJSON: []byte(cfg), Bdev: bdev, NoHuge: !s.HugePages,
+			MemMB: spdkMemMB(s.FileBytes, s.HugePages), Format: true, Workers: s.SPDKWorkers}
+	}
+	at := func(name string, o spdk.Options) target {
+		t := target{name: name}
+		if prep != nil {
+			t.err = prep.Error()
+			return t
+		}
+		be, err := spdk.New(o)
 		if err != nil {
 			t.err = err.Error()
-			return
+			return t
 		}
 		b, err := blobOf(be, s.FileBytes)
 		if err != nil {
 			be.Close()
 			t.err = err.Error()
-			return
+			return t
 		}
 		t.dev = b
-		t.close = func() error { b.Close(); return be.Close() }
+		t.close = func() error { return errors.Join(b.Close(), be.Delete(1), be.Close()) }
+		return t
 	}
-	start(&aio, "Aio0")
-	start(&mal, "Malloc0")
-	return []target{aio, mal}
+	weir := func(name, bdev string) target {
+		if prep != nil {
+			return target{name: name, err: prep.Error()}
+		}
+		return newWeir(dir, name, s.FileBytes, func(c *config.Config) {
+			c.IO.Backend, c.IO.SPDKConfig, c.IO.SPDKBdev = "spdk", cfgPath, bdev
+			c.IO.SPDKNoHuge, c.IO.SPDKMemMB = !s.HugePages, spdkMemMB(s.FileBytes, s.HugePages)
+			c.IO.SPDKWorkers = s.SPDKWorkers
+		})
+	}
+	return []func() []target{
+		func() []target { return []target{at(targetSPDKAio, opts("Aio0")), at(targetSPDKMalloc, opts("Malloc0"))} },
+		func() []target {
+			o := opts("Malloc0")
+			o.CGOCallbacks = true
+			return []target{at(targetSPDKMallocCGO, o)}
+		},
+		func() []target { return []target{weir(targetWeirSPDKAio, "Aio0"), weir(targetWeirSPDKMalloc, "Malloc0")} },
+	}
 }
 
 // sparseFile creates path with size bytes (a hole), for an aio bdev.

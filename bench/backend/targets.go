@@ -13,10 +13,14 @@ import (
 
 // Target names, in the order of the tables.
 const (
-	targetRaw        = "raw"
-	targetFile       = "file"
-	targetSPDKAio    = "spdk-aio"
-	targetSPDKMalloc = "spdk-malloc"
+	targetRaw            = "raw"
+	targetFile           = "file"
+	targetWeirFile       = "weir-file"
+	targetSPDKAio        = "spdk-aio"
+	targetSPDKMalloc     = "spdk-malloc"
+	targetSPDKMallocCGO  = "spdk-malloc-cgocb"
+	targetWeirSPDKAio    = "weir-spdk-aio"
+	targetWeirSPDKMalloc = "weir-spdk-malloc"
 )
 
 // device is what a row drives: backend.Blob has these two methods.
