@@ -21,7 +21,7 @@ import (
 
 // Problem is one inconsistency found.
 type Problem struct {
-	Kind   string `json:"kind"` // namespace, orphan-blob, missing-blob, size-mismatch
+	Kind   string `json:"kind"` // namespace, orphan-blob, missing-blob, size-mismatch, stray-object
 	Ino    uint64 `json:"ino,omitempty"`
 	Blob   uint64 `json:"blob,omitempty"`
 	Detail string `json:"detail"`
@@ -77,6 +77,11 @@ func Check(cfg *config.Config, be backend.Backend, log hclog.Logger) (*Report, e
 		return nil, fmt.Errorf("list blobs: %w", err)
 	}
 	r.Blobs = len(blobs)
+	if a, ok := be.(backend.Auditor); ok {
+		for _, s := range a.Strays() {
+			r.Problems = append(r.Problems, Problem{Kind: "stray-object", Detail: s})
+		}
+	}
 	want := make(map[uint64]ns.Attr, len(files))
 	for _, a := range files {
 		want[a.Blob] = a

@@ -105,3 +105,35 @@ func TestCheck(t *testing.T) {
 		t.Fatalf("problems: %+v", r.Problems)
 	}
 }
+
+// auditing is a backend whose storage holds objects that are not blobs.
+type auditing struct {
+	backend.Backend
+	strays []string
+}
+
+func (a auditing) Strays() []string { return a.strays }
+
+// TestCheckReportsStrays: what a backend's Auditor finds is reported, one
+// problem each.
+func TestCheckReportsStrays(t *testing.T) {
+	c := testConfig(t)
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	be, err := stack.Backend(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := fsck.Check(c, auditing{be, []string{"object x is not a blob", "y and z claim blob 5"}}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Problems) != 2 || r.Problems[0].Kind != "stray-object" || r.Problems[1].Detail != "y and z claim blob 5" {
+		t.Fatalf("problems: %+v", r.Problems)
+	}
+}

@@ -35,6 +35,14 @@ type Reporter interface {
 	Counters() map[string]uint64
 }
 
+// Auditor is implemented by backends whose storage can hold objects that
+// are not weir blobs, or that claim a blob id another object claims too
+// (SPDK: blobs without a valid weir.id xattr, or two with the same one).
+// Strays describes each, for weir check; the backend serves neither.
+type Auditor interface {
+	Strays() []string
+}
+
 // MemRegistrar is implemented by backends that can move data straight
 // between a device and memory registered with them (SPDK DMAs only from
 // registered memory). The IO service registers each session's ring region

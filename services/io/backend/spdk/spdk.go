@@ -308,6 +308,7 @@ type Backend struct {
 	open   map[backend.BlobID]*blobState     // protected by mu
 	closed bool                              // protected by mu
 	gone   atomic.Bool                       // closed, for handles
+	strays []string                          // found at load; immutable after New
 
 	bounceBytes atomic.Uint64 // payload bytes copied through bounce buffers
 	directBytes atomic.Uint64 // payload bytes moved with no copy (registered memory)
@@ -330,6 +331,11 @@ func (be *Backend) Counters() map[string]uint64 {
 }
 
 var _ backend.Backend = (*Backend)(nil)
+
+var _ backend.Auditor = (*Backend)(nil)
+
+// Strays lists the blobs found at load that are not weir blobs.
+func (be *Backend) Strays() []string { return slices.Clone(be.strays) }
 
 var (
 	nameID   = C.CString("weir.id")
@@ -404,12 +410,24 @@ func (be *Backend) load(opts Options) error {
 		return errors.New("spdk: no DMA memory for the edge buffer")
 	}
 	be.edge = unsafe.Slice((*byte)(ebuf), be.ioUnit)
-	// Index the blobs: iter_next closes the blob it is given.
+	// Index the blobs: iter_next closes the blob it is given. A blob
+	// without a valid weir.id, or claiming an id another blob claims, is
+	// a stray: not served, reported to weir check.
 	_, _, blob, err := be.r.do(func(op *C.weir_op) { C.weir_iter_first(bs, op) })
 	for err == nil {
 		var v C.uint64_t
-		if C.weir_get_u64(blob, nameID, &v) == 0 {
-			be.ids[backend.BlobID(v)] = C.spdk_blob_get_id(blob)
+		sid := C.spdk_blob_get_id(blob)
+		switch rc := C.weir_get_u64(blob, nameID, &v); {
+		case rc != 0:
+			be.strays = append(be.strays, fmt.Sprintf("SPDK blob %#x has no valid weir.id xattr: %v", uint64(sid), syscall.Errno(-rc)))
+		case backend.CheckID(backend.BlobID(v)) != nil:
+			be.strays = append(be.strays, fmt.Sprintf("SPDK blob %#x has weir.id %d, not a valid blob id", uint64(sid), uint64(v)))
+		default:
+			if other, dup := be.ids[backend.BlobID(v)]; dup {
+				be.strays = append(be.strays, fmt.Sprintf("SPDK blobs %#x and %#x both claim weir blob %d; %#x is served", uint64(other), uint64(sid), uint64(v), uint64(other)))
+				break
+			}
+			be.ids[backend.BlobID(v)] = sid
 		}
 		prev := blob
 		_, _, blob, err = be.r.do(func(op *C.weir_op) { C.weir_iter_next(bs, prev, op) })
