@@ -37,7 +37,10 @@
 // position in private memory, so shared memory holds only sequence words,
 // descriptors, completions and payload. Payload never passes through a
 // queue: a descriptor names arena segments (inline, or an indirect table in
-// the arena for more than ten).
+// the arena for more than ten). Completions need not come in submission
+// order: a service may serve many requests of a session at once
+// (AsyncHandler), and the client matches each completion to its request by
+// id.
 //
 // The peer is hostile. Every descriptor is copied out of its slot once,
 // then validated (opcode known, flags known, segments aligned, non-empty and

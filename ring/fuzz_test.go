@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // FuzzDecodeHeader: any bytes, any mapping size. A header that decodes must
@@ -131,7 +132,7 @@ func FuzzServerSlot(f *testing.F) {
 		clear(r.mem[off+8 : off+SQSlotSize])
 		copy(r.mem[off+8:off+SQSlotSize], body[min(len(body), 8):])
 		// The test opcodes that block or sleep are not for fuzzing.
-		if op := r.mem[off+sqOffOpcode]; op == opBlock || op == opSleep {
+		if op := r.mem[off+sqOffOpcode]; op == opBlock || op == opSleep || op == opAsyncPark {
 			r.mem[off+sqOffOpcode] = OpNop
 		}
 		want, _ := DecodeDescriptor(r.mem[off : off+SQSlotSize])
@@ -145,6 +146,10 @@ func FuzzServerSlot(f *testing.F) {
 		}
 		if n != 1 {
 			t.Fatalf("Poll took %d requests", n)
+		}
+		// An async request (opAsyncXor) completes on its own goroutine.
+		for s.inflight.Load() != 0 {
+			time.Sleep(10 * time.Microsecond)
 		}
 		cpos, coff, ok, err := clientCQ.claimConsume()
 		if !ok || err != nil {

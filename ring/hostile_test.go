@@ -38,6 +38,7 @@ func secondMapping(t *testing.T, r *Region) *Region {
 func TestHostilePeerScribbles(t *testing.T) {
 	seed := testSeed(t)
 	h := newTestHandler()
+	close(h.gate) // a forged opBlock or opAsyncPark must not hang the session
 	cfg := Config{SQEntries: 16, ArenaSize: 64 << 10, BlockSize: 1024}
 	srvA, cliA, err := Pipe(cfg, h, WaitAdaptive, ClientOptions{})
 	if err != nil {
@@ -63,7 +64,11 @@ func TestHostilePeerScribbles(t *testing.T) {
 		for !stop.Load() && cliA.Err() == nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 			if buf, err := cliA.Alloc(ctx, 1+rng.IntN(4000)); err == nil {
-				cliA.Do(ctx, &Call{Op: opXor, Arg: 7, Buf: buf})
+				op := uint8(opXor)
+				if rng.IntN(2) == 0 {
+					op = opAsyncXor // completed by another goroutine
+				}
+				cliA.Do(ctx, &Call{Op: op, Arg: 7, Buf: buf})
 				// Only release when nothing can still be in flight with it.
 				if cliA.Err() == nil {
 					buf.Release()

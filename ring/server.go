@@ -81,23 +81,91 @@ func (q *Request) WritePayload(src []byte) int {
 	return n
 }
 
+// Clone returns a copy of q that stays valid after the call that was given
+// q has returned: the descriptor fields and the segment list are copied, the
+// segments' arena bytes are not (they stay mapped until the request's
+// completion has been posted; see AsyncHandler).
+func (q *Request) Clone() *Request {
+	c := &clonedRequest{Request: Request{Descriptor: q.Descriptor, arena: q.arena}}
+	if len(q.Segs) <= len(c.segs) {
+		c.Segs = append(c.segs[:0], q.Segs...)
+	} else {
+		c.Segs = append([]Segment(nil), q.Segs...)
+	}
+	return &c.Request
+}
+
+// clonedRequest holds a clone's segment list when it is short, so that
+// Clone allocates once.
+type clonedRequest struct {
+	Request
+	segs [InlineSegs]Segment
+}
+
 // Handler serves validated requests of one session. Serve runs on the
 // session's poller goroutine and returns the completion's Result and Aux.
 // The *Request is valid only during the call.
+//
+// A Handler that also implements AsyncHandler may instead take requests of
+// some opcodes and complete them later, so that one session has many
+// requests in flight.
 type Handler interface {
 	Known(op uint8) bool
 	Serve(req *Request) (result int64, aux uint64)
 }
 
+// AsyncHandler is a Handler that completes the requests of some opcodes
+// asynchronously. For each validated request whose opcode Async reports
+// true, the poller calls ServeAsync instead of Serve and goes on taking
+// descriptors; the handler answers by calling done, from any goroutine
+// (ServeAsync's own included), exactly once. A second call panics.
+//
+// The contract:
+//   - req and its Segs are the poller's and are reused as soon as
+//     ServeAsync returns: a handler that works on after returning keeps
+//     req.Clone(). The segments' arena bytes stay mapped until done is
+//     called, and an honest client leaves them alone until it has the
+//     completion; after done the handler must not touch them.
+//   - ServeAsync runs on the poller goroutine, like Serve, and should
+//     return quickly: it decides and hands the work to another goroutine.
+//   - A session has at most SQEntries async requests in flight (taken,
+//     done not yet called), as many as an honest client can have; at the
+//     bound the poller takes no descriptor until one completes, so a
+//     client cannot make the service start unbounded work.
+//   - Whatever ends the session (Stop, Close, the peer's death, damage),
+//     Serve returns, and Close unmaps the region, only after done has
+//     been called for every request taken: a handler may use the arena
+//     until then. A handler that never calls done hangs its session's
+//     shutdown. A completion posted after the session stopped serving, or
+//     that finds the completion queue full then, may never reach the
+//     client.
+//   - Completions are posted in the order done is called, not in the order
+//     of the requests; clients match them by request id.
+type AsyncHandler interface {
+	Handler
+	// Async reports whether requests of op are served by ServeAsync.
+	Async(op uint8) bool
+	// ServeAsync starts serving req and calls done with the completion's
+	// Result and Aux when it is finished.
+	ServeAsync(req *Request, done func(result int64, aux uint64))
+}
+
 // HandlerFunc serves one opcode.
 type HandlerFunc func(req *Request) (result int64, aux uint64)
+
+// AsyncHandlerFunc serves one opcode asynchronously, as AsyncHandler's
+// ServeAsync does.
+type AsyncHandlerFunc func(req *Request, done func(result int64, aux uint64))
 
 // Mux routes opcodes to functions. NewMux serves OpNop and OpEcho. A Mux is
 // filled before the first session uses it and read-only afterwards.
 type Mux struct {
 	h       [256]HandlerFunc
+	async   [256]AsyncHandlerFunc
 	echoBuf sync.Pool
 }
+
+var _ AsyncHandler = (*Mux)(nil)
 
 // NewMux returns a Mux that serves the ring's own opcodes.
 func NewMux() *Mux {
@@ -111,20 +179,37 @@ func NewMux() *Mux {
 // Handle registers f for op. It panics on the ring's reserved opcodes or a
 // second registration: both are programming errors of the service.
 func (m *Mux) Handle(op uint8, f HandlerFunc) {
-	if op < OpFirstService {
-		panic(fmt.Sprintf("ring: opcode %d is reserved for the ring", op))
-	}
-	if m.h[op] != nil {
-		panic(fmt.Sprintf("ring: opcode %d registered twice", op))
-	}
+	m.checkFree(op)
 	m.h[op] = f
 }
 
-// Known reports whether op has a handler.
-func (m *Mux) Known(op uint8) bool { return m.h[op] != nil }
+// HandleAsync registers f to serve op asynchronously (see AsyncHandler). It
+// panics where Handle does.
+func (m *Mux) HandleAsync(op uint8, f AsyncHandlerFunc) {
+	m.checkFree(op)
+	m.async[op] = f
+}
 
-// Serve dispatches req.
+func (m *Mux) checkFree(op uint8) {
+	if op < OpFirstService {
+		panic(fmt.Sprintf("ring: opcode %d is reserved for the ring", op))
+	}
+	if m.h[op] != nil || m.async[op] != nil {
+		panic(fmt.Sprintf("ring: opcode %d registered twice", op))
+	}
+}
+
+// Known reports whether op has a handler.
+func (m *Mux) Known(op uint8) bool { return m.h[op] != nil || m.async[op] != nil }
+
+// Async reports whether op was registered with HandleAsync.
+func (m *Mux) Async(op uint8) bool { return m.async[op] != nil }
+
+// Serve dispatches req to its synchronous handler.
 func (m *Mux) Serve(req *Request) (int64, uint64) { return m.h[req.Opcode](req) }
+
+// ServeAsync dispatches req to its asynchronous handler.
+func (m *Mux) ServeAsync(req *Request, done func(int64, uint64)) { m.async[req.Opcode](req, done) }
 
 func (m *Mux) echo(req *Request) (int64, uint64) {
 	bp := m.echoBuf.Get().(*[]byte)
@@ -142,6 +227,8 @@ func (m *Mux) echo(req *Request) (int64, uint64) {
 type ServerStats struct {
 	Requests  atomic.Uint64 // descriptors taken from the SQ
 	Rejected  atomic.Uint64 // answered with an error by validation
+	Async     atomic.Uint64 // requests handed to an AsyncHandler
+	Throttled atomic.Uint64 // Poll calls that left descriptors in the SQ: the async bound was reached
 	Backlog   atomic.Uint64 // completions that found the CQ full
 	Wakeups   atomic.Uint64 // futex sleeps ended
 	Damaged   atomic.Bool
@@ -149,22 +236,46 @@ type ServerStats struct {
 }
 
 // ServerSession serves one ring region: it takes descriptors from the SQ,
-// validates them, calls the Handler and posts completions. All fields but
-// the atomics are owned by the goroutine running Serve (or Poll).
+// validates them, calls the Handler and posts completions.
+//
+// Requests an AsyncHandler takes complete on other goroutines, which post
+// their completions themselves: the CQ is a multi-producer queue, and the
+// doorbells are atomics on shared memory. The backlog is the one piece of
+// state they share with the poller, behind bmu. The synchronous path takes
+// no lock: it looks at backlogN and goes to the CQ directly.
 type ServerSession struct {
-	r      *Region
-	g      Geometry
-	h      Handler
-	mode   WaitMode
-	sq, cq *queue
-	sqBell doorbell
-	cqBell doorbell
+	// Immutable after NewServerSession (maxAsync: tests lower it before
+	// Serve).
+	r        *Region
+	g        Geometry
+	h        Handler
+	ah       AsyncHandler // h if it is one, else nil
+	mode     WaitMode
+	sq, cq   *queue
+	sqBell   doorbell
+	cqBell   doorbell
+	maxAsync int32 // async requests in flight at most: SQEntries
 
-	req      Request      // the request being served; reused to keep Serve allocation-free
-	backlog  []Completion // completions waiting for CQ space; Poll takes no new request while it is non-empty, so it holds at most one
+	// Owned by the goroutine running Serve (or Poll).
+	req      Request // the request being served; reused to keep Serve allocation-free
 	slotBuf  [SQSlotSize]byte
 	segBuf   []Segment
 	tableBuf []byte
+
+	// Completions waiting for CQ space. Poll takes no new request while
+	// the backlog is non-empty, so it holds at most one completion of a
+	// synchronous request plus one per async request in flight.
+	bmu      sync.Mutex
+	backlog  []Completion // protected by bmu
+	backlogN atomic.Int32 // len(backlog); written under bmu, read anywhere
+
+	// Async requests: inflight counts those taken whose completion has not
+	// been posted (or put on the backlog) yet; asyncWG holds one count for
+	// each, added only by the poller, so that Serve and Close can wait for
+	// them. asyncErr is the first damage an async completion found.
+	inflight atomic.Int32
+	asyncWG  sync.WaitGroup
+	asyncErr atomic.Pointer[error]
 
 	stopping atomic.Bool
 	peerGone atomic.Bool
@@ -177,12 +288,14 @@ type ServerSession struct {
 
 // NewServerSession serves r with h. The session owns r from now on.
 func NewServerSession(r *Region, h Handler, mode WaitMode) *ServerSession {
+	ah, _ := h.(AsyncHandler)
 	return &ServerSession{
-		r: r, g: r.g, h: h, mode: mode,
+		r: r, g: r.g, h: h, ah: ah, mode: mode,
 		sq:       newSQ(r),
 		cq:       newCQ(r),
 		sqBell:   doorbell{r: r, bell: offSQBell, waiters: offSQWaiters},
 		cqBell:   doorbell{r: r, bell: offCQBell, waiters: offCQWaiters},
+		maxAsync: int32(r.g.SQEntries),
 		segBuf:   make([]Segment, 0, InlineSegs),
 		tableBuf: make([]byte, MaxSegments*SegmentSize),
 		done:     make(chan struct{}),
@@ -193,7 +306,8 @@ func NewServerSession(r *Region, h Handler, mode WaitMode) *ServerSession {
 func (s *ServerSession) Region() *Region { return s.r }
 
 // PeerGone tells the session that the client closed or died. Safe from any
-// goroutine; Serve returns ErrPeerGone soon after.
+// goroutine; Serve returns ErrPeerGone soon after, once the async requests
+// in flight are done.
 func (s *ServerSession) PeerGone() {
 	s.peerGone.Store(true)
 	s.sqBell.kick()
@@ -202,13 +316,16 @@ func (s *ServerSession) PeerGone() {
 // Stop makes Serve return nil soon, as Close does, but keeps the region
 // mapped: the owner may still use it (a service unregisters it from a
 // backend) and calls Close afterwards. Safe from any goroutine; a Serve
-// that has not started yet returns at once.
+// that has not started yet returns at once. Serve returns only once every
+// async request in flight is done.
 func (s *ServerSession) Stop() {
 	s.stopping.Store(true)
 	s.sqBell.kick()
 }
 
-// Close stops Serve, waits for it and releases the region.
+// Close stops Serve, waits for it and for every async request in flight
+// (also those a Poll caller started; Close must not run concurrently with
+// Poll) and releases the region.
 func (s *ServerSession) Close() {
 	s.once.Do(func() {
 		s.stopping.Store(true)
@@ -216,6 +333,7 @@ func (s *ServerSession) Close() {
 			s.sqBell.kick()
 			<-s.done
 		}
+		s.asyncWG.Wait()
 		s.r.store32(offServerState, StateClosed)
 		s.r.Close()
 	})
@@ -228,16 +346,23 @@ func (s *ServerSession) stopErr() error {
 	case s.peerGone.Load():
 		return ErrPeerGone
 	}
+	if p := s.asyncErr.Load(); p != nil {
+		return *p
+	}
 	return nil
 }
 
+// readyOrStopped reports whether the poller has something to do: a
+// descriptor it may take, completions to flush, or an end.
 func (s *ServerSession) readyOrStopped() bool {
-	return s.sq.ready() || s.stopping.Load() || s.peerGone.Load()
+	return (s.sq.ready() && s.inflight.Load() < s.maxAsync) || s.backlogN.Load() > 0 ||
+		s.stopping.Load() || s.peerGone.Load() || s.asyncErr.Load() != nil
 }
 
 // Serve runs the session until Close (returns nil), the peer goes (returns
 // ErrPeerGone) or the peer damages the region (returns an error wrapping
-// ErrDamaged). It may be called once.
+// ErrDamaged). Whatever ends it, Serve returns only after every async
+// request it started is done. It may be called once.
 func (s *ServerSession) Serve() (err error) {
 	if !s.running.CompareAndSwap(false, true) {
 		return errors.New("ring: Serve called twice")
@@ -248,6 +373,9 @@ func (s *ServerSession) Serve() (err error) {
 	}
 	s.r.store32(offServerState, StateRunning)
 	defer func() {
+		// Async handlers may still use the arena and post completions:
+		// nobody may unmap the region before they are done.
+		s.asyncWG.Wait()
 		if errors.Is(err, ErrDamaged) {
 			s.Stats.Damaged.Store(true)
 		}
@@ -274,7 +402,7 @@ func (s *ServerSession) Serve() (err error) {
 		if st := s.r.load32(offClientState); st == StateClosed {
 			return ErrPeerGone
 		}
-		if len(s.backlog) > 0 {
+		if s.backlogN.Load() > 0 {
 			// The client is not taking completions and nothing rings for
 			// that: look again, backing off so that a client that never
 			// takes them costs little.
@@ -298,17 +426,28 @@ func (s *ServerSession) Serve() (err error) {
 
 // Poll serves at most max requests that are already queued and returns how
 // many it took. It never blocks. Services that multiplex many sessions on
-// one worker call Poll instead of Serve.
+// one worker call Poll instead of Serve. While SQEntries async requests are
+// in flight it takes none: an async completion that frees a place rings
+// the SQ doorbell.
 func (s *ServerSession) Poll(max int) (int, error) {
+	if p := s.asyncErr.Load(); p != nil {
+		return 0, *p
+	}
 	n := 0
 	for n < max {
-		if len(s.backlog) > 0 {
+		if s.backlogN.Load() > 0 {
 			if err := s.flushBacklog(); err != nil {
 				return n, err
 			}
-			if len(s.backlog) > 0 {
+			if s.backlogN.Load() > 0 {
 				break
 			}
+		}
+		if s.inflight.Load() >= s.maxAsync {
+			if s.sq.ready() {
+				s.Stats.Throttled.Add(1)
+			}
+			break
 		}
 		pos, off, ok, err := s.sq.claimConsume()
 		if err != nil {
@@ -322,7 +461,7 @@ func (s *ServerSession) Poll(max int) (int, error) {
 		s.sq.recycle(pos, off)
 		s.Stats.Requests.Add(1)
 		d, _ := DecodeDescriptor(s.slotBuf[:])
-		if err := s.post(s.serveOne(&d)); err != nil {
+		if err := s.serveOne(&d); err != nil {
 			return n, err
 		}
 		n++
@@ -339,48 +478,109 @@ func (s *ServerSession) readTable(off, n uint32) []byte {
 	return b
 }
 
-func (s *ServerSession) serveOne(d *Descriptor) Completion {
+// serveOne validates d and serves it: synchronously, posting the
+// completion, or by handing it to the AsyncHandler.
+func (s *ServerSession) serveOne(d *Descriptor) error {
 	segs, e := ValidateDescriptor(d, &s.g, s.readTable, s.h.Known, s.segBuf[:0])
 	if e != 0 {
 		s.Stats.Rejected.Add(1)
-		return errCompletion(d.ReqID, e)
+		return s.post(errCompletion(d.ReqID, e))
 	}
 	// req is owned by this goroutine and reused: a Handler must not keep it.
 	s.req = Request{Descriptor: *d, Segs: segs, arena: s.r.arena()}
-	res, aux := s.h.Serve(&s.req)
+	var err error
+	if s.ah != nil && s.ah.Async(d.Opcode) {
+		s.serveAsync(&s.req)
+	} else {
+		res, aux := s.h.Serve(&s.req)
+		err = s.post(Completion{ReqID: d.ReqID, Result: res, Aux: aux})
+	}
 	if cap(segs) > cap(s.segBuf) && cap(segs) <= MaxSegments {
 		s.segBuf = segs[:0]
 	}
-	return Completion{ReqID: d.ReqID, Result: res, Aux: aux}
+	return err
 }
 
-// post puts c on the CQ, or on the backlog if the client has not made room.
+// serveAsync hands req to the AsyncHandler. Called by the poller only.
+func (s *ServerSession) serveAsync(req *Request) {
+	s.inflight.Add(1)
+	s.asyncWG.Add(1)
+	s.Stats.Async.Add(1)
+	c := &asyncCall{s: s, id: req.ReqID}
+	s.ah.ServeAsync(req, c.done)
+}
+
+// asyncCall is one async request's completion handle.
+type asyncCall struct {
+	s      *ServerSession
+	id     uint64
+	called atomic.Bool
+}
+
+func (c *asyncCall) done(result int64, aux uint64) {
+	if c.called.Swap(true) {
+		panic(fmt.Sprintf("ring: done called twice for request %#x", c.id))
+	}
+	c.s.complete(Completion{ReqID: c.id, Result: result, Aux: aux})
+}
+
+// complete posts an async request's completion, from any goroutine, and
+// ends the request. The region stays mapped until asyncWG.Done.
+func (s *ServerSession) complete(c Completion) {
+	if err := s.post(c); err != nil {
+		s.fail(err)
+	}
+	s.cqBell.notify()
+	if s.inflight.Add(-1) == s.maxAsync-1 {
+		// The poller may be asleep at the bound with descriptors waiting.
+		s.sqBell.notify()
+	}
+	s.asyncWG.Done()
+}
+
+// fail records damage an async completion found and wakes the poller,
+// which ends the session with it.
+func (s *ServerSession) fail(err error) {
+	if s.asyncErr.CompareAndSwap(nil, &err) {
+		s.sqBell.kick()
+	}
+}
+
+// post puts c on the CQ, or on the backlog if the client has not made room
+// or completions are waiting there already. Safe from any goroutine.
 func (s *ServerSession) post(c Completion) error {
-	if len(s.backlog) > 0 {
-		s.backlog = append(s.backlog, c)
-		s.Stats.Backlog.Add(1)
-		return nil
-	}
-	pos, off, ok, err := s.cq.claimProduce()
-	if err != nil {
-		return damaged("completion queue: %v", err)
-	}
-	if !ok {
-		s.backlog = append(s.backlog, c)
-		s.Stats.Backlog.Add(1)
-		return nil
-	}
-	encodeCompletion(s.r.mem[off:off+CQSlotSize], c)
-	s.cq.publish(pos, off)
-	return nil
-}
-
-func (s *ServerSession) flushBacklog() error {
-	sent := 0
-	for _, c := range s.backlog {
+	if s.backlogN.Load() == 0 {
 		pos, off, ok, err := s.cq.claimProduce()
 		if err != nil {
 			return damaged("completion queue: %v", err)
+		}
+		if ok {
+			encodeCompletion(s.r.mem[off:off+CQSlotSize], c)
+			s.cq.publish(pos, off)
+			return nil
+		}
+	}
+	s.bmu.Lock()
+	s.backlog = append(s.backlog, c)
+	s.backlogN.Store(int32(len(s.backlog)))
+	s.bmu.Unlock()
+	s.Stats.Backlog.Add(1)
+	s.sqBell.notify() // a sleeping poller wakes to flush it
+	return nil
+}
+
+// flushBacklog moves what it can of the backlog to the CQ. Called by the
+// poller only.
+func (s *ServerSession) flushBacklog() error {
+	s.bmu.Lock()
+	defer s.bmu.Unlock()
+	sent := 0
+	var err error
+	for _, c := range s.backlog {
+		pos, off, ok, cerr := s.cq.claimProduce()
+		if cerr != nil {
+			err = damaged("completion queue: %v", cerr)
+			break
 		}
 		if !ok {
 			break
@@ -390,8 +590,9 @@ func (s *ServerSession) flushBacklog() error {
 		sent++
 	}
 	s.backlog = append(s.backlog[:0], s.backlog[sent:]...)
+	s.backlogN.Store(int32(len(s.backlog)))
 	if sent > 0 {
 		s.cqBell.notify()
 	}
-	return nil
+	return err
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,18 +35,75 @@ const (
 	opSleep = OpFirstService + 1 // sleep Arg milliseconds
 	opBlock = OpFirstService + 2 // wait until the test's gate opens
 	opStore = OpFirstService + 3 // store Arg into testShared[Handle] (Go heap)
+
+	// Async opcodes (AsyncHandler): they complete on another goroutine,
+	// or at once for opAsyncNow.
+	opAsyncXor  = OpFirstService + 4 // opXor after Offset%1000 µs
+	opAsyncPark = OpFirstService + 5 // park until released, fill the payload with byte(Arg); result = Length, aux = Handle
+	opAsyncNow  = OpFirstService + 6 // done from ServeAsync itself; result = Length, aux = Handle
 )
+
+// parkedReq is an opAsyncPark request waiting for the test to release it.
+type parkedReq struct {
+	req     *Request
+	release chan struct{}
+}
 
 type testHandler struct {
 	*Mux
 	gate    chan struct{}
 	entered chan struct{}
 	shared  []uint64
+
+	parked    chan *parkedReq // opAsyncPark requests, as they arrive
+	inside    atomic.Int32    // opAsyncPark requests not yet done
+	maxInside atomic.Int32
 }
 
 func newTestHandler() *testHandler {
 	h := &testHandler{Mux: NewMux(), gate: make(chan struct{}), entered: make(chan struct{}, 1024),
-		shared: make([]uint64, 64)}
+		shared: make([]uint64, 64), parked: make(chan *parkedReq, 1024)}
+	h.HandleAsync(opAsyncXor, func(q *Request, done func(int64, uint64)) {
+		q = q.Clone()
+		go func() {
+			if d := q.Offset % 1000; d != 0 {
+				time.Sleep(time.Duration(d) * time.Microsecond)
+			}
+			for i := range q.Segs {
+				b := q.Seg(i)
+				for j := range b {
+					b[j] ^= byte(q.Arg)
+				}
+			}
+			done(int64(q.Length), q.Handle)
+		}()
+	})
+	h.HandleAsync(opAsyncPark, func(q *Request, done func(int64, uint64)) {
+		p := &parkedReq{req: q.Clone(), release: make(chan struct{})}
+		n := h.inside.Add(1)
+		for m := h.maxInside.Load(); n > m && !h.maxInside.CompareAndSwap(m, n); m = h.maxInside.Load() {
+		}
+		h.parked <- p
+		go func() {
+			select {
+			case <-p.release:
+			case <-h.gate: // the test is over
+			}
+			// Writes into the arena after the wait: a region unmapped
+			// under a parked request would crash here.
+			for i := range p.req.Segs {
+				b := p.req.Seg(i)
+				for j := range b {
+					b[j] = byte(p.req.Arg)
+				}
+			}
+			h.inside.Add(-1)
+			done(int64(p.req.Length), p.req.Handle)
+		}()
+	})
+	h.HandleAsync(opAsyncNow, func(q *Request, done func(int64, uint64)) {
+		done(int64(q.Length), q.Handle)
+	})
 	h.Handle(opXor, func(q *Request) (int64, uint64) {
 		for i := range q.Segs {
 			b := q.Seg(i)
@@ -83,10 +141,19 @@ type pipeEnv struct {
 
 func newPipe(t testing.TB, cfg Config, smode WaitMode, copts ClientOptions) *pipeEnv {
 	t.Helper()
+	return newPipeSetup(t, cfg, smode, copts, nil)
+}
+
+// newPipeSetup is newPipe; setup, if not nil, runs before Serve starts.
+func newPipeSetup(t testing.TB, cfg Config, smode WaitMode, copts ClientOptions, setup func(*ServerConn)) *pipeEnv {
+	t.Helper()
 	h := newTestHandler()
 	srv, cli, err := Pipe(cfg, h, smode, copts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if setup != nil {
+		setup(srv)
 	}
 	e := &pipeEnv{srv: srv, cli: cli, h: h, serveCh: make(chan error, 1)}
 	go func() { e.serveCh <- srv.Serve() }()
@@ -405,13 +472,24 @@ func TestStress(t *testing.T) {
 	}
 }
 
+// stressOne runs one random request and checks its result: a no-op, or an
+// xor served synchronously, asynchronously on another goroutine (after a
+// random delay, so completions overtake each other) or asynchronously at
+// once.
 func stressOne(c *Client, rng *rand.Rand) error {
 	ctx := context.Background()
-	switch rng.IntN(4) {
+	switch rng.IntN(6) {
 	case 0:
 		r, err := c.Do(ctx, &Call{Op: OpNop})
 		if err != nil || r.Result != 0 {
 			return fmt.Errorf("nop: %+v %v", r, err)
+		}
+		return nil
+	case 1:
+		h := rng.Uint64()
+		r, err := c.Do(ctx, &Call{Op: opAsyncNow, Handle: h})
+		if err != nil || r.Result != 0 || r.Aux != h {
+			return fmt.Errorf("async now: %+v %v", r, err)
 		}
 		return nil
 	default:
@@ -431,9 +509,13 @@ func stressOne(c *Client, rng *rand.Rand) error {
 		b.CopyFrom(src)
 		k := uint32(rng.IntN(255) + 1)
 		h := rng.Uint64()
-		r, err := c.Do(ctx, &Call{Op: opXor, Arg: k, Handle: h, Buf: b})
+		call := &Call{Op: opXor, Arg: k, Handle: h, Buf: b}
+		if rng.IntN(2) == 0 {
+			call.Op, call.Offset = opAsyncXor, uint64(rng.IntN(200))
+		}
+		r, err := c.Do(ctx, call)
 		if err != nil || r.Result != int64(n) || r.Aux != h {
-			return fmt.Errorf("xor %d bytes: %+v %v", n, r, err)
+			return fmt.Errorf("xor (op %d) %d bytes: %+v %v", call.Op, n, r, err)
 		}
 		got := make([]byte, n)
 		b.CopyTo(got)

@@ -39,7 +39,8 @@ type Session interface {
 type Drainer interface {
 	// Drained is called once, on the session's goroutine, after Started
 	// has returned (whatever its result) and Serve, if it ran, has
-	// returned: no request is being served or will be. The region
+	// returned: no request is being served or will be (Serve waits for
+	// the requests a ring.AsyncHandler completes later). The region
 	// (sc.Region()) is still mapped; Ended follows.
 	Drained(sc *ring.ServerConn)
 }

@@ -7,7 +7,9 @@
 // authorises nothing by itself: a handle works only after the metadata
 // service granted it to this session (wire.SubjGrant) and stops working when
 // it is revoked. Each session is served by its own poller goroutine, so a
-// slow request delays only its own session.
+// slow request delays only its own session. Reads and writes run on
+// goroutines of their own (ring.AsyncHandler), so one session keeps many
+// of them in flight at the backend, up to its ring's SQ size.
 //
 // Blob size and mtime are live here while a file is open for writing; the
 // metadata service asks for them (wire.SubjLive), receives them when a grant

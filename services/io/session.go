@@ -15,6 +15,9 @@ import (
 
 // session is one client's ring session. Its fields are owned by the
 // session's goroutine: Started, the ring handlers and Drained all run there.
+// Reads and writes run their backend I/O on goroutines of their own (see
+// register); those get what they need from the session's goroutine (the
+// grant, looked up with sid there) and touch no session field.
 type session struct {
 	svc  *Service
 	mux  *ring.Mux
@@ -91,10 +94,24 @@ func (s *session) Ended(err error) {
 	s.svc.log.Debug("session ended", "session", s.sid, "error", err)
 }
 
+// register routes the opcodes. Reads and writes are served asynchronously:
+// the session's goroutine checks the grant and hands the backend I/O to a
+// goroutine of its own, then goes on taking requests, so one client session
+// keeps as many backend I/Os in flight as it has requests (the ring bounds
+// them at its SQ size). The other opcodes are rare and run on the session's
+// goroutine.
+//
+// Running requests of one session concurrently reorders nothing a client
+// relies on: a client goroutine that writes and then syncs (or truncates,
+// or reads back) sends the second request only after the first one's
+// completion, so the write is done before the sync is even taken. Requests
+// that are in flight together were issued concurrently and have no order,
+// as with pwrite(2) from two threads. O_APPEND writes are serialised per
+// blob by openBlob.appendMu.
 func (s *session) register() {
 	s.mux.Handle(wire.OpAttach, s.attach)
-	s.mux.Handle(wire.OpRead, s.read)
-	s.mux.Handle(wire.OpWrite, s.write)
+	s.mux.HandleAsync(wire.OpRead, s.readAsync)
+	s.mux.HandleAsync(wire.OpWrite, s.writeAsync)
 	s.mux.Handle(wire.OpTruncate, s.truncate)
 	s.mux.Handle(wire.OpSync, s.sync)
 	s.mux.Handle(wire.OpGetAttr, s.getattr)
@@ -150,7 +167,8 @@ const (
 )
 
 // use looks up the grant for a request's handle and checks the access it
-// needs. The grant's blob holds a reference until done(g) is called.
+// needs. The grant's blob holds a reference until releaseBlob(g.blob) is
+// called. It reads sid, so it runs on the session's goroutine.
 func (s *session) use(q *ring.Request, need access) (*grant, syscall.Errno) {
 	if s.sid == 0 {
 		return nil, syscall.ENOTCONN
@@ -168,11 +186,33 @@ func (s *session) use(q *ring.Request, need access) (*grant, syscall.Errno) {
 	return g, 0
 }
 
-func (s *session) read(q *ring.Request) (int64, uint64) {
+// readAsync checks the grant on the session's goroutine, then reads on a
+// goroutine of its own.
+func (s *session) readAsync(q *ring.Request, done func(int64, uint64)) {
 	g, e := s.use(q, accRead)
 	if e != 0 {
-		return fail(e)
+		done(fail(e))
+		return
 	}
+	q = q.Clone()
+	go func() { done(s.read(g, q)) }()
+}
+
+// writeAsync checks the grant on the session's goroutine, then writes on a
+// goroutine of its own.
+func (s *session) writeAsync(q *ring.Request, done func(int64, uint64)) {
+	g, e := s.use(q, accWrite)
+	if e != 0 {
+		done(fail(e))
+		return
+	}
+	q = q.Clone()
+	go func() { done(s.write(g, q)) }()
+}
+
+// read serves a read with the grant use returned; it drops the grant's
+// blob reference. Safe on any goroutine.
+func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
 	defer s.svc.releaseBlob(g.blob)
 	if int64(q.Offset) < 0 {
 		return fail(syscall.EINVAL)
@@ -195,11 +235,9 @@ func (s *session) read(q *ring.Request) (int64, uint64) {
 	return n, 0
 }
 
-func (s *session) write(q *ring.Request) (int64, uint64) {
-	g, e := s.use(q, accWrite)
-	if e != 0 {
-		return fail(e)
-	}
+// write serves a write with the grant use returned; it drops the grant's
+// blob reference. Safe on any goroutine.
+func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 	defer s.svc.releaseBlob(g.blob)
 	ob := g.blob
 	off := int64(q.Offset)
