@@ -138,37 +138,61 @@ func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 	// SPDK's timed pollers, so that an idle backend does not burn a core.
 	// (Waking a locked OS thread costs tens of microseconds on a small VM,
 	// so the spin covers the gaps between the requests of a busy caller.)
-	idle := 0
-	var idleFrom time.Time
-	tick := time.NewTimer(time.Millisecond)
+	var idle idler
 	for {
 		select {
 		case f := <-r.reqs:
 			f()
-			idle = 0
+			idle.reset()
 			continue
 		default:
 		}
-		if C.spdk_thread_poll(r.md, 0, 0) != 0 || r.mdWanted.Load() > 0 {
-			idle = 0
+		if !idle.sleepy(C.spdk_thread_poll(r.md, 0, 0) != 0 || r.mdWanted.Load() > 0) {
 			continue
 		}
-		if idle++; idle == 1 {
-			idleFrom = time.Now()
-		}
-		if idle%256 != 0 || time.Since(idleFrom) < idleSleep {
-			continue
-		}
-		tick.Reset(time.Millisecond)
 		select {
 		case f := <-r.reqs:
 			f()
-			idle = 0
+			idle.reset()
 		case <-r.kick:
-			idle = 0
-		case <-tick.C:
+			idle.reset()
+		case <-idle.tick():
 		}
 	}
+}
+
+// idler decides when a polling thread sleeps: after idleSleep of polls
+// that found no work. Its sleeps last at most a millisecond, for SPDK's
+// timed pollers.
+type idler struct {
+	n     int
+	from  time.Time
+	timer *time.Timer
+}
+
+func (i *idler) reset() { i.n = 0 }
+
+// sleepy records one poll (busy: it found work) and reports whether the
+// thread should sleep now.
+func (i *idler) sleepy(busy bool) bool {
+	if busy {
+		i.n = 0
+		return false
+	}
+	if i.n++; i.n == 1 {
+		i.from = time.Now()
+	}
+	return i.n%256 == 0 && time.Since(i.from) >= idleSleep
+}
+
+// tick returns a channel that fires in a millisecond.
+func (i *idler) tick() <-chan time.Time {
+	if i.timer == nil {
+		i.timer = time.NewTimer(time.Millisecond)
+	} else {
+		i.timer.Reset(time.Millisecond)
+	}
+	return i.timer.C
 }
 
 // addProcs changes GOMAXPROCS by n. Each polling thread (the metadata
@@ -460,33 +484,41 @@ func (be *Backend) Create(id backend.BlobID) error {
 	}
 	var err error
 	be.r.run(func() {
-		var sid uint64
-		var blob *C.struct_spdk_blob
-		if sid, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_create(be.bs, op) }); err != nil {
-			return
-		}
-		if _, _, blob, err = be.r.do(func(op *C.weir_op) { C.weir_open(be.bs, C.uint64_t(sid), op) }); err != nil {
-			return
-		}
-		if rc := C.weir_set_u64(blob, nameID, C.uint64_t(id)); rc != 0 {
-			err = syscall.Errno(-rc)
-		} else if rc := C.weir_set_u64(blob, nameSize, 0); rc != 0 {
-			err = syscall.Errno(-rc)
-		} else {
-			_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_sync_md(blob, op) })
-		}
-		_, _, _, cerr := be.r.do(func(op *C.weir_op) { C.weir_close(blob, op) })
-		if err == nil {
-			err = cerr
-		}
-		if err == nil {
-			be.ids[id] = C.spdk_blob_id(sid)
+		var sid C.spdk_blob_id
+		if sid, err = be.newBlob(uint64(id)); err == nil {
+			be.ids[id] = sid
 		}
 	})
 	if err != nil {
 		return errorf("create", id, err)
 	}
 	return nil
+}
+
+// newBlob creates a thin blob with weir.id = tag and weir.size = 0 (no
+// xattrs if tag is 0: tests make strays so) and persists its metadata. On
+// the metadata thread.
+func (be *Backend) newBlob(tag uint64) (C.spdk_blob_id, error) {
+	sid, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_create(be.bs, op) })
+	if err != nil {
+		return 0, err
+	}
+	_, _, blob, err := be.r.do(func(op *C.weir_op) { C.weir_open(be.bs, C.uint64_t(sid), op) })
+	if err != nil {
+		return 0, err
+	}
+	if tag != 0 {
+		if rc := C.weir_set_u64(blob, nameID, C.uint64_t(tag)); rc != 0 {
+			err = syscall.Errno(-rc)
+		} else if rc := C.weir_set_u64(blob, nameSize, 0); rc != 0 {
+			err = syscall.Errno(-rc)
+		}
+	}
+	if err == nil {
+		_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_sync_md(blob, op) })
+	}
+	_, _, _, cerr := be.r.do(func(op *C.weir_op) { C.weir_close(blob, op) })
+	return C.spdk_blob_id(sid), errors.Join(err, cerr)
 }
 
 // Open opens blob id; handles of one blob share its state.

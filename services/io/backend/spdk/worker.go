@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"time"
 	"unsafe"
 
 	"github.com/weir-storage/weir/services/io/backend"
@@ -173,9 +172,7 @@ func (w *worker) loop(ready chan<- error) {
 	}
 	ready <- nil
 
-	idle := 0
-	var idleFrom time.Time
-	tick := time.NewTimer(time.Millisecond)
+	var idle idler
 	quitting := false
 	for {
 		took := w.take()
@@ -186,27 +183,19 @@ func (w *worker) loop(ready chan<- error) {
 		if quitting && w.inflight == 0 && len(w.waiting) == 0 && len(w.reqs) == 0 {
 			break
 		}
-		if took || polled != 0 || w.inflight > 0 {
-			idle = 0
+		if !idle.sleepy(took || polled != 0 || w.inflight > 0) {
 			continue
 		}
-		if idle++; idle == 1 {
-			idleFrom = time.Now()
-		}
-		if idle%256 != 0 || time.Since(idleFrom) < idleSleep {
-			continue
-		}
-		tick.Reset(time.Millisecond)
 		select {
 		case q := <-w.reqs:
 			w.waiting = append(w.waiting, q)
-			idle = 0
+			idle.reset()
 		case <-w.kick:
-			idle = 0
+			idle.reset()
 		case <-w.quit:
 			quitting = true
 			w.quit = nil // a closed channel would always be ready
-		case <-tick.C:
+		case <-idle.tick():
 		}
 	}
 	// Release the channel before the thread exits; weir_thread_stop polls
@@ -370,22 +359,33 @@ func (be *Backend) direct(b []byte) bool {
 	return be.regs.contains(b)
 }
 
-func (h *handle) ReadAt(p []byte, off int64) (int, error) {
-	if err := h.usable("read"); err != nil {
-		return 0, err
+// begin checks a read or write of len(p) bytes at off and holds the
+// backend open (Close waits) until the returned release is called.
+func (h *handle) begin(op string, p []byte, off int64) (release func(), err error) {
+	if err := h.usable(op); err != nil {
+		return nil, err
 	}
 	if err := backend.CheckRange(off, len(p)); err != nil {
-		return 0, errorf("read", h.s.id, err)
+		return nil, errorf(op, h.s.id, err)
 	}
+	h.be.life.RLock()
+	if h.be.gone.Load() {
+		h.be.life.RUnlock()
+		return nil, errorf(op, h.s.id, syscall.EBADF)
+	}
+	return h.be.life.RUnlock, nil
+}
+
+func (h *handle) ReadAt(p []byte, off int64) (int, error) {
+	release, err := h.begin("read", p, off)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
 	if len(p) == 0 {
 		return 0, nil
 	}
 	be, s := h.be, h.s
-	be.life.RLock()
-	defer be.life.RUnlock()
-	if be.gone.Load() {
-		return 0, errorf("read", s.id, syscall.EBADF)
-	}
 	s.rw.RLock()
 	defer s.rw.RUnlock()
 	size := s.size.Load()
@@ -393,7 +393,7 @@ func (h *handle) ReadAt(p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	n := int(min(int64(len(p)), size-off))
-	err := be.pieces(off, off+int64(n), func(pc piece) error { return be.readPiece(s, p[pc.from-off:pc.to-off], pc) })
+	err = be.pieces(off, off+int64(n), func(pc piece) error { return be.readPiece(s, p[pc.from-off:pc.to-off], pc) })
 	if err != nil {
 		return 0, errorf("read", s.id, err)
 	}
@@ -401,6 +401,28 @@ func (h *handle) ReadAt(p []byte, off int64) (int, error) {
 		return n, io.EOF
 	}
 	return n, nil
+}
+
+// middle adds a piece's whole units m to q: m itself when the device may
+// use it (registered and aligned), else a bounce buffer, which it returns
+// for the caller to copy from (reads) and to put back; for a write it
+// copies m into it.
+func (be *Backend) middle(q *ioReq, m []byte, write bool) ([]byte, error) {
+	if be.direct(m) {
+		q.add(m)
+		be.directBytes.Add(uint64(len(m)))
+		return nil, nil
+	}
+	b, err := be.bufs.get(int64(len(m)))
+	if err != nil {
+		return nil, err
+	}
+	if write {
+		copy(b, m)
+		be.bounceBytes.Add(uint64(len(m)))
+	}
+	q.add(b)
+	return b, nil
 }
 
 func (be *Backend) readPiece(s *blobState, p []byte, pc piece) error {
@@ -418,16 +440,11 @@ func (be *Backend) readPiece(s *blobState, p []byte, pc piece) error {
 		q.add(head)
 	}
 	if pc.midTo > pc.midFrom {
-		m := p[pc.midFrom-pc.from : pc.midTo-pc.from]
-		if be.direct(m) {
-			q.add(m)
-			be.directBytes.Add(uint64(len(m)))
-		} else {
-			if mid, err = be.bufs.get(int64(len(m))); err != nil {
-				return err
-			}
+		if mid, err = be.middle(q, p[pc.midFrom-pc.from:pc.midTo-pc.from], false); err != nil {
+			return err
+		}
+		if mid != nil {
 			defer be.bufs.put(mid)
-			q.add(mid)
 		}
 	}
 	if pc.tail {
@@ -456,21 +473,15 @@ func (be *Backend) readPiece(s *blobState, p []byte, pc piece) error {
 }
 
 func (h *handle) WriteAt(p []byte, off int64) (int, error) {
-	if err := h.usable("write"); err != nil {
+	release, err := h.begin("write", p, off)
+	if err != nil {
 		return 0, err
 	}
-	if err := backend.CheckRange(off, len(p)); err != nil {
-		return 0, errorf("write", h.s.id, err)
-	}
+	defer release()
 	if len(p) == 0 {
 		return 0, nil
 	}
 	be, s := h.be, h.s
-	be.life.RLock()
-	defer be.life.RUnlock()
-	if be.gone.Load() {
-		return 0, errorf("write", s.id, syscall.EBADF)
-	}
 	end := off + int64(len(p))
 	// A write with a partial unit reads it, changes it and writes it back:
 	// it holds the blob exclusively so that no other write of that unit
@@ -490,7 +501,7 @@ func (h *handle) WriteAt(p []byte, off int64) (int, error) {
 		}
 	}
 	size := s.size.Load()
-	err := be.pieces(off, end, func(pc piece) error { return be.writePiece(s, p[pc.from-off:pc.to-off], pc, size) })
+	err = be.pieces(off, end, func(pc piece) error { return be.writePiece(s, p[pc.from-off:pc.to-off], pc, size) })
 	if err != nil {
 		return 0, errorf("write", s.id, err)
 	}
@@ -566,19 +577,12 @@ func (be *Backend) writePiece(s *blobState, p []byte, pc piece, size int64) erro
 		q.add(head)
 	}
 	if pc.midTo > pc.midFrom {
-		m := p[pc.midFrom-pc.from : pc.midTo-pc.from]
-		if be.direct(m) {
-			q.add(m)
-			be.directBytes.Add(uint64(len(m)))
-		} else {
-			mid, err := be.bufs.get(int64(len(m)))
-			if err != nil {
-				return err
-			}
+		mid, err := be.middle(q, p[pc.midFrom-pc.from:pc.midTo-pc.from], true)
+		if err != nil {
+			return err
+		}
+		if mid != nil {
 			defer be.bufs.put(mid)
-			copy(mid, m)
-			be.bounceBytes.Add(uint64(len(m)))
-			q.add(mid)
 		}
 	}
 	if tail != nil {
