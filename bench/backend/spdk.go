@@ -81,13 +81,17 @@ func spdkPhases(dir string, s settings) []func() []target {
 		})
 	}
 	return []func() []target{
-		func() []target { return []target{at(targetSPDKAio, opts("Aio0")), at(targetSPDKMalloc, opts("Malloc0"))} },
+		func() []target {
+			return []target{at(targetSPDKAio, opts("Aio0")), at(targetSPDKMalloc, opts("Malloc0"))}
+		},
 		func() []target {
 			o := opts("Malloc0")
 			o.CGOCallbacks = true
 			return []target{at(targetSPDKMallocCGO, o)}
 		},
-		func() []target { return []target{weir(targetWeirSPDKAio, "Aio0"), weir(targetWeirSPDKMalloc, "Malloc0")} },
+		func() []target {
+			return []target{weir(targetWeirSPDKAio, "Aio0"), weir(targetWeirSPDKMalloc, "Malloc0")}
+		},
 	}
 }
 
