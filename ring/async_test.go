@@ -493,3 +493,65 @@ func TestAsyncHostileDescriptors(t *testing.T) {
 		}
 	}
 }
+
+// Request.Alone is set exactly when no other request of the session is in
+// flight and none waits in the SQ.
+func TestAsyncAlone(t *testing.T) {
+	r, err := Create(Config{SQEntries: 8, ArenaSize: 64 << 10, BlockSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newTestHandler()
+	s := NewServerSession(r, h, WaitBusyPoll)
+	defer s.Close()
+	c := newRawClient(r)
+	id := uint64(0)
+	submit := func(k int) {
+		for range k {
+			id++
+			if !c.submit(t, &Descriptor{Opcode: opAsyncPark, ReqID: id}) {
+				t.Fatal("SQ full")
+			}
+		}
+	}
+	poll := func(k int) []*parkedReq {
+		if n, err := s.Poll(64); err != nil || n != k {
+			t.Fatalf("Poll took %d, %v; want %d", n, err, k)
+		}
+		return h.waitParked(t, k)
+	}
+	finish := func(ps []*parkedReq) {
+		for _, p := range ps {
+			close(p.release)
+		}
+		got := 0
+		waitFor(t, "completions", func() bool { got += len(c.reap(t)); return got == len(ps) })
+	}
+	alone := func(ps []*parkedReq) []bool {
+		var out []bool
+		for _, p := range ps {
+			out = append(out, p.req.Alone)
+		}
+		return out
+	}
+	submit(1)
+	first := poll(1)
+	submit(2)
+	more := poll(2)
+	if got := alone(append(first, more...)); fmt.Sprint(got) != "[true false false]" {
+		t.Fatalf("one alone, then two while it is in flight: Alone = %v", got)
+	}
+	finish(append(first, more...))
+	submit(2)
+	two := poll(2)
+	if got := alone(two); fmt.Sprint(got) != "[false false]" {
+		t.Fatalf("two queued together: Alone = %v", got)
+	}
+	finish(two)
+	submit(1)
+	last := poll(1)
+	if got := alone(last); fmt.Sprint(got) != "[true]" {
+		t.Fatalf("one after the others finished: Alone = %v", got)
+	}
+	finish(last)
+}

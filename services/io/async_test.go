@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/mem"
 )
@@ -183,6 +184,10 @@ func TestSessionRequestsInFlightTogether(t *testing.T) {
 		t.Run(fmt.Sprint("n=", n), func(t *testing.T) {
 			be := &barrierBackend{Backend: mem.New()}
 			e := startIO(t, be, nil)
+			// A request alone (nothing else of the session in flight or
+			// queued) is served inline; the first of these may be, and
+			// would then wait at the barrier holding the poller.
+			iosvc.SetHandOffAlways(e.io, true)
 			fsys := e.dial(t)
 			defer fsys.Close()
 			f, err := fsys.Create("f")
@@ -328,5 +333,32 @@ func TestSessionEndWaitsForInFlightWrite(t *testing.T) {
 			}
 			checkNoProblems(t, st)
 		})
+	}
+}
+
+// A request alone is served on the session's poller, with no hand-off: one
+// goroutine's reads and writes, one at a time, are all inline; 32 goroutines
+// at once hand requests off.
+func TestAloneRequestsInline(t *testing.T) {
+	e := startIO(t, mem.New(), nil)
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	in0, off0 := e.io.Stats.InlineIO.Load(), e.io.Stats.HandedOffIO.Load()
+	for i := range 20 {
+		if _, err := f.WriteAt(buf, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.ReadAt(buf, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if in, off := e.io.Stats.InlineIO.Load()-in0, e.io.Stats.HandedOffIO.Load()-off0; in != 40 || off != 0 {
+		t.Fatalf("one request at a time: %d inline, %d handed off; want 40 and 0", in, off)
 	}
 }

@@ -5,3 +5,8 @@ import "github.com/weir-storage/weir/ring"
 // SetNewRegion replaces how s creates a session's region (ring.Create), so
 // that tests can make huge pages fail. Call it before Start.
 func SetNewRegion(s *Service, f func(ring.Config) (*ring.Region, error)) { s.newRegion = f }
+
+// SetHandOffAlways makes s serve every read and write on a goroutine of its
+// own, even a request that is alone, so that tests can count on requests
+// of one session meeting at the backend.
+func SetHandOffAlways(s *Service, on bool) { s.handOffAlways.Store(on) }

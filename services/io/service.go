@@ -42,6 +42,10 @@ type Stats struct {
 	Syncs        atomic.Uint64
 	Grants       atomic.Int64
 	Denied       atomic.Uint64 // requests refused for lack of a grant
+	// Reads and writes served on the session's poller (alone: nothing else
+	// of the session in flight or queued) and handed to a goroutine.
+	InlineIO    atomic.Uint64
+	HandedOffIO atomic.Uint64
 
 	// Zero-copy memory (backends that implement backend.MemRegistrar).
 	HugePageFallbacks     atomic.Uint64 // sessions given ordinary pages: no huge page region could be made
@@ -66,6 +70,7 @@ func (s *Stats) snapshot() map[string]any {
 		"sessions": s.Sessions.Load(), "reads": s.Reads.Load(), "writes": s.Writes.Load(),
 		"bytes_read": s.BytesRead.Load(), "bytes_written": s.BytesWritten.Load(),
 		"syncs": s.Syncs.Load(), "grants": s.Grants.Load(), "denied": s.Denied.Load(),
+		"io_inline": s.InlineIO.Load(), "io_handed_off": s.HandedOffIO.Load(),
 		"ring_hugepage_fallbacks": s.HugePageFallbacks.Load(),
 		"mem_register_failures":   s.MemRegisterFailures.Load(),
 		"mem_unregister_failures": s.MemUnregisterFailures.Load(),
@@ -101,6 +106,9 @@ type Service struct {
 	// newRegion creates a session's region: ring.Create; tests replace it
 	// before Start to make huge pages fail. Immutable after Start.
 	newRegion func(ring.Config) (*ring.Region, error)
+	// handOffAlways serves every read and write on a goroutine of its own,
+	// even one that is alone; tests of concurrency set it.
+	handOffAlways atomic.Bool
 
 	mu     sync.Mutex
 	blobs  map[backend.BlobID]*openBlob // protected by mu
