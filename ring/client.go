@@ -3,6 +3,7 @@ package ring
 import (
 	"context"
 	"encoding/binary"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -391,6 +392,12 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter) (Completion, e
 		if i&31 != 31 {
 			continue
 		}
+		// Let other goroutines run now and then: with many callers of one
+		// client spinning at once (queue depth 32 from 32 goroutines) on a
+		// small machine, the spinners otherwise starve the goroutines that
+		// would complete their requests (measured: 10k against 15k 4 KiB
+		// reads/s through weir at QD32 on the 2-CPU reference VM).
+		runtime.Gosched()
 		if start.IsZero() {
 			start = time.Now()
 		}

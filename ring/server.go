@@ -63,6 +63,18 @@ func (q *Request) Seg(i int) []byte {
 	return q.arena[s.Off : s.Off+s.Len : s.Off+s.Len]
 }
 
+// Run returns the arena bytes of segments i to j-1, the longest run of
+// segments from i each of which starts where the one before ends in the
+// arena, and j. A payload the client allocated in one piece is one run, so
+// a service can hand it to a device in one I/O.
+func (q *Request) Run(i int) (b []byte, j int) {
+	start, end := q.Segs[i].Off, q.Segs[i].Off+q.Segs[i].Len
+	for j = i + 1; j < len(q.Segs) && q.Segs[j].Off == end; j++ {
+		end += q.Segs[j].Len
+	}
+	return q.arena[start:end:end], j
+}
+
 // ReadPayload copies the request's payload into dst and returns the count.
 func (q *Request) ReadPayload(dst []byte) int {
 	n := 0

@@ -233,9 +233,10 @@ func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
 	}
 	off := int64(q.Offset)
 	var n int64
-	for i := range q.Segs {
-		seg := q.Seg(i)
-		m, err := g.blob.b.ReadAt(seg, off+n)
+	for i := 0; i < len(q.Segs); {
+		var run []byte
+		run, i = q.Run(i)
+		m, err := g.blob.b.ReadAt(run, off+n)
 		n += int64(m)
 		if err != nil {
 			if errors.Is(err, errEOF) {
@@ -268,8 +269,10 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 		return fail(syscall.EINVAL)
 	}
 	var n int64
-	for i := range q.Segs {
-		m, err := ob.b.WriteAt(q.Seg(i), off+n)
+	for i := 0; i < len(q.Segs); {
+		var run []byte
+		run, i = q.Run(i)
+		m, err := ob.b.WriteAt(run, off+n)
 		n += int64(m)
 		if err != nil {
 			if n > 0 {
