@@ -153,7 +153,7 @@ func us(v *float64) string {
 func (r *Report) markdown() string {
 	var b strings.Builder
 	p := func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }
-	p("# Backends at the interface: raw O_DIRECT vs file vs SPDK (issue 4)\n\n")
+	p("# Backends at the interface and through weir: raw O_DIRECT vs file vs SPDK (issue 4)\n\n")
 	p("- Date: %s\n", r.Date)
 	p("- Machine: %d CPUs (nproc), %s; %s; %s GiB RAM\n", r.Host.NProc, r.Host.CPUModel, r.Host.Kernel, benchutil.Fnum(float64(r.MemTotal)/(1<<30)))
 	p("- File system: %s. Every target's file is under %s.\n", r.Filesystem, r.Dir)
