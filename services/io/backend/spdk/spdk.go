@@ -315,6 +315,12 @@ type Backend struct {
 	opts    Options
 	bs      *C.struct_spdk_blob_store
 	ch      *C.struct_spdk_io_channel // the metadata thread's, for Truncate's I/O
+	// flushDesc is weir's own descriptor of the bdev, and flushCh its
+	// channel on the metadata thread: nil when the bdev has nothing to
+	// flush (no volatile cache). Sync flushes through them.
+	flushDesc *C.struct_spdk_bdev_desc
+	flushCh   *C.struct_spdk_io_channel
+	flushes   atomic.Uint64
 	ioUnit  int64
 	cluster int64
 	edge    []byte // DMA-able, one io unit, for Truncate on the metadata thread
@@ -351,6 +357,7 @@ func (be *Backend) Counters() map[string]uint64 {
 		"spdk_registered_regions": regions,
 		"spdk_register_failures":  failures,
 		"spdk_workers":            uint64(len(be.workers)),
+		"spdk_flushes":            be.flushes.Load(),
 	}
 }
 
@@ -426,6 +433,14 @@ func (be *Backend) load(opts Options) error {
 	be.ch = C.spdk_bs_alloc_io_channel(bs)
 	if be.ch == nil {
 		return errors.New("spdk: no I/O channel")
+	}
+	if rc := C.weir_flush_open(name, &be.flushDesc); rc != 0 {
+		return fmt.Errorf("spdk: open bdev %q for flushes: %w", opts.Bdev, syscall.Errno(-rc))
+	}
+	if C.weir_flush_supported(be.flushDesc) != 0 {
+		if be.flushCh = C.spdk_bdev_get_io_channel(be.flushDesc); be.flushCh == nil {
+			return errors.New("spdk: no bdev channel for flushes")
+		}
 	}
 	be.ioUnit = int64(C.spdk_bs_get_io_unit_size(bs))
 	be.cluster = int64(C.spdk_bs_get_cluster_size(bs))
@@ -602,12 +617,32 @@ func (be *Backend) List() ([]backend.BlobID, error) {
 	return ids, nil
 }
 
-// Sync: creates and deletes are durable when they return (sync_md).
+// Sync flushes the device: creates and deletes wrote their metadata
+// (sync_md) before they returned.
 func (be *Backend) Sync() error {
 	be.mu.Lock()
 	defer be.mu.Unlock()
 	if be.closed {
 		return fmt.Errorf("backend spdk: sync: %w", syscall.EBADF)
+	}
+	var err error
+	be.r.run(func() { err = be.flushLocked() })
+	if err != nil {
+		return fmt.Errorf("backend spdk: sync: %w", err)
+	}
+	return nil
+}
+
+// flushLocked flushes the bdev, if it has anything to flush. On the
+// metadata thread.
+func (be *Backend) flushLocked() error {
+	if be.flushCh == nil {
+		return nil
+	}
+	be.flushes.Add(1)
+	_, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_flush(be.flushDesc, be.flushCh, op) })
+	if err != nil {
+		return fmt.Errorf("flush the device: %w", err)
 	}
 	return nil
 }
@@ -648,6 +683,12 @@ func (be *Backend) Close() error {
 		}
 		if be.ch != nil {
 			C.spdk_bs_free_io_channel(be.ch)
+		}
+		if be.flushCh != nil {
+			C.spdk_put_io_channel(be.flushCh)
+		}
+		if be.flushDesc != nil {
+			C.spdk_bdev_close(be.flushDesc)
 		}
 		if be.edge != nil {
 			C.spdk_dma_free(unsafe.Pointer(unsafe.SliceData(be.edge)))
@@ -840,14 +881,21 @@ func (h *handle) Truncate(size int64) error {
 	return nil
 }
 
-// Sync makes the blob's size durable; its data already is once each write
-// completes (blobstore writes are not cached).
+// Sync makes the blob durable: its size (weir.size, sync_md) and every
+// write completed before the call, which the blobstore does not cache but
+// the device may (a flush of the bdev).
 func (h *handle) Sync() error {
 	if err := h.usable("sync"); err != nil {
 		return err
 	}
 	var err error
-	h.be.r.run(func() { err = h.be.syncMDLocked(h.s) })
+	h.be.r.run(func() {
+		if err = h.be.syncMDLocked(h.s); err == nil {
+			if err = h.be.flushLocked(); err != nil {
+				err = errorf("sync", h.s.id, err)
+			}
+		}
+	})
 	return err
 }
 

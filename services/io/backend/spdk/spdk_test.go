@@ -3,6 +3,9 @@
 package spdk
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 
@@ -12,11 +15,44 @@ import (
 	"github.com/weir-storage/weir/services/io/backend/backendtest"
 )
 
-// A malloc bdev: memory only, so it lasts as long as this test process,
-// which is enough for Reopen (unload, load) within the process.
-const mallocConfig = `{"subsystems": [{"subsystem": "bdev", "config": [
-  {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": 65536, "block_size": 4096}}
-]}]}`
+// testConfig is this test process's SPDK configuration (one environment
+// per process): Malloc0, a malloc bdev (memory only, so it lasts as long as
+// the process, enough for Reopen within it), and Aio0, an aio bdev over a
+// sparse file that TestMain makes.
+var testConfig string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "weir-spdk-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	disk := filepath.Join(dir, "aio.dat")
+	if err := sparseFile(disk, 64<<20); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	testConfig = fmt.Sprintf(`{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": 65536, "block_size": 4096}},
+  {"method": "bdev_aio_create", "params": {"name": "Aio0", "filename": %q, "block_size": 4096}}
+]}]}`, disk)
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// sparseFile creates path with size bytes (a hole).
+func sparseFile(path string, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
 
 // hugeNeed is the huge-page memory the tests run SPDK in: the 256 MiB
 // malloc bdev and SPDK's pools.
@@ -28,9 +64,9 @@ var onHugePages = HugePagesFree() >= hugeNeed
 
 func options(format bool) Options {
 	if onHugePages {
-		return Options{ConfigJSON: []byte(mallocConfig), Bdev: "Malloc0", Format: format}
+		return Options{ConfigJSON: []byte(testConfig), Bdev: "Malloc0", Format: format}
 	}
-	return Options{ConfigJSON: []byte(mallocConfig), Bdev: "Malloc0", NoHuge: true, MemMB: 1024, Format: format}
+	return Options{ConfigJSON: []byte(testConfig), Bdev: "Malloc0", NoHuge: true, MemMB: 1024, Format: format}
 }
 
 func logMemory(t *testing.T) {
