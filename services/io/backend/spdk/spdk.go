@@ -311,19 +311,19 @@ func (r *spdkRuntime) do(start func(op *C.weir_op)) (id uint64, bs *C.struct_spd
 
 // Backend is a blobstore on one bdev.
 type Backend struct {
-	r       *spdkRuntime
-	opts    Options
-	bs      *C.struct_spdk_blob_store
-	ch      *C.struct_spdk_io_channel // the metadata thread's, for Truncate's I/O
+	r    *spdkRuntime
+	opts Options
+	bs   *C.struct_spdk_blob_store
+	ch   *C.struct_spdk_io_channel // the metadata thread's, for Truncate's I/O
 	// flushDesc is weir's own descriptor of the bdev, and flushCh its
 	// channel on the metadata thread: nil when the bdev has nothing to
 	// flush (no volatile cache). Sync flushes through them.
 	flushDesc *C.struct_spdk_bdev_desc
 	flushCh   *C.struct_spdk_io_channel
 	flushes   atomic.Uint64
-	ioUnit  int64
-	cluster int64
-	edge    []byte // DMA-able, one io unit, for Truncate on the metadata thread
+	ioUnit    int64
+	cluster   int64
+	edge      []byte // DMA-able, one io unit, for Truncate on the metadata thread
 
 	workers []*worker
 	bufs    bouncePool
