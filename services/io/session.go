@@ -186,42 +186,32 @@ func (s *session) use(q *ring.Request, need access) (*grant, syscall.Errno) {
 	return g, 0
 }
 
-// readAsync checks the grant on the session's goroutine, then reads there
-// if the request is alone (nothing else of the session in flight or
-// queued: the hand-off would only add latency), else on a goroutine of its
-// own.
+// readAsync and writeAsync serve reads and writes: see serveIO.
 func (s *session) readAsync(q *ring.Request, done func(int64, uint64)) {
-	g, e := s.use(q, accRead)
-	if e != 0 {
-		done(fail(e))
-		return
-	}
-	if q.Alone && !s.svc.handOffAlways.Load() {
-		s.svc.Stats.InlineIO.Add(1)
-		done(s.read(g, q))
-		return
-	}
-	s.svc.Stats.HandedOffIO.Add(1)
-	q = q.Clone()
-	go func() { done(s.read(g, q)) }()
+	s.serveIO(q, accRead, s.read, done)
 }
 
-// writeAsync checks the grant on the session's goroutine, then writes there
-// if the request is alone, else on a goroutine of its own (see readAsync).
 func (s *session) writeAsync(q *ring.Request, done func(int64, uint64)) {
-	g, e := s.use(q, accWrite)
+	s.serveIO(q, accWrite, s.write, done)
+}
+
+// serveIO checks the grant on the session's goroutine, then runs do there
+// if the request is alone (nothing else of the session in flight or queued:
+// a hand-off would only add latency), else on a goroutine of its own.
+func (s *session) serveIO(q *ring.Request, need access, do func(*grant, *ring.Request) (int64, uint64), done func(int64, uint64)) {
+	g, e := s.use(q, need)
 	if e != 0 {
 		done(fail(e))
 		return
 	}
 	if q.Alone && !s.svc.handOffAlways.Load() {
 		s.svc.Stats.InlineIO.Add(1)
-		done(s.write(g, q))
+		done(do(g, q))
 		return
 	}
 	s.svc.Stats.HandedOffIO.Add(1)
 	q = q.Clone()
-	go func() { done(s.write(g, q)) }()
+	go func() { done(do(g, q)) }()
 }
 
 // read serves a read with the grant use returned; it drops the grant's

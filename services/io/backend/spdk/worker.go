@@ -360,13 +360,17 @@ func (be *Backend) direct(b []byte) bool {
 }
 
 // begin checks a read or write of len(p) bytes at off and holds the
-// backend open (Close waits) until the returned release is called.
+// backend open (Close waits) until the returned release is called. An
+// empty p passes the checks with nothing to hold: release is nil.
 func (h *handle) begin(op string, p []byte, off int64) (release func(), err error) {
 	if err := h.usable(op); err != nil {
 		return nil, err
 	}
 	if err := backend.CheckRange(off, len(p)); err != nil {
 		return nil, errorf(op, h.s.id, err)
+	}
+	if len(p) == 0 {
+		return nil, nil
 	}
 	h.be.life.RLock()
 	if h.be.gone.Load() {
@@ -378,13 +382,10 @@ func (h *handle) begin(op string, p []byte, off int64) (release func(), err erro
 
 func (h *handle) ReadAt(p []byte, off int64) (int, error) {
 	release, err := h.begin("read", p, off)
-	if err != nil {
+	if err != nil || release == nil {
 		return 0, err
 	}
 	defer release()
-	if len(p) == 0 {
-		return 0, nil
-	}
 	be, s := h.be, h.s
 	s.rw.RLock()
 	defer s.rw.RUnlock()
@@ -474,13 +475,10 @@ func (be *Backend) readPiece(s *blobState, p []byte, pc piece) error {
 
 func (h *handle) WriteAt(p []byte, off int64) (int, error) {
 	release, err := h.begin("write", p, off)
-	if err != nil {
+	if err != nil || release == nil {
 		return 0, err
 	}
 	defer release()
-	if len(p) == 0 {
-		return 0, nil
-	}
 	be, s := h.be, h.s
 	end := off + int64(len(p))
 	// A write with a partial unit reads it, changes it and writes it back:
