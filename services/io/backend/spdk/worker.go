@@ -26,7 +26,8 @@ import "C"
 const maxInflight = 128
 
 // maxIO is the largest single I/O, in bytes: longer reads and writes are
-// split, each piece its own SPDK I/O (they run concurrently).
+// split at multiples of maxIO, each piece its own SPDK I/O, one after
+// another.
 const maxIO = 1 << 20
 
 // ioReq is one read or write of whole io units, from a caller to a worker.
