@@ -190,24 +190,7 @@ func TestAsyncConcurrentStress(t *testing.T) {
 	if testing.Short() {
 		ops = 20
 	}
-	var wg sync.WaitGroup
-	for g := range 32 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := newRand(seed, g)
-			for i := range ops {
-				if err := stressOne(e.cli, rng); err != nil {
-					t.Errorf("goroutine %d op %d: %v", g, i, err)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if s := e.cli.Stats.Stray.Load(); s != 0 {
-		t.Fatalf("%d stray completions", s)
-	}
+	runStress(t, e, seed, 32, ops)
 	if e.srv.Stats.Async.Load() == 0 {
 		t.Fatal("no request was served asynchronously")
 	}

@@ -439,6 +439,30 @@ func TestRaceAnnotations(t *testing.T) {
 	wg.Wait()
 }
 
+// runStress runs producers goroutines of ops random requests each
+// (stressOne) on e's client and checks that no completion went astray.
+func runStress(t *testing.T, e *pipeEnv, seed uint64, producers, ops int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for g := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := newRand(seed, g)
+			for i := range ops {
+				if err := stressOne(e.cli, rng); err != nil {
+					t.Errorf("producer %d op %d: %v", g, i, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if s := e.cli.Stats.Stray.Load(); s != 0 {
+		t.Fatalf("%d stray completions", s)
+	}
+}
+
 // TestStress: several producers, random sizes and opcodes, each result
 // checked byte for byte. Seeded: -seed replays a failure.
 func TestStress(t *testing.T) {
@@ -450,24 +474,7 @@ func TestStress(t *testing.T) {
 			if testing.Short() {
 				ops = 100
 			}
-			var wg sync.WaitGroup
-			for g := range 6 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					rng := newRand(seed, g)
-					for i := range ops {
-						if err := stressOne(e.cli, rng); err != nil {
-							t.Errorf("producer %d op %d: %v", g, i, err)
-							return
-						}
-					}
-				}()
-			}
-			wg.Wait()
-			if s := e.cli.Stats.Stray.Load(); s != 0 {
-				t.Fatalf("%d stray completions", s)
-			}
+			runStress(t, e, seed, 6, ops)
 		})
 	}
 }
