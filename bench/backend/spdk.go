@@ -97,13 +97,8 @@ func spdkPhases(dir string, s settings) []func() []target {
 
 // sparseFile creates path with size bytes (a hole), for an aio bdev.
 func sparseFile(path string, size int64) error {
-	f, err := os.Create(path)
-	if err != nil {
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		return err
 	}
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return os.Truncate(path, size)
 }

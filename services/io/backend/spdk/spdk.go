@@ -791,25 +791,40 @@ func (be *Backend) mdIO(write bool, s *blobState, pos int64, buf []byte) error {
 	return err
 }
 
-// ensure grows the blob's clusters to hold end bytes. It takes the blob's
-// lock exclusively for the resize; the caller holds it shared (and gets it
-// back shared).
-func (be *Backend) ensure(s *blobState, end int64) error {
-	need := uint64(alignUp(end, be.cluster) / be.cluster)
+// clustersFor is the number of clusters that hold end bytes.
+func (be *Backend) clustersFor(end int64) uint64 {
+	return uint64(alignUp(end, be.cluster) / be.cluster)
+}
+
+// resize sets the blob's length in clusters. On the metadata thread.
+func (be *Backend) resize(s *blobState, clusters uint64) error {
+	_, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(clusters), op) })
+	return err
+}
+
+// grow gives the blob the clusters to hold end bytes, if it has fewer. The
+// caller holds the blob's lock exclusively.
+func (be *Backend) grow(s *blobState, end int64) error {
+	need := be.clustersFor(end)
 	if uint64(C.spdk_blob_get_num_clusters(s.blob)) >= need {
+		return nil
+	}
+	var err error
+	be.r.run(func() { err = be.resize(s, need) })
+	return err
+}
+
+// ensure is grow for a caller that holds the blob's lock shared: it takes
+// the lock exclusively for the resize, and gives it back shared.
+func (be *Backend) ensure(s *blobState, end int64) error {
+	if uint64(C.spdk_blob_get_num_clusters(s.blob)) >= be.clustersFor(end) {
 		return nil
 	}
 	s.rw.RUnlock()
 	defer s.rw.RLock()
 	s.rw.Lock()
 	defer s.rw.Unlock()
-	var err error
-	be.r.run(func() {
-		if uint64(C.spdk_blob_get_num_clusters(s.blob)) < need {
-			_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) })
-		}
-	})
-	return err
+	return be.grow(s, end)
 }
 
 func (h *handle) Truncate(size int64) error {
@@ -830,10 +845,10 @@ func (h *handle) Truncate(size int64) error {
 	var err error
 	be.r.run(func() {
 		old := s.size.Load()
-		need := uint64(alignUp(size, be.cluster) / be.cluster)
+		need := be.clustersFor(size)
 		if size >= old {
 			if uint64(C.spdk_blob_get_num_clusters(s.blob)) < need {
-				if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) }); err != nil {
+				if err = be.resize(s, need); err != nil {
 					return
 				}
 			}
@@ -865,7 +880,7 @@ func (h *handle) Truncate(size int64) error {
 				return
 			}
 		}
-		if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) }); err != nil {
+		if err = be.resize(s, need); err != nil {
 			return
 		}
 		// A shrink releases (and clears) its clusters only when the

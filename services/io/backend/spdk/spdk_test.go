@@ -41,17 +41,12 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// sparseFile creates path with size bytes (a hole).
+// sparseFile creates path with size bytes (a hole), for an aio bdev.
 func sparseFile(path string, size int64) error {
-	f, err := os.Create(path)
-	if err != nil {
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		return err
 	}
-	if err := f.Truncate(size); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return os.Truncate(path, size)
 }
 
 // hugeNeed is the huge-page memory the tests run SPDK in: the 256 MiB

@@ -508,19 +508,6 @@ func (h *handle) WriteAt(p []byte, off int64) (int, error) {
 	return len(p), nil
 }
 
-// grow is ensure for a caller that holds the blob exclusively.
-func (be *Backend) grow(s *blobState, end int64) error {
-	need := uint64(alignUp(end, be.cluster) / be.cluster)
-	if uint64(C.spdk_blob_get_num_clusters(s.blob)) >= need {
-		return nil
-	}
-	var err error
-	be.r.run(func() {
-		_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_resize(s.blob, C.uint64_t(need), op) })
-	})
-	return err
-}
-
 // loadUnit reads the unit at pos into buf for a read-modify-write, or
 // zeros it if the unit lies wholly past the blob's size.
 func (be *Backend) loadUnit(s *blobState, pos, size int64, buf []byte) *ioReq {
