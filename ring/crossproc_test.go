@@ -7,9 +7,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -24,6 +26,11 @@ const (
 	envRole = "WEIR_RING_TEST_ROLE"
 	envSock = "WEIR_RING_TEST_SOCK"
 	envMode = "WEIR_RING_TEST_MODE"
+	// envHold makes the peer start a grandchild ("sleep") that inherits
+	// its end of the session socket, so the socket stays open when the
+	// peer dies and only the pidfd can tell the survivor. The peer then
+	// prints "ready <grandchild pid>".
+	envHold = "WEIR_RING_TEST_HOLD"
 )
 
 func TestMain(m *testing.M) {
@@ -56,27 +63,78 @@ func peerServer() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	hold := os.Getenv(envHold) != ""
+	ready := make(chan int, 1)
 	go func() {
 		h := newTestHandler()
 		for {
-			sc, err := l.Accept(context.Background(), h, peerMode())
+			conn, err := l.AcceptUnix()
 			if err != nil {
 				return
 			}
+			holder := 0
+			if hold {
+				if holder, err = holdSocket(conn); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					os.Exit(1)
+				}
+			}
+			sc, err := NewServerConn(context.Background(), conn, smallCfg(), h, peerMode())
+			if err != nil {
+				continue
+			}
 			go func() { sc.Serve(); sc.Close() }()
+			if hold {
+				ready <- holder
+			}
 		}
 	}()
-	fmt.Println("ready")
+	if hold {
+		// The test dials after "listening" and waits for "ready".
+		fmt.Println("listening")
+		fmt.Printf("ready %d\n", <-ready)
+	} else {
+		fmt.Println("ready")
+	}
 	io.Copy(io.Discard, os.Stdin)
 	l.Close()
 	return 0
+}
+
+// holdSocket starts a grandchild that inherits conn's descriptor and sleeps.
+func holdSocket(conn *net.UnixConn) (int, error) {
+	f, err := conn.File() // a dup; the grandchild inherits it
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	cmd := exec.Command("sleep", "600")
+	cmd.ExtraFiles = []*os.File{f}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("start socket holder: %w", err)
+	}
+	return cmd.Process.Pid, nil
 }
 
 // peerClient connects, proves the session works, then puts a request
 // (opSleep of 50 ms) in flight and waits to be killed: the server answers
 // a client that is already dead.
 func peerClient() int {
-	c, err := Dial(context.Background(), os.Getenv(envSock), ClientOptions{Mode: peerMode()})
+	conn, err := net.Dial("unix", os.Getenv(envSock))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ready := "ready"
+	if os.Getenv(envHold) != "" {
+		holder, err := holdSocket(conn.(*net.UnixConn))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		ready = fmt.Sprintf("ready %d", holder)
+	}
+	c, err := NewClientConn(context.Background(), conn.(*net.UnixConn), ClientOptions{Mode: peerMode()})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -86,7 +144,7 @@ func peerClient() int {
 		return 1
 	}
 	go c.Do(context.Background(), &Call{Op: opSleep, Arg: 50})
-	fmt.Println("ready")
+	fmt.Println(ready)
 	io.Copy(io.Discard, os.Stdin)
 	c.Close()
 	return 0
@@ -95,14 +153,27 @@ func peerClient() int {
 type peerProc struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
+	out   *bufio.Reader
 	sock  string
 }
 
 // startPeer runs this test binary as role and waits for its ready line.
 func startPeer(t *testing.T, role, sock string, mode WaitMode) *peerProc {
 	t.Helper()
+	p := spawnPeer(t, role, sock, mode, false)
+	p.expect(t, "ready")
+	return p
+}
+
+// spawnPeer starts this test binary as role without waiting for it; with
+// hold, the peer's session socket is also held open by a grandchild.
+func spawnPeer(t *testing.T, role, sock string, mode WaitMode, hold bool) *peerProc {
+	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"="+role, envSock+"="+sock, envMode+"="+mode.String())
+	if hold {
+		cmd.Env = append(cmd.Env, envHold+"=1")
+	}
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -115,17 +186,36 @@ func startPeer(t *testing.T, role, sock string, mode WaitMode) *peerProc {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &peerProc{cmd: cmd, stdin: stdin, sock: sock}
+	p := &peerProc{cmd: cmd, stdin: stdin, out: bufio.NewReader(stdout), sock: sock}
 	t.Cleanup(func() {
 		stdin.Close()
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "ready" {
-		t.Fatalf("peer %s: %q %v", role, line, err)
-	}
 	return p
+}
+
+// expect reads the peer's next line, which must be word or start with
+// word and a space; it returns the rest.
+func (p *peerProc) expect(t *testing.T, word string) string {
+	t.Helper()
+	line, err := p.out.ReadString('\n')
+	line = strings.TrimSpace(line)
+	if err != nil || (line != word && !strings.HasPrefix(line, word+" ")) {
+		t.Fatalf("peer: got %q (%v), want %q", line, err, word)
+	}
+	return strings.TrimSpace(strings.TrimPrefix(line, word))
+}
+
+// holderPid reads "ready <pid>" and arranges for that grandchild to be killed.
+func (p *peerProc) holderPid(t *testing.T) int {
+	t.Helper()
+	pid, err := strconv.Atoi(p.expect(t, "ready"))
+	if err != nil || pid <= 0 {
+		t.Fatalf("peer: bad holder pid: %v", err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	return pid
 }
 
 func TestCrossProcessEcho(t *testing.T) {
@@ -230,4 +320,64 @@ func TestCrossProcessClientKilled(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCrossProcessPeerKilledSocketHeld: the peer is SIGKILLed but a
+// grandchild still holds its end of the session socket, so no EOF comes:
+// only the pidfd taken at the handshake can say the peer is gone. Both
+// directions: a caller waiting on a dead server, a server serving a dead
+// client.
+func TestCrossProcessPeerKilledSocketHeld(t *testing.T) {
+	if _, err := exec.LookPath("sleep"); err != nil {
+		t.Skipf("needs the sleep command to hold a socket open: %v", err)
+	}
+	t.Run("server", func(t *testing.T) {
+		sock := filepath.Join(t.TempDir(), "ring.sock")
+		p := spawnPeer(t, "server", sock, WaitAdaptive, true)
+		p.expect(t, "listening")
+		c, err := Dial(context.Background(), sock, ClientOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		p.holderPid(t)
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.Do(context.Background(), &Call{Op: opSleep, Arg: 60_000})
+			done <- err
+		}()
+		time.Sleep(10 * time.Millisecond) // let it park
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if err := guard(t, done, "Do with a killed server whose socket is held"); !errors.Is(err, ErrPeerGone) {
+			t.Fatalf("Do: %v, want ErrPeerGone", err)
+		}
+	})
+	t.Run("client", func(t *testing.T) {
+		sock := filepath.Join(t.TempDir(), "ring.sock")
+		l, err := Listen(sock, smallCfg())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		served := make(chan error, 1)
+		go func() {
+			sc, err := l.Accept(context.Background(), newTestHandler(), WaitAdaptive)
+			if err != nil {
+				served <- err
+				return
+			}
+			served <- sc.Serve()
+			sc.Close()
+		}()
+		p := spawnPeer(t, "client", sock, WaitAdaptive, true)
+		p.holderPid(t)
+		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if err := guard(t, served, "Serve with a killed client whose socket is held"); !errors.Is(err, ErrPeerGone) {
+			t.Fatalf("Serve: %v, want ErrPeerGone", err)
+		}
+	})
 }
