@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -189,5 +190,46 @@ func TestHostilePeerScribbles(t *testing.T) {
 	// A's client learns the session is over.
 	if _, err := cliA.Do(context.Background(), &Call{Op: OpNop}); err == nil {
 		t.Fatal("damaged session still answers")
+	}
+}
+
+// TestHeaderScribbleDamagesSession flips one bit in each field of the
+// immutable header of an idle session. The server must end that session as
+// damaged with "header changed", its client must learn the session is
+// gone, and a second session on the same handler must go on working.
+func TestHeaderScribbleDamagesSession(t *testing.T) {
+	fields := []struct {
+		name string
+		off  uint64
+	}{
+		{"magic", offMagic}, {"version", offVersion}, {"header size", offHeaderSize},
+		{"features", offFeatures}, {"sq entries", offSQEntries}, {"cq entries", offCQEntries},
+		{"sq slot size", offSQSlotSize}, {"cq slot size", offCQSlotSize},
+		{"block size", offBlockSize}, {"max segments", offMaxSegments},
+		{"sq offset", offSQOffset}, {"cq offset", offCQOffset},
+		{"arena offset", offArenaOffset}, {"arena size", offArenaSize}, {"total size", offTotalSize},
+	}
+	other := newPipe(t, smallCfg(), WaitAdaptive, ClientOptions{})
+	for _, f := range fields {
+		t.Run(f.name, func(t *testing.T) {
+			e := newPipe(t, smallCfg(), WaitAdaptive, ClientOptions{})
+			if _, err := e.cli.Do(context.Background(), &Call{Op: OpNop}); err != nil {
+				t.Fatal(err)
+			}
+			evil := secondMapping(t, e.srv.Region())
+			evil.mem[f.off+1] ^= 0x10
+			evil.add32(offSQBell, 1) // wake the server so that it looks
+			evil.futexWake(offSQBell)
+			err := guard(t, e.serveCh, "Serve after a header scribble")
+			if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), "header changed") {
+				t.Fatalf("Serve: %v, want ErrDamaged (header changed)", err)
+			}
+			if _, err := e.cli.Do(context.Background(), &Call{Op: OpNop}); err == nil {
+				t.Fatal("Do on a damaged session succeeded")
+			}
+			if r, err := other.cli.Do(context.Background(), &Call{Op: OpNop}); err != nil || r.Result != 0 {
+				t.Fatalf("the other session after the scribble: %+v %v", r, err)
+			}
+		})
 	}
 }
