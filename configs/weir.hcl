@@ -47,10 +47,13 @@ metadata {
   # <run_dir>/metadata.sock, so it follows run_dir unless set here.
   # socket = "/var/lib/weir/run/metadata.sock"
 
-  # true: fsync the WAL before replying to every mutation. false: group
-  # commit, one fsync every sync_interval for all mutations that arrived
-  # meanwhile. Both are durable: a reply is sent only after its record is
-  # synced; true trades throughput for latency on a quiet system.
+  # true: every namespace mutation (create, mkdir, rename, unlink, chmod,
+  # ...) is durable when its reply is sent; concurrent mutations share one
+  # WAL fsync. false (default, as ext4 and XFS behave): a reply is sent once
+  # the record is in the WAL file (it survives a SIGKILL of any service),
+  # and the WAL is fsynced every sync_interval and at every fsync of a file
+  # or directory, which makes all earlier mutations durable. A power loss
+  # can lose at most sync_interval of mutations nobody fsynced.
   sync_every_op = false
 
   # Group-commit interval when sync_every_op is false.
