@@ -32,7 +32,10 @@ func cmdUp(args []string) int {
 	if werr != nil {
 		s.Log.Error("a service died; stopping the others", "error", werr)
 	}
-	s.Stop()
+	if err := s.Stop(); err != nil {
+		s.Log.Error("stop", "error", err)
+		return 1
+	}
 	if werr != nil {
 		return 1
 	}

@@ -112,8 +112,12 @@ func (s *Supervisor) startChild(name string) error {
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.ExtraFiles = []*os.File{w}
-	// If the supervisor dies, so do its services.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	// If the supervisor dies, so do its services. Each service gets its own
+	// process group, so a Ctrl-C at the terminal reaches only weir up,
+	// which then stops the services in order; otherwise every process of
+	// the terminal's group gets SIGINT at once and io may stop before the
+	// metadata service has revoked its grants.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		w.Close()
 		return fmt.Errorf("start %s: %w", name, err)
@@ -174,8 +178,12 @@ func describeExit(err error) string {
 }
 
 // Stop stops the services, metadata first (it revokes its grants and
-// records the sizes the IO service reports), then NATS.
-func (s *Supervisor) Stop() {
+// records the sizes the IO service reports), then NATS. It returns an error
+// naming every service that did not stop cleanly: one that exited with a
+// non-zero status or had to be killed. A service already gone before Stop
+// is Wait's to report, not Stop's.
+func (s *Supervisor) Stop() error {
+	var errs []error
 	for _, k := range s.kids {
 		select {
 		case <-k.exited:
@@ -187,17 +195,20 @@ func (s *Supervisor) Stop() {
 		case <-k.exited:
 			if k.err != nil {
 				s.Log.Warn("service stopped with an error", "service", k.name, "status", describeExit(k.err))
+				errs = append(errs, fmt.Errorf("service %s stopped with %s", k.name, describeExit(k.err)))
 			}
 		case <-time.After(ShutdownTimeout + 5*time.Second):
 			s.Log.Error("service did not stop; killing it", "service", k.name)
 			_ = k.cmd.Process.Kill()
 			<-k.exited
+			errs = append(errs, fmt.Errorf("service %s did not stop within %v and was killed", k.name, ShutdownTimeout+5*time.Second))
 		}
 	}
 	if s.nats != nil {
 		s.nats.Shutdown()
 	}
 	_ = os.Remove(filepath.Join(s.Config.RunDir, NATSURLFile))
+	return errors.Join(errs...)
 }
 
 // Announce prints where clients connect.
