@@ -1,10 +1,16 @@
 package stack_test
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"fmt"
+	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,20 +23,43 @@ import (
 	"github.com/weir-storage/weir/internal/stack"
 )
 
-// buildWeir builds the weir command for tests that run real service
-// processes.
+var weirBuild struct {
+	once sync.Once
+	dir  string
+	exe  string
+	err  error
+}
+
+// buildWeir builds the weir command, once per test binary, for tests that
+// run real service processes.
 func buildWeir(t *testing.T) string {
 	t.Helper()
 	gobin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("the go tool is not on PATH: cannot build the weir binary for the process tests")
 	}
-	exe := filepath.Join(t.TempDir(), "weir")
-	cmd := exec.Command(gobin, "build", "-o", exe, "github.com/weir-storage/weir/cmd/weir")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	weirBuild.once.Do(func() {
+		if weirBuild.dir, weirBuild.err = os.MkdirTemp("", "weir-build-"); weirBuild.err != nil {
+			return
+		}
+		weirBuild.exe = filepath.Join(weirBuild.dir, "weir")
+		cmd := exec.Command(gobin, "build", "-o", weirBuild.exe, "github.com/weir-storage/weir/cmd/weir")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			weirBuild.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if weirBuild.err != nil {
+		t.Fatal(weirBuild.err)
 	}
-	return exe
+	return weirBuild.exe
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if weirBuild.dir != "" {
+		os.RemoveAll(weirBuild.dir)
+	}
+	os.Exit(code)
 }
 
 func testConfig(t *testing.T) *config.Config {
@@ -59,6 +88,12 @@ func TestSupervisor(t *testing.T) {
 	pids := s.PIDs()
 	if pids["metadata"] == 0 || pids["io"] == 0 {
 		t.Fatalf("pids %v", pids)
+	}
+	for name, pid := range pids {
+		// Its own group: a terminal's Ctrl-C must not reach it directly.
+		if pg, err := syscall.Getpgid(pid); err != nil || pg != pid {
+			t.Errorf("%s (pid %d) is in process group %d (%v), want its own", name, pid, pg, err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -115,4 +150,88 @@ type testOut struct{ t *testing.T }
 func (w testOut) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// TestUpCtrlC runs `weir up` the way a terminal does, in a process group of
+// its own, and sends SIGINT to that whole group while a client holds a file
+// open for writing. weir up must stop the services in order (metadata
+// revokes the grant while io still answers), log no error, exit 0, and the
+// data must be there after the next start.
+func TestUpCtrlC(t *testing.T) {
+	exe := buildWeir(t)
+	data := t.TempDir()
+	up := func() (*exec.Cmd, *bytes.Buffer, *config.Config) {
+		var logs bytes.Buffer
+		cmd := exec.Command(exe, "up", "--data", data)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); cmd.Wait() })
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() && !strings.HasPrefix(sc.Text(), "weir is up") {
+		}
+		go io.Copy(io.Discard, stdout)
+		cfg, err := stack.LocalConfig(data, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cmd, &logs, cfg
+	}
+	cmd, logs, cfg := up()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := client.Dial(ctx, client.Options{MetadataSocket: cfg.Metadata.Socket, IOSocket: cfg.IO.Socket})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, logs)
+	}
+	// Many open files: metadata has that many grants to revoke at stop,
+	// which takes long enough to see io stopping under it.
+	const open = 32
+	for i := range open {
+		f, err := c.Create(fmt.Sprintf("open-at-ctrl-c-%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write([]byte("written before Ctrl-C")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("weir up after Ctrl-C: %v\n%s", err, logs)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("weir up did not stop after Ctrl-C\n%s", logs)
+	}
+	for _, bad := range []string{"[ERROR]", "[WARN]", "revoke failed"} {
+		if strings.Contains(logs.String(), bad) {
+			t.Errorf("weir up's log after Ctrl-C has %q:\n%s", bad, logs)
+		}
+	}
+	c.Close()
+
+	_, logs, _ = up()
+	c, err = client.Dial(ctx, client.Options{MetadataSocket: cfg.Metadata.Socket, IOSocket: cfg.IO.Socket})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, logs)
+	}
+	defer c.Close()
+	for i := range open {
+		got, err := c.ReadFile(fmt.Sprintf("open-at-ctrl-c-%d", i))
+		if err != nil || string(got) != "written before Ctrl-C" {
+			t.Fatalf("file %d after restart: %q %v", i, got, err)
+		}
+	}
 }
