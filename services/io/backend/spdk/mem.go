@@ -8,7 +8,6 @@ import (
 	"slices"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -57,7 +56,7 @@ func (p *bouncePool) get(n int64) ([]byte, error) {
 	if mem == nil {
 		return nil, fmt.Errorf("no DMA memory for a %d-byte bounce buffer: %w", size, syscall.ENOMEM)
 	}
-	b := unsafe.Slice((*byte)(mem), size)
+	b := dmaSlice(mem, size)
 	p.mu.Lock()
 	p.all = append(p.all, b)
 	p.mu.Unlock()
@@ -76,8 +75,8 @@ func (p *bouncePool) put(b []byte) {
 		*list = append(*list, b)
 		return
 	}
-	p.all = slices.DeleteFunc(p.all, func(x []byte) bool { return unsafe.SliceData(x) == unsafe.SliceData(b) })
-	C.spdk_dma_free(unsafe.Pointer(unsafe.SliceData(b)))
+	p.all = slices.DeleteFunc(p.all, func(x []byte) bool { return sameBuf(x, b) })
+	dmaFree(b)
 }
 
 // free releases every buffer; no I/O may be in flight.
@@ -85,7 +84,7 @@ func (p *bouncePool) free() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, b := range p.all {
-		C.spdk_dma_free(unsafe.Pointer(unsafe.SliceData(b)))
+		dmaFree(b)
 	}
 	p.all, p.small, p.large = nil, nil, nil
 }
@@ -99,7 +98,7 @@ type memRegistry struct {
 }
 
 func (m *memRegistry) contains(b []byte) bool {
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	start := bufAddr(b)
 	end := start + uintptr(len(b))
 	m.mu.RLock()
 	defer m.mu.RUnlock()
@@ -130,7 +129,7 @@ func (be *Backend) HugePages() bool { return !be.opts.NoHuge }
 // (a huge-page memfd mapping does). On failure the memory is still served,
 // through bounce buffers, and the failure is counted.
 func (be *Backend) RegisterMem(mem []byte) error {
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	start := bufAddr(mem)
 	if len(mem) == 0 || start%hugePage != 0 || len(mem)%hugePage != 0 {
 		be.regs.fail()
 		return fmt.Errorf("backend spdk: register memory at %#x (%d bytes): %w: SPDK registers whole 2 MiB pages",
@@ -139,7 +138,7 @@ func (be *Backend) RegisterMem(mem []byte) error {
 	if be.gone.Load() {
 		return fmt.Errorf("backend spdk: register memory: %w", syscall.EBADF)
 	}
-	if rc := C.spdk_mem_register(unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem))); rc != 0 {
+	if rc := C.spdk_mem_register(bufPtr(mem), C.size_t(len(mem))); rc != 0 {
 		be.regs.fail()
 		return fmt.Errorf("backend spdk: register memory at %#x (%d bytes): %w", start, len(mem), syscall.Errno(-rc))
 	}
@@ -157,7 +156,7 @@ func (m *memRegistry) fail() {
 
 // UnregisterMem undoes RegisterMem(mem). No I/O of mem may be in flight.
 func (be *Backend) UnregisterMem(mem []byte) error {
-	start := uintptr(unsafe.Pointer(unsafe.SliceData(mem)))
+	start := bufAddr(mem)
 	r := [2]uintptr{start, start + uintptr(len(mem))}
 	be.regs.mu.Lock()
 	i := slices.Index(be.regs.ranges, r)
@@ -168,7 +167,7 @@ func (be *Backend) UnregisterMem(mem []byte) error {
 	if i < 0 {
 		return fmt.Errorf("backend spdk: unregister memory at %#x (%d bytes): %w", start, len(mem), errors.New("not registered"))
 	}
-	if rc := C.spdk_mem_unregister(unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem))); rc != 0 {
+	if rc := C.spdk_mem_unregister(bufPtr(mem), C.size_t(len(mem))); rc != 0 {
 		return fmt.Errorf("backend spdk: unregister memory at %#x: %w", start, syscall.Errno(-rc))
 	}
 	return nil

@@ -28,7 +28,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -293,12 +292,6 @@ func (r *spdkRuntime) wait(op *C.weir_op) error {
 	return nil
 }
 
-func newOp() *C.weir_op {
-	return (*C.weir_op)(C.calloc(1, C.size_t(unsafe.Sizeof(C.weir_op{}))))
-}
-
-func freeOp(op *C.weir_op) { C.free(unsafe.Pointer(op)) }
-
 // do runs one asynchronous SPDK call started by start on the metadata
 // thread.
 func (r *spdkRuntime) do(start func(op *C.weir_op)) (id uint64, bs *C.struct_spdk_blob_store, blob *C.struct_spdk_blob, err error) {
@@ -403,7 +396,7 @@ func New(opts Options) (*Backend, error) {
 // load runs on the metadata thread.
 func (be *Backend) load(opts Options) error {
 	name := C.CString(opts.Bdev)
-	defer C.free(unsafe.Pointer(name))
+	defer freeCString(name)
 	var dev *C.struct_spdk_bs_dev
 	if rc := C.weir_bs_dev(name, &dev); rc != 0 {
 		return fmt.Errorf("spdk: open bdev %q: %w", opts.Bdev, syscall.Errno(-rc))
@@ -448,7 +441,7 @@ func (be *Backend) load(opts Options) error {
 	if ebuf == nil {
 		return errors.New("spdk: no DMA memory for the edge buffer")
 	}
-	be.edge = unsafe.Slice((*byte)(ebuf), be.ioUnit)
+	be.edge = dmaSlice(ebuf, be.ioUnit)
 	// Index the blobs: iter_next closes the blob it is given. A blob
 	// without a valid weir.id, or claiming an id another blob claims, is
 	// a stray: not served, reported to weir check.
@@ -691,7 +684,7 @@ func (be *Backend) Close() error {
 			C.spdk_bdev_close(be.flushDesc)
 		}
 		if be.edge != nil {
-			C.spdk_dma_free(unsafe.Pointer(unsafe.SliceData(be.edge)))
+			dmaFree(be.edge)
 		}
 		be.bufs.free()
 		if be.bs != nil {
@@ -779,7 +772,7 @@ func alignUp(v, a int64) int64   { return alignDown(v+a-1, a) }
 // mdIO moves whole io units [pos, pos+len(buf)) between the device and buf
 // (DMA-able) on the metadata thread's channel. On the metadata thread.
 func (be *Backend) mdIO(write bool, s *blobState, pos int64, buf []byte) error {
-	p := unsafe.Pointer(unsafe.SliceData(buf))
+	p := bufPtr(buf)
 	off, cnt := C.uint64_t(pos/be.ioUnit), C.uint64_t(int64(len(buf))/be.ioUnit)
 	_, _, _, err := be.r.do(func(op *C.weir_op) {
 		if write {

@@ -185,7 +185,7 @@ type registeredBlob struct {
 }
 
 func (b *registeredBlob) stage(p []byte) ([]byte, func()) {
-	skew := int(uintptr(unsafePointer(p)) % 4096)
+	skew := int(bufAddr(p) % 4096)
 	if len(p)+skew > stagingSlot || b.r.closed.Load() {
 		return p, func() {}
 	}

@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
-	"unsafe"
 
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -150,7 +149,7 @@ func (w *worker) loop(ready chan<- error) {
 	defer close(w.done)
 	name := C.CString(fmt.Sprintf("weir-io-%d", w.idx))
 	w.thread = C.weir_thread_start(name)
-	C.free(unsafe.Pointer(name))
+	freeCString(name)
 	if w.thread == nil {
 		ready <- errors.New("spdk: create a worker thread: out of memory")
 		return
@@ -161,10 +160,8 @@ func (w *worker) loop(ready chan<- error) {
 		ready <- errors.New("spdk: no I/O channel for a worker")
 		return
 	}
-	opsMem := C.calloc(maxInflight, C.size_t(unsafe.Sizeof(C.weir_op{})))
-	w.ops = unsafe.Slice((*C.weir_op)(opsMem), maxInflight)
-	w.cq = (*C.weir_cq)(C.calloc(1, C.size_t(unsafe.Sizeof(C.weir_cq{}))+maxInflight*4))
-	w.cqSlots = unsafe.Slice(C.weir_cq_slots(w.cq), maxInflight)
+	w.ops = allocOps(maxInflight)
+	w.cq, w.cqSlots = allocCQ(maxInflight)
 	for i := range w.ops {
 		w.ops[i].cq = w.cq
 		w.ops[i].slot = C.uint32_t(i)
@@ -203,8 +200,8 @@ func (w *worker) loop(ready chan<- error) {
 	// until the release (a message to this thread) has run.
 	C.spdk_bs_free_io_channel(w.ch)
 	C.weir_thread_stop(w.thread)
-	C.free(opsMem)
-	C.free(unsafe.Pointer(w.cq))
+	freeOps(w.ops)
+	freeCQ(w.cq)
 }
 
 // take moves new requests from reqs into SPDK while slots are free.
@@ -234,7 +231,7 @@ func (w *worker) submit(q *ioReq) {
 	op := &w.ops[slot]
 	op.iovcnt = C.int(q.niov)
 	for i := range q.niov {
-		op.iov[i].iov_base = unsafe.Pointer(unsafe.SliceData(q.iov[i]))
+		op.iov[i].iov_base = bufPtr(q.iov[i])
 		op.iov[i].iov_len = C.size_t(len(q.iov[i]))
 	}
 	w.slots[slot] = q
@@ -354,7 +351,7 @@ func (be *Backend) pieces(off, end int64, f func(pc piece) error) error {
 // direct says whether b may be handed to SPDK as is: registered memory,
 // aligned to the io unit.
 func (be *Backend) direct(b []byte) bool {
-	if len(b) == 0 || uintptr(unsafe.Pointer(unsafe.SliceData(b)))%uintptr(be.ioUnit) != 0 {
+	if len(b) == 0 || bufAddr(b)%uintptr(be.ioUnit) != 0 {
 		return false
 	}
 	return be.regs.contains(b)
