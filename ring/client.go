@@ -14,8 +14,10 @@ import (
 type ClientOptions struct {
 	// Mode is how a caller waits for its completion.
 	Mode WaitMode
-	// NonBlocking makes Alloc and Call return ErrWouldBlock instead of
-	// waiting when the arena or every request slot is in use.
+	// NonBlocking makes Alloc and Do return ErrWouldBlock instead of
+	// waiting when the arena or every request slot is in use, or when the
+	// submission queue stays full for more than a short spin (a server
+	// that is not taking requests).
 	NonBlocking bool
 }
 
@@ -355,6 +357,11 @@ func (c *Client) submit(ctx context.Context, d *Descriptor) error {
 			return err
 		}
 		if i > 64 {
+			// Still full after a short spin: the server is slow to take
+			// slots, or is not taking them at all.
+			if c.opts.NonBlocking {
+				return ErrWouldBlock
+			}
 			time.Sleep(10 * time.Microsecond)
 		}
 		pollPause(i)
