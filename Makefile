@@ -22,11 +22,11 @@ help:
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
 	@echo "fuzz             each fuzzer for FUZZTIME (default 12000000x, about 5 min each)"
 	@echo "lint             gofmt and go vet"
-	@echo "bench            every benchmark in bench/, one report: $(RESULTS)/report.md (about 2 min)"
+	@echo "bench            every benchmark in bench/, one report: $(RESULTS)/report.md (about 4 min)"
 	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
 	@echo "bench-fileops    weir client vs os (buffered, O_DIRECT): 4 KiB random, metadata, sequential"
 	@echo "bench-backend    backends at the interface: raw O_DIRECT, file, SPDK aio and malloc (spdk tag if SPDK is found)"
-	@echo "bench-quick      every benchmark with small sizes and short windows, and the report (under a minute)"
+	@echo "bench-quick      every benchmark with small sizes and short windows, and the report (about 1.5 min)"
 
 DATA ?= ./weir-data
 
@@ -83,13 +83,23 @@ lint:
 
 # The benchmarks run one after another (never in parallel: they measure);
 # bench/report joins their results into $(RESULTS)/report.md.
+# bench/backend builds with -tags spdk when SPDK is found; without SPDK its
+# spdk rows read "n/a" and the file, raw and weir-file rows still run.
 BENCH_TRANSPORT = $(GO) run ./bench/transport -out $(RESULTS)
 BENCH_FILEOPS   = $(GO) run ./bench/fileops -out $(RESULTS)
-BENCH_REPORT    = $(GO) run ./bench/report -out $(RESULTS) -benchmarks transport,fileops
+BENCH_BACKEND   = if $(MAKE) -s spdk-check >/dev/null 2>&1; then \
+		echo "bench-backend: SPDK found, building with -tags spdk"; \
+		$(SPDK_ENV) $(GO) run -tags spdk ./bench/backend -out $(RESULTS) $(BENCH_BACKEND_ARGS) $(1); \
+	else \
+		echo "bench-backend: SPDK not found (make spdk-check), spdk rows will be n/a"; \
+		$(GO) run ./bench/backend -out $(RESULTS) $(BENCH_BACKEND_ARGS) $(1); \
+	fi
+BENCH_REPORT    = $(GO) run ./bench/report -out $(RESULTS) -benchmarks transport,fileops,backend
 
 bench:
 	$(BENCH_TRANSPORT)
 	$(BENCH_FILEOPS)
+	@$(call BENCH_BACKEND)
 	$(BENCH_REPORT)
 
 bench-transport:
@@ -98,20 +108,13 @@ bench-transport:
 bench-fileops:
 	$(BENCH_FILEOPS)
 
-# Not part of bench or bench-quick: it needs SPDK for half its rows and
-# takes about 2 minutes. Without SPDK the spdk rows read "n/a".
 bench-backend:
-	@if $(MAKE) -s spdk-check >/dev/null 2>&1; then \
-		echo "bench-backend: SPDK found, building with -tags spdk"; \
-		$(SPDK_ENV) $(GO) run -tags spdk ./bench/backend -out $(RESULTS) $(BENCH_BACKEND_ARGS); \
-	else \
-		echo "bench-backend: SPDK not found (make spdk-check), spdk rows will be n/a"; \
-		$(GO) run ./bench/backend -out $(RESULTS) $(BENCH_BACKEND_ARGS); \
-	fi
+	@$(call BENCH_BACKEND)
 
 bench-quick:
 	$(BENCH_TRANSPORT) -quick
 	$(BENCH_FILEOPS) -quick
+	@$(call BENCH_BACKEND,-quick)
 	$(BENCH_REPORT)
 
 clean:
