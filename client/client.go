@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,6 +30,10 @@ import (
 
 // Options say where the services are and how to wait for them.
 type Options struct {
+	// MetadataSocket and IOSocket are the services' Unix sockets, as
+	// `weir up` prints them. An empty one is found in the run directory:
+	// $WEIR_RUN_DIR if set, else DefaultRunDir (where weir up puts the
+	// sockets when it runs on the default data directory).
 	MetadataSocket string
 	IOSocket       string
 	// Mode is how a caller waits for its completion; WaitAdaptive spins
@@ -54,11 +59,38 @@ var (
 
 var bgctx = context.Background()
 
+// Where the services' sockets are when Options leaves them empty: the same
+// defaults as the services' own configuration (configs/weir.hcl: run_dir,
+// metadata.socket, io.socket).
+const (
+	// DefaultRunDir is run_dir for the default data_dir, /var/lib/weir.
+	DefaultRunDir = "/var/lib/weir/run"
+	// RunDirEnv names the environment variable that overrides it.
+	RunDirEnv          = "WEIR_RUN_DIR"
+	MetadataSocketName = "metadata.sock"
+	IOSocketName       = "io.sock"
+)
+
+// RunDir is the directory Dial looks in for sockets Options leaves empty:
+// $WEIR_RUN_DIR, or DefaultRunDir when that is unset or empty.
+func RunDir() string {
+	if d := os.Getenv(RunDirEnv); d != "" {
+		return d
+	}
+	return DefaultRunDir
+}
+
 // maxChunk bounds one read or write request; larger calls are split.
 const maxChunk = 1 << 20
 
 // Dial connects to the metadata and IO services.
 func Dial(ctx context.Context, opts Options) (*FS, error) {
+	if opts.MetadataSocket == "" {
+		opts.MetadataSocket = filepath.Join(RunDir(), MetadataSocketName)
+	}
+	if opts.IOSocket == "" {
+		opts.IOSocket = filepath.Join(RunDir(), IOSocketName)
+	}
 	meta, err := ring.Dial(ctx, opts.MetadataSocket, ring.ClientOptions{Mode: opts.Mode})
 	if err != nil {
 		return nil, fmt.Errorf("weir: connect to metadata service: %w", err)

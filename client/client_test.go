@@ -468,3 +468,29 @@ func TestRestartKeepsData(t *testing.T) {
 		t.Errorf("io stats lack the file backend's counters: %v", st.IO.Snapshot())
 	}
 }
+
+// TestDefaultSocketsMatchConfig: Dial's defaults for empty socket paths are
+// where the services put their sockets on the default configuration.
+func TestDefaultSocketsMatchConfig(t *testing.T) {
+	c := config.Default()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.RunDir != client.DefaultRunDir {
+		t.Errorf("config run_dir %q, client.DefaultRunDir %q", c.RunDir, client.DefaultRunDir)
+	}
+	if want := filepath.Join(c.RunDir, client.MetadataSocketName); c.Metadata.Socket != want {
+		t.Errorf("config metadata.socket %q, client default %q", c.Metadata.Socket, want)
+	}
+	if want := filepath.Join(c.RunDir, client.IOSocketName); c.IO.Socket != want {
+		t.Errorf("config io.socket %q, client default %q", c.IO.Socket, want)
+	}
+	t.Setenv(client.RunDirEnv, "/elsewhere/run")
+	if got := client.RunDir(); got != "/elsewhere/run" {
+		t.Errorf("RunDir with %s set: %q", client.RunDirEnv, got)
+	}
+	t.Setenv(client.RunDirEnv, "")
+	if got := client.RunDir(); got != client.DefaultRunDir {
+		t.Errorf("RunDir with %s empty: %q", client.RunDirEnv, got)
+	}
+}

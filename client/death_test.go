@@ -25,7 +25,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envChild) != "" {
 		os.Exit(childClient())
 	}
-	os.Exit(m.Run())
+	stop, err := exampleServices()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "start the services for Example:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	stop()
+	os.Exit(code)
 }
 
 func childClient() int {
