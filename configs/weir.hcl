@@ -40,6 +40,15 @@ nats {
   # How long one connection attempt may take. After the first connection,
   # processes reconnect forever with backoff.
   connect_timeout = "5s"
+
+  # Starts every NATS subject of this stack ("<namespace>.io.grant", ...)
+  # and the group of its health and stats endpoints, and is what
+  # `weir status` looks for: stacks that share a NATS server (one external
+  # cluster, say) must each have their own, or one stack answers the
+  # other's control requests. Tokens of letters, digits, '-' and '_',
+  # separated by dots ("prod.host-7"); no wildcards or spaces; at most 64
+  # bytes. Every process of a stack reads it from this file.
+  namespace = "weir"
 }
 
 metadata {

@@ -69,7 +69,7 @@ func cmdDemo(args []string) int {
 		}
 		err := d.withClient(step)
 		if err == nil && round == 1 {
-			err = printStatus(s.URL(), false)
+			err = printStatus(s.URL(), cfg.NATS.Namespace, false)
 		}
 		s.Stop()
 		if err != nil {
@@ -264,8 +264,9 @@ func (d *demo) verifyAndClean(c *client.FS) error {
 	return nil
 }
 
-// printStatus prints every service's health and counters.
-func printStatus(url string, asJSON bool) error {
+// printStatus prints the health and counters of every service of the
+// stack whose NATS namespace is namespace.
+func printStatus(url, namespace string, asJSON bool) error {
 	nc, err := control.Connect(url, "weir-status", nil)
 	if err != nil {
 		return err
@@ -273,7 +274,7 @@ func printStatus(url string, asJSON bool) error {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := control.Status(ctx, nc)
+	st, err := control.Status(ctx, nc, namespace)
 	if err != nil {
 		return err
 	}

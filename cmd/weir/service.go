@@ -108,7 +108,7 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 	}
 	<-svc.Ready()
 	var reg micro.Service
-	reg, err = control.Register(nc, control.ServiceInfo{Name: name, Version: stack.Version, Description: desc},
+	reg, err = control.Register(nc, control.ServiceInfo{Name: name, Version: stack.Version, Description: desc, Namespace: cfg.NATS.Namespace},
 		func() error { return nil }, func() any { return stats() })
 	if err != nil {
 		_ = svc.Shutdown(context.Background())

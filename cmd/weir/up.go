@@ -62,7 +62,7 @@ func cmdStatus(args []string) int {
 		}
 		url = strings.TrimSpace(string(b))
 	}
-	if err := printStatus(url, *asJSON); err != nil {
+	if err := printStatus(url, cfg.NATS.Namespace, *asJSON); err != nil {
 		fmt.Fprintf(os.Stderr, "weir status: %v\n", err)
 		return 1
 	}

@@ -36,6 +36,8 @@ package config
 import (
 	"path/filepath"
 	"time"
+
+	"github.com/weir-storage/weir/internal/wire"
 )
 
 // Config is the configuration of every weir process. A Config from
@@ -65,6 +67,11 @@ type NATS struct {
 	URL            string        // url: "" starts an embedded server; else a nats.go URL list
 	Listen         string        // listen: embedded server address, loopback only; default "127.0.0.1:-1" (random port)
 	ConnectTimeout time.Duration // connect_timeout: default 5s
+	// namespace: starts every NATS subject and names the micro services'
+	// group of this stack, so that stacks sharing a NATS server stay
+	// apart; default "weir". Tokens of letters, digits, '-' and '_',
+	// separated by dots; at most 64 bytes.
+	Namespace string
 }
 
 // Metadata configures the metadata service.
@@ -109,6 +116,7 @@ const (
 	DefaultLogFormat       = "text"
 	DefaultNATSListen      = "127.0.0.1:-1"
 	DefaultConnectTimeout  = 5 * time.Second
+	DefaultNATSNamespace   = wire.DefaultNamespace
 	DefaultSyncInterval    = 5 * time.Millisecond
 	DefaultCheckpointEvery = 10000
 	DefaultBackend         = "file"
@@ -140,6 +148,7 @@ func Default() *Config {
 		NATS: NATS{
 			Listen:         DefaultNATSListen,
 			ConnectTimeout: DefaultConnectTimeout,
+			Namespace:      DefaultNATSNamespace,
 		},
 		Metadata: Metadata{
 			SyncInterval:    DefaultSyncInterval,

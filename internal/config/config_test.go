@@ -31,7 +31,7 @@ func TestDefault(t *testing.T) {
 		RunDir:    "/var/lib/weir/run",
 		LogLevel:  "info",
 		LogFormat: "text",
-		NATS:      NATS{URL: "", Listen: "127.0.0.1:-1", ConnectTimeout: 5 * time.Second},
+		NATS:      NATS{URL: "", Listen: "127.0.0.1:-1", ConnectTimeout: 5 * time.Second, Namespace: "weir"},
 		Metadata: Metadata{
 			Socket: "/var/lib/weir/run/metadata.sock", SyncEveryOp: false,
 			SyncInterval: 5 * time.Millisecond, CheckpointEvery: 10000,
@@ -65,6 +65,7 @@ nats {
   url             = "nats://10.0.0.5:4222, nats://10.0.0.6:4222"
   listen          = "[::1]:0"
   connect_timeout = "1m30s"
+  namespace       = "prod.stack-b"
 }
 metadata {
   socket           = "/run/weir/m.sock"
@@ -96,7 +97,7 @@ ring {
 		LogFormat: "json",
 		NATS: NATS{
 			URL: "nats://10.0.0.5:4222, nats://10.0.0.6:4222", Listen: "[::1]:0",
-			ConnectTimeout: 90 * time.Second,
+			ConnectTimeout: 90 * time.Second, Namespace: "prod.stack-b",
 		},
 		Metadata: Metadata{
 			Socket: "/run/weir/m.sock", SyncEveryOp: true,
@@ -176,6 +177,12 @@ func TestLoadErrors(t *testing.T) {
 		{"negative duration", "metadata {\n  sync_interval = \"-1ms\"\n}\n", `bad.hcl:2: metadata.sync_interval: -1ms: must be positive`},
 		{"listen not loopback", "nats {\n  listen = \"0.0.0.0:4222\"\n}\n", `bad.hcl:2: nats.listen: "0.0.0.0:4222": the embedded server listens on loopback only`},
 		{"bad url", "nats {\n  url = \"http://x\"\n}\n", `bad.hcl:2: nats.url: "http://x": scheme "http"`},
+		{"empty namespace", "nats {\n  namespace = \"\"\n}\n", `bad.hcl:2: nats.namespace: must not be empty`},
+		{"namespace space", "nats {\n  namespace = \"a b\"\n}\n", `bad.hcl:2: nats.namespace: "a b": ' ' is not allowed`},
+		{"namespace star", "nats {\n  url = \"nats://h:4222\"\n  namespace = \"prod.*\"\n}\n", `bad.hcl:3: nats.namespace: "prod.*": '*' is not allowed`},
+		{"namespace gt", "nats {\n  namespace = \">\"\n}\n", `bad.hcl:2: nats.namespace: ">": '>' is not allowed`},
+		{"namespace dots", "nats {\n  namespace = \"a..b\"\n}\n", `bad.hcl:2: nats.namespace: "a..b" has an empty token`},
+		{"namespace long", "nats {\n  namespace = \"" + strings.Repeat("n", 65) + "\"\n}\n", `bad.hcl:2: nats.namespace: "nnn`},
 		{"block size", "ring {\n  block_size = \"2MiB\"\n}\n", `bad.hcl:2: ring.block_size: 2MiB: want a power of two from 64B to 1MiB`},
 		{"spdk workers", "io {\n  spdk_workers = 0\n}\n", `bad.hcl:2: io.spdk_workers: 0: want 1 to 64`},
 		{"arena too big", "ring {\n  arena_size = \"4GiB\"\n}\n", `bad.hcl:2: ring.arena_size: 4GiB: must be below 4GiB`},

@@ -88,6 +88,7 @@ type (
 		URL            *hcl.Attribute `hcl:"url,optional"`
 		Listen         *hcl.Attribute `hcl:"listen,optional"`
 		ConnectTimeout *hcl.Attribute `hcl:"connect_timeout,optional"`
+		Namespace      *hcl.Attribute `hcl:"namespace,optional"`
 	}
 	metadataBlock struct {
 		Socket          *hcl.Attribute `hcl:"socket,optional"`
@@ -171,6 +172,7 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.str("nats.url", b.URL, &c.NATS.URL)
 		d.str("nats.listen", b.Listen, &c.NATS.Listen)
 		d.duration("nats.connect_timeout", b.ConnectTimeout, &c.NATS.ConnectTimeout)
+		d.str("nats.namespace", b.Namespace, &c.NATS.Namespace)
 	}
 	if b := fc.Metadata; b != nil {
 		if d.path("metadata.socket", b.Socket, &c.Metadata.Socket) {

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/weir-storage/weir/internal/wire"
 )
 
 // Ring limits, as enforced by ring.NewGeometry (TestRingLimitsMatch keeps
@@ -86,6 +88,9 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	}
 	if c.NATS.ConnectTimeout <= 0 {
 		bad(at("nats.connect_timeout"), "nats.connect_timeout", "%v: must be positive", c.NATS.ConnectTimeout)
+	}
+	if err := wire.CheckNamespace(c.NATS.Namespace); err != nil {
+		bad(at("nats.namespace"), "nats.namespace", "%v", err)
 	}
 
 	socket("metadata.socket", c.Metadata.Socket, "metadata.socket", "run_dir", "data_dir")

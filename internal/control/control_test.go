@@ -88,11 +88,17 @@ func register(t *testing.T, nc *nats.Conn, name string, health func() error, sta
 	return svc
 }
 
+// status is Status in the default namespace.
 func status(t *testing.T, nc *nats.Conn) []ServiceStatus {
+	t.Helper()
+	return statusIn(t, nc, "")
+}
+
+func statusIn(t *testing.T, nc *nats.Conn, namespace string) []ServiceStatus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := Status(ctx, nc)
+	st, err := Status(ctx, nc, namespace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,6 +205,44 @@ func TestStatusInstances(t *testing.T) {
 	}
 }
 
+// TestStatusNamespaces: two stacks on one server, each with its own NATS
+// namespace, are listed apart, and each service's endpoints live under its
+// namespace.
+func TestStatusNamespaces(t *testing.T) {
+	e := startServer(t)
+	for _, ns := range []string{"weir", "stack-b.prod"} {
+		for _, name := range []string{"weir-metadata", "weir-io"} {
+			svc, err := Register(connect(t, e, name), ServiceInfo{Name: name, Namespace: ns}, nil,
+				func() any { return map[string]string{"namespace": ns} })
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = svc.Stop() })
+		}
+	}
+	cli := connect(t, e, "cli")
+	for _, tc := range []struct{ ask, want string }{{"", "weir"}, {"weir", "weir"}, {"stack-b.prod", "stack-b.prod"}} {
+		st := statusIn(t, cli, tc.ask)
+		if len(st) != 2 {
+			t.Fatalf("Status(%q) found %d services, want 2: %+v", tc.ask, len(st), st)
+		}
+		for _, s := range st {
+			if !s.Healthy || s.Stats["namespace"] != tc.want {
+				t.Errorf("Status(%q): %s is %+v, want a healthy service of namespace %q", tc.ask, s.Name, s, tc.want)
+			}
+		}
+	}
+	if st := statusIn(t, cli, "other"); len(st) != 0 {
+		t.Errorf("Status(other) = %+v, want nothing", st)
+	}
+
+	st := statusIn(t, cli, "stack-b.prod")
+	m, err := cli.Request("stack-b.prod.io."+st[0].ID+".health", nil, 10*time.Second)
+	if err != nil || string(m.Data) != `{"status":"ok"}` {
+		t.Fatalf("health under the namespace: %v, %v", m, err)
+	}
+}
+
 func TestStatusNoServices(t *testing.T) {
 	e := startServer(t)
 	var out bytes.Buffer
@@ -220,6 +264,12 @@ func TestRegisterRefusesBadNames(t *testing.T) {
 		if svc, err := Register(nc, ServiceInfo{Name: name}, nil, nil); err == nil {
 			_ = svc.Stop()
 			t.Errorf("Register(%q) succeeded", name)
+		}
+	}
+	for _, ns := range []string{"a b", "a.*", ">", "a..b", ".a", "$SRV"} {
+		if svc, err := Register(nc, ServiceInfo{Name: "weir-io", Namespace: ns}, nil, nil); err == nil {
+			_ = svc.Stop()
+			t.Errorf("Register in namespace %q succeeded", ns)
 		}
 	}
 }

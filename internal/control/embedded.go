@@ -12,14 +12,20 @@
 // A service named "weir-<short>" (e.g. "weir-metadata") registers as a NATS
 // micro service under that name, so `nats micro ls` and $SRV.PING/INFO/STATS
 // find it. Its endpoints "health" and "stats" live in group
-// "weir.<short>" and are addressed per instance:
+// "<namespace>.<short>", where namespace is the NATS namespace of its stack
+// ("weir" unless nats.namespace says otherwise), and are addressed per
+// instance:
 //
-//	weir.<short>.<instance id>.health   → {"status":"ok"} or {"status":"error","error":"..."}
-//	weir.<short>.<instance id>.stats    → the JSON of the service's counters
+//	<namespace>.<short>.<instance id>.health   → {"status":"ok"} or {"status":"error","error":"..."}
+//	<namespace>.<short>.<instance id>.stats    → the JSON of the service's counters
 //
 // The instance id in the subject makes every instance of a service
 // answerable on its own (a shared, queue-grouped subject would reach one
-// random instance); [Status] learns the subjects from $SRV.INFO.
+// random instance); [Status] learns the subjects from $SRV.INFO. Every
+// micro service on the server answers $SRV.INFO, whatever its stack, so
+// each weir service also carries its namespace in its metadata
+// (NamespaceKey) and Status keeps only the services of the namespace it is
+// asked about.
 package control
 
 import (

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"regexp"
@@ -8,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/weir-storage/weir/internal/wire"
 )
 
 // ServicePrefix starts the micro service name of every weir service.
@@ -21,10 +24,17 @@ const (
 
 // ServiceInfo names a service. Name is "weir-<short>" with short made of
 // letters, digits, '-' and '_'; Version is a semantic version ("" means
-// "0.0.0-dev").
+// "0.0.0-dev"); Namespace is the NATS namespace of the service's stack
+// (wire.CheckNamespace; "" means wire.DefaultNamespace).
 type ServiceInfo struct {
 	Name, Version, Description string
+	Namespace                  string
 }
+
+// NamespaceKey is the micro service metadata key that holds the NATS
+// namespace of the service's stack; Status keeps the services of one
+// namespace by it.
+const NamespaceKey = "weir.namespace"
 
 // Health is the reply of a health endpoint.
 type Health struct {
@@ -35,8 +45,8 @@ type Health struct {
 var shortName = regexp.MustCompile(`^[A-Za-z0-9_-]+$`)
 
 // Register registers the micro service info.Name on nc with the endpoints
-// "health" and "stats" in group "weir.<short>" (see the package comment for
-// the subjects). health replies {"status":"ok"} when healthFn returns nil
+// "health" and "stats" in group "<namespace>.<short>" (see the package
+// comment for the subjects), and the namespace in its metadata. health replies {"status":"ok"} when healthFn returns nil
 // and {"status":"error","error":...} otherwise; stats replies the JSON of
 // statsFn(), which should be a struct or map. Either function may be nil.
 // They run on NATS's delivery goroutines, concurrently with the service,
@@ -50,16 +60,21 @@ func Register(nc *nats.Conn, info ServiceInfo, healthFn func() error, statsFn fu
 	if version == "" {
 		version = "0.0.0-dev"
 	}
+	namespace := cmp.Or(info.Namespace, wire.DefaultNamespace)
+	if err := wire.CheckNamespace(namespace); err != nil {
+		return nil, fmt.Errorf("control: service %s: nats namespace: %w", info.Name, err)
+	}
 	svc, err := micro.AddService(nc, micro.Config{
 		Name:        info.Name,
 		Version:     version,
 		Description: info.Description,
+		Metadata:    map[string]string{NamespaceKey: namespace},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("control: register %s: %w", info.Name, err)
 	}
 	id := svc.Info().ID
-	g := svc.AddGroup("weir." + short)
+	g := svc.AddGroup(namespace + "." + short)
 	err = g.AddEndpoint(HealthEndpoint, micro.HandlerFunc(func(req micro.Request) {
 		h := Health{Status: "ok"}
 		if healthFn != nil {

@@ -17,6 +17,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+
+	"github.com/weir-storage/weir/internal/wire"
 )
 
 // Discovery and request bounds; ctx may shorten all of them.
@@ -39,13 +41,15 @@ type ServiceStatus struct {
 	Stats   map[string]any `json:"stats"`           // numbers are json.Number
 }
 
-// Status discovers every weir micro service instance reachable on nc (by
-// $SRV.INFO, keeping names that start with "weir-"), asks each instance
-// for its health and stats, and returns them sorted by name, then id. An
-// instance that does not answer is listed as unhealthy. With no weir
-// services the result is empty, not an error.
-func Status(ctx context.Context, nc *nats.Conn) ([]ServiceStatus, error) {
-	infos, err := discover(ctx, nc)
+// Status discovers every weir micro service instance of the stack whose
+// NATS namespace is namespace ("" means wire.DefaultNamespace) reachable on
+// nc (by $SRV.INFO, keeping names that start with "weir-" and that
+// namespace in their metadata), asks each instance for its health and
+// stats, and returns them sorted by name, then id. An instance that does
+// not answer is listed as unhealthy. With no weir services the result is
+// empty, not an error.
+func Status(ctx context.Context, nc *nats.Conn, namespace string) ([]ServiceStatus, error) {
+	infos, err := discover(ctx, nc, cmp.Or(namespace, wire.DefaultNamespace))
 	if err != nil {
 		return nil, err
 	}
@@ -61,9 +65,9 @@ func Status(ctx context.Context, nc *nats.Conn) ([]ServiceStatus, error) {
 	return st, nil
 }
 
-// discover gathers $SRV.INFO replies from weir services until replies
-// stop coming, discoverMax passes, or ctx ends.
-func discover(ctx context.Context, nc *nats.Conn) ([]micro.Info, error) {
+// discover gathers $SRV.INFO replies from the weir services of namespace
+// until replies stop coming, discoverMax passes, or ctx ends.
+func discover(ctx context.Context, nc *nats.Conn, namespace string) ([]micro.Info, error) {
 	subject, err := micro.ControlSubject(micro.InfoVerb, "", "")
 	if err != nil {
 		return nil, err
@@ -98,7 +102,8 @@ func discover(ctx context.Context, nc *nats.Conn) ([]micro.Info, error) {
 			}
 			quiet = time.After(discoverQuiet)
 			var info micro.Info
-			if json.Unmarshal(m.Data, &info) != nil || !strings.HasPrefix(info.Name, ServicePrefix) || seen[info.ID] {
+			if json.Unmarshal(m.Data, &info) != nil || !strings.HasPrefix(info.Name, ServicePrefix) ||
+				info.Metadata[NamespaceKey] != namespace || seen[info.ID] {
 				continue
 			}
 			seen[info.ID] = true

@@ -60,10 +60,11 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 			SyncInterval:    c.Metadata.SyncInterval,
 			Logger:          log.Named("ns"),
 		},
-		NATS:     nc,
-		Ring:     RingConfig(c),
-		WaitMode: waitMode(c),
-		Logger:   log,
+		NATS:          nc,
+		NATSNamespace: c.NATS.Namespace,
+		Ring:          RingConfig(c),
+		WaitMode:      waitMode(c),
+		Logger:        log,
 	}
 }
 
@@ -91,12 +92,13 @@ func Backend(c *config.Config, log hclog.Logger) (backend.Backend, error) {
 // IOOptions builds the IO service's options around an opened backend.
 func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Logger) iosvc.Options {
 	return iosvc.Options{
-		Socket:   c.IO.Socket,
-		Backend:  be,
-		NATS:     nc,
-		Ring:     RingConfig(c),
-		WaitMode: waitMode(c),
-		Logger:   log,
+		Socket:        c.IO.Socket,
+		Backend:       be,
+		NATS:          nc,
+		NATSNamespace: c.NATS.Namespace,
+		Ring:          RingConfig(c),
+		WaitMode:      waitMode(c),
+		Logger:        log,
 	}
 }
 
@@ -184,7 +186,7 @@ func Start(c *config.Config, log hclog.Logger) (st *Stack, err error) {
 }
 
 func (st *Stack) register(nc *nats.Conn, name, desc string, stats func() map[string]any) error {
-	svc, err := control.Register(nc, control.ServiceInfo{Name: name, Version: Version, Description: desc},
+	svc, err := control.Register(nc, control.ServiceInfo{Name: name, Version: Version, Description: desc, Namespace: st.Config.NATS.Namespace},
 		func() error { return nil }, func() any { return stats() })
 	if err != nil {
 		return err

@@ -111,7 +111,7 @@ func TestSupervisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	st, err := control.Status(ctx, nc)
+	st, err := control.Status(ctx, nc, cfg.NATS.Namespace)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,15 +5,16 @@
 // OpAttach binds it to the client's metadata session (the metadata service
 // vouches for the session id, token, uid and pid over NATS). The IO service
 // authorises nothing by itself: a handle works only after the metadata
-// service granted it to this session (wire.SubjGrant) and stops working when
-// it is revoked. Each session is served by its own poller goroutine, so a
-// slow request delays only its own session. Reads and writes run on
-// goroutines of their own (ring.AsyncHandler), so one session keeps many
-// of them in flight at the backend, up to its ring's SQ size.
+// service granted it to this session (wire.Subjects.Grant) and stops
+// working when it is revoked. Each session is served by its own poller
+// goroutine, so a slow request delays only its own session. Reads and
+// writes run on goroutines of their own (ring.AsyncHandler), so one
+// session keeps many of them in flight at the backend, up to its ring's SQ
+// size.
 //
 // Blob size and mtime are live here while a file is open for writing; the
-// metadata service asks for them (wire.SubjLive), receives them when a grant
-// ends, and is told durably at every fsync (wire.SubjSetLive).
+// metadata service asks for them (wire.Subjects.Live), receives them when a
+// grant ends, and is told durably at every fsync (wire.Subjects.SetLive).
 //
 // A backend that moves data straight between the device and registered
 // memory (backend.MemRegistrar: SPDK) gets each session's whole region

@@ -30,6 +30,10 @@ type Options struct {
 	Logger   hclog.Logger
 	// RequestTimeout bounds each control request to the metadata service.
 	RequestTimeout time.Duration
+	// NATSNamespace starts every NATS subject of the stack (wire.SubjectsIn);
+	// "" means wire.DefaultNamespace. The metadata service must use the
+	// same.
+	NATSNamespace string
 }
 
 // Stats are the service's counters, reported on NATS.
@@ -100,6 +104,7 @@ type Service struct {
 	opts Options
 	log  hclog.Logger
 	be   backend.Backend
+	subj wire.Subjects // immutable after New
 	// reg is be when it registers memory, else nil; immutable after New.
 	// When it wants huge pages, opts.Ring.HugePages is set.
 	reg backend.MemRegistrar
@@ -126,6 +131,12 @@ func New(opts Options) (*Service, error) {
 	if opts.Socket == "" || opts.Backend == nil || opts.NATS == nil {
 		return nil, errors.New("iosvc: Socket, Backend and NATS are required")
 	}
+	if opts.NATSNamespace == "" {
+		opts.NATSNamespace = wire.DefaultNamespace
+	}
+	if err := wire.CheckNamespace(opts.NATSNamespace); err != nil {
+		return nil, fmt.Errorf("iosvc: nats namespace: %w", err)
+	}
 	if opts.Logger == nil {
 		opts.Logger = hclog.NewNullLogger()
 	}
@@ -137,7 +148,8 @@ func New(opts Options) (*Service, error) {
 		opts.Ring.HugePages = true
 	}
 	return &Service{
-		opts: opts, log: opts.Logger, be: opts.Backend, reg: reg, newRegion: ring.Create,
+		opts: opts, log: opts.Logger, be: opts.Backend, subj: wire.SubjectsIn(opts.NATSNamespace),
+		reg: reg, newRegion: ring.Create,
 		blobs:  make(map[backend.BlobID]*openBlob),
 		grants: make(map[uint64]map[uint64]*grant),
 		ready:  make(chan struct{}),
@@ -147,10 +159,10 @@ func New(opts Options) (*Service, error) {
 // Start subscribes to the control subjects and accepts client sessions.
 func (s *Service) Start() error {
 	subs, err := ringsrv.Subscribe(s.opts.NATS, map[string]nats.MsgHandler{
-		wire.SubjGrant:  s.onGrant,
-		wire.SubjRevoke: s.onRevoke,
-		wire.SubjLive:   s.onLive,
-		wire.SubjDelete: s.onDelete,
+		s.subj.Grant:  s.onGrant,
+		s.subj.Revoke: s.onRevoke,
+		s.subj.Live:   s.onLive,
+		s.subj.Delete: s.onDelete,
 	})
 	if err != nil {
 		return fmt.Errorf("iosvc: %w", err)
@@ -241,7 +253,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 func (s *Service) reportLive(ob *openBlob, sync bool) error {
 	msg := wire.SetLive{Ino: ob.ino, Size: ob.b.Size(), Mtime: ob.mtime.Load(), Sync: sync}
 	var ack wire.Ack
-	if err := s.request(wire.SubjSetLive, msg, &ack); err != nil {
+	if err := s.request(s.subj.SetLive, msg, &ack); err != nil {
 		return fmt.Errorf("report size of blob %d: %w", ob.id, err)
 	}
 	return nil

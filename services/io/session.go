@@ -143,7 +143,7 @@ func (s *session) attach(q *ring.Request) (int64, uint64) {
 	sid := d.U64()
 	token := d.Bytes(wire.TokenSize)
 	var info wire.SessionInfo
-	if err := s.svc.request(wire.SubjSession, wire.SessionQuery{Session: sid, Token: token}, &info); err != nil {
+	if err := s.svc.request(s.svc.subj.Session, wire.SessionQuery{Session: sid, Token: token}, &info); err != nil {
 		s.svc.log.Warn("attach refused", "pid", s.cred.Pid, "session", sid, "error", err)
 		return fail(syscall.EPERM)
 	}

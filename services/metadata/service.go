@@ -46,6 +46,9 @@ type Options struct {
 	Logger   hclog.Logger
 	// RequestTimeout bounds each control request to the IO service.
 	RequestTimeout time.Duration
+	// NATSNamespace starts every NATS subject of the stack (wire.SubjectsIn);
+	// "" means wire.DefaultNamespace. The IO service must use the same.
+	NATSNamespace string
 }
 
 // Stats are the service's counters.
@@ -70,6 +73,7 @@ type Service struct {
 	opts Options
 	log  hclog.Logger
 	ns   *ns.NS
+	subj wire.Subjects // immutable after New
 
 	mu       sync.Mutex
 	sessions map[uint64]*session // by id; protected by mu
@@ -92,6 +96,12 @@ func New(opts Options) (*Service, error) {
 	if opts.Socket == "" || opts.NATS == nil {
 		return nil, errors.New("metadata: Socket and NATS are required")
 	}
+	if opts.NATSNamespace == "" {
+		opts.NATSNamespace = wire.DefaultNamespace
+	}
+	if err := wire.CheckNamespace(opts.NATSNamespace); err != nil {
+		return nil, fmt.Errorf("metadata: nats namespace: %w", err)
+	}
 	if opts.Logger == nil {
 		opts.Logger = hclog.NewNullLogger()
 	}
@@ -106,7 +116,7 @@ func New(opts Options) (*Service, error) {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	return &Service{
-		opts: opts, log: opts.Logger, ns: n,
+		opts: opts, log: opts.Logger, ns: n, subj: wire.SubjectsIn(opts.NATSNamespace),
 		sessions: make(map[uint64]*session),
 		writers:  make(map[ns.Ino]writers),
 		dels:     make(chan uint64, 1<<16),
@@ -121,8 +131,8 @@ func (s *Service) NS() *ns.NS { return s.ns }
 // starts deleting the blobs of files orphaned by the last shutdown.
 func (s *Service) Start() error {
 	subs, err := ringsrv.Subscribe(s.opts.NATS, map[string]nats.MsgHandler{
-		wire.SubjSession: s.onSession,
-		wire.SubjSetLive: s.onSetLive,
+		s.subj.Session: s.onSession,
+		s.subj.SetLive: s.onSetLive,
 	})
 	if err != nil {
 		return fmt.Errorf("metadata: %w", err)
@@ -242,7 +252,7 @@ func (s *Service) request(subj string, msg any) (wire.Ack, error) {
 }
 
 func (s *Service) deleteBlob(blob uint64) error {
-	_, err := s.request(wire.SubjDelete, wire.Delete{Blob: blob})
+	_, err := s.request(s.subj.Delete, wire.Delete{Blob: blob})
 	return err
 }
 
@@ -316,7 +326,7 @@ func (s *Service) liveAttr(a ns.Attr) ns.Attr {
 	if w.all == 0 {
 		return a
 	}
-	ack, err := s.request(wire.SubjLive, wire.LiveQuery{Blob: a.Blob})
+	ack, err := s.request(s.subj.Live, wire.LiveQuery{Blob: a.Blob})
 	if err != nil {
 		s.log.Warn("live attributes unavailable", "ino", a.Ino, "error", err)
 		return a

@@ -213,7 +213,7 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 // namespace may hold a stale one, and the first grant puts it right.
 func (se *session) grant(h *handle) (int64, error) {
 	g := h.pending
-	ack, err := se.svc.request(wire.SubjGrant, g)
+	ack, err := se.svc.request(se.svc.subj.Grant, g)
 	if err != nil {
 		se.svc.log.Error("grant failed", "ino", h.ino, "error", err)
 		return 0, syscall.EIO
@@ -269,7 +269,7 @@ func (se *session) closeHandle(id uint64, h *handle) error {
 	se.svc.Stats.Handles.Add(-1)
 	var firstErr error
 	if h.granted {
-		ack, err := se.svc.request(wire.SubjRevoke, wire.Revoke{Session: se.id, Handle: id})
+		ack, err := se.svc.request(se.svc.subj.Revoke, wire.Revoke{Session: se.id, Handle: id})
 		if err != nil {
 			se.svc.log.Error("revoke failed", "ino", h.ino, "error", err)
 			firstErr = syscall.EIO

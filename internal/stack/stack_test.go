@@ -1,0 +1,117 @@
+package stack_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/internal/stack"
+)
+
+// startStack runs a whole stack in this process on the NATS server at
+// url, in NATS namespace namespace, with the mem backend.
+func startStack(t *testing.T, url, namespace string) *stack.Stack {
+	t.Helper()
+	run, err := os.MkdirTemp("", "weir-run-") // socket paths are limited to 108 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
+	c, err := stack.LocalConfig(t.TempDir(), run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.NATS.URL, c.NATS.Namespace, c.IO.Backend = url, namespace, "mem"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st, err := stack.Start(c, hclog.New(&hclog.LoggerOptions{Name: namespace, Level: hclog.Warn}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), stack.ShutdownTimeout)
+		defer cancel()
+		if err := st.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown of stack %s: %v", namespace, err)
+		}
+	})
+	return st
+}
+
+// TestStacksShareNATS: two stacks on one NATS server, each in its own
+// namespace, serve clients at the same time, and status in each namespace
+// lists that stack's services only. With one shared namespace a stack's
+// session checks would reach the other stack's metadata service, which
+// knows nothing of the session: every dial would fail with EPERM.
+func TestStacksShareNATS(t *testing.T) {
+	srv, err := control.StartEmbedded(config.DefaultNATSListen, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	stacks := map[string]*stack.Stack{}
+	for _, ns := range []string{"weir", "second.stack"} {
+		stacks[ns] = startStack(t, srv.URL(), ns)
+	}
+
+	var wg sync.WaitGroup
+	for ns, st := range stacks {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			for i := range 20 {
+				fsys, err := st.Dial(ctx)
+				if err != nil {
+					t.Errorf("stack %s: dial %d: %v", ns, i, err)
+					return
+				}
+				name, data := fmt.Sprintf("f%d", i), []byte(ns+" wrote this")
+				if err := fsys.WriteFile(name, data, 0o644); err != nil {
+					t.Errorf("stack %s: write %s: %v", ns, name, err)
+				} else if got, err := fsys.ReadFile(name); err != nil || string(got) != string(data) {
+					t.Errorf("stack %s: read %s back: %q, %v", ns, name, got, err)
+				}
+				fsys.Close()
+			}
+		})
+	}
+	wg.Wait()
+
+	nc, err := control.Connect(srv.URL(), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids := map[string]string{} // instance id -> namespace
+	for ns := range stacks {
+		st, err := control.Status(ctx, nc, ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, s := range st {
+			names = append(names, s.Name)
+			if !s.Healthy {
+				t.Errorf("stack %s: %s unhealthy: %s", ns, s.Name, s.Error)
+			}
+			if other, dup := ids[s.ID]; dup {
+				t.Errorf("instance %s listed for %s and %s", s.ID, other, ns)
+			}
+			ids[s.ID] = ns
+		}
+		if strings.Join(names, ",") != "weir-io,weir-metadata" {
+			t.Errorf("status of stack %s lists %v, want its weir-io and weir-metadata", ns, names)
+		}
+	}
+}
