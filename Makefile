@@ -9,7 +9,11 @@ GO        ?= go
 FUZZTIME  ?= 12000000x
 SHORTFUZZ ?= 200000x
 RESULTS   ?= bench/results
-FUZZ_TARGETS := FuzzDecodeHeader FuzzValidateDescriptor FuzzServerSlot
+# package:target for every fuzzer in the tree (ring ABI decoding, the
+# metadata WAL and checkpoints).
+FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:FuzzServerSlot \
+	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
+	./services/metadata/ns/internal/wal:FuzzScanSegment
 
 .PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz lint bench bench-transport bench-fileops bench-backend bench-quick clean
 
@@ -66,15 +70,17 @@ test-unit:
 	$(GO) test -race -count=1 ./...
 
 fuzz-short:
-	@for t in $(FUZZ_TARGETS); do \
-		echo "fuzz $$t for $(SHORTFUZZ)"; \
-		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(SHORTFUZZ) ./ring || exit 1; \
+	@for pt in $(FUZZ_TARGETS); do \
+		p=$${pt%%:*}; t=$${pt#*:}; \
+		echo "fuzz $$p $$t for $(SHORTFUZZ)"; \
+		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(SHORTFUZZ) $$p || exit 1; \
 	done
 
 fuzz:
-	@for t in $(FUZZ_TARGETS); do \
-		echo "fuzz $$t for $(FUZZTIME)"; \
-		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZTIME) ./ring || exit 1; \
+	@for pt in $(FUZZ_TARGETS); do \
+		p=$${pt%%:*}; t=$${pt#*:}; \
+		echo "fuzz $$p $$t for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZTIME) $$p || exit 1; \
 	done
 
 lint:

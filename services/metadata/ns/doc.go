@@ -72,6 +72,23 @@
 // bad record followed by a valid one, a bad record in a segment that is
 // not the last, a gap in the LSNs, a record that does not apply.
 //
+// # Why a WAL with checkpoints, not an embedded store such as bbolt
+//
+// The namespace lives in memory (a few hundred bytes per inode), so the
+// store only has to make mutations durable and rebuild memory at start.
+// A log does exactly that: one sequential append per mutation and one fsync
+// per group of them. bbolt is a copy-on-write B+tree: every committed
+// transaction rewrites the leaf-to-root page path and the meta page and
+// needs two fsyncs (data, then meta), so a single create costs several
+// random 4 KiB writes; batching (bolt.DB.Batch) amortises the fsyncs but
+// not the page writes, and the tree would duplicate the in-memory maps we
+// need anyway for path resolution and permission checks. The log also
+// gives what the journal service (Oxbow's split journaling) will build on:
+// ordered records with LSNs that another log can refer to, and a replay
+// that can be fuzzed and torn at every byte (persist_test.go,
+// fuzz_test.go). The cost is the code here: checkpoints, segment trimming
+// and recovery, about 1,000 lines, tested by crashing (kill_test.go).
+//
 // # On-disk formats (version 1)
 //
 // All integers are little-endian; checksums are CRC-32C (Castagnoli).
