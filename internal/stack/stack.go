@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -106,6 +107,9 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 func Prepare(c *config.Config) error {
 	for _, d := range []string{c.DataDir, c.RunDir, filepath.Dir(c.Metadata.Socket), filepath.Dir(c.IO.Socket)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
+			if errors.Is(err, fs.ErrPermission) {
+				return fmt.Errorf("create %s: %w (run as root for the default %s, or choose a directory with --data DIR or data_dir in the config)", d, err, config.DefaultDataDir)
+			}
 			return fmt.Errorf("create %s: %w", d, err)
 		}
 	}
