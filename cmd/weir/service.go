@@ -78,6 +78,7 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 	}
 	defer nc.Close()
 	var svc service
+	var health func() error
 	var stats func() map[string]any
 	var desc string
 	switch kind {
@@ -86,7 +87,7 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 		if err != nil {
 			return err
 		}
-		svc, stats, desc = m, m.Stats.Snapshot, "namespace, permissions, handles"
+		svc, health, stats, desc = m, m.Health, m.Stats.Snapshot, "namespace, permissions, handles"
 	case "io":
 		be, err := stack.Backend(cfg, log)
 		if err != nil {
@@ -97,7 +98,7 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 			be.Close()
 			return err
 		}
-		svc, stats, desc = s, s.Snapshot, "blob storage and the data path"
+		svc, health, stats, desc = s, s.Health, s.Snapshot, "blob storage and the data path"
 	default:
 		return fmt.Errorf("unknown service %q", kind)
 	}
@@ -109,7 +110,7 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 	<-svc.Ready()
 	var reg micro.Service
 	reg, err = control.Register(nc, control.ServiceInfo{Name: name, Version: stack.Version, Description: desc, Namespace: cfg.NATS.Namespace},
-		func() error { return nil }, func() any { return stats() })
+		health, func() any { return stats() })
 	if err != nil {
 		_ = svc.Shutdown(context.Background())
 		return err

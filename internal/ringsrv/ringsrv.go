@@ -57,10 +57,15 @@ type Server struct {
 	NewRegion func(cfg ring.Config) (*ring.Region, error)
 
 	ln     *ring.Listener                // immutable after Start
-	mu     sync.Mutex                    // protects conns, closed
+	sock   os.FileInfo                   // the socket file Start made; immutable after Start
+	mu     sync.Mutex                    // protects started, conns, closed, acceptErr
 	conns  map[*ring.ServerConn]struct{} // sessions being served
 	closed bool
-	wg     sync.WaitGroup // the accept loop and every session goroutine
+	// started is set once Start succeeded; acceptErr once the accept loop
+	// has stopped on an error other than Shutdown's.
+	started   bool
+	acceptErr error
+	wg        sync.WaitGroup // the accept loop and every session goroutine
 }
 
 // Start listens on Socket and accepts sessions in the background.
@@ -75,10 +80,44 @@ func (s *Server) Start() error {
 		ln.Close()
 		return fmt.Errorf("open socket to all users: %w", err)
 	}
-	s.ln = ln
+	sock, err := os.Stat(s.Socket)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("socket: %w", err)
+	}
+	s.ln, s.sock = ln, sock
+	s.mu.Lock()
 	s.conns = make(map[*ring.ServerConn]struct{})
+	s.started = true
+	s.mu.Unlock()
 	s.wg.Add(1)
 	go s.acceptLoop()
+	return nil
+}
+
+// Err says whether the server accepts sessions: nil while it does, else
+// why not: not started, shut down, the accept loop stopped on an error,
+// or the socket file is gone or was replaced (clients can no longer reach
+// this listener). Safe to call at any time, from any goroutine.
+func (s *Server) Err() error {
+	s.mu.Lock()
+	started, closed, acceptErr := s.started, s.closed, s.acceptErr
+	s.mu.Unlock()
+	switch {
+	case closed:
+		return errors.New("listener shut down")
+	case !started:
+		return errors.New("listener not started")
+	case acceptErr != nil:
+		return fmt.Errorf("listener stopped accepting: %w", acceptErr)
+	}
+	fi, err := os.Stat(s.Socket)
+	if err != nil {
+		return fmt.Errorf("listener unreachable: %w", err)
+	}
+	if !os.SameFile(fi, s.sock) {
+		return fmt.Errorf("listener unreachable: %s is no longer its socket", s.Socket)
+	}
 	return nil
 }
 
@@ -89,6 +128,9 @@ func (s *Server) acceptLoop() {
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				s.Log.Error("accept", "error", err)
+				s.mu.Lock()
+				s.acceptErr = err
+				s.mu.Unlock()
 			}
 			return
 		}

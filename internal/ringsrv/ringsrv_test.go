@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -178,4 +179,35 @@ func TestDrainedBeforeUnmap(t *testing.T) {
 		}
 		checkHistory(t, s)
 	})
+}
+
+// Err is nil exactly while clients can reach the listener.
+func TestServerErr(t *testing.T) {
+	if err := (&Server{}).Err(); err == nil || !strings.Contains(err.Error(), "not started") {
+		t.Errorf("Err before Start = %v", err)
+	}
+	srv, _, _ := startServer(t)
+	if err := srv.Err(); err != nil {
+		t.Fatalf("Err while serving = %v", err)
+	}
+	// Another process removed the socket: nobody can connect any more.
+	if err := os.Remove(srv.Socket); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Err(); err == nil || !strings.Contains(err.Error(), "unreachable") {
+		t.Errorf("Err without the socket file = %v", err)
+	}
+	// Something else took the path.
+	if err := os.WriteFile(srv.Socket, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Err(); err == nil || !strings.Contains(err.Error(), "no longer its socket") {
+		t.Errorf("Err with another file at the socket path = %v", err)
+	}
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Err(); err == nil || !strings.Contains(err.Error(), "shut down") {
+		t.Errorf("Err after Shutdown = %v", err)
+	}
 }

@@ -164,7 +164,7 @@ func Start(c *config.Config, log hclog.Logger) (st *Stack, err error) {
 	if err := st.Metadata.Start(); err != nil {
 		return st, err
 	}
-	if err := st.register(mnc, "weir-metadata", "namespace, permissions, handles", st.Metadata.Stats.Snapshot); err != nil {
+	if err := st.register(mnc, "weir-metadata", "namespace, permissions, handles", st.Metadata.Health, st.Metadata.Stats.Snapshot); err != nil {
 		return st, err
 	}
 	inc, err := connect("weir-io")
@@ -183,15 +183,15 @@ func Start(c *config.Config, log hclog.Logger) (st *Stack, err error) {
 	if err := st.IO.Start(); err != nil {
 		return st, err
 	}
-	if err := st.register(inc, "weir-io", "blob storage and the data path", st.IO.Snapshot); err != nil {
+	if err := st.register(inc, "weir-io", "blob storage and the data path", st.IO.Health, st.IO.Snapshot); err != nil {
 		return st, err
 	}
 	return st, nil
 }
 
-func (st *Stack) register(nc *nats.Conn, name, desc string, stats func() map[string]any) error {
+func (st *Stack) register(nc *nats.Conn, name, desc string, health func() error, stats func() map[string]any) error {
 	svc, err := control.Register(nc, control.ServiceInfo{Name: name, Version: Version, Description: desc, Namespace: st.Config.NATS.Namespace},
-		func() error { return nil }, func() any { return stats() })
+		health, func() any { return stats() })
 	if err != nil {
 		return err
 	}

@@ -122,6 +122,10 @@ type Service struct {
 	srv    ringsrv.Server               // client sessions
 	ready  chan struct{}                // closed when Start succeeded
 	closed atomic.Bool
+	// syncFailure is the first failed sync of a blob or of the backend:
+	// set once, never cleared (after a failed fsync the device may have
+	// dropped data, so a later success proves nothing). Health reports it.
+	syncFailure atomic.Pointer[error]
 
 	Stats Stats
 }
@@ -207,6 +211,42 @@ func (s *Service) createRegion(cfg ring.Config) (*ring.Region, error) {
 // Ready is closed once the service accepts sessions.
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
+// Health says whether the service does its job: nil while it accepts
+// sessions and its storage has not failed; otherwise why not: not started
+// or shut down, a failed sync of a blob or of the backend (sticky: data
+// may be lost, so only a restart clears it), or a ring listener that no
+// longer accepts. It is what the health endpoint reports; safe to call at
+// any time, from any goroutine.
+func (s *Service) Health() error {
+	select {
+	case <-s.ready:
+	default:
+		return errors.New("iosvc: not started")
+	}
+	if s.closed.Load() {
+		return errors.New("iosvc: shut down")
+	}
+	if p := s.syncFailure.Load(); p != nil {
+		return fmt.Errorf("iosvc: storage failed: %w", *p)
+	}
+	if err := s.srv.Err(); err != nil {
+		return fmt.Errorf("iosvc: %w", err)
+	}
+	return nil
+}
+
+// syncFailed records err, a failed sync, for Health if it is the first.
+// EBADF is not a storage failure: the blob or backend closed under the
+// caller.
+func (s *Service) syncFailed(err error) {
+	if errors.Is(err, syscall.EBADF) {
+		return
+	}
+	if s.syncFailure.CompareAndSwap(nil, &err) {
+		s.log.Error("sync failed; the service reports itself unhealthy until restarted", "error", err)
+	}
+}
+
 // Shutdown stops accepting, ends every session, reports the live size and
 // mtime of every changed blob to the metadata service, syncs and closes the
 // backend.
@@ -229,7 +269,9 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	for _, ob := range blobs {
 		if err := ob.b.Sync(); err != nil {
-			errs = append(errs, fmt.Errorf("sync blob %d: %w", ob.id, err))
+			err = fmt.Errorf("sync blob %d: %w", ob.id, err)
+			s.syncFailed(err)
+			errs = append(errs, err)
 		}
 		if ob.wrote.Load() {
 			if err := s.reportLive(ob, true); err != nil {
@@ -241,6 +283,8 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		}
 	}
 	if err := s.be.Sync(); err != nil {
+		err = fmt.Errorf("sync backend: %w", err)
+		s.syncFailed(err)
 		errs = append(errs, err)
 	}
 	if err := s.be.Close(); err != nil {

@@ -2,6 +2,7 @@ package iosvc
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"syscall"
 
@@ -301,6 +302,7 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 	}
 	defer s.svc.releaseBlob(g.blob)
 	if err := g.blob.b.Sync(); err != nil {
+		s.svc.syncFailed(fmt.Errorf("sync blob %d: %w", g.blob.id, err))
 		return fail(errno(err))
 	}
 	if g.blob.wrote.Load() {

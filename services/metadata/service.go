@@ -157,6 +157,30 @@ func (s *Service) Start() error {
 // Ready is closed once the service accepts sessions.
 func (s *Service) Ready() <-chan struct{} { return s.ready }
 
+// Health says whether the service does its job: nil while it accepts
+// sessions and can change the namespace; otherwise why not: not started
+// or shut down, the namespace read-only after a WAL failure (sticky: only
+// a restart, which recovers from the WAL, clears it), or a ring listener
+// that no longer accepts. It is what the health endpoint reports; safe to
+// call at any time, from any goroutine.
+func (s *Service) Health() error {
+	select {
+	case <-s.ready:
+	default:
+		return errors.New("metadata: not started")
+	}
+	if s.closed.Load() {
+		return errors.New("metadata: shut down")
+	}
+	if err := s.ns.Err(); err != nil {
+		return fmt.Errorf("metadata: namespace is read-only: %w", err)
+	}
+	if err := s.srv.Err(); err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	return nil
+}
+
 // queueDelete hands a blob whose file lost its last name and last open to
 // the deleter: the reply to an unlink or close does not wait for the IO
 // service. A crash before the delete leaves the blob behind, exactly as a

@@ -74,7 +74,7 @@ var errClosed = &IOError{Op: "use", Err: ErrClosed}
 // (their blobs are reported by Orphans). It fails, naming the file and
 // offset, on damage a crash cannot explain.
 func Open(opts Options) (*NS, error) {
-	return open(opts, config{fs: vfs.OS{}})
+	return open(opts, config{fs: vfs.OS{FailSync: opts.FailSync}})
 }
 
 // open is Open with test knobs.
@@ -258,6 +258,17 @@ func (n *NS) fail(err error) {
 	if n.w != nil {
 		n.w.Fail(err)
 	}
+}
+
+// Err returns the failure that made the namespace read-only, as an
+// *IOError, or nil. A failed WAL write or flush, or a failed checkpoint,
+// is sticky: from then on every mutation and Sync fails with it and reads
+// keep working. Closing the namespace is not a failure.
+func (n *NS) Err() error {
+	if err := n.w.Err(); err != nil {
+		return &IOError{Op: "write-ahead log failed", Err: err}
+	}
+	return nil
 }
 
 // lockMut takes mu for a mutation; it fails if the namespace is closed or

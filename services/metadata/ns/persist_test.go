@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -649,6 +650,9 @@ func TestFlushFailureIsSticky(t *testing.T) {
 	must(t, err)
 	_, err = n.Mkdir(root, "ok", 0o755)
 	must(t, err)
+	if err := n.Err(); err != nil {
+		t.Fatalf("Err before any failure = %v", err)
+	}
 	var fail sync.Once
 	failing := false
 	m.FailSync = func(string) error {
@@ -666,9 +670,41 @@ func TestFlushFailureIsSticky(t *testing.T) {
 	_, _, err = n.Open(root, "f", syscall.O_CREAT|syscall.O_RDWR, 0o644)
 	assertIOError(t, "create", err)
 	assertIOError(t, "sync", n.Sync())
+	assertIOError(t, "Err", n.Err())
 	if _, err := n.Stat(root, "ok"); err != nil {
 		t.Errorf("reads must keep working: %v", err)
 	}
+	assertIOError(t, "close", n.Close())
+}
+
+// TestFailSyncOption: Options.FailSync fails the flushes of the real file
+// system, and the failure is as sticky as a real one.
+func TestFailSyncOption(t *testing.T) {
+	var failing atomic.Bool
+	o := testOpts(newClock())
+	o.Dir = t.TempDir()
+	o.FailSync = func(path string) error {
+		if failing.Load() {
+			return fmt.Errorf("injected fsync failure of %s: %w", path, syscall.EIO)
+		}
+		return nil
+	}
+	n, err := Open(o)
+	must(t, err)
+	_, err = n.Mkdir(root, "ok", 0o755)
+	must(t, err)
+	must(t, n.Sync())
+	failing.Store(true)
+	_, err = n.Mkdir(root, "lost", 0o755)
+	must(t, err) // group commit: the flush comes later
+	assertIOError(t, "sync", n.Sync())
+	failing.Store(false)
+	assertIOError(t, "Err", n.Err())
+	if err := n.Err(); !strings.Contains(err.Error(), "injected fsync failure") {
+		t.Errorf("Err = %v, want the injected cause", err)
+	}
+	_, err = n.Mkdir(root, "later", 0o755)
+	assertIOError(t, "later mkdir", err)
 	assertIOError(t, "close", n.Close())
 }
 

@@ -85,6 +85,12 @@ type Options struct {
 	Logger hclog.Logger
 	// Now is the clock for timestamps; nil means time.Now.
 	Now func() time.Time
+	// FailSync is a failpoint for tests of code that embeds the namespace:
+	// if set, it is called with the path of every file or directory about
+	// to be flushed, and a non-nil result is that flush's error. Like a
+	// real failed fsync it is sticky: the namespace turns read-only
+	// (Err). Production code leaves it nil.
+	FailSync func(path string) error
 }
 
 // IOError is a failure to read or write the persistent state. Namespace

@@ -69,8 +69,14 @@ func Sync(f File) error {
 	return nil
 }
 
-// OS is the real file system.
-type OS struct{}
+// OS is the real file system. The zero OS is ready to use.
+type OS struct {
+	// FailSync, if set, is called with the name of every file or
+	// directory before it is flushed; a non-nil result is returned
+	// instead of flushing. It is a failpoint for tests of code that embeds
+	// the metadata store (ns.Options.FailSync).
+	FailSync func(name string) error
+}
 
 var _ FS = OS{}
 
@@ -91,21 +97,21 @@ func (OS) List(dir string) ([]string, error) {
 }
 
 // Create implements FS.
-func (OS) Create(name string) (File, error) {
+func (o OS) Create(name string) (File, error) {
 	f, err := os.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return nil, err
 	}
-	return osFile{f}, nil
+	return osFile{f: f, failSync: o.FailSync}, nil
 }
 
 // OpenAppend implements FS.
-func (OS) OpenAppend(name string) (File, error) {
+func (o OS) OpenAppend(name string) (File, error) {
 	f, err := os.OpenFile(name, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
 		return nil, err
 	}
-	return osFile{f}, nil
+	return osFile{f: f, failSync: o.FailSync}, nil
 }
 
 // ReadFile implements FS.
@@ -118,13 +124,13 @@ func (OS) Rename(oldname, newname string) error { return os.Rename(oldname, newn
 func (OS) Remove(name string) error { return os.Remove(name) }
 
 // SyncDir implements FS.
-func (OS) SyncDir(dir string) error {
+func (o OS) SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	return Sync(osFile{d})
+	return Sync(osFile{f: d, failSync: o.FailSync})
 }
 
 // Lock implements FS with flock(2), which conflicts between open file
@@ -141,7 +147,10 @@ func (OS) Lock(name string) (io.Closer, error) {
 	return f, nil
 }
 
-type osFile struct{ f *os.File }
+type osFile struct {
+	f        *os.File
+	failSync func(name string) error // OS.FailSync
+}
 
 // Write implements File.
 func (o osFile) Write(p []byte) (int, error) { return o.f.Write(p) }
@@ -155,8 +164,15 @@ func (o osFile) Close() error { return o.f.Close() }
 // Name implements File.
 func (o osFile) Name() string { return o.f.Name() }
 
-// sync implements File with fsync(2).
-func (o osFile) sync() error { return fsyncFD(int(o.f.Fd())) }
+// sync implements File with fsync(2), unless the failpoint fails it.
+func (o osFile) sync() error {
+	if o.failSync != nil {
+		if err := o.failSync(o.f.Name()); err != nil {
+			return err
+		}
+	}
+	return fsyncFD(int(o.f.Fd()))
+}
 
 // fsyncFD is fsync(2), retried on EINTR (which Linux does not return for
 // fsync on local file systems, but FUSE and network file systems may).
