@@ -10,13 +10,10 @@ import (
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/stack"
-	iosvc "github.com/weir-storage/weir/services/io"
-	"github.com/weir-storage/weir/services/metadata"
 )
 
 // loadConfig defines --config and the override flags on fs, parses args and
@@ -78,43 +75,29 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 	}
 	defer nc.Close()
 	var svc service
-	var health func() error
-	var stats func() map[string]any
-	var desc string
 	switch kind {
 	case "metadata":
-		m, err := metadata.New(stack.MetadataOptions(cfg, nc, log))
+		m, err := stack.NewMetadata(cfg, nc, log)
 		if err != nil {
 			return err
 		}
-		svc, health, stats, desc = m, m.Health, m.Stats.Snapshot, "namespace, permissions, handles"
+		svc = m
 	case "io":
-		be, err := stack.Backend(cfg, log)
+		s, err := stack.NewIO(cfg, nc, log)
 		if err != nil {
 			return err
 		}
-		s, err := iosvc.New(stack.IOOptions(cfg, be, nc, log))
-		if err != nil {
-			be.Close()
-			return err
-		}
-		svc, health, stats, desc = s, s.Health, s.Snapshot, "blob storage and the data path"
+		svc = s
 	default:
 		return fmt.Errorf("unknown service %q", kind)
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	// Start registers the service's health and stats endpoints too.
 	if err := svc.Start(); err != nil {
 		return err
 	}
 	<-svc.Ready()
-	var reg micro.Service
-	reg, err = control.Register(nc, control.ServiceInfo{Name: name, Version: stack.Version, Description: desc, Namespace: cfg.NATS.Namespace},
-		health, func() any { return stats() })
-	if err != nil {
-		_ = svc.Shutdown(context.Background())
-		return err
-	}
 	if readyFD > 0 {
 		f := os.NewFile(uintptr(readyFD), "ready")
 		_, _ = f.WriteString("ready\n")
@@ -122,7 +105,6 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 	}
 	sig := <-sigs
 	log.Info("stopping", "signal", sig.String())
-	_ = reg.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), stack.ShutdownTimeout)
 	defer cancel()
 	if err := svc.Shutdown(ctx); err != nil {

@@ -63,10 +63,32 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 		},
 		NATS:          nc,
 		NATSNamespace: c.NATS.Namespace,
+		Version:       Version,
 		Ring:          RingConfig(c),
 		WaitMode:      waitMode(c),
 		Logger:        log,
 	}
+}
+
+// NewMetadata builds the metadata service of c on nc (New: the namespace
+// is opened and recovered; Start makes it serve).
+func NewMetadata(c *config.Config, nc *nats.Conn, log hclog.Logger) (*metadata.Service, error) {
+	return metadata.New(MetadataOptions(c, nc, log))
+}
+
+// NewIO opens the configured backend and builds the IO service of c on
+// nc around it; the service owns the backend (Start makes it serve).
+func NewIO(c *config.Config, nc *nats.Conn, log hclog.Logger) (*iosvc.Service, error) {
+	be, err := Backend(c, log)
+	if err != nil {
+		return nil, err
+	}
+	s, err := iosvc.New(IOOptions(c, be, nc, log))
+	if err != nil {
+		be.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Backend opens the configured storage backend.
@@ -97,6 +119,7 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 		Backend:       be,
 		NATS:          nc,
 		NATSNamespace: c.NATS.Namespace,
+		Version:       Version,
 		Ring:          RingConfig(c),
 		WaitMode:      waitMode(c),
 		Logger:        log,
@@ -123,7 +146,6 @@ type Stack struct {
 	Metadata *metadata.Service
 	IO       *iosvc.Service
 	conns    []*nats.Conn
-	regs     []interface{ Stop() error }
 }
 
 // Start runs NATS (embedded unless configured), the metadata service and
@@ -157,46 +179,23 @@ func Start(c *config.Config, log hclog.Logger) (st *Stack, err error) {
 	if err != nil {
 		return st, err
 	}
-	st.Metadata, err = metadata.New(MetadataOptions(c, mnc, log.Named("metadata")))
-	if err != nil {
+	if st.Metadata, err = NewMetadata(c, mnc, log.Named("metadata")); err != nil {
 		return st, err
 	}
 	if err := st.Metadata.Start(); err != nil {
-		return st, err
-	}
-	if err := st.register(mnc, "weir-metadata", "namespace, permissions, handles", st.Metadata.Health, st.Metadata.Stats.Snapshot); err != nil {
 		return st, err
 	}
 	inc, err := connect("weir-io")
 	if err != nil {
 		return st, err
 	}
-	be, err := Backend(c, log)
-	if err != nil {
-		return st, err
-	}
-	st.IO, err = iosvc.New(IOOptions(c, be, inc, log.Named("io")))
-	if err != nil {
-		be.Close()
+	if st.IO, err = NewIO(c, inc, log.Named("io")); err != nil {
 		return st, err
 	}
 	if err := st.IO.Start(); err != nil {
 		return st, err
 	}
-	if err := st.register(inc, "weir-io", "blob storage and the data path", st.IO.Health, st.IO.Snapshot); err != nil {
-		return st, err
-	}
 	return st, nil
-}
-
-func (st *Stack) register(nc *nats.Conn, name, desc string, health func() error, stats func() map[string]any) error {
-	svc, err := control.Register(nc, control.ServiceInfo{Name: name, Version: Version, Description: desc, Namespace: st.Config.NATS.Namespace},
-		health, func() any { return stats() })
-	if err != nil {
-		return err
-	}
-	st.regs = append(st.regs, svc)
-	return nil
 }
 
 // Dial connects a client to the stack.
@@ -212,9 +211,6 @@ func (st *Stack) Dial(ctx context.Context) (*client.FS, error) {
 // IO service and records the sizes reported back), then IO, then NATS.
 func (st *Stack) Shutdown(ctx context.Context) error {
 	var errs []error
-	for _, r := range st.regs {
-		_ = r.Stop()
-	}
 	if st.Metadata != nil {
 		errs = append(errs, st.Metadata.Shutdown(ctx))
 	}

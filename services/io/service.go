@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/ringsrv"
@@ -19,6 +20,11 @@ import (
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/io/backend"
 )
+
+// ServiceName is the service's name on NATS: Start registers it as a NATS
+// micro service with the endpoints "health" (Health) and "stats"
+// (Snapshot), which `weir status` and `nats micro` query.
+const ServiceName = "weir-io"
 
 // Options configure an IO service.
 type Options struct {
@@ -30,10 +36,13 @@ type Options struct {
 	Logger   hclog.Logger
 	// RequestTimeout bounds each control request to the metadata service.
 	RequestTimeout time.Duration
-	// NATSNamespace starts every NATS subject of the stack (wire.SubjectsIn);
-	// "" means wire.DefaultNamespace. The metadata service must use the
-	// same.
+	// NATSNamespace starts every NATS subject of the stack (wire.SubjectsIn)
+	// and the service's health and stats endpoints; "" means
+	// wire.DefaultNamespace. The metadata service must use the same.
 	NATSNamespace string
+	// Version is the version the service reports on NATS; "" means
+	// "0.0.0-dev".
+	Version string
 }
 
 // Stats are the service's counters, reported on NATS.
@@ -119,6 +128,7 @@ type Service struct {
 	blobs  map[backend.BlobID]*openBlob // protected by mu
 	grants map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
 	subs   []*nats.Subscription         // immutable after Start
+	ctl    micro.Service                // health and stats endpoints; immutable after Start
 	srv    ringsrv.Server               // client sessions
 	ready  chan struct{}                // closed when Start succeeded
 	closed atomic.Bool
@@ -160,7 +170,8 @@ func New(opts Options) (*Service, error) {
 	}, nil
 }
 
-// Start subscribes to the control subjects and accepts client sessions.
+// Start subscribes to the control subjects, registers the health and
+// stats endpoints (ServiceName) and accepts client sessions.
 func (s *Service) Start() error {
 	subs, err := ringsrv.Subscribe(s.opts.NATS, map[string]nats.MsgHandler{
 		s.subj.Grant:  s.onGrant,
@@ -172,9 +183,18 @@ func (s *Service) Start() error {
 		return fmt.Errorf("iosvc: %w", err)
 	}
 	s.subs = subs
+	s.ctl, err = control.Register(s.opts.NATS, control.ServiceInfo{
+		Name: ServiceName, Version: s.opts.Version, Namespace: s.opts.NATSNamespace,
+		Description: "blob storage and the data path",
+	}, s.Health, func() any { return s.Snapshot() })
+	if err != nil {
+		ringsrv.Unsubscribe(s.subs)
+		return fmt.Errorf("iosvc: %w", err)
+	}
 	s.srv = ringsrv.Server{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode, Log: s.log,
 		New: func() ringsrv.Session { return newSession(s) }, NewRegion: s.createRegion}
 	if err := s.srv.Start(); err != nil {
+		_ = s.ctl.Stop()
 		ringsrv.Unsubscribe(s.subs)
 		return fmt.Errorf("iosvc: %w", err)
 	}
@@ -247,12 +267,15 @@ func (s *Service) syncFailed(err error) {
 	}
 }
 
-// Shutdown stops accepting, ends every session, reports the live size and
-// mtime of every changed blob to the metadata service, syncs and closes the
-// backend.
+// Shutdown withdraws the health and stats endpoints, stops accepting,
+// ends every session, reports the live size and mtime of every changed
+// blob to the metadata service, syncs and closes the backend.
 func (s *Service) Shutdown(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
+	}
+	if s.ctl != nil {
+		_ = s.ctl.Stop() // fails only if already stopped
 	}
 	ringsrv.Unsubscribe(s.subs)
 	if err := s.srv.Shutdown(ctx); err != nil {

@@ -19,7 +19,9 @@ import (
 )
 
 // TestHealthAfterWALFailure: a failed WAL flush makes the namespace
-// read-only, and the service says so in Health until it is restarted.
+// read-only, and the service says so in Health until it is restarted, and
+// on its health endpoint, which it registers itself (an embedder gets it
+// without internal/stack or cmd/weir).
 func TestHealthAfterWALFailure(t *testing.T) {
 	run, err := os.MkdirTemp("", "weir-run-") // socket paths are limited to 108 bytes
 	if err != nil {
@@ -92,6 +94,19 @@ func TestHealthAfterWALFailure(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	cli, err := control.Connect(srv.URL(), "cli", log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	st, err := control.Status(ctx, cli, c.NATS.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 1 || st[0].Name != metadata.ServiceName || st[0].Healthy || !strings.Contains(st[0].Error, "injected failure") {
+		t.Fatalf("status = %+v, want one unhealthy %s with the WAL failure", st, metadata.ServiceName)
+	}
+
 	_ = s.Shutdown(ctx) // reports the WAL failure too
 	shut = true
 	if err := s.Health(); err == nil || !strings.Contains(err.Error(), "shut down") {

@@ -28,6 +28,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/ringsrv"
@@ -35,6 +36,11 @@ import (
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
+
+// ServiceName is the service's name on NATS: Start registers it as a NATS
+// micro service with the endpoints "health" (Health) and "stats"
+// (Stats.Snapshot), which `weir status` and `nats micro` query.
+const ServiceName = "weir-metadata"
 
 // Options configure a metadata service.
 type Options struct {
@@ -46,9 +52,13 @@ type Options struct {
 	Logger   hclog.Logger
 	// RequestTimeout bounds each control request to the IO service.
 	RequestTimeout time.Duration
-	// NATSNamespace starts every NATS subject of the stack (wire.SubjectsIn);
-	// "" means wire.DefaultNamespace. The IO service must use the same.
+	// NATSNamespace starts every NATS subject of the stack (wire.SubjectsIn)
+	// and the service's health and stats endpoints; "" means
+	// wire.DefaultNamespace. The IO service must use the same.
 	NATSNamespace string
+	// Version is the version the service reports on NATS; "" means
+	// "0.0.0-dev".
+	Version string
 }
 
 // Stats are the service's counters.
@@ -82,6 +92,7 @@ type Service struct {
 	nextH    atomic.Uint64       // handle ids, unique across sessions
 
 	subs   []*nats.Subscription // immutable after Start
+	ctl    micro.Service        // health and stats endpoints; immutable after Start
 	srv    ringsrv.Server       // client sessions
 	dels   chan uint64          // blobs to delete at the IO service (deleteLoop)
 	bg     sync.WaitGroup       // deleteLoop
@@ -127,8 +138,9 @@ func New(opts Options) (*Service, error) {
 // NS exposes the namespace (for checks and tests).
 func (s *Service) NS() *ns.NS { return s.ns }
 
-// Start subscribes to the control subjects, accepts client sessions and
-// starts deleting the blobs of files orphaned by the last shutdown.
+// Start subscribes to the control subjects, registers the health and
+// stats endpoints (ServiceName), accepts client sessions and starts
+// deleting the blobs of files orphaned by the last shutdown.
 func (s *Service) Start() error {
 	subs, err := ringsrv.Subscribe(s.opts.NATS, map[string]nats.MsgHandler{
 		s.subj.Session: s.onSession,
@@ -138,9 +150,18 @@ func (s *Service) Start() error {
 		return fmt.Errorf("metadata: %w", err)
 	}
 	s.subs = subs
+	s.ctl, err = control.Register(s.opts.NATS, control.ServiceInfo{
+		Name: ServiceName, Version: s.opts.Version, Namespace: s.opts.NATSNamespace,
+		Description: "namespace, permissions, handles",
+	}, s.Health, func() any { return s.Stats.Snapshot() })
+	if err != nil {
+		ringsrv.Unsubscribe(s.subs)
+		return fmt.Errorf("metadata: %w", err)
+	}
 	s.srv = ringsrv.Server{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode, Log: s.log,
 		New: func() ringsrv.Session { return newSession(s) }}
 	if err := s.srv.Start(); err != nil {
+		_ = s.ctl.Stop()
 		ringsrv.Unsubscribe(s.subs)
 		return fmt.Errorf("metadata: %w", err)
 	}
@@ -243,11 +264,15 @@ func supplementaryGroups(pid int32) []uint32 {
 	return nil
 }
 
-// Shutdown stops accepting, ends every session (revoking its grants) and
-// closes the namespace with a final checkpoint.
+// Shutdown withdraws the health and stats endpoints, stops accepting,
+// ends every session (revoking its grants) and closes the namespace with
+// a final checkpoint.
 func (s *Service) Shutdown(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
+	}
+	if s.ctl != nil {
+		_ = s.ctl.Stop() // fails only if already stopped
 	}
 	if err := s.srv.Shutdown(ctx); err != nil {
 		return fmt.Errorf("metadata: shutdown: %w", err)
