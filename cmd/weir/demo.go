@@ -2,15 +2,18 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/weir-storage/weir/client"
@@ -69,7 +72,7 @@ func cmdDemo(args []string) int {
 		}
 		err := d.withClient(step)
 		if err == nil && round == 1 {
-			err = printStatus(s.URL(), cfg.NATS.Namespace, false)
+			err = printStatus(os.Stdout, s.URL(), cfg.NATS.Namespace, false)
 		}
 		s.Stop()
 		if err != nil {
@@ -264,9 +267,11 @@ func (d *demo) verifyAndClean(c *client.FS) error {
 	return nil
 }
 
-// printStatus prints the health and counters of every service of the
-// stack whose NATS namespace is namespace.
-func printStatus(url, namespace string, asJSON bool) error {
+// printStatus writes to w the health and counters of the services of the
+// stack whose NATS namespace is namespace, those it expects
+// (stack.ServiceNames) included. It fails when NATS is unreachable or a
+// service is missing, hung or unhealthy, after writing what it found.
+func printStatus(w io.Writer, url, namespace string, asJSON bool) error {
 	nc, err := control.Connect(url, "weir-status", nil)
 	if err != nil {
 		return err
@@ -274,12 +279,22 @@ func printStatus(url, namespace string, asJSON bool) error {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := control.Status(ctx, nc, namespace)
+	st, err := control.Status(ctx, nc, namespace, stack.ServiceNames()...)
 	if err != nil {
 		return err
 	}
 	if !asJSON {
-		fmt.Println()
+		fmt.Fprintln(w)
 	}
-	return control.FormatStatus(os.Stdout, st, asJSON)
+	if err := control.FormatStatus(w, st, asJSON); err != nil {
+		return err
+	}
+	var bad []string
+	for _, s := range control.Unhealthy(st) {
+		bad = append(bad, s.Name+": "+cmp.Or(s.Error, "unhealthy"))
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%d of %d services not healthy (namespace %s): %s", len(bad), len(st), namespace, strings.Join(bad, "; "))
+	}
+	return nil
 }

@@ -2,7 +2,8 @@
 //
 //	weir up       [--config FILE] [--data DIR] ...  start NATS and every service; stop on SIGINT/SIGTERM
 //	weir demo     [--data DIR] [--files N]          weir up, a real workload, a restart check, stop
-//	weir status   [--json] [--nats-url URL]          every service's health and counters, over NATS
+//	weir status   [--json] [--nats-url URL]          every service's health and counters, over NATS;
+//	                                                 exit 1 if one is missing, hung or unhealthy
 //	weir check    [--json] [--data DIR]              fsck of a stopped data directory
 //	weir doctor   [--json] [--hugemem SIZE]          what the SPDK backend needs on this host, and the fixes
 //	weir metadata [--config FILE] --nats-url URL    run the metadata service (what weir up starts)
@@ -29,7 +30,7 @@ type command struct {
 var commands = map[string]command{
 	"up":       {"start embedded NATS and the services, stop them on SIGINT or SIGTERM", cmdUp},
 	"demo":     {"bring weir up, run a workload, restart, check the data, stop", cmdDemo},
-	"status":   {"print every service's health and counters", cmdStatus},
+	"status":   {"print every service's health and counters; exit 1 if one is missing or unhealthy", cmdStatus},
 	"check":    {"check a stopped data directory: namespace invariants, blob map vs backend", cmdCheck},
 	"doctor":   {"check what the SPDK backend needs on this host and print the fix for each problem", cmdDoctor},
 	"metadata": {"run the metadata service in this process", func(a []string) int { return cmdService("metadata", a) }},

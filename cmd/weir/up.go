@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,28 +43,34 @@ func cmdUp(args []string) int {
 	return 0
 }
 
-func cmdStatus(args []string) int {
+func cmdStatus(args []string) int { return runStatus(os.Stdout, os.Stderr, args) }
+
+// runStatus is `weir status`, writing to stdout and stderr: 0 when every
+// service of the stack answers healthy, 1 when one is missing, hung or
+// unhealthy or NATS is unreachable, 2 for a usage error.
+func runStatus(stdout, stderr io.Writer, args []string) int {
 	fs := newFlags("status")
+	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "print JSON")
 	cfg, _, err := loadConfig(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "weir status: %v\n", err)
+		fmt.Fprintf(stderr, "weir status: %v\n", err)
 		return 2
 	}
 	url := cfg.NATS.URL
 	if url == "" {
 		b, err := os.ReadFile(filepath.Join(cfg.RunDir, stack.NATSURLFile))
 		if err != nil {
-			fmt.Fprintf(os.Stderr, "weir status: no NATS URL given and none recorded by weir up in %s: %v\n", cfg.RunDir, err)
+			fmt.Fprintf(stderr, "weir status: no NATS URL given and none recorded by weir up in %s: %v\n", cfg.RunDir, err)
 			return 1
 		}
 		url = strings.TrimSpace(string(b))
 	}
-	if err := printStatus(url, cfg.NATS.Namespace, *asJSON); err != nil {
-		fmt.Fprintf(os.Stderr, "weir status: %v\n", err)
+	if err := printStatus(stdout, url, cfg.NATS.Namespace, *asJSON); err != nil {
+		fmt.Fprintf(stderr, "weir status: %v\n", err)
 		return 1
 	}
 	return 0

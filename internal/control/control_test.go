@@ -243,6 +243,67 @@ func TestStatusNamespaces(t *testing.T) {
 	}
 }
 
+// TestStatusExpected: an expected service that does not answer is listed
+// as missing, and one that hangs after discovery as not answering; both
+// are unhealthy.
+func TestStatusExpected(t *testing.T) {
+	e := startServer(t)
+	register(t, connect(t, e, "metadata"), "weir-metadata", nil, nil)
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	register(t, connect(t, e, "verifier"), "weir-verifier", func() error { <-hang; return nil }, nil)
+
+	cli := connect(t, e, "cli")
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := Status(ctx, cli, "", "weir-metadata", "weir-io", "weir-verifier")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 3 || st[0].Name != "weir-io" || st[1].Name != "weir-metadata" || st[2].Name != "weir-verifier" {
+		t.Fatalf("Status = %+v, want weir-io, weir-metadata, weir-verifier", st)
+	}
+	if io := st[0]; io.Healthy || io.ID != "" || io.Error != "no reply within 2s" {
+		t.Errorf("missing weir-io: %+v", io)
+	}
+	if !st[1].Healthy {
+		t.Errorf("weir-metadata: %+v", st[1])
+	}
+	if v := st[2]; v.Healthy || v.ID == "" || !strings.HasPrefix(v.Error, "no reply within 2s") {
+		t.Errorf("hung weir-verifier: %+v", v)
+	}
+	if bad := Unhealthy(st); len(bad) != 2 || bad[0].Name != "weir-io" || bad[1].Name != "weir-verifier" {
+		t.Errorf("Unhealthy = %+v", bad)
+	}
+
+	var table bytes.Buffer
+	_ = FormatStatus(&table, st, false)
+	if f := strings.Fields(strings.Split(table.String(), "\n")[1]); strings.Join(f, " ") != "weir-io - - error: no reply within 2s" {
+		t.Errorf("table line of the missing service: %q\n%s", f, table.String())
+	}
+	var js bytes.Buffer
+	_ = FormatStatus(&js, st, true)
+	var back []ServiceStatus
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back) != 3 || back[0].Healthy || back[0].Error != "no reply within 2s" {
+		t.Errorf("JSON %s: %v", js.String(), err)
+	}
+}
+
+// TestStatusExpectedNoServer: with no micro service on the server at all,
+// expected services are reported missing at once.
+func TestStatusExpectedNoServer(t *testing.T) {
+	e := startServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	st, err := Status(ctx, connect(t, e, "cli"), "", "weir-io")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 1 || st[0].Healthy || !strings.Contains(st[0].Error, "no micro service") {
+		t.Errorf("Status = %+v", st)
+	}
+}
+
 func TestStatusNoServices(t *testing.T) {
 	e := startServer(t)
 	var out bytes.Buffer

@@ -24,20 +24,22 @@ import (
 // Discovery and request bounds; ctx may shorten all of them.
 const (
 	// discoverMax bounds the wait for $SRV.INFO replies; discoverQuiet
-	// ends it early once replies stop coming.
+	// ends it early once replies stop coming and every expected service
+	// has answered.
 	discoverMax   = 2 * time.Second
 	discoverQuiet = 250 * time.Millisecond
 	// requestTimeout bounds each health or stats request.
 	requestTimeout = 2 * time.Second
 )
 
-// ServiceStatus is what Status learned about one service instance.
+// ServiceStatus is what Status learned about one service instance, or
+// about an expected service that no instance answered for (ID empty).
 type ServiceStatus struct {
 	Name    string         `json:"name"`
 	ID      string         `json:"id"`
 	Version string         `json:"version"`
 	Healthy bool           `json:"healthy"`
-	Error   string         `json:"error,omitempty"` // why it is unhealthy, or why its stats are missing
+	Error   string         `json:"error,omitempty"` // why it is unhealthy or missing, or why its stats are missing
 	Stats   map[string]any `json:"stats"`           // numbers are json.Number
 }
 
@@ -46,11 +48,17 @@ type ServiceStatus struct {
 // nc (by $SRV.INFO, keeping names that start with "weir-" and that
 // namespace in their metadata), asks each instance for its health and
 // stats, and returns them sorted by name, then id. An instance that does
-// not answer is listed as unhealthy. With no weir services the result is
-// empty, not an error.
-func Status(ctx context.Context, nc *nats.Conn, namespace string) ([]ServiceStatus, error) {
-	infos, err := discover(ctx, nc, cmp.Or(namespace, wire.DefaultNamespace))
-	if err != nil {
+// not answer is listed as unhealthy. Each service named in expect that no
+// instance answered for within discoverMax (2s) is listed too, unhealthy,
+// with the error "no reply within 2s": a service that is down, hung or in
+// another namespace. With no weir services and none expected the result
+// is empty, not an error.
+func Status(ctx context.Context, nc *nats.Conn, namespace string, expect ...string) ([]ServiceStatus, error) {
+	missing := fmt.Sprintf("no reply within %v", discoverMax)
+	infos, err := discover(ctx, nc, cmp.Or(namespace, wire.DefaultNamespace), expect)
+	if errors.Is(err, errNoServices) {
+		infos, missing = nil, "no reply: no micro service at all on this NATS server"
+	} else if err != nil {
 		return nil, err
 	}
 	st := make([]ServiceStatus, len(infos))
@@ -59,15 +67,37 @@ func Status(ctx context.Context, nc *nats.Conn, namespace string) ([]ServiceStat
 		wg.Go(func() { st[i] = query(ctx, nc, info) })
 	}
 	wg.Wait()
+	for _, name := range expect {
+		if !slices.ContainsFunc(st, func(s ServiceStatus) bool { return s.Name == name }) {
+			st = append(st, ServiceStatus{Name: name, Error: missing})
+		}
+	}
 	slices.SortFunc(st, func(a, b ServiceStatus) int {
 		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.ID, b.ID))
 	})
 	return st, nil
 }
 
+// Unhealthy returns the entries of st that are not healthy, missing
+// services included.
+func Unhealthy(st []ServiceStatus) []ServiceStatus {
+	var bad []ServiceStatus
+	for _, s := range st {
+		if !s.Healthy {
+			bad = append(bad, s)
+		}
+	}
+	return bad
+}
+
+// errNoServices is discover's answer when no micro service at all is
+// subscribed to $SRV.INFO.
+var errNoServices = errors.New("no micro service on the server")
+
 // discover gathers $SRV.INFO replies from the weir services of namespace
-// until replies stop coming, discoverMax passes, or ctx ends.
-func discover(ctx context.Context, nc *nats.Conn, namespace string) ([]micro.Info, error) {
+// until replies stop coming and every service in expect has answered,
+// discoverMax passes, or ctx ends.
+func discover(ctx context.Context, nc *nats.Conn, namespace string, expect []string) ([]micro.Info, error) {
 	subject, err := micro.ControlSubject(micro.InfoVerb, "", "")
 	if err != nil {
 		return nil, err
@@ -85,7 +115,11 @@ func discover(ctx context.Context, nc *nats.Conn, namespace string) ([]micro.Inf
 
 	limit := time.NewTimer(discoverMax)
 	defer limit.Stop()
-	var quiet <-chan time.Time // armed by the first reply
+	var quiet <-chan time.Time // armed by each reply
+	missing := map[string]bool{}
+	for _, name := range expect {
+		missing[name] = true
+	}
 	seen := map[string]bool{}
 	var infos []micro.Info
 	for {
@@ -95,10 +129,13 @@ func discover(ctx context.Context, nc *nats.Conn, namespace string) ([]micro.Inf
 		case <-limit.C:
 			return infos, nil
 		case <-quiet:
-			return infos, nil
+			if len(missing) == 0 {
+				return infos, nil
+			}
+			quiet = nil // wait for the missing ones until limit
 		case m := <-msgs:
 			if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-				return nil, nil // no responders: no micro service at all
+				return nil, errNoServices // no responders
 			}
 			quiet = time.After(discoverQuiet)
 			var info micro.Info
@@ -107,6 +144,7 @@ func discover(ctx context.Context, nc *nats.Conn, namespace string) ([]micro.Inf
 				continue
 			}
 			seen[info.ID] = true
+			delete(missing, info.Name)
 			infos = append(infos, info)
 		}
 	}
@@ -169,6 +207,9 @@ func request(ctx context.Context, nc *nats.Conn, subject string, v any) error {
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	m, err := nc.RequestWithContext(ctx, subject, nil)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+		return fmt.Errorf("no reply within %v", requestTimeout)
+	}
 	if err != nil {
 		return err
 	}
@@ -208,7 +249,7 @@ func FormatStatus(w io.Writer, st []ServiceStatus, asJSON bool) error {
 		if s.Error != "" {
 			health += ": " + s.Error
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.ID, s.Version, health, counters(s.Stats))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, cmp.Or(s.ID, "-"), cmp.Or(s.Version, "-"), health, counters(s.Stats))
 	}
 	return tw.Flush()
 }

@@ -32,6 +32,10 @@ import (
 // Version is reported by every service on NATS.
 const Version = "0.1.0"
 
+// ServiceNames are the services of a stack, by their names on NATS: the
+// ones `weir status` expects to find in the stack's namespace.
+func ServiceNames() []string { return []string{metadata.ServiceName, iosvc.ServiceName} }
+
 // RingConfig is the per-session ring size the services create.
 func RingConfig(c *config.Config) ring.Config {
 	return ring.Config{

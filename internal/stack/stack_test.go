@@ -95,7 +95,7 @@ func TestStacksShareNATS(t *testing.T) {
 	defer cancel()
 	ids := map[string]string{} // instance id -> namespace
 	for ns := range stacks {
-		st, err := control.Status(ctx, nc, ns)
+		st, err := control.Status(ctx, nc, ns, stack.ServiceNames()...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -145,6 +145,67 @@ func TestSupervisor(t *testing.T) {
 	}
 }
 
+// TestStatusSeesStoppedService: with the io process stopped (SIGSTOP, a
+// hung service), status still lists io, as not answering, and metadata as
+// healthy; once io continues, both are healthy again.
+func TestStatusSeesStoppedService(t *testing.T) {
+	exe := buildWeir(t)
+	cfg := testConfig(t)
+	s := &stack.Supervisor{Config: cfg, Exe: exe, Log: hclog.NewNullLogger(), Out: testOut{t}}
+	if err := s.Start(); err != nil {
+		s.Stop()
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	nc, err := control.Connect(s.URL(), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	status := func() map[string]control.ServiceStatus {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		st, err := control.Status(ctx, nc, cfg.NATS.Namespace, stack.ServiceNames()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]control.ServiceStatus{}
+		for _, x := range st {
+			m[x.Name] = x
+		}
+		return m
+	}
+
+	ioPID := s.PIDs()["io"]
+	if err := syscall.Kill(ioPID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = syscall.Kill(ioPID, syscall.SIGCONT) // or Stop waits for it in vain
+		}
+	}()
+	st := status()
+	if x := st["weir-io"]; len(st) != 2 || x.Healthy || !strings.Contains(x.Error, "no reply within") {
+		t.Errorf("status with io stopped: io is %+v", x)
+	}
+	if x := st["weir-metadata"]; !x.Healthy {
+		t.Errorf("status with io stopped: metadata is %+v", x)
+	}
+
+	if err := syscall.Kill(ioPID, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	for name, x := range status() {
+		if !x.Healthy {
+			t.Errorf("after SIGCONT: %s is %+v", name, x)
+		}
+	}
+}
+
 type testOut struct{ t *testing.T }
 
 func (w testOut) Write(p []byte) (int, error) {
