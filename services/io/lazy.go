@@ -17,10 +17,11 @@ import (
 // file costs no backend operation (a file create, or an SPDK metadata
 // operation).
 type lazyBlob struct {
-	be backend.Backend
-	id backend.BlobID
-	mu sync.Mutex                  // serialises materialize
-	b  atomic.Pointer[backendBlob] // nil until materialized
+	be      backend.Backend
+	creates *createSync // told of the create, so that the next fsync makes it durable
+	id      backend.BlobID
+	mu      sync.Mutex                  // serialises materialize
+	b       atomic.Pointer[backendBlob] // nil until materialized
 }
 
 // backendBlob boxes the interface for atomic.Pointer.
@@ -44,6 +45,9 @@ func (l *lazyBlob) materialize() (backend.Blob, error) {
 	}
 	if err := l.be.Create(l.id); err != nil && !errors.Is(err, syscall.EEXIST) {
 		return nil, err
+	}
+	if l.creates != nil {
+		l.creates.created()
 	}
 	b, err := l.be.Open(l.id)
 	if err != nil {

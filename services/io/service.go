@@ -70,6 +70,7 @@ type Stats struct {
 // stats endpoint.
 func (s *Service) Snapshot() map[string]any {
 	m := s.Stats.snapshot()
+	m["backend_syncs"] = s.creates.syncs.Load()
 	if r, ok := s.be.(backend.Reporter); ok {
 		for k, v := range r.Counters() {
 			m[k] = v
@@ -136,6 +137,8 @@ type Service struct {
 	// set once, never cleared (after a failed fsync the device may have
 	// dropped data, so a later success proves nothing). Health reports it.
 	syncFailure atomic.Pointer[error]
+	// creates makes blob creates durable at the fsync that needs them.
+	creates createSync
 
 	Stats Stats
 }
@@ -161,13 +164,15 @@ func New(opts Options) (*Service, error) {
 	if reg != nil && reg.HugePages() {
 		opts.Ring.HugePages = true
 	}
-	return &Service{
+	s := &Service{
 		opts: opts, log: opts.Logger, be: opts.Backend, subj: wire.SubjectsIn(opts.NATSNamespace),
 		reg: reg, newRegion: ring.Create,
 		blobs:  make(map[backend.BlobID]*openBlob),
 		grants: make(map[uint64]map[uint64]*grant),
 		ready:  make(chan struct{}),
-	}, nil
+	}
+	s.creates.be = opts.Backend
+	return s, nil
 }
 
 // Start subscribes to the control subjects, registers the health and
@@ -469,7 +474,7 @@ func (s *Service) openBlob(id backend.BlobID, ino uint64) (*openBlob, error) {
 	var b backend.Blob
 	b, err := s.be.Open(id)
 	if errors.Is(err, syscall.ENOENT) {
-		b, err = &lazyBlob{be: s.be, id: id}, nil // created on first write
+		b, err = &lazyBlob{be: s.be, creates: &s.creates, id: id}, nil // created on first write
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open blob %d: %w", id, err)

@@ -294,7 +294,9 @@ func (s *session) truncate(q *ring.Request) (int64, uint64) {
 	return 0, 0
 }
 
-// sync makes the blob durable, then its size and mtime, before answering.
+// sync makes the blob durable (its bytes, and its existence if it was
+// created since creates were last made durable), then its size and mtime,
+// before answering.
 func (s *session) sync(q *ring.Request) (int64, uint64) {
 	g, e := s.use(q, accAny)
 	if e != 0 {
@@ -303,6 +305,10 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 	defer s.svc.releaseBlob(g.blob)
 	if err := g.blob.b.Sync(); err != nil {
 		s.svc.syncFailed(fmt.Errorf("sync blob %d: %w", g.blob.id, err))
+		return fail(errno(err))
+	}
+	if err := s.svc.creates.sync(); err != nil {
+		s.svc.syncFailed(fmt.Errorf("sync backend (blob creates): %w", err))
 		return fail(errno(err))
 	}
 	if g.blob.wrote.Load() {

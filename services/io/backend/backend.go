@@ -87,7 +87,10 @@ type Backend interface {
 	// List returns every blob, ascending (for fsck).
 	List() ([]BlobID, error)
 	// Sync makes the creates and deletes so far durable. It does not sync
-	// blob data: that is Blob.Sync.
+	// blob data: that is Blob.Sync. The IO service calls it at an fsync
+	// when a blob was created since its last call, so that a file
+	// created, written and fsynced survives a power cut
+	// (TestFsyncSurvivesPowerCut, package powercut).
 	Sync() error
 	// Close releases the backend. Blob handles still open become unusable
 	// (EBADF); every later call on the backend returns EBADF.
