@@ -6,10 +6,12 @@
 //
 // Every request is checked against the credentials the kernel reported for
 // the client at its handshake (SO_PEERCRED, plus the supplementary groups
-// read from /proc at that moment). Opening a regular file grants the session
-// a handle at the IO service, and the open completes only after the IO
-// service acknowledged the grant; closing revokes it first and then records
-// the size and mtime the IO service reports.
+// read from /proc at that moment). Opening a regular file checks
+// permissions and returns a handle; the client's first read or write on it
+// asks for the grant (OpGrant), which completes only after the IO service
+// acknowledged it (an open with O_TRUNC grants at once, to empty the blob).
+// Closing revokes the grant first and then records the size and mtime the
+// IO service reports.
 package metadata
 
 import (
