@@ -110,3 +110,12 @@ func Register(nc *nats.Conn, info ServiceInfo, healthFn func() error, statsFn fu
 	}
 	return svc, nil
 }
+
+// Deregister stops svc's endpoints and waits until the server has dropped
+// their subscriptions, so that a status request sent from another
+// connection after Deregister returns no longer finds the service (rather
+// than finding it half gone: discovered, endpoints unregistered).
+func Deregister(nc *nats.Conn, svc micro.Service) {
+	_ = svc.Stop() // fails only if already stopped
+	_ = nc.Flush() // a closed connection has no subscriptions left anyway
+}

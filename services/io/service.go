@@ -280,7 +280,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	if s.ctl != nil {
-		_ = s.ctl.Stop() // fails only if already stopped
+		control.Deregister(s.opts.NATS, s.ctl)
 	}
 	ringsrv.Unsubscribe(s.subs)
 	if err := s.srv.Shutdown(ctx); err != nil {

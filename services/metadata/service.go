@@ -274,7 +274,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	if s.ctl != nil {
-		_ = s.ctl.Stop() // fails only if already stopped
+		control.Deregister(s.opts.NATS, s.ctl)
 	}
 	if err := s.srv.Shutdown(ctx); err != nil {
 		return fmt.Errorf("metadata: shutdown: %w", err)
