@@ -296,3 +296,75 @@ func TestUpCtrlC(t *testing.T) {
 		}
 	}
 }
+
+// TestSupervisorsOnExternalNATS: the production layout. Two stacks, each
+// started the way `weir up --config FILE` starts one (real service
+// processes), use one NATS server that neither started (nats.url), each in
+// its own namespace. Both serve clients, each status sees its own services
+// only, and stopping a stack leaves the server and the other stack up.
+func TestSupervisorsOnExternalNATS(t *testing.T) {
+	exe := buildWeir(t)
+	ext, err := control.StartEmbedded("127.0.0.1:-1", hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ext.Shutdown()
+	nc, err := control.Connect(ext.URL(), "test", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	sups := map[string]*stack.Supervisor{}
+	for _, ns := range []string{"alpha", "beta.two"} {
+		cfg := testConfig(t)
+		cfg.NATS.URL, cfg.NATS.Namespace = ext.URL(), ns
+		path := filepath.Join(t.TempDir(), "weir.hcl")
+		body := fmt.Sprintf("nats {\n  url = %q\n  namespace = %q\n}\n", ext.URL(), ns)
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		s := &stack.Supervisor{Config: cfg, ConfigPath: path, Exe: exe, Log: hclog.NewNullLogger(), Out: testOut{t}}
+		if err := s.Start(); err != nil {
+			s.Stop()
+			t.Fatal(err)
+		}
+		defer s.Stop()
+		if s.URL() != ext.URL() {
+			t.Fatalf("stack %s uses NATS %s, want the external %s", ns, s.URL(), ext.URL())
+		}
+		sups[ns] = s
+	}
+	for ns, s := range sups {
+		c, err := client.Dial(ctx, client.Options{MetadataSocket: s.Config.Metadata.Socket, IOSocket: s.Config.IO.Socket})
+		if err != nil {
+			t.Fatalf("stack %s: %v", ns, err)
+		}
+		if err := c.WriteFile("f", []byte(ns), 0o644); err != nil {
+			t.Fatalf("stack %s: %v", ns, err)
+		}
+		if got, err := c.ReadFile("f"); err != nil || string(got) != ns {
+			t.Fatalf("stack %s: read %q %v", ns, got, err)
+		}
+		c.Close()
+		st, err := control.Status(ctx, nc, ns, stack.ServiceNames()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st) != 2 || !st[0].Healthy || !st[1].Healthy {
+			t.Fatalf("status of stack %s: %+v", ns, st)
+		}
+	}
+	if err := sups["alpha"].Stop(); err != nil {
+		t.Fatalf("stop alpha: %v", err)
+	}
+	st, err := control.Status(ctx, nc, "beta.two", stack.ServiceNames()...)
+	if err != nil || len(st) != 2 || !st[0].Healthy || !st[1].Healthy {
+		t.Fatalf("beta.two after alpha stopped: %+v %v", st, err)
+	}
+	if !nc.IsConnected() {
+		t.Fatal("stopping a stack stopped the external NATS server")
+	}
+}
