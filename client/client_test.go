@@ -20,6 +20,7 @@ import (
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/internal/stack/stacktest"
 	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
 )
@@ -28,15 +29,7 @@ import (
 func testConfig(t testing.TB, dir, backend string) *config.Config {
 	t.Helper()
 	// Unix socket paths are limited to 108 bytes; t.TempDir can be long.
-	run, err := os.MkdirTemp("", "weir-run-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	c, err := stack.LocalConfig(dir, run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := stacktest.Config(t, dir)
 	c.IO.Backend = backend
 	c.Ring.ArenaSize = 4 << 20
 	if err := c.Validate(); err != nil {

@@ -13,21 +13,14 @@ import (
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/internal/stack/stacktest"
 )
 
 // TestStatusExitCode: weir status exits 0 while both services answer
 // healthy, and 1 with an entry for the missing service once one is gone
 // (or when it looks in another stack's namespace), table and JSON alike.
 func TestStatusExitCode(t *testing.T) {
-	run, err := os.MkdirTemp("", "weir-run-") // socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	c, err := stack.LocalConfig(t.TempDir(), run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := stacktest.Config(t, "")
 	c.IO.Backend = "mem"
 	st, err := stack.Start(c, hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn}))
 	if err != nil {

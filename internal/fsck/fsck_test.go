@@ -2,7 +2,6 @@ package fsck_test
 
 import (
 	"context"
-	"os"
 	"strings"
 	"syscall"
 	"testing"
@@ -12,20 +11,13 @@ import (
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/fsck"
 	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/internal/stack/stacktest"
 	"github.com/weir-storage/weir/services/io/backend"
 )
 
 func testConfig(t *testing.T) *config.Config {
 	t.Helper()
-	run, err := os.MkdirTemp("", "weir-fsck-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	c, err := stack.LocalConfig(t.TempDir(), run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := stacktest.Config(t, "")
 	return c
 }
 

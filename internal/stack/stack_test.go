@@ -3,7 +3,6 @@ package stack_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -14,21 +13,14 @@ import (
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/internal/stack/stacktest"
 )
 
 // startStack runs a whole stack in this process on the NATS server at
 // url, in NATS namespace namespace, with the mem backend.
 func startStack(t *testing.T, url, namespace string) *stack.Stack {
 	t.Helper()
-	run, err := os.MkdirTemp("", "weir-run-") // socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	c, err := stack.LocalConfig(t.TempDir(), run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := stacktest.Config(t, "")
 	c.NATS.URL, c.NATS.Namespace, c.IO.Backend = url, namespace, "mem"
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)

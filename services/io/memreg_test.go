@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,6 +21,7 @@ import (
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/internal/stack/stacktest"
 	"github.com/weir-storage/weir/ring"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
@@ -229,15 +229,7 @@ type ioEnv struct {
 // service creates session regions.
 func startIO(t *testing.T, be backend.Backend, newRegion func(ring.Config) (*ring.Region, error)) *ioEnv {
 	t.Helper()
-	run, err := os.MkdirTemp("", "weir-run-") // socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	c, err := stack.LocalConfig(t.TempDir(), run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := stacktest.Config(t, "")
 	c.Ring.ArenaSize = 1 << 20 // with the queues, one 2 MiB huge page
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package metadata_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/internal/stack/stacktest"
 	"github.com/weir-storage/weir/services/metadata"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
@@ -23,15 +23,7 @@ import (
 // on its health endpoint, which it registers itself (an embedder gets it
 // without internal/stack or cmd/weir).
 func TestHealthAfterWALFailure(t *testing.T) {
-	run, err := os.MkdirTemp("", "weir-run-") // socket paths are limited to 108 bytes
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	c, err := stack.LocalConfig(t.TempDir(), run)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := stacktest.Config(t, "")
 	if err := stack.Prepare(c); err != nil {
 		t.Fatal(err)
 	}
