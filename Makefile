@@ -15,7 +15,7 @@ FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:Fuz
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
 	./services/metadata/ns/internal/wal:FuzzScanSegment
 
-.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz lint bench bench-transport bench-fileops bench-backend bench-quick clean
+.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop lint bench bench-transport bench-fileops bench-backend bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
@@ -25,6 +25,7 @@ help:
 	@echo "test-spdk        backend suite, conformance suite and kill -9 restart on SPDK Blobstore"
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
 	@echo "fuzz             each fuzzer for FUZZTIME (default 12000000x, about 5 min each)"
+	@echo "crash-loop       CRASH_ROUNDS (500) power cuts under both services, then 20 runs of the WAL kill -9 test"
 	@echo "lint             gofmt and go vet"
 	@echo "bench            every benchmark in bench/, one report: $(RESULTS)/report.md (about 4 min)"
 	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
@@ -75,6 +76,13 @@ fuzz-short:
 		echo "fuzz $$p $$t for $(SHORTFUZZ)"; \
 		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(SHORTFUZZ) $$p || exit 1; \
 	done
+
+# crash-loop: CRASH_ROUNDS power cuts under both services at random moments
+# (internal/stack TestPowerCut; make test runs 4), then kill -9 restarts.
+CRASH_ROUNDS ?= 500
+crash-loop:
+	WEIR_POWERCUT_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -run '^TestPowerCut$$' ./internal/stack
+	$(GO) test -count=20 -run '^TestSIGKILL$$' ./services/metadata/ns
 
 fuzz:
 	@for pt in $(FUZZ_TARGETS); do \

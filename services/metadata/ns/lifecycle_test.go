@@ -5,7 +5,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/weir-storage/weir/services/metadata/ns/internal/vfs"
+	"github.com/weir-storage/weir/services/metadata/ns/vfs"
 )
 
 func stat(t *testing.T, n *NS, p string) Attr {

@@ -13,8 +13,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/weir-storage/weir/services/metadata/ns/internal/vfs"
 	"github.com/weir-storage/weir/services/metadata/ns/internal/wal"
+	"github.com/weir-storage/weir/services/metadata/ns/vfs"
 )
 
 // Defaults for zero Options fields.
@@ -74,6 +74,9 @@ var errClosed = &IOError{Op: "use", Err: ErrClosed}
 // (their blobs are reported by Orphans). It fails, naming the file and
 // offset, on damage a crash cannot explain.
 func Open(opts Options) (*NS, error) {
+	if opts.FS != nil {
+		return open(opts, config{fs: opts.FS})
+	}
 	return open(opts, config{fs: vfs.OS{FailSync: opts.FailSync}})
 }
 

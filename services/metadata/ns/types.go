@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/weir-storage/weir/services/metadata/ns/vfs"
 )
 
 // Cred is the identity a request runs with, as the kernel reported it for
@@ -91,6 +93,11 @@ type Options struct {
 	// real failed fsync it is sticky: the namespace turns read-only
 	// (Err). Production code leaves it nil.
 	FailSync func(path string) error
+	// FS is the file system the namespace persists to; nil means the real
+	// one (vfs.OS). Tests of code that embeds the namespace pass a
+	// *vfs.Mem to cut the power at any moment (vfs.Mem.Crash). FailSync
+	// applies only to the real one.
+	FS vfs.FS
 }
 
 // IOError is a failure to read or write the persistent state. Namespace
