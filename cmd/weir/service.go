@@ -110,6 +110,13 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 	if err := svc.Shutdown(ctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
+	if kind == "io" {
+		// The backend is closed: stop SPDK's polling thread before the
+		// process exits (C exit handlers may tear SPDK's memory down).
+		if err := stack.HaltBackends(); err != nil {
+			return err
+		}
+	}
 	log.Info("stopped")
 	return nil
 }

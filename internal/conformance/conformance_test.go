@@ -1,13 +1,21 @@
 package conformance
 
 import (
+	"fmt"
 	"os"
 	"testing"
+
+	"github.com/weir-storage/weir/internal/stack"
 )
 
 func TestMain(m *testing.M) {
 	MainHook()
-	os.Exit(m.Run())
+	code := m.Run()
+	if err := stack.HaltBackends(); err != nil { // SPDK, before C exit handlers run
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
+	os.Exit(code)
 }
 
 // TestKernel runs the whole suite on the kernel alone, with every case's

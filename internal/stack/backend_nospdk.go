@@ -13,3 +13,7 @@ import (
 func spdkBackend(*config.Config) (backend.Backend, error) {
 	return nil, errors.New(`io.backend = "spdk" needs a weir built with the spdk tag (make spdk)`)
 }
+
+// HaltBackends does nothing: no backend of this binary needs stopping
+// before the process exits.
+func HaltBackends() error { return nil }

@@ -21,3 +21,7 @@ func spdkBackend(c *config.Config) (backend.Backend, error) {
 	return spdk.New(spdk.Options{ConfigJSON: json, Bdev: c.IO.SPDKBdev,
 		NoHuge: c.IO.SPDKNoHuge, MemMB: c.IO.SPDKMemMB, Workers: c.IO.SPDKWorkers, ClusterSize: uint64(c.IO.SPDKClusterSize)})
 }
+
+// HaltBackends stops SPDK for the rest of the process (spdk.Halt): call it
+// after the IO service shut down, right before the process exits.
+func HaltBackends() error { return spdk.Halt() }

@@ -59,6 +59,10 @@ func TestMain(m *testing.M) {
 	if weirBuild.dir != "" {
 		os.RemoveAll(weirBuild.dir)
 	}
+	if err := stack.HaltBackends(); err != nil { // SPDK, before C exit handlers run
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
 	os.Exit(code)
 }
 

@@ -38,6 +38,10 @@ func TestMain(m *testing.M) {
 ]}]}`, disk)
 	code := m.Run()
 	os.RemoveAll(dir)
+	if err := Halt(); err != nil { // before C exit handlers tear SPDK down
+		fmt.Fprintln(os.Stderr, err)
+		code = 1
+	}
 	os.Exit(code)
 }
 
