@@ -47,7 +47,8 @@ nats {
   # cluster, say) must each have their own, or one stack answers the
   # other's control requests. Tokens of letters, digits, '-' and '_',
   # separated by dots ("prod.host-7"); no wildcards or spaces; at most 64
-  # bytes. Every process of a stack reads it from this file.
+  # bytes. Every process of a stack reads it from this file; --nats-namespace
+  # overrides it (weir up passes its value on to the services).
   namespace = "weir"
 }
 

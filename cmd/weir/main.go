@@ -2,7 +2,8 @@
 //
 //	weir up       [--config FILE] [--data DIR] ...  start NATS and every service; stop on SIGINT/SIGTERM
 //	weir demo     [--data DIR] [--files N]          weir up, a real workload, a restart check, stop
-//	weir status   [--json] [--nats-url URL]          every service's health and counters, over NATS;
+//	weir status   [--json] [--config FILE] [--data DIR] [--nats-url URL] [--nats-namespace NS]
+//	                                                 every service's health and counters, over NATS;
 //	                                                 exit 1 if one is missing, hung or unhealthy
 //	weir check    [--json] [--data DIR]              fsck of a stopped data directory
 //	weir doctor   [--json] [--hugemem SIZE]          what the SPDK backend needs on this host, and the fixes

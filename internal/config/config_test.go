@@ -287,6 +287,7 @@ log_level = "debug"
 log_format = "json"
 nats {
   url = "nats://file:4222"
+  namespace = "file.ns"
 }
 io {
   socket = "/fixed/io.sock"
@@ -311,14 +312,14 @@ io {
 
 	// No flags: the file wins over the defaults.
 	c := parse()
-	if c.DataDir != "/from/file" || c.LogLevel != "debug" || c.LogFormat != "json" || c.NATS.URL != "nats://file:4222" {
+	if c.DataDir != "/from/file" || c.LogLevel != "debug" || c.LogFormat != "json" || c.NATS.URL != "nats://file:4222" || c.NATS.Namespace != "file.ns" {
 		t.Errorf("no flags: %+v", c)
 	}
 
 	// Flags win over the file, even when a flag repeats a default value;
 	// derived paths follow --data, paths set in the file stay.
-	c = parse("--data", "/from/flag", "--log-level", "info", "--log-format=text", "--nats-url", "")
-	if c.DataDir != "/from/flag" || c.LogLevel != "info" || c.LogFormat != "text" || c.NATS.URL != "" {
+	c = parse("--data", "/from/flag", "--log-level", "info", "--log-format=text", "--nats-url", "", "--nats-namespace", "weir")
+	if c.DataDir != "/from/flag" || c.LogLevel != "info" || c.LogFormat != "text" || c.NATS.URL != "" || c.NATS.Namespace != "weir" {
 		t.Errorf("flags: %+v", c)
 	}
 	if c.RunDir != "/from/flag/run" || c.Metadata.Socket != "/from/flag/run/metadata.sock" || c.IO.Socket != "/fixed/io.sock" {
@@ -338,6 +339,15 @@ io {
 	_ = fs.Parse([]string{"--log-level", "loud"})
 	if err := c.ApplyFlags(fs); err == nil || !strings.Contains(err.Error(), `log_level: "loud" is not one of`) {
 		t.Errorf("ApplyFlags with a bad level = %v", err)
+	}
+
+	// An invalid namespace from the command line is refused as from a file.
+	c, _ = Load(p)
+	fs = flag.NewFlagSet("weir", flag.ContinueOnError)
+	AddFlags(fs)
+	_ = fs.Parse([]string{"--nats-namespace", "two words"})
+	if err := c.ApplyFlags(fs); err == nil || !strings.Contains(err.Error(), "namespace") {
+		t.Errorf("--nats-namespace \"two words\": %v", err)
 	}
 }
 

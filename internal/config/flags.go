@@ -14,6 +14,7 @@ const (
 	FlagLogLevel  = "log-level"
 	FlagLogFormat = "log-format"
 	FlagNATSURL   = "nats-url"
+	FlagNATSNS    = "nats-namespace"
 )
 
 // flagValue is a string flag that remembers whether it was set, so that a
@@ -32,13 +33,14 @@ func (f *flagValue) Set(s string) error {
 }
 
 // AddFlags defines the flags that override the file on fs: --data,
-// --log-level, --log-format and --nats-url. With cobra, define them on a
+// --log-level, --log-format, --nats-url and --nats-namespace. With cobra, define them on a
 // Go FlagSet and adopt it: cmd.Flags().AddGoFlagSet(gofs).
 func AddFlags(fs *flag.FlagSet) {
 	fs.Var(&flagValue{}, FlagData, "data directory (overrides data_dir; default "+DefaultDataDir+")")
 	fs.Var(&flagValue{}, FlagLogLevel, "log level: trace, debug, info, warn or error (overrides log_level)")
 	fs.Var(&flagValue{}, FlagLogFormat, "log format: text or json (overrides log_format)")
 	fs.Var(&flagValue{}, FlagNATSURL, `NATS server URL; "" starts an embedded server (overrides nats.url)`)
+	fs.Var(&flagValue{}, FlagNATSNS, "this stack's NATS namespace, for stacks sharing a server (overrides nats.namespace; default "+DefaultNATSNamespace+")")
 }
 
 // ApplyFlags lays every flag of fs defined by AddFlags and set on the
@@ -77,6 +79,9 @@ func (c *Config) ApplyFlags(fs *flag.FlagSet) error {
 	}
 	if v, ok := get(FlagNATSURL); ok {
 		c.NATS.URL = v
+	}
+	if v, ok := get(FlagNATSNS); ok {
+		c.NATS.Namespace = v
 	}
 	return c.Validate()
 }

@@ -95,6 +95,7 @@ func (s *Supervisor) startChild(name string) error {
 		}
 	}
 	args := []string{name, "--ready-fd", "3", "--nats-url", s.url,
+		"--" + config.FlagNATSNS, s.Config.NATS.Namespace,
 		"--" + config.FlagData, s.Config.DataDir, "--" + config.FlagLogLevel, s.Config.LogLevel,
 		"--" + config.FlagLogFormat, s.Config.LogFormat}
 	if s.ConfigPath != "" {
