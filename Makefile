@@ -14,6 +14,10 @@ RESULTS   ?= bench/results
 FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:FuzzServerSlot \
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
 	./services/metadata/ns/internal/wal:FuzzScanSegment
+# Only in `make fuzz`: it builds a whole stack with fuzzing instrumentation
+# (about a minute before the first input). make test runs its seeds, and
+# TestHostileRequests sends 3000 hostile requests.
+FUZZ_LONG := ./internal/stack:FuzzServiceRequest
 
 .PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop lint bench bench-transport bench-fileops bench-backend bench-quick clean
 
@@ -85,7 +89,7 @@ crash-loop:
 	$(GO) test -count=20 -run '^TestSIGKILL$$' ./services/metadata/ns
 
 fuzz:
-	@for pt in $(FUZZ_TARGETS); do \
+	@for pt in $(FUZZ_TARGETS) $(FUZZ_LONG); do \
 		p=$${pt%%:*}; t=$${pt#*:}; \
 		echo "fuzz $$p $$t for $(FUZZTIME)"; \
 		$(GO) test -run='^$$' -fuzz="^$$t\$$" -fuzztime=$(FUZZTIME) $$p || exit 1; \
