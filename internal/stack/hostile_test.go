@@ -226,6 +226,33 @@ func TestHostileRequests(t *testing.T) {
 	}
 	t.Logf("seed %d (WEIR_HOSTILE_SEED replays it)", seed)
 	e := startHostile(t)
+
+	// Handles are per session: before it opened anything, the hostile
+	// session can use no handle number at all, the honest client's
+	// included, at either service.
+	payload := []byte("overwrite")
+	for h := range uint64(256) {
+		for _, op := range []struct {
+			c    *ring.Client
+			call ring.Call
+			in   []byte
+		}{
+			{e.data, ring.Call{Op: wire.OpWrite, Handle: h}, payload},
+			{e.data, ring.Call{Op: wire.OpTruncate, Handle: h}, nil},
+			{e.data, ring.Call{Op: wire.OpRead, Handle: h}, make([]byte, 64)},
+			{e.data, ring.Call{Op: wire.OpSync, Handle: h}, nil},
+			{e.meta, ring.Call{Op: wire.OpGrant, Handle: h}, nil},
+			{e.meta, ring.Call{Op: wire.OpFStat, Handle: h}, make([]byte, wire.AttrSize)},
+			{e.meta, ring.Call{Op: wire.OpClose, Handle: h}, nil},
+		} {
+			call := op.call
+			if comp := e.do(t, op.c, &call, op.in, nil); comp.Result != -int64(syscall.EBADF) {
+				t.Fatalf("op %d on handle %d of another session: result %d, want EBADF", call.Op, h, comp.Result)
+			}
+		}
+	}
+	e.check(t)
+
 	r := rand.New(rand.NewPCG(seed, 1))
 	for range 3000 {
 		e.hostileRequest(t, r)
