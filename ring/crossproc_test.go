@@ -248,6 +248,24 @@ func TestCrossProcessEcho(t *testing.T) {
 	}
 }
 
+// killServerUnderCall SIGKILLs server peer p while a call of c waits for
+// its completion; the call must return ErrPeerGone.
+func killServerUnderCall(t *testing.T, c *Client, p *peerProc, what string) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(context.Background(), &Call{Op: opSleep, Arg: 60_000})
+		done <- err
+	}()
+	time.Sleep(10 * time.Millisecond) // let it park
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if err := guard(t, done, what); !errors.Is(err, ErrPeerGone) {
+		t.Fatalf("%s: %v, want ErrPeerGone", what, err)
+	}
+}
+
 // TestCrossProcessServerKilled: SIGKILL the server while a caller waits for
 // a completion (parked on the futex in adaptive mode, spinning in busy-poll
 // mode). The caller must get ErrPeerGone, not sleep forever.
@@ -261,18 +279,7 @@ func TestCrossProcessServerKilled(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer c.Close()
-			done := make(chan error, 1)
-			go func() {
-				_, err := c.Do(context.Background(), &Call{Op: opSleep, Arg: 60_000})
-				done <- err
-			}()
-			time.Sleep(10 * time.Millisecond) // let it park
-			if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
-			if err := guard(t, done, "Do with a killed server"); !errors.Is(err, ErrPeerGone) {
-				t.Fatalf("Do: %v, want ErrPeerGone", err)
-			}
+			killServerUnderCall(t, c, p, "Do with a killed server")
 			if _, err := c.Do(context.Background(), &Call{Op: OpNop}); !errors.Is(err, ErrPeerGone) {
 				t.Fatalf("later Do: %v, want ErrPeerGone", err)
 			}
@@ -341,18 +348,7 @@ func TestCrossProcessPeerKilledSocketHeld(t *testing.T) {
 		}
 		defer c.Close()
 		p.holderPid(t)
-		done := make(chan error, 1)
-		go func() {
-			_, err := c.Do(context.Background(), &Call{Op: opSleep, Arg: 60_000})
-			done <- err
-		}()
-		time.Sleep(10 * time.Millisecond) // let it park
-		if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		if err := guard(t, done, "Do with a killed server whose socket is held"); !errors.Is(err, ErrPeerGone) {
-			t.Fatalf("Do: %v, want ErrPeerGone", err)
-		}
+		killServerUnderCall(t, c, p, "Do with a killed server whose socket is held")
 	})
 	t.Run("client", func(t *testing.T) {
 		sock := filepath.Join(t.TempDir(), "ring.sock")

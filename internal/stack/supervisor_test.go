@@ -77,18 +77,26 @@ func testConfig(t *testing.T) *config.Config {
 	return c
 }
 
-// TestSupervisor runs the services as processes the way `weir up` does:
-// both become ready, serve a client, report on NATS; when one is killed,
-// Wait reports which one, and Stop stops the rest.
-func TestSupervisor(t *testing.T) {
-	exe := buildWeir(t)
-	cfg := testConfig(t)
-	s := &stack.Supervisor{Config: cfg, Exe: exe, Log: hclog.NewNullLogger(), Out: testOut{t}}
+// startSupervisor runs the services of cfg as processes, as weir up does
+// (configPath, if not empty, is passed to them with --config), and stops
+// them when the test ends.
+func startSupervisor(t *testing.T, cfg *config.Config, configPath string) *stack.Supervisor {
+	t.Helper()
+	s := &stack.Supervisor{Config: cfg, ConfigPath: configPath, Exe: buildWeir(t), Log: hclog.NewNullLogger(), Out: testOut{t}}
 	if err := s.Start(); err != nil {
 		s.Stop()
 		t.Fatal(err)
 	}
-	defer s.Stop()
+	t.Cleanup(func() { s.Stop() })
+	return s
+}
+
+// TestSupervisor runs the services as processes the way `weir up` does:
+// both become ready, serve a client, report on NATS; when one is killed,
+// Wait reports which one, and Stop stops the rest.
+func TestSupervisor(t *testing.T) {
+	cfg := testConfig(t)
+	s := startSupervisor(t, cfg, "")
 	pids := s.PIDs()
 	if pids["metadata"] == 0 || pids["io"] == 0 {
 		t.Fatalf("pids %v", pids)
@@ -153,14 +161,8 @@ func TestSupervisor(t *testing.T) {
 // hung service), status still lists io, as not answering, and metadata as
 // healthy; once io continues, both are healthy again.
 func TestStatusSeesStoppedService(t *testing.T) {
-	exe := buildWeir(t)
 	cfg := testConfig(t)
-	s := &stack.Supervisor{Config: cfg, Exe: exe, Log: hclog.NewNullLogger(), Out: testOut{t}}
-	if err := s.Start(); err != nil {
-		s.Stop()
-		t.Fatal(err)
-	}
-	defer s.Stop()
+	s := startSupervisor(t, cfg, "")
 	nc, err := control.Connect(s.URL(), "test", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -307,12 +309,11 @@ func TestUpCtrlC(t *testing.T) {
 // its own namespace. Both serve clients, each status sees its own services
 // only, and stopping a stack leaves the server and the other stack up.
 func TestSupervisorsOnExternalNATS(t *testing.T) {
-	exe := buildWeir(t)
 	ext, err := control.StartEmbedded("127.0.0.1:-1", hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ext.Shutdown()
+	t.Cleanup(ext.Shutdown) // after the supervisors' cleanups: they stop first
 	nc, err := control.Connect(ext.URL(), "test", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -336,12 +337,7 @@ func TestSupervisorsOnExternalNATS(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		s := &stack.Supervisor{Config: cfg, ConfigPath: path, Exe: exe, Log: hclog.NewNullLogger(), Out: testOut{t}}
-		if err := s.Start(); err != nil {
-			s.Stop()
-			t.Fatal(err)
-		}
-		defer s.Stop()
+		s := startSupervisor(t, cfg, path)
 		if s.URL() != ext.URL() {
 			t.Fatalf("stack %s uses NATS %s, want the external %s", ns, s.URL(), ext.URL())
 		}
