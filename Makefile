@@ -13,11 +13,11 @@ RESULTS   ?= bench/results
 # metadata WAL and checkpoints).
 FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:FuzzServerSlot \
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
-	./services/metadata/ns/internal/wal:FuzzScanSegment
+	./internal/wal:FuzzScanSegment
 # Only in `make fuzz`: it builds a whole stack with fuzzing instrumentation
 # (about a minute before the first input). make test runs its seeds, and
 # TestHostileRequests sends 3000 hostile requests.
-FUZZ_LONG := ./internal/stack:FuzzServiceRequest
+FUZZ_LONG := ./stack:FuzzServiceRequest
 
 .PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop lint bench bench-transport bench-fileops bench-backend bench-quick clean
 
@@ -67,7 +67,7 @@ spdk: spdk-check
 test-spdk: spdk-check
 	$(SPDK_ENV) $(GO) vet -tags spdk ./...
 	$(SPDK_ENV) $(GO) test -tags spdk -count=1 ./services/io/backend/spdk
-	$(SPDK_ENV) $(GO) test -tags spdk -count=1 -run SPDK ./internal/conformance ./internal/stack
+	$(SPDK_ENV) $(GO) test -tags spdk -count=1 -run SPDK ./stack/conformance ./stack
 
 test: test-unit fuzz-short
 
@@ -82,10 +82,10 @@ fuzz-short:
 	done
 
 # crash-loop: CRASH_ROUNDS power cuts under both services at random moments
-# (internal/stack TestPowerCut; make test runs 4), then kill -9 restarts.
+# (stack TestPowerCut; make test runs 4), then kill -9 restarts.
 CRASH_ROUNDS ?= 500
 crash-loop:
-	WEIR_POWERCUT_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -run '^TestPowerCut$$' ./internal/stack
+	WEIR_POWERCUT_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -run '^TestPowerCut$$' ./stack
 	$(GO) test -count=20 -run '^TestSIGKILL$$' ./services/metadata/ns
 
 fuzz:

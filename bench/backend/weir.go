@@ -9,7 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack"
 )
 
 // newWeir runs weir in this process (embedded NATS, the metadata and IO

@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack"
 )
 
 // buildWeir compiles cmd/weir into dir and returns the binary's path. It

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/weir-storage/weir/internal/fsck"
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack/fsck"
+	"github.com/weir-storage/weir/stack"
 )
 
 // cmdCheck is the fsck: run on a stopped data directory. It exits 0 when

@@ -13,7 +13,7 @@ import (
 
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack"
 )
 
 // loadConfig defines --config and the override flags on fs, parses args and

@@ -12,8 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/internal/stack"
-	"github.com/weir-storage/weir/internal/stack/stacktest"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // TestStatusExitCode: weir status exits 0 while both services answer

@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack"
 )
 
 func cmdUp(args []string) int {

@@ -20,8 +20,8 @@ import (
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/internal/stack"
-	"github.com/weir-storage/weir/internal/stack/stacktest"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 	"github.com/weir-storage/weir/ring"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
@@ -218,7 +218,7 @@ next:
 }
 
 // ioEnv is NATS, the metadata service and an IO service on be, in this
-// process, as internal/stack runs them.
+// process, as stack runs them.
 type ioEnv struct {
 	cfg  *config.Config
 	io   *iosvc.Service

@@ -12,8 +12,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/internal/stack"
-	"github.com/weir-storage/weir/internal/stack/stacktest"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 	"github.com/weir-storage/weir/services/metadata"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
@@ -21,7 +21,7 @@ import (
 // TestHealthAfterWALFailure: a failed WAL flush makes the namespace
 // read-only, and the service says so in Health until it is restarted, and
 // on its health endpoint, which it registers itself (an embedder gets it
-// without internal/stack or cmd/weir).
+// without stack or cmd/weir).
 func TestHealthAfterWALFailure(t *testing.T) {
 	c := stacktest.Config(t, "")
 	if err := stack.Prepare(c); err != nil {

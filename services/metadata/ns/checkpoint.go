@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/weir-storage/weir/services/metadata/ns/internal/wal"
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/wal"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 // Checkpoint format constants (version 1); see the package comment.

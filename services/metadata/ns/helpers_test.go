@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 // seedFlag replays a randomised test: go test -run TestX -ns.seed=N.

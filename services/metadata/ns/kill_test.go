@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 const killChildEnv = "WEIR_NS_KILL_CHILD" // "dir:seed"

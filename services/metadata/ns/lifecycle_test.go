@@ -5,7 +5,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 func stat(t *testing.T, n *NS, p string) Attr {

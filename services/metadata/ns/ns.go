@@ -13,8 +13,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/weir-storage/weir/services/metadata/ns/internal/wal"
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/wal"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 // Defaults for zero Options fields.

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-storage/weir/services/metadata/ns/internal/wal"
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/wal"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 // TestRandomOpsSurviveRestart applies seeded random operations, restarts

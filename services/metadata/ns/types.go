@@ -8,7 +8,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 // Cred is the identity a request runs with, as the kernel reported it for

@@ -14,8 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/client"
-	"github.com/weir-storage/weir/internal/stack"
-	"github.com/weir-storage/weir/internal/stack/stacktest"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
 )

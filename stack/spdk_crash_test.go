@@ -18,7 +18,7 @@ import (
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack"
 )
 
 // TestSPDKKillAndRestart: the IO service on SPDK Blobstore over an aio bdev

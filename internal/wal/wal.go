@@ -26,7 +26,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 // Format constants (version 1).

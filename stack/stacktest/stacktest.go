@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack"
 )
 
 // Config is the local configuration (stack.LocalConfig) of a stack whose

@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack"
 )
 
 func TestMain(m *testing.M) {

@@ -12,8 +12,8 @@ import (
 
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/internal/stack"
-	"github.com/weir-storage/weir/internal/stack/stacktest"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // startStack runs a whole stack in this process on the NATS server at

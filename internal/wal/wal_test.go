@@ -9,7 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/weir-storage/weir/services/metadata/ns/vfs"
+	"github.com/weir-storage/weir/internal/vfs"
 )
 
 // segment builds a segment starting at first with n records.

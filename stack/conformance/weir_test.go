@@ -14,8 +14,8 @@ import (
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/internal/conformance"
-	"github.com/weir-storage/weir/internal/stack"
+	"github.com/weir-storage/weir/stack/conformance"
+	"github.com/weir-storage/weir/stack"
 )
 
 // Environment that tells a child process (permission cases run as uid
