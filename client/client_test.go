@@ -19,10 +19,10 @@ import (
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/stack"
-	"github.com/weir-storage/weir/stack/stacktest"
 	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // testConfig is a configuration for an in-process stack under dir.

@@ -14,10 +14,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/client"
-	"github.com/weir-storage/weir/stack"
-	"github.com/weir-storage/weir/stack/stacktest"
 	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // hostileEnv is a running stack, an honest client holding a file open,

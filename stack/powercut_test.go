@@ -18,14 +18,14 @@ import (
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/stack/fsck"
-	"github.com/weir-storage/weir/stack"
-	"github.com/weir-storage/weir/stack/stacktest"
+	"github.com/weir-storage/weir/internal/vfs"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend/mem"
 	"github.com/weir-storage/weir/services/io/backend/powercut"
 	"github.com/weir-storage/weir/services/metadata"
-	"github.com/weir-storage/weir/internal/vfs"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/fsck"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // TestPowerCut cuts the power under both services at a random moment of a

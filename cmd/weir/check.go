@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/weir-storage/weir/stack/fsck"
 	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/fsck"
 )
 
 // cmdCheck is the fsck: run on a stopped data directory. It exits 0 when

@@ -19,8 +19,8 @@ import (
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/stack"
 	"github.com/weir-storage/weir/ring"
+	"github.com/weir-storage/weir/stack"
 )
 
 // cmdDemo is the README's "run weir" command: it brings the services up as

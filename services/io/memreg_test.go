@@ -20,13 +20,13 @@ import (
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/stack"
-	"github.com/weir-storage/weir/stack/stacktest"
 	"github.com/weir-storage/weir/ring"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/mem"
 	"github.com/weir-storage/weir/services/metadata"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 const hugePage = 2 << 20

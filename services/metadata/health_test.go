@@ -12,10 +12,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/stack"
-	"github.com/weir-storage/weir/stack/stacktest"
 	"github.com/weir-storage/weir/services/metadata"
 	"github.com/weir-storage/weir/services/metadata/ns"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // TestHealthAfterWALFailure: a failed WAL flush makes the namespace

@@ -14,8 +14,8 @@ import (
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/stack/conformance"
 	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/conformance"
 )
 
 // Environment that tells a child process (permission cases run as uid

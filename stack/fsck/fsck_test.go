@@ -9,10 +9,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/stack/fsck"
-	"github.com/weir-storage/weir/stack"
-	"github.com/weir-storage/weir/stack/stacktest"
 	"github.com/weir-storage/weir/services/io/backend"
+	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/fsck"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 func testConfig(t *testing.T) *config.Config {

@@ -7,8 +7,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/weir-storage/weir/internal/wal"
 	"github.com/weir-storage/weir/internal/vfs"
+	"github.com/weir-storage/weir/internal/wal"
 )
 
 // Checkpoint format constants (version 1); see the package comment.

@@ -13,8 +13,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/weir-storage/weir/internal/wal"
 	"github.com/weir-storage/weir/internal/vfs"
+	"github.com/weir-storage/weir/internal/wal"
 )
 
 // Defaults for zero Options fields.

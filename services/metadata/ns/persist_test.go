@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/weir-storage/weir/internal/wal"
 	"github.com/weir-storage/weir/internal/vfs"
+	"github.com/weir-storage/weir/internal/wal"
 )
 
 // TestRandomOpsSurviveRestart applies seeded random operations, restarts
