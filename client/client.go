@@ -24,7 +24,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 )
 
@@ -96,8 +96,8 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 		return nil, fmt.Errorf("weir: connect to metadata service: %w", err)
 	}
 	f := &FS{meta: meta, umask: processUmask()}
-	var out [8 + wire.TokenSize]byte
-	if _, err := f.call(meta, wire.OpHello, 0, 0, 0, nil, out[:]); err != nil {
+	var out [8 + proto.TokenSize]byte
+	if _, err := f.call(meta, proto.OpHello, 0, 0, 0, nil, out[:]); err != nil {
 		meta.Close()
 		return nil, fmt.Errorf("weir: hello: %w", err)
 	}
@@ -108,7 +108,7 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 	}
 	f.data = data
 	f.chunk = min(maxChunk, data.MaxBuffer())
-	if _, err := f.call(data, wire.OpAttach, 0, 0, 0, out[:], nil); err != nil {
+	if _, err := f.call(data, proto.OpAttach, 0, 0, 0, out[:], nil); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("weir: attach IO session: %w", err)
 	}
@@ -197,14 +197,14 @@ func checkPath(name string) error {
 	if strings.IndexByte(name, 0) >= 0 {
 		return syscall.EINVAL
 	}
-	if len(name) > wire.MaxPath {
+	if len(name) > proto.MaxPath {
 		return syscall.ENAMETOOLONG
 	}
 	return nil
 }
 
 func strBody(strs ...string) []byte {
-	var e wire.Enc
+	var e proto.Enc
 	for _, s := range strs {
 		e.Str(s)
 	}
@@ -231,11 +231,11 @@ func (f *FS) statPath(op, name string) (*fileInfo, error) {
 	if err := checkPath(name); err != nil {
 		return nil, pathErr(op, name, err)
 	}
-	var out [wire.AttrSize]byte
-	if _, err := f.call(f.meta, wire.OpStat, 0, 0, 0, strBody(name), out[:]); err != nil {
+	var out [proto.AttrSize]byte
+	if _, err := f.call(f.meta, proto.OpStat, 0, 0, 0, strBody(name), out[:]); err != nil {
 		return nil, pathErr(op, name, err)
 	}
-	a := wire.NewDec(out[:]).Attr()
+	a := proto.NewDec(out[:]).Attr()
 	return newFileInfo(baseName(name), a), nil
 }
 
@@ -250,11 +250,11 @@ func (f *FS) Mkdir(name string, perm fs.FileMode) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("mkdir", name, err)
 	}
-	var e wire.Enc
+	var e proto.Enc
 	e.U32(modeBits(perm) &^ f.umask)
 	e.Str(name)
-	var out [wire.AttrSize]byte
-	if _, err := f.call(f.meta, wire.OpMkdir, 0, 0, 0, e.B, out[:]); err != nil {
+	var out [proto.AttrSize]byte
+	if _, err := f.call(f.meta, proto.OpMkdir, 0, 0, 0, e.B, out[:]); err != nil {
 		return pathErr("mkdir", name, err)
 	}
 	return nil
@@ -297,11 +297,11 @@ func (f *FS) Remove(name string) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("remove", name, err)
 	}
-	_, e := f.call(f.meta, wire.OpUnlink, 0, 0, 0, strBody(name), nil)
+	_, e := f.call(f.meta, proto.OpUnlink, 0, 0, 0, strBody(name), nil)
 	if e == nil {
 		return nil
 	}
-	_, e1 := f.call(f.meta, wire.OpRmdir, 0, 0, 0, strBody(name), nil)
+	_, e1 := f.call(f.meta, proto.OpRmdir, 0, 0, 0, strBody(name), nil)
 	if e1 == nil {
 		return nil
 	}
@@ -361,7 +361,7 @@ func (f *FS) Rename(oldname, newname string) error {
 		err = checkPath(newname)
 	}
 	if err == nil {
-		_, err = f.call(f.meta, wire.OpRename, 0, 0, 0, strBody(oldname, newname), nil)
+		_, err = f.call(f.meta, proto.OpRename, 0, 0, 0, strBody(oldname, newname), nil)
 	}
 	if err != nil {
 		return &os.LinkError{Op: "rename", Old: oldname, New: newname, Err: err}
@@ -374,10 +374,10 @@ func (f *FS) Chmod(name string, mode fs.FileMode) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("chmod", name, err)
 	}
-	var e wire.Enc
+	var e proto.Enc
 	e.U32(modeBits(mode))
 	e.Str(name)
-	if _, err := f.call(f.meta, wire.OpChmod, 0, 0, 0, e.B, nil); err != nil {
+	if _, err := f.call(f.meta, proto.OpChmod, 0, 0, 0, e.B, nil); err != nil {
 		return pathErr("chmod", name, err)
 	}
 	return nil
@@ -388,11 +388,11 @@ func (f *FS) Chown(name string, uid, gid int) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("chown", name, err)
 	}
-	var e wire.Enc
+	var e proto.Enc
 	e.I64(int64(uid))
 	e.I64(int64(gid))
 	e.Str(name)
-	if _, err := f.call(f.meta, wire.OpChown, 0, 0, 0, e.B, nil); err != nil {
+	if _, err := f.call(f.meta, proto.OpChown, 0, 0, 0, e.B, nil); err != nil {
 		return pathErr("chown", name, err)
 	}
 	return nil
@@ -407,11 +407,11 @@ func (f *FS) Chtimes(name string, atime, mtime time.Time) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("chtimes", name, err)
 	}
-	var e wire.Enc
+	var e proto.Enc
 	e.I64(timeArg(atime))
 	e.I64(timeArg(mtime))
 	e.Str(name)
-	if _, err := f.call(f.meta, wire.OpChtimes, 0, 0, 0, e.B, nil); err != nil {
+	if _, err := f.call(f.meta, proto.OpChtimes, 0, 0, 0, e.B, nil); err != nil {
 		return pathErr("chtimes", name, err)
 	}
 	return nil
@@ -419,7 +419,7 @@ func (f *FS) Chtimes(name string, atime, mtime time.Time) error {
 
 func timeArg(t time.Time) int64 {
 	if t.IsZero() {
-		return wire.TimeOmit
+		return proto.TimeOmit
 	}
 	return t.UnixNano()
 }
@@ -463,11 +463,11 @@ func (f *FS) readDir(op, name, after string, n int) ([]fs.DirEntry, error) {
 	var ents []fs.DirEntry
 	out := make([]byte, 16<<10)
 	for n < 0 || len(ents) < n {
-		comp, err := f.call(f.meta, wire.OpReadDir, 0, 0, 0, strBody(name, after), out)
+		comp, err := f.call(f.meta, proto.OpReadDir, 0, 0, 0, strBody(name, after), out)
 		if err != nil {
 			return ents, pathErr(op, name, err)
 		}
-		d := wire.NewDec(out[:comp.Result])
+		d := proto.NewDec(out[:comp.Result])
 		cnt := d.U32()
 		for i := uint32(0); i < cnt; i++ {
 			ino, mode, nm := d.U64(), d.U32(), d.Str()

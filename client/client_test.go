@@ -19,7 +19,7 @@ import (
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/stack"
 	"github.com/weir-storage/weir/stack/stacktest"
@@ -360,18 +360,18 @@ func TestHandlesAreGrantedPerSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer data.Close()
-	hello := rawCall(t, meta, wire.OpHello, 0, make([]byte, 8+wire.TokenSize))
-	if hello.Result != 8+wire.TokenSize {
+	hello := rawCall(t, meta, proto.OpHello, 0, make([]byte, 8+proto.TokenSize))
+	if hello.Result != 8+proto.TokenSize {
 		t.Fatalf("hello: %+v", hello)
 	}
 	// Reading before attaching, or with handles 1..100, must all fail.
 	for h := uint64(1); h <= 100; h++ {
-		if r := rawCall(t, data, wire.OpRead, h, make([]byte, 16)); r.Result >= 0 {
+		if r := rawCall(t, data, proto.OpRead, h, make([]byte, 16)); r.Result >= 0 {
 			t.Fatalf("read on handle %d without attach: %+v", h, r)
 		}
 	}
-	bad := make([]byte, 8+wire.TokenSize) // session 0, zero token
-	if r := rawCall(t, data, wire.OpAttach, 0, bad); !errors.Is(r.Err(), syscall.EPERM) {
+	bad := make([]byte, 8+proto.TokenSize) // session 0, zero token
+	if r := rawCall(t, data, proto.OpAttach, 0, bad); !errors.Is(r.Err(), syscall.EPERM) {
 		t.Fatalf("attach with a forged token: %+v", r)
 	}
 }

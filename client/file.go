@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 )
 
@@ -76,14 +76,14 @@ func (f *FS) OpenFile(name string, flag int, perm fs.FileMode) (*File, error) {
 	if flag&^openFlags != 0 {
 		return nil, pathErr("open", name, syscall.EINVAL)
 	}
-	var e wire.Enc
+	var e proto.Enc
 	e.U32(modeBits(perm) &^ f.umask)
 	e.Str(name)
-	var out [8 + wire.AttrSize + 2]byte
-	if _, err := f.call(f.meta, wire.OpOpen, uint32(flag&^syscall.O_CLOEXEC), 0, 0, e.B, out[:]); err != nil {
+	var out [8 + proto.AttrSize + 2]byte
+	if _, err := f.call(f.meta, proto.OpOpen, uint32(flag&^syscall.O_CLOEXEC), 0, 0, e.B, out[:]); err != nil {
 		return nil, pathErr("open", name, err)
 	}
-	d := wire.NewDec(out[:])
+	d := proto.NewDec(out[:])
 	h := d.U64()
 	a := d.Attr()
 	d.U8() // created
@@ -119,7 +119,7 @@ func (fl *File) Close() error {
 	if !fl.closed.CompareAndSwap(false, true) {
 		return fl.err("close", os.ErrClosed)
 	}
-	if _, err := fl.fs.call(fl.fs.meta, wire.OpClose, 0, fl.handle, 0, nil, nil); err != nil {
+	if _, err := fl.fs.call(fl.fs.meta, proto.OpClose, 0, fl.handle, 0, nil, nil); err != nil {
 		return fl.err("close", err)
 	}
 	return nil
@@ -136,7 +136,7 @@ func (fl *File) readAt(p []byte, off int64) (int, error) {
 	n := 0
 	for n < len(p) {
 		want := min(len(p)-n, fl.fs.chunk)
-		m, err := fl.transfer(wire.OpRead, p[n:n+want], off+int64(n), 0)
+		m, err := fl.transfer(proto.OpRead, p[n:n+want], off+int64(n), 0)
 		n += m
 		if err != nil {
 			return n, err
@@ -158,11 +158,11 @@ func (fl *File) transfer(op uint8, p []byte, off int64, arg uint32) (int, error)
 		return 0, transportErr(err)
 	}
 	defer b.Release()
-	if op == wire.OpWrite {
+	if op == proto.OpWrite {
 		b.CopyFrom(p)
 	}
 	n, _, err := fl.do(op, b, off, arg)
-	if op == wire.OpRead && n > 0 {
+	if op == proto.OpRead && n > 0 {
 		b.CopyTo(p[:n])
 	}
 	return n, err
@@ -180,7 +180,7 @@ func (fl *File) ensureGrant() error {
 	if fl.granted.Load() {
 		return nil
 	}
-	if _, err := fl.fs.call(fl.fs.meta, wire.OpGrant, 0, fl.handle, 0, nil, nil); err != nil {
+	if _, err := fl.fs.call(fl.fs.meta, proto.OpGrant, 0, fl.handle, 0, nil, nil); err != nil {
 		return err
 	}
 	fl.granted.Store(true)
@@ -214,7 +214,7 @@ func (fl *File) writeAt(p []byte, off int64, appendMode bool) (int, int64, error
 	n := 0
 	var arg uint32
 	if appendMode {
-		arg = wire.WriteAppend
+		arg = proto.WriteAppend
 	}
 	end := off
 	for n < len(p) {
@@ -224,7 +224,7 @@ func (fl *File) writeAt(p []byte, off int64, appendMode bool) (int, int64, error
 			return n, end, transportErr(err)
 		}
 		b.CopyFrom(chunk)
-		m, at, err := fl.do(wire.OpWrite, b, off+int64(n), arg)
+		m, at, err := fl.do(proto.OpWrite, b, off+int64(n), arg)
 		b.Release()
 		n += m
 		if appendMode {
@@ -354,7 +354,7 @@ func (fl *File) ReadV(bufs [][]byte) (int, error) {
 	}
 	defer b.Release()
 	fl.mu.Lock()
-	n, _, err := fl.do(wire.OpRead, b, fl.off, 0)
+	n, _, err := fl.do(proto.OpRead, b, fl.off, 0)
 	fl.off += int64(n)
 	fl.mu.Unlock()
 	if err != nil {
@@ -435,9 +435,9 @@ func (fl *File) WriteBuffer(b *ring.Buffer) (int, error) {
 	defer fl.mu.Unlock()
 	var arg uint32
 	if fl.appending() {
-		arg = wire.WriteAppend
+		arg = proto.WriteAppend
 	}
-	n, at, err := fl.do(wire.OpWrite, b, fl.off, arg)
+	n, at, err := fl.do(proto.OpWrite, b, fl.off, arg)
 	if err != nil {
 		return 0, fl.err("write", err)
 	}
@@ -457,7 +457,7 @@ func (fl *File) WriteBufferAt(b *ring.Buffer, off int64) (int, error) {
 	if !fl.writable() || fl.dir || fl.appending() || off < 0 {
 		return 0, fl.err("write", syscall.EINVAL)
 	}
-	n, _, err := fl.do(wire.OpWrite, b, off, 0)
+	n, _, err := fl.do(proto.OpWrite, b, off, 0)
 	if err != nil {
 		return 0, fl.err("write", err)
 	}
@@ -473,7 +473,7 @@ func (fl *File) ReadBufferAt(b *ring.Buffer, off int64) (int, error) {
 	if !fl.readable() || fl.dir || off < 0 {
 		return 0, fl.err("read", syscall.EBADF)
 	}
-	n, _, err := fl.do(wire.OpRead, b, off, 0)
+	n, _, err := fl.do(proto.OpRead, b, off, 0)
 	if err != nil {
 		return 0, fl.err("read", err)
 	}
@@ -526,7 +526,7 @@ func (fl *File) Truncate(size int64) error {
 	if err := fl.ensureGrant(); err != nil {
 		return fl.err("truncate", err)
 	}
-	if _, err := fl.fs.call(fl.fs.data, wire.OpTruncate, 0, fl.handle, uint64(size), nil, nil); err != nil {
+	if _, err := fl.fs.call(fl.fs.data, proto.OpTruncate, 0, fl.handle, uint64(size), nil, nil); err != nil {
 		return fl.err("truncate", err)
 	}
 	return nil
@@ -537,9 +537,9 @@ func (fl *File) Sync() error {
 	if err := fl.check("sync"); err != nil {
 		return err
 	}
-	op, c := wire.OpSync, fl.fs.data
+	op, c := proto.OpSync, fl.fs.data
 	if fl.dir {
-		op, c = wire.OpSyncMeta, fl.fs.meta
+		op, c = proto.OpSyncMeta, fl.fs.meta
 	} else if err := fl.ensureGrant(); err != nil {
 		return fl.err("sync", err)
 	}
@@ -554,11 +554,11 @@ func (fl *File) Stat() (fs.FileInfo, error) {
 	if err := fl.check("stat"); err != nil {
 		return nil, err
 	}
-	var out [wire.AttrSize]byte
-	if _, err := fl.fs.call(fl.fs.meta, wire.OpFStat, 0, fl.handle, 0, nil, out[:]); err != nil {
+	var out [proto.AttrSize]byte
+	if _, err := fl.fs.call(fl.fs.meta, proto.OpFStat, 0, fl.handle, 0, nil, out[:]); err != nil {
 		return nil, fl.err("stat", err)
 	}
-	return newFileInfo(baseName(fl.name), wire.NewDec(out[:]).Attr()), nil
+	return newFileInfo(baseName(fl.name), proto.NewDec(out[:]).Attr()), nil
 }
 
 // ReadDir reads the directory's entries in name order, n at a time (n <= 0:
@@ -604,10 +604,10 @@ func (fl *File) ReadDir(n int) ([]fs.DirEntry, error) {
 // fileInfo is an fs.FileInfo from wire attributes.
 type fileInfo struct {
 	name string
-	a    wire.Attr
+	a    proto.Attr
 }
 
-func newFileInfo(name string, a wire.Attr) *fileInfo { return &fileInfo{name: name, a: a} }
+func newFileInfo(name string, a proto.Attr) *fileInfo { return &fileInfo{name: name, a: a} }
 
 func (i *fileInfo) Name() string       { return i.name }
 func (i *fileInfo) Size() int64        { return i.a.Size }

@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/client"
-	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/stack"
 	"github.com/weir-storage/weir/stack/stacktest"
@@ -60,14 +60,14 @@ func startHostile(t testing.TB) *hostileEnv {
 	if e.meta, err = ring.Dial(ctx, cfg.Metadata.Socket, ring.ClientOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	hello := make([]byte, 8+wire.TokenSize)
-	if c := e.do(t, e.meta, &ring.Call{Op: wire.OpHello}, nil, hello); c.Result != int64(len(hello)) {
+	hello := make([]byte, 8+proto.TokenSize)
+	if c := e.do(t, e.meta, &ring.Call{Op: proto.OpHello}, nil, hello); c.Result != int64(len(hello)) {
 		t.Fatalf("hello: %+v", c)
 	}
 	if e.data, err = ring.Dial(ctx, cfg.IO.Socket, ring.ClientOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if c := e.do(t, e.data, &ring.Call{Op: wire.OpAttach}, hello, nil); c.Result != 0 {
+	if c := e.do(t, e.data, &ring.Call{Op: proto.OpAttach}, hello, nil); c.Result != 0 {
 		t.Fatalf("attach: %+v", c)
 	}
 	t.Cleanup(func() {
@@ -119,9 +119,9 @@ func (e *hostileEnv) do(t testing.TB, c *ring.Client, call *ring.Call, in, out [
 // services' ranges, small or wild handles and offsets, and a payload that
 // is random bytes or a well-formed body with random fields.
 func (e *hostileEnv) hostileRequest(t testing.TB, r *rand.Rand) {
-	c, first, n := e.meta, wire.OpHello, 16
+	c, first, n := e.meta, proto.OpHello, 16
 	if r.IntN(2) == 0 {
-		c, first, n = e.data, wire.OpAttach, 7
+		c, first, n = e.data, proto.OpAttach, 7
 	}
 	call := &ring.Call{Op: uint8(int(first) - 2 + r.IntN(n+4)), Arg: r.Uint32()}
 	switch r.IntN(3) {
@@ -143,12 +143,12 @@ func (e *hostileEnv) hostileRequest(t testing.TB, r *rand.Rand) {
 			in[i] = byte(r.Uint32())
 		}
 	case 1: // u32, str: the shape of open, mkdir, chmod
-		var enc wire.Enc
+		var enc proto.Enc
 		enc.U32(r.Uint32())
 		enc.Str(hostilePath(r))
 		in = enc.B
 	default: // str, str: the shape of rename and readdir
-		var enc wire.Enc
+		var enc proto.Enc
 		enc.Str(hostilePath(r))
 		enc.Str(hostilePath(r))
 		if r.IntN(2) == 0 {
@@ -237,13 +237,13 @@ func TestHostileRequests(t *testing.T) {
 			call ring.Call
 			in   []byte
 		}{
-			{e.data, ring.Call{Op: wire.OpWrite, Handle: h}, payload},
-			{e.data, ring.Call{Op: wire.OpTruncate, Handle: h}, nil},
-			{e.data, ring.Call{Op: wire.OpRead, Handle: h}, make([]byte, 64)},
-			{e.data, ring.Call{Op: wire.OpSync, Handle: h}, nil},
-			{e.meta, ring.Call{Op: wire.OpGrant, Handle: h}, nil},
-			{e.meta, ring.Call{Op: wire.OpFStat, Handle: h}, make([]byte, wire.AttrSize)},
-			{e.meta, ring.Call{Op: wire.OpClose, Handle: h}, nil},
+			{e.data, ring.Call{Op: proto.OpWrite, Handle: h}, payload},
+			{e.data, ring.Call{Op: proto.OpTruncate, Handle: h}, nil},
+			{e.data, ring.Call{Op: proto.OpRead, Handle: h}, make([]byte, 64)},
+			{e.data, ring.Call{Op: proto.OpSync, Handle: h}, nil},
+			{e.meta, ring.Call{Op: proto.OpGrant, Handle: h}, nil},
+			{e.meta, ring.Call{Op: proto.OpFStat, Handle: h}, make([]byte, proto.AttrSize)},
+			{e.meta, ring.Call{Op: proto.OpClose, Handle: h}, nil},
 		} {
 			call := op.call
 			if comp := e.do(t, op.c, &call, op.in, nil); comp.Result != -int64(syscall.EBADF) {

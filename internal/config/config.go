@@ -37,7 +37,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/internal/control"
 )
 
 // Config is the configuration of every weir process. A Config from
@@ -116,7 +116,7 @@ const (
 	DefaultLogFormat       = "text"
 	DefaultNATSListen      = "127.0.0.1:-1"
 	DefaultConnectTimeout  = 5 * time.Second
-	DefaultNATSNamespace   = wire.DefaultNamespace
+	DefaultNATSNamespace   = control.DefaultNamespace
 	DefaultSyncInterval    = 5 * time.Millisecond
 	DefaultCheckpointEvery = 10000
 	DefaultBackend         = "file"

@@ -11,7 +11,7 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 
-	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/internal/control"
 )
 
 // Ring limits, as enforced by ring.NewGeometry (TestRingLimitsMatch keeps
@@ -89,7 +89,7 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	if c.NATS.ConnectTimeout <= 0 {
 		bad(at("nats.connect_timeout"), "nats.connect_timeout", "%v: must be positive", c.NATS.ConnectTimeout)
 	}
-	if err := wire.CheckNamespace(c.NATS.Namespace); err != nil {
+	if err := control.CheckNamespace(c.NATS.Namespace); err != nil {
 		bad(at("nats.namespace"), "nats.namespace", "%v", err)
 	}
 

@@ -9,8 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-
-	"github.com/weir-storage/weir/internal/wire"
 )
 
 // ServicePrefix starts the micro service name of every weir service.
@@ -25,7 +23,7 @@ const (
 // ServiceInfo names a service. Name is "weir-<short>" with short made of
 // letters, digits, '-' and '_'; Version is a semantic version ("" means
 // "0.0.0-dev"); Namespace is the NATS namespace of the service's stack
-// (wire.CheckNamespace; "" means wire.DefaultNamespace).
+// (CheckNamespace; "" means DefaultNamespace).
 type ServiceInfo struct {
 	Name, Version, Description string
 	Namespace                  string
@@ -60,8 +58,8 @@ func Register(nc *nats.Conn, info ServiceInfo, healthFn func() error, statsFn fu
 	if version == "" {
 		version = "0.0.0-dev"
 	}
-	namespace := cmp.Or(info.Namespace, wire.DefaultNamespace)
-	if err := wire.CheckNamespace(namespace); err != nil {
+	namespace := cmp.Or(info.Namespace, DefaultNamespace)
+	if err := CheckNamespace(namespace); err != nil {
 		return nil, fmt.Errorf("control: service %s: nats namespace: %w", info.Name, err)
 	}
 	svc, err := micro.AddService(nc, micro.Config{

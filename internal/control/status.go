@@ -17,8 +17,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-
-	"github.com/weir-storage/weir/internal/wire"
 )
 
 // Discovery and request bounds; ctx may shorten all of them.
@@ -44,7 +42,7 @@ type ServiceStatus struct {
 }
 
 // Status discovers every weir micro service instance of the stack whose
-// NATS namespace is namespace ("" means wire.DefaultNamespace) reachable on
+// NATS namespace is namespace ("" means DefaultNamespace) reachable on
 // nc (by $SRV.INFO, keeping names that start with "weir-" and that
 // namespace in their metadata), asks each instance for its health and
 // stats, and returns them sorted by name, then id. An instance that does
@@ -55,7 +53,7 @@ type ServiceStatus struct {
 // is empty, not an error.
 func Status(ctx context.Context, nc *nats.Conn, namespace string, expect ...string) ([]ServiceStatus, error) {
 	missing := fmt.Sprintf("no reply within %v", discoverMax)
-	infos, err := discover(ctx, nc, cmp.Or(namespace, wire.DefaultNamespace), expect)
+	infos, err := discover(ctx, nc, cmp.Or(namespace, DefaultNamespace), expect)
 	if errors.Is(err, errNoServices) {
 		infos, missing = nil, "no reply: no micro service at all on this NATS server"
 	} else if err != nil {

@@ -16,7 +16,6 @@ import (
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/ringsrv"
-	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -36,9 +35,9 @@ type Options struct {
 	Logger   hclog.Logger
 	// RequestTimeout bounds each control request to the metadata service.
 	RequestTimeout time.Duration
-	// NATSNamespace starts every NATS subject of the stack (wire.SubjectsIn)
+	// NATSNamespace starts every NATS subject of the stack (control.SubjectsIn)
 	// and the service's health and stats endpoints; "" means
-	// wire.DefaultNamespace. The metadata service must use the same.
+	// control.DefaultNamespace. The metadata service must use the same.
 	NATSNamespace string
 	// Version is the version the service reports on NATS; "" means
 	// "0.0.0-dev".
@@ -114,7 +113,7 @@ type Service struct {
 	opts Options
 	log  hclog.Logger
 	be   backend.Backend
-	subj wire.Subjects // immutable after New
+	subj control.Subjects // immutable after New
 	// reg is be when it registers memory, else nil; immutable after New.
 	// When it wants huge pages, opts.Ring.HugePages is set.
 	reg backend.MemRegistrar
@@ -149,9 +148,9 @@ func New(opts Options) (*Service, error) {
 		return nil, errors.New("iosvc: Socket, Backend and NATS are required")
 	}
 	if opts.NATSNamespace == "" {
-		opts.NATSNamespace = wire.DefaultNamespace
+		opts.NATSNamespace = control.DefaultNamespace
 	}
-	if err := wire.CheckNamespace(opts.NATSNamespace); err != nil {
+	if err := control.CheckNamespace(opts.NATSNamespace); err != nil {
 		return nil, fmt.Errorf("iosvc: nats namespace: %w", err)
 	}
 	if opts.Logger == nil {
@@ -165,7 +164,7 @@ func New(opts Options) (*Service, error) {
 		opts.Ring.HugePages = true
 	}
 	s := &Service{
-		opts: opts, log: opts.Logger, be: opts.Backend, subj: wire.SubjectsIn(opts.NATSNamespace),
+		opts: opts, log: opts.Logger, be: opts.Backend, subj: control.SubjectsIn(opts.NATSNamespace),
 		reg: reg, newRegion: ring.Create,
 		blobs:  make(map[backend.BlobID]*openBlob),
 		grants: make(map[uint64]map[uint64]*grant),
@@ -323,8 +322,8 @@ func (s *Service) Shutdown(ctx context.Context) error {
 
 // reportLive tells the metadata service a blob's size and mtime.
 func (s *Service) reportLive(ob *openBlob, sync bool) error {
-	msg := wire.SetLive{Ino: ob.ino, Size: ob.b.Size(), Mtime: ob.mtime.Load(), Sync: sync}
-	var ack wire.Ack
+	msg := control.SetLive{Ino: ob.ino, Size: ob.b.Size(), Mtime: ob.mtime.Load(), Sync: sync}
+	var ack control.Ack
 	if err := s.request(s.subj.SetLive, msg, &ack); err != nil {
 		return fmt.Errorf("report size of blob %d: %w", ob.id, err)
 	}
@@ -344,20 +343,20 @@ func (s *Service) request(subj string, msg any, reply interface{ Err() error }) 
 }
 
 func (s *Service) onGrant(m *nats.Msg) {
-	var g wire.Grant
+	var g control.Grant
 	if err := json.Unmarshal(m.Data, &g); err != nil || g.Blob == 0 || g.Handle == 0 {
-		control.Respond(m, wire.Ack{Error: "malformed grant"})
+		control.Respond(m, control.Ack{Error: "malformed grant"})
 		return
 	}
 	ob, err := s.openBlob(backend.BlobID(g.Blob), g.Ino)
 	if err != nil {
-		control.Respond(m, wire.Ack{Error: err.Error()})
+		control.Respond(m, control.Ack{Error: err.Error()})
 		return
 	}
 	if g.Truncate {
 		if err := ob.b.Truncate(0); err != nil {
 			s.releaseBlob(ob)
-			control.Respond(m, wire.Ack{Error: err.Error()})
+			control.Respond(m, control.Ack{Error: err.Error()})
 			return
 		}
 		ob.touch()
@@ -371,13 +370,13 @@ func (s *Service) onGrant(m *nats.Msg) {
 	if old := hs[g.Handle]; old != nil {
 		s.mu.Unlock()
 		s.releaseBlob(ob)
-		control.Respond(m, wire.Ack{Error: "handle already granted"})
+		control.Respond(m, control.Ack{Error: "handle already granted"})
 		return
 	}
 	hs[g.Handle] = &grant{blob: ob, read: g.Read, write: g.Write}
 	s.mu.Unlock()
 	s.Stats.Grants.Add(1)
-	control.Respond(m, wire.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
+	control.Respond(m, control.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
 }
 
 func (ob *openBlob) touch() {
@@ -386,9 +385,9 @@ func (ob *openBlob) touch() {
 }
 
 func (s *Service) onRevoke(m *nats.Msg) {
-	var r wire.Revoke
+	var r control.Revoke
 	if err := json.Unmarshal(m.Data, &r); err != nil {
-		control.Respond(m, wire.Ack{Error: "malformed revoke"})
+		control.Respond(m, control.Ack{Error: "malformed revoke"})
 		return
 	}
 	s.mu.Lock()
@@ -409,7 +408,7 @@ func (s *Service) onRevoke(m *nats.Msg) {
 	s.mu.Unlock()
 	// The ack carries the blob's attributes for a single handle; for a
 	// whole session (Handle 0) it carries none.
-	var ack wire.Ack
+	var ack control.Ack
 	for _, g := range gone {
 		s.Stats.Grants.Add(-1)
 		if r.Handle != 0 {
@@ -421,9 +420,9 @@ func (s *Service) onRevoke(m *nats.Msg) {
 }
 
 func (s *Service) onLive(m *nats.Msg) {
-	var q wire.LiveQuery
+	var q control.LiveQuery
 	if err := json.Unmarshal(m.Data, &q); err != nil {
-		control.Respond(m, wire.Ack{Error: "malformed query"})
+		control.Respond(m, control.Ack{Error: "malformed query"})
 		return
 	}
 	s.mu.Lock()
@@ -433,32 +432,32 @@ func (s *Service) onLive(m *nats.Msg) {
 	}
 	s.mu.Unlock()
 	if ob == nil {
-		control.Respond(m, wire.Ack{Error: "blob not open"})
+		control.Respond(m, control.Ack{Error: "blob not open"})
 		return
 	}
-	control.Respond(m, wire.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
+	control.Respond(m, control.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
 	s.releaseBlob(ob)
 }
 
 func (s *Service) onDelete(m *nats.Msg) {
-	var d wire.Delete
+	var d control.Delete
 	if err := json.Unmarshal(m.Data, &d); err != nil || d.Blob == 0 {
-		control.Respond(m, wire.Ack{Error: "malformed delete"})
+		control.Respond(m, control.Ack{Error: "malformed delete"})
 		return
 	}
 	s.mu.Lock()
 	_, busy := s.blobs[backend.BlobID(d.Blob)]
 	s.mu.Unlock()
 	if busy {
-		control.Respond(m, wire.Ack{Error: "blob is still open"})
+		control.Respond(m, control.Ack{Error: "blob is still open"})
 		return
 	}
 	err := s.be.Delete(backend.BlobID(d.Blob))
 	if err != nil && !errors.Is(err, syscall.ENOENT) {
-		control.Respond(m, wire.Ack{Error: err.Error()})
+		control.Respond(m, control.Ack{Error: err.Error()})
 		return
 	}
-	control.Respond(m, wire.Ack{})
+	control.Respond(m, control.Ack{})
 }
 
 // openBlob returns the open blob for id, opening it if need be, with one

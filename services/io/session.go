@@ -9,8 +9,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/ringsrv"
-	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 )
 
@@ -110,12 +111,12 @@ func (s *session) Ended(err error) {
 // as with pwrite(2) from two threads. O_APPEND writes are serialised per
 // blob by openBlob.appendMu.
 func (s *session) register() {
-	s.mux.Handle(wire.OpAttach, s.attach)
-	s.mux.HandleAsync(wire.OpRead, s.readAsync)
-	s.mux.HandleAsync(wire.OpWrite, s.writeAsync)
-	s.mux.Handle(wire.OpTruncate, s.truncate)
-	s.mux.Handle(wire.OpSync, s.sync)
-	s.mux.Handle(wire.OpGetAttr, s.getattr)
+	s.mux.Handle(proto.OpAttach, s.attach)
+	s.mux.HandleAsync(proto.OpRead, s.readAsync)
+	s.mux.HandleAsync(proto.OpWrite, s.writeAsync)
+	s.mux.Handle(proto.OpTruncate, s.truncate)
+	s.mux.Handle(proto.OpSync, s.sync)
+	s.mux.Handle(proto.OpGetAttr, s.getattr)
 }
 
 var errEOF = io.EOF
@@ -135,16 +136,16 @@ func (s *session) attach(q *ring.Request) (int64, uint64) {
 	if s.sid != 0 {
 		return fail(syscall.EISCONN)
 	}
-	if q.Length < 8+wire.TokenSize {
+	if q.Length < 8+proto.TokenSize {
 		return fail(syscall.EINVAL)
 	}
-	body := make([]byte, 8+wire.TokenSize)
+	body := make([]byte, 8+proto.TokenSize)
 	q.ReadPayload(body)
-	d := wire.NewDec(body)
+	d := proto.NewDec(body)
 	sid := d.U64()
-	token := d.Bytes(wire.TokenSize)
-	var info wire.SessionInfo
-	if err := s.svc.request(s.svc.subj.Session, wire.SessionQuery{Session: sid, Token: token}, &info); err != nil {
+	token := d.Bytes(proto.TokenSize)
+	var info control.SessionInfo
+	if err := s.svc.request(s.svc.subj.Session, control.SessionQuery{Session: sid, Token: token}, &info); err != nil {
 		s.svc.log.Warn("attach refused", "pid", s.cred.Pid, "session", sid, "error", err)
 		return fail(syscall.EPERM)
 	}
@@ -252,7 +253,7 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 		if off < 0 {
 			return fail(syscall.EINVAL)
 		}
-	case wire.WriteAppend:
+	case proto.WriteAppend:
 		ob.appendMu.Lock()
 		defer ob.appendMu.Unlock()
 		off = ob.b.Size()
@@ -330,7 +331,7 @@ func (s *session) getattr(q *ring.Request) (int64, uint64) {
 	if q.Length < 17 {
 		return fail(syscall.EINVAL)
 	}
-	var out wire.Enc
+	var out proto.Enc
 	out.I64(g.blob.b.Size())
 	out.I64(g.blob.mtime.Load())
 	out.U8(boolByte(g.blob.wrote.Load()))

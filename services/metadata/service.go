@@ -34,7 +34,6 @@ import (
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/ringsrv"
-	"github.com/weir-storage/weir/internal/wire"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
@@ -54,9 +53,9 @@ type Options struct {
 	Logger   hclog.Logger
 	// RequestTimeout bounds each control request to the IO service.
 	RequestTimeout time.Duration
-	// NATSNamespace starts every NATS subject of the stack (wire.SubjectsIn)
+	// NATSNamespace starts every NATS subject of the stack (control.SubjectsIn)
 	// and the service's health and stats endpoints; "" means
-	// wire.DefaultNamespace. The IO service must use the same.
+	// control.DefaultNamespace. The IO service must use the same.
 	NATSNamespace string
 	// Version is the version the service reports on NATS; "" means
 	// "0.0.0-dev".
@@ -85,7 +84,7 @@ type Service struct {
 	opts Options
 	log  hclog.Logger
 	ns   *ns.NS
-	subj wire.Subjects // immutable after New
+	subj control.Subjects // immutable after New
 
 	mu       sync.Mutex
 	sessions map[uint64]*session // by id; protected by mu
@@ -110,9 +109,9 @@ func New(opts Options) (*Service, error) {
 		return nil, errors.New("metadata: Socket and NATS are required")
 	}
 	if opts.NATSNamespace == "" {
-		opts.NATSNamespace = wire.DefaultNamespace
+		opts.NATSNamespace = control.DefaultNamespace
 	}
-	if err := wire.CheckNamespace(opts.NATSNamespace); err != nil {
+	if err := control.CheckNamespace(opts.NATSNamespace); err != nil {
 		return nil, fmt.Errorf("metadata: nats namespace: %w", err)
 	}
 	if opts.Logger == nil {
@@ -129,7 +128,7 @@ func New(opts Options) (*Service, error) {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	return &Service{
-		opts: opts, log: opts.Logger, ns: n, subj: wire.SubjectsIn(opts.NATSNamespace),
+		opts: opts, log: opts.Logger, ns: n, subj: control.SubjectsIn(opts.NATSNamespace),
 		sessions: make(map[uint64]*session),
 		writers:  make(map[ns.Ino]writers),
 		dels:     make(chan uint64, 1<<16),
@@ -291,8 +290,8 @@ func (s *Service) Shutdown(ctx context.Context) error {
 
 // request sends a control request to the IO service; a refusal in the
 // reply becomes an error.
-func (s *Service) request(subj string, msg any) (wire.Ack, error) {
-	var ack wire.Ack
+func (s *Service) request(subj string, msg any) (control.Ack, error) {
+	var ack control.Ack
 	if err := control.Request(s.opts.NATS, subj, msg, &ack, s.opts.RequestTimeout); err != nil {
 		return ack, err
 	}
@@ -303,33 +302,33 @@ func (s *Service) request(subj string, msg any) (wire.Ack, error) {
 }
 
 func (s *Service) deleteBlob(blob uint64) error {
-	_, err := s.request(s.subj.Delete, wire.Delete{Blob: blob})
+	_, err := s.request(s.subj.Delete, control.Delete{Blob: blob})
 	return err
 }
 
 // onSession vouches for a session to the IO service: the token must match
 // and the answer is who the kernel said the client is.
 func (s *Service) onSession(m *nats.Msg) {
-	var q wire.SessionQuery
+	var q control.SessionQuery
 	if err := json.Unmarshal(m.Data, &q); err != nil {
-		control.Respond(m, wire.SessionInfo{Error: "malformed query"})
+		control.Respond(m, control.SessionInfo{Error: "malformed query"})
 		return
 	}
 	s.mu.Lock()
 	se := s.sessions[q.Session]
 	s.mu.Unlock()
 	if se == nil || subtle.ConstantTimeCompare(se.token[:], q.Token) != 1 {
-		control.Respond(m, wire.SessionInfo{Error: "unknown session or wrong token"})
+		control.Respond(m, control.SessionInfo{Error: "unknown session or wrong token"})
 		return
 	}
-	control.Respond(m, wire.SessionInfo{UID: se.cred.UID, GID: se.cred.GID, PID: se.pid})
+	control.Respond(m, control.SessionInfo{UID: se.cred.UID, GID: se.cred.GID, PID: se.pid})
 }
 
 // onSetLive records a file's size and mtime reported by the IO service.
 func (s *Service) onSetLive(m *nats.Msg) {
-	var l wire.SetLive
+	var l control.SetLive
 	if err := json.Unmarshal(m.Data, &l); err != nil {
-		control.Respond(m, wire.Ack{Error: "malformed setlive"})
+		control.Respond(m, control.Ack{Error: "malformed setlive"})
 		return
 	}
 	err := s.ns.SetLive(ns.Ino(l.Ino), l.Size, l.Mtime)
@@ -337,10 +336,10 @@ func (s *Service) onSetLive(m *nats.Msg) {
 		err = s.ns.Sync()
 	}
 	if err != nil {
-		control.Respond(m, wire.Ack{Error: err.Error()})
+		control.Respond(m, control.Ack{Error: err.Error()})
 		return
 	}
-	control.Respond(m, wire.Ack{})
+	control.Respond(m, control.Ack{})
 }
 
 // writers counts the write grants open on one inode.
@@ -377,7 +376,7 @@ func (s *Service) liveAttr(a ns.Attr) ns.Attr {
 	if w.all == 0 {
 		return a
 	}
-	ack, err := s.request(s.subj.Live, wire.LiveQuery{Blob: a.Blob})
+	ack, err := s.request(s.subj.Live, control.LiveQuery{Blob: a.Blob})
 	if err != nil {
 		s.log.Warn("live attributes unavailable", "ino", a.Ino, "error", err)
 		return a

@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"syscall"
 
-	"github.com/weir-storage/weir/internal/wire"
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
@@ -15,8 +16,8 @@ import (
 type handle struct {
 	ino     ns.Ino
 	blob    uint64
-	granted bool        // the IO service holds a grant for it (regular files)
-	pending *wire.Grant // the grant to ask for at the first read or write
+	granted bool           // the IO service holds a grant for it (regular files)
+	pending *control.Grant // the grant to ask for at the first read or write
 	write   bool
 	unpriv  bool // opened for writing by a non-root session: a write drops setuid/setgid
 }
@@ -30,7 +31,7 @@ type session struct {
 	id      uint64
 	pid     int32
 	cred    ns.Cred
-	token   [wire.TokenSize]byte
+	token   [proto.TokenSize]byte
 	handles map[uint64]*handle
 }
 
@@ -73,11 +74,11 @@ func (se *session) Ended(err error) {
 
 func (se *session) register() {
 	for op, f := range map[uint8]ring.HandlerFunc{
-		wire.OpHello: se.hello, wire.OpStat: se.stat, wire.OpOpen: se.open, wire.OpClose: se.close,
-		wire.OpMkdir: se.mkdir, wire.OpRmdir: se.rmdir, wire.OpUnlink: se.unlink, wire.OpRename: se.rename,
-		wire.OpChmod: se.chmod, wire.OpChown: se.chown, wire.OpChtimes: se.chtimes,
-		wire.OpReadDir: se.readdir, wire.OpFStat: se.fstat, wire.OpSyncMeta: se.syncMeta,
-		wire.OpGrant: se.grantOp,
+		proto.OpHello: se.hello, proto.OpStat: se.stat, proto.OpOpen: se.open, proto.OpClose: se.close,
+		proto.OpMkdir: se.mkdir, proto.OpRmdir: se.rmdir, proto.OpUnlink: se.unlink, proto.OpRename: se.rename,
+		proto.OpChmod: se.chmod, proto.OpChown: se.chown, proto.OpChtimes: se.chtimes,
+		proto.OpReadDir: se.readdir, proto.OpFStat: se.fstat, proto.OpSyncMeta: se.syncMeta,
+		proto.OpGrant: se.grantOp,
 	} {
 		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
 			se.svc.Stats.Requests.Add(1)
@@ -115,27 +116,27 @@ func reply(q *ring.Request, out []byte) (int64, uint64) {
 	return int64(q.WritePayload(out)), 0
 }
 
-func toWire(a ns.Attr) wire.Attr {
-	return wire.Attr{Ino: uint64(a.Ino), Mode: a.Mode, UID: a.UID, GID: a.GID, Nlink: a.Nlink,
-		Size: a.Size, Atime: a.Atime, Mtime: a.Mtime, Ctime: a.Ctime, Blob: a.Blob}
+func toWire(a ns.Attr) proto.Attr {
+	return proto.Attr{Ino: uint64(a.Ino), Mode: a.Mode, UID: a.UID, GID: a.GID, Nlink: a.Nlink,
+		Size: a.Size, Atime: a.Atime, Mtime: a.Mtime, Ctime: a.Ctime}
 }
 
 func (se *session) attrReply(q *ring.Request, a ns.Attr) (int64, uint64) {
 	w := toWire(se.svc.liveAttr(a))
-	var e wire.Enc
+	var e proto.Enc
 	e.Attr(&w)
 	return reply(q, e.B)
 }
 
 func (se *session) hello(q *ring.Request) (int64, uint64) {
-	var e wire.Enc
+	var e proto.Enc
 	e.U64(se.id)
 	e.Bytes(se.token[:])
 	return reply(q, e.B)
 }
 
 func (se *session) stat(q *ring.Request) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	path := d.Str()
 	if err := d.Err(); err != nil {
 		return se.errno(err)
@@ -162,7 +163,7 @@ func (se *session) fstat(q *ring.Request) (int64, uint64) {
 const accMode = syscall.O_RDONLY | syscall.O_WRONLY | syscall.O_RDWR
 
 func (se *session) open(q *ring.Request) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	perm := d.U32()
 	path := d.Str()
 	if err := d.Err(); err != nil {
@@ -178,7 +179,7 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 	id := se.svc.nextH.Add(1)
 	if a.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		acc := flags & accMode
-		h.pending = &wire.Grant{Session: se.id, Handle: id, Ino: uint64(a.Ino), Blob: a.Blob,
+		h.pending = &control.Grant{Session: se.id, Handle: id, Ino: uint64(a.Ino), Blob: a.Blob,
 			Read:  acc == syscall.O_RDONLY || acc == syscall.O_RDWR,
 			Write: acc == syscall.O_WRONLY || acc == syscall.O_RDWR,
 			// Linux truncates with O_TRUNC even on a read-only open (the
@@ -199,7 +200,7 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 	}
 	se.handles[id] = h
 	se.svc.Stats.Handles.Add(1)
-	var e wire.Enc
+	var e proto.Enc
 	e.U64(id)
 	w := toWire(a)
 	e.Attr(&w)
@@ -269,7 +270,7 @@ func (se *session) closeHandle(id uint64, h *handle) error {
 	se.svc.Stats.Handles.Add(-1)
 	var firstErr error
 	if h.granted {
-		ack, err := se.svc.request(se.svc.subj.Revoke, wire.Revoke{Session: se.id, Handle: id})
+		ack, err := se.svc.request(se.svc.subj.Revoke, control.Revoke{Session: se.id, Handle: id})
 		if err != nil {
 			se.svc.log.Error("revoke failed", "ino", h.ino, "error", err)
 			firstErr = syscall.EIO
@@ -313,7 +314,7 @@ func (se *session) closeAll() {
 }
 
 func (se *session) mkdir(q *ring.Request) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	perm := d.U32()
 	path := d.Str()
 	if err := d.Err(); err != nil {
@@ -328,7 +329,7 @@ func (se *session) mkdir(q *ring.Request) (int64, uint64) {
 
 // pathOp decodes a single-path body and runs f on it.
 func (se *session) pathOp(q *ring.Request, f func(path string) (uint64, error)) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	path := d.Str()
 	if err := d.Err(); err != nil {
 		return se.errno(err)
@@ -350,7 +351,7 @@ func (se *session) unlink(q *ring.Request) (int64, uint64) {
 }
 
 func (se *session) rename(q *ring.Request) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	from, to := d.Str(), d.Str()
 	if err := d.Err(); err != nil {
 		return se.errno(err)
@@ -364,7 +365,7 @@ func (se *session) rename(q *ring.Request) (int64, uint64) {
 }
 
 func (se *session) chmod(q *ring.Request) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	mode := d.U32()
 	path := d.Str()
 	if err := d.Err(); err != nil {
@@ -377,7 +378,7 @@ func (se *session) chmod(q *ring.Request) (int64, uint64) {
 }
 
 func (se *session) chown(q *ring.Request) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	uid, gid := d.I64(), d.I64()
 	path := d.Str()
 	if err := d.Err(); err != nil {
@@ -395,7 +396,7 @@ func (se *session) chown(q *ring.Request) (int64, uint64) {
 }
 
 func (se *session) chtimes(q *ring.Request) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	atime, mtime := d.I64(), d.I64()
 	path := d.Str()
 	if err := d.Err(); err != nil {
@@ -409,7 +410,7 @@ func (se *session) chtimes(q *ring.Request) (int64, uint64) {
 
 // readdir answers one page of entries after a name, as many as fit.
 func (se *session) readdir(q *ring.Request) (int64, uint64) {
-	d := wire.NewDec(body(q))
+	d := proto.NewDec(body(q))
 	path, after := d.Str(), d.Str()
 	if err := d.Err(); err != nil {
 		return se.errno(err)
@@ -424,7 +425,7 @@ func (se *session) readdir(q *ring.Request) (int64, uint64) {
 			i++
 		}
 	}
-	var e wire.Enc
+	var e proto.Enc
 	e.U32(0) // count, filled in below
 	n, more := uint32(0), uint64(0)
 	for ; i < len(ents); i++ {

@@ -1,0 +1,425 @@
+package proto
+
+import (
+	"strings"
+	"syscall"
+)
+
+// Attr is an inode's attributes as a client sees them. Where a file's data
+// lives is not part of it: clients never learn blob ids.
+type Attr struct {
+	Ino                 uint64
+	Mode                uint32 // syscall.S_IF* type bits | permission, setuid, setgid, sticky bits
+	UID, GID            uint32
+	Nlink               uint32
+	Size                int64
+	Atime, Mtime, Ctime int64 // Unix nanoseconds
+}
+
+// ValidMode reports whether m is a mode a service may answer: a regular
+// file or a directory, and no bits beyond the type and 07777.
+func ValidMode(m uint32) bool {
+	t := m & syscall.S_IFMT
+	return (t == syscall.S_IFREG || t == syscall.S_IFDIR) && m&^(syscall.S_IFMT|0o7777) == 0
+}
+
+// DecodeAttr decodes an attr response (exactly AttrSize bytes) and checks
+// what a client relies on: a known mode and a size that is not negative.
+func DecodeAttr(b []byte) (Attr, error) {
+	d := NewDec(b)
+	a := d.Attr()
+	if err := d.End(); err != nil {
+		return Attr{}, err
+	}
+	if !ValidMode(a.Mode) || a.Size < 0 {
+		return Attr{}, syscall.EINVAL
+	}
+	return a, nil
+}
+
+// AppendAttr appends an attr response.
+func AppendAttr(b []byte, a *Attr) []byte {
+	e := Enc{B: b}
+	e.Attr(a)
+	return e.B
+}
+
+// HelloReq is OpHello's request.
+type HelloReq struct {
+	MinVersion, MaxVersion uint32
+	Features               uint64
+}
+
+// Append encodes r.
+func (r *HelloReq) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.U32(r.MinVersion)
+	e.U32(r.MaxVersion)
+	e.U64(r.Features)
+	return e.B
+}
+
+// DecodeHelloReq decodes OpHello's request.
+func DecodeHelloReq(b []byte) (HelloReq, error) {
+	d := NewDec(b)
+	r := HelloReq{MinVersion: d.U32(), MaxVersion: d.U32(), Features: d.U64()}
+	return r, d.Err()
+}
+
+// HelloRespSize is the length of OpHello's response.
+const HelloRespSize = 4 + 4 + 8 + 8 + TokenSize
+
+// HelloResp is OpHello's response.
+type HelloResp struct {
+	Version  uint32
+	Features uint64
+	Session  uint64
+	Token    [TokenSize]byte
+}
+
+// Append encodes r.
+func (r *HelloResp) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.U32(r.Version)
+	e.U32(0)
+	e.U64(r.Features)
+	e.U64(r.Session)
+	e.Bytes(r.Token[:])
+	return e.B
+}
+
+// DecodeHelloResp decodes OpHello's response.
+func DecodeHelloResp(b []byte) (HelloResp, error) {
+	d := NewDec(b)
+	r := HelloResp{Version: d.U32()}
+	if d.U32() != 0 {
+		return HelloResp{}, syscall.EINVAL
+	}
+	r.Features = d.U64()
+	r.Session = d.U64()
+	d.Fixed(r.Token[:])
+	return r, d.End()
+}
+
+// PathReq is the request of OpStat, OpRmdir and OpUnlink.
+type PathReq struct{ Path string }
+
+// Append encodes r.
+func (r *PathReq) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.Str(r.Path)
+	return e.B
+}
+
+// DecodePathReq decodes a single-path request.
+func DecodePathReq(b []byte) (PathReq, error) {
+	d := NewDec(b)
+	r := PathReq{Path: d.Str()}
+	return r, d.Err()
+}
+
+// ModePathReq is the request of OpOpen (Mode: permission bits of a created
+// file), OpMkdir (the same for the directory) and OpChmod (the new mode).
+type ModePathReq struct {
+	Mode uint32
+	Path string
+}
+
+// Append encodes r.
+func (r *ModePathReq) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.U32(r.Mode)
+	e.Str(r.Path)
+	return e.B
+}
+
+// DecodeModePathReq decodes a mode-and-path request.
+func DecodeModePathReq(b []byte) (ModePathReq, error) {
+	d := NewDec(b)
+	r := ModePathReq{Mode: d.U32(), Path: d.Str()}
+	return r, d.Err()
+}
+
+// RenameReq is OpRename's request; the descriptor's Handle is the old
+// name's directory.
+type RenameReq struct {
+	NewDir   uint64
+	Old, New string
+}
+
+// Append encodes r.
+func (r *RenameReq) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.U64(r.NewDir)
+	e.Str(r.Old)
+	e.Str(r.New)
+	return e.B
+}
+
+// DecodeRenameReq decodes OpRename's request.
+func DecodeRenameReq(b []byte) (RenameReq, error) {
+	d := NewDec(b)
+	r := RenameReq{NewDir: d.U64(), Old: d.Str(), New: d.Str()}
+	return r, d.Err()
+}
+
+// OwnerReq is OpChown's request (with Path) and OpFChown's (without): -1
+// leaves the uid or gid unchanged.
+type OwnerReq struct {
+	UID, GID int64
+	Path     string
+}
+
+// Append encodes r, with its path when withPath.
+func (r *OwnerReq) Append(b []byte, withPath bool) []byte {
+	e := Enc{B: b}
+	e.I64(r.UID)
+	e.I64(r.GID)
+	if withPath {
+		e.Str(r.Path)
+	}
+	return e.B
+}
+
+// DecodeOwnerReq decodes OpChown's request (withPath) or OpFChown's.
+func DecodeOwnerReq(b []byte, withPath bool) (OwnerReq, error) {
+	d := NewDec(b)
+	r := OwnerReq{UID: d.I64(), GID: d.I64()}
+	if withPath {
+		r.Path = d.Str()
+	}
+	return r, d.Err()
+}
+
+// TimesReq is OpChtimes's request (with Path) and OpFChtimes's (without);
+// TimeOmit leaves a time unchanged.
+type TimesReq struct {
+	Atime, Mtime int64
+	Path         string
+}
+
+// Append encodes r, with its path when withPath.
+func (r *TimesReq) Append(b []byte, withPath bool) []byte {
+	e := Enc{B: b}
+	e.I64(r.Atime)
+	e.I64(r.Mtime)
+	if withPath {
+		e.Str(r.Path)
+	}
+	return e.B
+}
+
+// DecodeTimesReq decodes OpChtimes's request (withPath) or OpFChtimes's.
+func DecodeTimesReq(b []byte, withPath bool) (TimesReq, error) {
+	d := NewDec(b)
+	r := TimesReq{Atime: d.I64(), Mtime: d.I64()}
+	if withPath {
+		r.Path = d.Str()
+	}
+	return r, d.Err()
+}
+
+// ReadDirReq is OpReadDir's request: the entries of Path after the name
+// After ("" = from the start).
+type ReadDirReq struct{ Path, After string }
+
+// Append encodes r.
+func (r *ReadDirReq) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.Str(r.Path)
+	e.Str(r.After)
+	return e.B
+}
+
+// DecodeReadDirReq decodes OpReadDir's request.
+func DecodeReadDirReq(b []byte) (ReadDirReq, error) {
+	d := NewDec(b)
+	r := ReadDirReq{Path: d.Str(), After: d.Str()}
+	return r, d.Err()
+}
+
+// Dirent is one directory entry.
+type Dirent struct {
+	Ino  uint64
+	Mode uint32 // S_IF* type bits only
+	Name string
+}
+
+// DirentSize is the encoded size of an entry with a name of n bytes.
+func DirentSize(n int) int { return 8 + 4 + 2 + n }
+
+// ValidName reports whether name may be a directory entry: 1 to MaxName
+// bytes, neither "." nor "..", no '/' and no NUL.
+func ValidName(name string) bool {
+	return name != "" && name != "." && name != ".." && len(name) <= MaxName &&
+		!strings.ContainsAny(name, "/\x00")
+}
+
+// AppendDirents encodes a ReadDir response of as many entries of ents as
+// fit in limit bytes; it returns the body and the number encoded.
+func AppendDirents(b []byte, ents []Dirent, limit int) ([]byte, int) {
+	e := Enc{B: b}
+	start := len(b)
+	e.U32(0) // count, filled in below
+	n := 0
+	for _, de := range ents {
+		if len(e.B)-start+DirentSize(len(de.Name)) > limit {
+			break
+		}
+		e.U64(de.Ino)
+		e.U32(de.Mode)
+		e.Str(de.Name)
+		n++
+	}
+	e.B[start], e.B[start+1], e.B[start+2], e.B[start+3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
+	return e.B, n
+}
+
+// DecodeDirents decodes a ReadDir response and checks each entry: a valid
+// name, a type that is a file or a directory, names in increasing order.
+func DecodeDirents(b []byte) ([]Dirent, error) {
+	d := NewDec(b)
+	n := d.U32()
+	if d.Err() != nil || uint64(n)*uint64(DirentSize(1)) > uint64(d.Len()) {
+		return nil, syscall.EINVAL
+	}
+	ents := make([]Dirent, 0, n)
+	for range n {
+		de := Dirent{Ino: d.U64(), Mode: d.U32(), Name: d.Str()}
+		if d.Err() != nil || !ValidName(de.Name) ||
+			(de.Mode != syscall.S_IFREG && de.Mode != syscall.S_IFDIR) ||
+			(len(ents) > 0 && ents[len(ents)-1].Name >= de.Name) {
+			return nil, syscall.EINVAL
+		}
+		ents = append(ents, de)
+	}
+	return ents, d.End()
+}
+
+// Ticket lets the session it was issued to reopen a file after a restart
+// of the metadata service (FeatureReopen). It is opaque to the client.
+type Ticket [TicketSize]byte
+
+// OpenRespSize is the length of OpOpen's response, with or without a
+// ticket.
+func OpenRespSize(withTicket bool) int {
+	n := 8 + AttrSize + 2
+	if withTicket {
+		n += TicketSize
+	}
+	return n
+}
+
+// OpenResp is the response of OpOpen and OpReopen.
+type OpenResp struct {
+	Handle  uint64
+	Attr    Attr
+	Created bool
+	Granted bool
+	// Ticket is present when HasTicket (FeatureReopen was negotiated).
+	HasTicket bool
+	Ticket    Ticket
+}
+
+// Append encodes r.
+func (r *OpenResp) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.U64(r.Handle)
+	e.Attr(&r.Attr)
+	e.Bool(r.Created)
+	e.Bool(r.Granted)
+	if r.HasTicket {
+		e.Bytes(r.Ticket[:])
+	}
+	return e.B
+}
+
+// DecodeOpenResp decodes the response of OpOpen or OpReopen, with a ticket
+// when withTicket.
+func DecodeOpenResp(b []byte, withTicket bool) (OpenResp, error) {
+	d := NewDec(b)
+	r := OpenResp{Handle: d.U64(), Attr: d.Attr(), Created: d.Bool(), Granted: d.Bool(), HasTicket: withTicket}
+	if withTicket {
+		d.Fixed(r.Ticket[:])
+	}
+	if err := d.End(); err != nil {
+		return OpenResp{}, err
+	}
+	if r.Handle == 0 || !ValidMode(r.Attr.Mode) || r.Attr.Size < 0 {
+		return OpenResp{}, syscall.EINVAL
+	}
+	return r, nil
+}
+
+// DecodeTicket decodes OpReopen's request.
+func DecodeTicket(b []byte) (Ticket, error) {
+	var t Ticket
+	d := NewDec(b)
+	d.Fixed(t[:])
+	return t, d.Err()
+}
+
+// AttachReq is OpAttach's request.
+type AttachReq struct {
+	Version uint32
+	Session uint64
+	Token   [TokenSize]byte
+}
+
+// AttachReqSize is its length.
+const AttachReqSize = 4 + 4 + 8 + TokenSize
+
+// Append encodes r.
+func (r *AttachReq) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.U32(r.Version)
+	e.U32(0)
+	e.U64(r.Session)
+	e.Bytes(r.Token[:])
+	return e.B
+}
+
+// DecodeAttachReq decodes OpAttach's request.
+func DecodeAttachReq(b []byte) (AttachReq, error) {
+	d := NewDec(b)
+	r := AttachReq{Version: d.U32()}
+	if d.U32() != 0 {
+		return AttachReq{}, syscall.EINVAL
+	}
+	r.Session = d.U64()
+	d.Fixed(r.Token[:])
+	return r, d.Err()
+}
+
+// GetAttrRespSize is the length of OpGetAttr's response.
+const GetAttrRespSize = 8 + 8 + 1
+
+// GetAttrResp is OpGetAttr's response: the live size and mtime of an open
+// file at the IO service; Mtime means something only when Changed (the
+// file changed since the IO service opened it).
+type GetAttrResp struct {
+	Size, Mtime int64
+	Changed     bool
+}
+
+// Append encodes r.
+func (r *GetAttrResp) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.I64(r.Size)
+	e.I64(r.Mtime)
+	e.Bool(r.Changed)
+	return e.B
+}
+
+// DecodeGetAttrResp decodes OpGetAttr's response.
+func DecodeGetAttrResp(b []byte) (GetAttrResp, error) {
+	d := NewDec(b)
+	r := GetAttrResp{Size: d.I64(), Mtime: d.I64(), Changed: d.Bool()}
+	if err := d.End(); err != nil {
+		return GetAttrResp{}, err
+	}
+	if r.Size < 0 {
+		return GetAttrResp{}, syscall.EINVAL
+	}
+	return r, nil
+}

@@ -1,0 +1,125 @@
+// Package proto is the request protocol weir's clients speak to its
+// services over the rings of package ring: opcodes, the bodies that travel
+// in a request's arena buffer, the session handshake and the grant rule.
+// It is the contract a client in any language implements; the C header
+// include/weir_proto.h restates it and TestCHeaderMatchesGo holds the two
+// together. It imports nothing of weir's; the services' control messages
+// among themselves are not part of it (they travel on NATS, which clients
+// never reach).
+//
+// # Versions and features
+//
+// The protocol has a version (Version, a single increasing number) and
+// feature bits. A client sends the range of versions it speaks and the
+// features it wants in OpHello; the metadata service picks the highest
+// version both speak and answers the features both have. With no common
+// version the service answers -EPROTONOSUPPORT with its own range in the
+// completion's Aux (MinVersion<<32 | MaxVersion), so both sides can say
+// exactly what the other speaks. The IO session repeats the chosen version
+// in OpAttach and is refused the same way.
+//
+// # Sessions
+//
+// A client process opens one session with each service: a ring handshake
+// on the service's Unix socket (package ring; the service learns the
+// peer's uid, gid and pid from SO_PEERCRED, never from the peer), then:
+//
+//  1. metadata ring: OpHello -> version, features, session id, token
+//  2. io ring:       OpAttach{version, session id, token}
+//     io asks metadata who owns the session; the pid and
+//     uid must be this ring's peer, or EPERM
+//  3. metadata ring: OpOpen ... -> handle (and a reopen ticket)
+//  4. metadata ring: OpGrant{handle}, unless the open said "granted"
+//  5. io ring:       OpRead / OpWrite / OpTruncate / OpSync on the handle
+//  6. metadata ring: OpClose{handle}; io stops accepting it first
+//
+// The grant rule: a data request on the io ring names a handle that the
+// metadata service granted to this session at the IO service. Open does not
+// grant (except with O_TRUNC, which empties the file at once and answers
+// granted = 1); the client sends OpGrant once before the handle's first
+// data request. Until then io answers EBADF, as it does for a handle of
+// another session, a closed handle or a made-up number.
+//
+// Session ids and handles carry the metadata service's incarnation (a
+// number that grows at every start of the service) in their top 24 bits,
+// so no id is ever reused across restarts. When the metadata service
+// restarts, the IO service drops every grant of an earlier incarnation and
+// answers ESTALE to a session attached to one: the client dials the
+// metadata service again, says OpHello, repeats OpAttach on the same io
+// ring with the new session, and reopens its handles with OpReopen and
+// the tickets OpOpen gave it (FeatureReopen).
+//
+// # Descriptor fields
+//
+// A request's fixed arguments travel in the ring descriptor: Opcode,
+// Arg (u32), Handle (u64), Offset (u64). Variable ones (paths, names)
+// travel in the request's arena buffer. The service writes its response
+// body over the request body in the same buffer, so a client sizes the
+// buffer for the larger of the two; bytes after a request's fields are
+// response space and are ignored. The completion's Result is the response
+// length or bytes moved (>= 0) or -errno, and Aux an opcode-specific value.
+//
+// Path operations take a directory handle in Handle, as the *at() system
+// calls take a directory file descriptor: a relative path resolves from
+// that directory, an absolute one from the root; Handle 0 is the root.
+//
+// # Encoding
+//
+// All integers are little-endian. A str is a u16 length then that many
+// bytes, no terminator (paths are at most MaxPath bytes). Times are i64
+// Unix nanoseconds; TimeOmit leaves a time unchanged (UTIME_OMIT).
+//
+//	attr (56 bytes)
+//	  0 u64 ino      8 u32 mode    12 u32 uid     16 u32 gid
+//	 20 u32 nlink   24 i64 size    32 i64 atime   40 i64 mtime
+//	 48 i64 ctime
+//
+//	ticket (32 bytes): opaque to the client; the metadata service's MAC
+//	over the inode, the open flags and the uid it was issued to
+//
+// Bodies, by opcode (in: request; out: response; "-" none):
+//
+//	OpHello     in:  u32 min_version, u32 max_version, u64 features
+//	            out: u32 version, u32 0, u64 features, u64 session,
+//	                 [32]byte token
+//	OpStat      in:  str path                       out: attr
+//	OpOpen      Arg = open flags (O_* of Linux x86-64 and arm64)
+//	            in:  u32 perm, str path
+//	            out: u64 handle, attr, u8 created, u8 granted,
+//	                 [ticket when FeatureReopen was negotiated]
+//	OpClose     Handle                              -
+//	OpMkdir     in:  u32 perm, str path             out: attr
+//	OpRmdir     in:  str path                       -
+//	OpUnlink    in:  str path                       -
+//	OpRename    Handle = old directory
+//	            in:  u64 new directory handle, str old, str new
+//	OpChmod     in:  u32 mode, str path             -
+//	OpChown     in:  i64 uid, i64 gid, str path     -   (-1: unchanged)
+//	OpChtimes   in:  i64 atime, i64 mtime, str path -
+//	OpReadDir   in:  str path, str after            out: u32 count, count x
+//	            {u64 ino, u32 mode type bits, str name}; Aux = 1 if more
+//	            follow (ask again with after = the last name)
+//	OpFStat     Handle                              out: attr
+//	OpSyncMeta  -  (every namespace change so far durable)
+//	OpGrant     Handle                              -
+//	OpFChmod    Handle, Arg = mode                  -
+//	OpFChown    Handle; in: i64 uid, i64 gid        -
+//	OpFChtimes  Handle; in: i64 atime, i64 mtime    -
+//	OpReopen    in:  ticket                         out: as OpOpen, with a
+//	            ticket
+//
+//	OpAttach    in:  u32 version, u32 0, u64 session, [32]byte token
+//	OpRead      Handle, Offset; the payload receives the data
+//	            Result = bytes read, short only at the end of the file
+//	OpWrite     Handle, Offset, Arg = WriteAppend or 0; payload = data
+//	            Result = bytes written; Aux = the offset written at
+//	OpTruncate  Handle, Offset = new size           -
+//	OpSync      Handle, Arg = SyncData (fdatasync) or 0 (fsync)
+//	OpGetAttr   Handle; out: i64 size, i64 mtime, u8 changed
+//
+// Every decoder here reads untrusted bytes: it never reads past its input
+// and reports a short body as EINVAL. Services validate every decoded
+// value before use; the client validates every completion (a result larger
+// than its buffer, a body that does not decode) and turns a bad one into
+// EIO.
+package proto

@@ -1,0 +1,192 @@
+/*
+ * weir_proto.h: the request protocol of weir's services, for C clients.
+ *
+ * This restates package proto (github.com/weir-storage/weir/proto, doc.go
+ * has the full text); proto/cheader_test.go checks every number here
+ * against the Go definitions and compiles the structs to check their
+ * layout. The rings themselves (regions, queues, descriptors, the socket
+ * handshake) are ring/include/weir_ring.h.
+ *
+ * Sessions. A client process opens one ring session with each service
+ * (metadata.sock, io.sock), then:
+ *
+ *   1. metadata ring: WEIR_OP_HELLO {min version, max version, features}
+ *        -> {version, features, session id, 32-byte token}
+ *        -EPROTONOSUPPORT: no version in common; the completion's aux is
+ *        the service's range (min << 32 | max)
+ *   2. io ring: WEIR_OP_ATTACH {version, session id, token}
+ *        EPERM if the session is not this process's (the services compare
+ *        the pid and uid the kernel reports for both sockets)
+ *   3. metadata ring: WEIR_OP_OPEN -> handle, attr, created, granted
+ *        (and a reopen ticket with WEIR_FEATURE_REOPEN)
+ *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1
+ *   5. io ring: WEIR_OP_READ / WRITE / TRUNCATE / SYNC / GETATTR on the
+ *        handle
+ *   6. metadata ring: WEIR_OP_CLOSE {handle}
+ *
+ * The grant rule: the IO service serves a handle only after the metadata
+ * service granted it to this session there. Open does not grant (except
+ * with O_TRUNC, which answers granted = 1); send WEIR_OP_GRANT once before
+ * the handle's first data request. Until then, and for any handle that is
+ * not this session's, io answers -EBADF.
+ *
+ * Incarnations. Session ids and handles carry the metadata service's
+ * incarnation in their top WEIR_INCARNATION_BITS bits. After a restart of
+ * the metadata service io answers -ESTALE on a session of an earlier
+ * incarnation: redial the metadata service, send WEIR_OP_HELLO, repeat
+ * WEIR_OP_ATTACH on the same io ring with the new session, and reopen each
+ * handle with WEIR_OP_REOPEN {ticket}.
+ *
+ * Encoding. Little-endian. A "str" is a u16 length then that many bytes,
+ * no NUL. Times are i64 Unix nanoseconds; WEIR_TIME_OMIT leaves one
+ * unchanged. The response overwrites the request in the same arena
+ * buffer: size the buffer for the larger of the two. A completion's
+ * result is -errno, or the response length (metadata) or bytes moved
+ * (read, write). Path operations take a directory handle in the
+ * descriptor's handle (0: the root); relative paths resolve from it,
+ * absolute ones from the root.
+ *
+ * Bodies (in: request, out: response):
+ *   HELLO     in struct weir_hello_req; out struct weir_hello_resp
+ *   STAT      in str path; out struct weir_attr
+ *   OPEN      arg = O_* flags; in u32 perm, str path;
+ *             out WEIR_OPEN_RESP_* layout
+ *   CLOSE     handle
+ *   MKDIR     in u32 perm, str path; out struct weir_attr
+ *   RMDIR     in str path
+ *   UNLINK    in str path
+ *   RENAME    handle = old directory; in u64 new directory handle,
+ *             str old, str new
+ *   CHMOD     in u32 mode, str path
+ *   CHOWN     in i64 uid, i64 gid, str path (-1: unchanged)
+ *   CHTIMES   in i64 atime, i64 mtime, str path
+ *   READDIR   in str path, str after; out u32 count, then count times
+ *             {u64 ino, u32 mode type bits, str name}; aux 1: more follow
+ *   FSTAT     handle; out struct weir_attr
+ *   SYNC_META (no body)
+ *   GRANT     handle
+ *   FCHMOD    handle, arg = mode
+ *   FCHOWN    handle; in i64 uid, i64 gid
+ *   FCHTIMES  handle; in i64 atime, i64 mtime
+ *   REOPEN    in ticket (32 bytes); out as OPEN, with a ticket
+ *   ATTACH    in struct weir_attach_req
+ *   READ      handle, offset; the payload receives the data
+ *   WRITE     handle, offset, arg = WEIR_WRITE_APPEND or 0; aux = the
+ *             offset written at
+ *   TRUNCATE  handle, offset = new size
+ *   SYNC      handle, arg = WEIR_SYNC_DATA (fdatasync) or 0 (fsync)
+ *   GETATTR   handle; out WEIR_GETATTR_RESP_* layout
+ */
+#ifndef WEIR_PROTO_H
+#define WEIR_PROTO_H
+
+#include <stdint.h>
+
+#define WEIR_PROTO_MIN_VERSION 1u
+#define WEIR_PROTO_MAX_VERSION 1u
+
+#define WEIR_FEATURE_REOPEN 0x1ull
+#define WEIR_KNOWN_PROTO_FEATURES 0x1ull
+
+/* Metadata ring opcodes: 0x10-0x3f. */
+#define WEIR_FIRST_METADATA_OP 0x10u
+#define WEIR_LAST_METADATA_OP 0x3fu
+#define WEIR_OP_HELLO 0x10u
+#define WEIR_OP_STAT 0x11u
+#define WEIR_OP_OPEN 0x12u
+#define WEIR_OP_CLOSE 0x13u
+#define WEIR_OP_MKDIR 0x14u
+#define WEIR_OP_RMDIR 0x15u
+#define WEIR_OP_UNLINK 0x16u
+#define WEIR_OP_RENAME 0x17u
+#define WEIR_OP_CHMOD 0x18u
+#define WEIR_OP_CHOWN 0x19u
+#define WEIR_OP_CHTIMES 0x1au
+#define WEIR_OP_READDIR 0x1bu
+#define WEIR_OP_FSTAT 0x1cu
+#define WEIR_OP_SYNC_META 0x1du
+#define WEIR_OP_GRANT 0x1eu
+#define WEIR_OP_FCHMOD 0x1fu
+#define WEIR_OP_FCHOWN 0x20u
+#define WEIR_OP_FCHTIMES 0x21u
+#define WEIR_OP_REOPEN 0x22u
+
+/* IO ring opcodes: 0x40-0x5f. */
+#define WEIR_FIRST_IO_OP 0x40u
+#define WEIR_LAST_IO_OP 0x5fu
+#define WEIR_OP_ATTACH 0x40u
+#define WEIR_OP_READ 0x41u
+#define WEIR_OP_WRITE 0x42u
+#define WEIR_OP_TRUNCATE 0x43u
+#define WEIR_OP_SYNC 0x44u
+#define WEIR_OP_GETATTR 0x45u
+
+#define WEIR_WRITE_APPEND 1u
+#define WEIR_SYNC_DATA 1u
+
+#define WEIR_ATTR_SIZE 56u
+#define WEIR_TOKEN_SIZE 32u
+#define WEIR_TICKET_SIZE 32u
+#define WEIR_MAX_PATH 4095u
+#define WEIR_MAX_NAME 255u
+#define WEIR_ROOT_HANDLE 0u
+#define WEIR_TIME_OMIT INT64_MIN
+
+#define WEIR_INCARNATION_BITS 24u
+#define WEIR_COUNTER_BITS 40u
+#define WEIR_INCARNATION_OF(id) ((uint32_t)((uint64_t)(id) >> WEIR_COUNTER_BITS))
+
+/* struct weir_attr: an inode's attributes (56 bytes). */
+struct weir_attr {
+	uint64_t ino;
+	uint32_t mode; /* S_IFREG or S_IFDIR | 07777 bits */
+	uint32_t uid;
+	uint32_t gid;
+	uint32_t nlink;
+	int64_t size;
+	int64_t atime;
+	int64_t mtime;
+	int64_t ctime;
+};
+
+struct weir_hello_req {
+	uint32_t min_version;
+	uint32_t max_version;
+	uint64_t features;
+};
+
+#define WEIR_HELLO_RESP_SIZE 56u
+struct weir_hello_resp {
+	uint32_t version;
+	uint32_t reserved; /* 0 */
+	uint64_t features;
+	uint64_t session;
+	uint8_t token[WEIR_TOKEN_SIZE];
+};
+
+#define WEIR_ATTACH_REQ_SIZE 48u
+struct weir_attach_req {
+	uint32_t version;
+	uint32_t reserved; /* 0 */
+	uint64_t session;
+	uint8_t token[WEIR_TOKEN_SIZE];
+};
+
+/* OPEN and REOPEN response: u64 handle, attr, u8 created, u8 granted,
+ * then the ticket when WEIR_FEATURE_REOPEN was negotiated. Not a struct:
+ * the ticket sits at an offset C would pad. */
+#define WEIR_OPEN_RESP_OFF_HANDLE 0u
+#define WEIR_OPEN_RESP_OFF_ATTR 8u
+#define WEIR_OPEN_RESP_OFF_CREATED 64u
+#define WEIR_OPEN_RESP_OFF_GRANTED 65u
+#define WEIR_OPEN_RESP_OFF_TICKET 66u
+#define WEIR_OPEN_RESP_SIZE 66u
+#define WEIR_OPEN_RESP_SIZE_TICKET 98u
+
+/* GETATTR response: i64 size, i64 mtime, u8 changed. */
+#define WEIR_GETATTR_RESP_OFF_SIZE 0u
+#define WEIR_GETATTR_RESP_OFF_MTIME 8u
+#define WEIR_GETATTR_RESP_OFF_CHANGED 16u
+#define WEIR_GETATTR_RESP_SIZE 17u
+
+#endif /* WEIR_PROTO_H */

@@ -1,0 +1,135 @@
+package proto
+
+import "syscall"
+
+// Protocol versions this package speaks. A change that an older peer would
+// misread bumps Version; MinVersion is the oldest still served.
+const (
+	MinVersion uint32 = 1
+	MaxVersion uint32 = 1
+	Version           = MaxVersion
+)
+
+// Feature bits, negotiated in OpHello: the client asks, the service
+// answers the bits both have.
+const (
+	// FeatureReopen: OpOpen answers a reopen ticket, and OpReopen takes
+	// one, so that a client can reopen its files after the metadata
+	// service restarted. A client that never reopens leaves it off and
+	// saves the service a MAC per open.
+	FeatureReopen uint64 = 1 << 0
+
+	// KnownFeatures are the bits this version defines; a service answers
+	// no others.
+	KnownFeatures = FeatureReopen
+)
+
+// Opcodes. The numbers are the ABI: they are written out, never iota, and
+// TestOpcodesPinned holds them. Metadata opcodes are 0x10-0x3f, IO
+// opcodes 0x40-0x5f, so that an opcode names its service.
+const (
+	OpHello    uint8 = 0x10
+	OpStat     uint8 = 0x11
+	OpOpen     uint8 = 0x12
+	OpClose    uint8 = 0x13
+	OpMkdir    uint8 = 0x14
+	OpRmdir    uint8 = 0x15
+	OpUnlink   uint8 = 0x16
+	OpRename   uint8 = 0x17
+	OpChmod    uint8 = 0x18
+	OpChown    uint8 = 0x19
+	OpChtimes  uint8 = 0x1a
+	OpReadDir  uint8 = 0x1b
+	OpFStat    uint8 = 0x1c
+	OpSyncMeta uint8 = 0x1d
+	OpGrant    uint8 = 0x1e
+	OpFChmod   uint8 = 0x1f
+	OpFChown   uint8 = 0x20
+	OpFChtimes uint8 = 0x21
+	OpReopen   uint8 = 0x22
+
+	OpAttach   uint8 = 0x40
+	OpRead     uint8 = 0x41
+	OpWrite    uint8 = 0x42
+	OpTruncate uint8 = 0x43
+	OpSync     uint8 = 0x44
+	OpGetAttr  uint8 = 0x45
+)
+
+// Opcode ranges of the two services; both lie above the ring's own
+// opcodes (ring.OpFirstService, checked by a test).
+const (
+	FirstMetadataOp uint8 = 0x10
+	LastMetadataOp  uint8 = 0x3f
+	FirstIOOp       uint8 = 0x40
+	LastIOOp        uint8 = 0x5f
+)
+
+// Arg values.
+const (
+	// WriteAppend in OpWrite's Arg: write at the end of the file,
+	// atomically with respect to every other write of the file.
+	WriteAppend uint32 = 1
+	// SyncData in OpSync's Arg: fdatasync (the size and the data, not the
+	// times).
+	SyncData uint32 = 1
+)
+
+// Sizes of fixed parts.
+const (
+	AttrSize   = 56
+	TokenSize  = 32
+	TicketSize = 32
+	// MaxPath is the longest path a request may carry (PATH_MAX - 1).
+	MaxPath = 4095
+	// MaxName is the longest name of one component (NAME_MAX).
+	MaxName = 255
+	// RootHandle in a path operation's Handle means the root directory.
+	RootHandle uint64 = 0
+)
+
+// TimeOmit in a time field leaves that time unchanged (UTIME_OMIT).
+const TimeOmit int64 = -1 << 63
+
+// Identifiers: session ids and handles carry the metadata service's
+// incarnation in their top IncarnationBits bits and a counter below.
+const (
+	IncarnationBits = 24
+	CounterBits     = 64 - IncarnationBits
+	// MaxIncarnation is the largest incarnation an id can carry.
+	MaxIncarnation = 1<<IncarnationBits - 1
+)
+
+// MakeID returns the id with counter n in incarnation inc.
+func MakeID(inc uint32, n uint64) uint64 {
+	return uint64(inc)<<CounterBits | n&(1<<CounterBits-1)
+}
+
+// IncarnationOf returns the incarnation an id was issued in.
+func IncarnationOf(id uint64) uint32 { return uint32(id >> CounterBits) }
+
+// Errors a client sees that say something about the protocol itself.
+const (
+	// ErrVersion: no protocol version in common (Aux carries the
+	// service's range).
+	ErrVersion = syscall.EPROTONOSUPPORT
+	// ErrStale: the session or handle belongs to an earlier incarnation
+	// of the metadata service; re-establish it.
+	ErrStale = syscall.ESTALE
+)
+
+// VersionRange packs a version range into a completion's Aux.
+func VersionRange(lo, hi uint32) uint64 { return uint64(lo)<<32 | uint64(hi) }
+
+// SplitVersionRange unpacks it.
+func SplitVersionRange(aux uint64) (lo, hi uint32) { return uint32(aux >> 32), uint32(aux) }
+
+// Negotiate picks the version a service speaking [MinVersion, MaxVersion]
+// uses with a client speaking [lo, hi]; ok is false without one in common.
+func Negotiate(lo, hi uint32) (v uint32, ok bool) {
+	v = min(hi, MaxVersion)
+	if v < max(lo, MinVersion) {
+		return 0, false
+	}
+	return v, true
+}
