@@ -30,7 +30,7 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_INLINE_SEGS", InlineSegs),
 		cheader.Def("WEIR_MAX_SEGMENTS", MaxSegments),
 		cheader.Def("WEIR_SEG_ALIGN", SegAlign),
-		cheader.Def("WEIR_MAX_QUEUE_ENTRIES", 1 << maxQueueLog2),
+		cheader.Def("WEIR_MAX_QUEUE_ENTRIES", 1<<maxQueueLog2),
 		cheader.Def("WEIR_MAX_ARENA_SIZE", MaxArenaSize),
 
 		cheader.Def("WEIR_FEATURE_INDIRECT", FeatureIndirect),
