@@ -134,6 +134,11 @@ func (c *Client) Err() error {
 	return nil
 }
 
+// Done is closed when the client stops for any reason (Close, peer loss,
+// damage); Err then says why. A caller can watch it to learn at once that
+// the server went away.
+func (c *Client) Done() <-chan struct{} { return c.done }
+
 // PeerGone tells the client that the server closed or died: every waiting
 // and later call fails with ErrPeerGone.
 func (c *Client) PeerGone() { c.finish(ErrPeerGone) }

@@ -44,8 +44,12 @@ import (
 // [Default] or [Load] is valid; code that builds one by hand should call
 // [Config.Validate].
 type Config struct {
-	DataDir   string   // data_dir: default "/var/lib/weir"; `--data DIR` overrides
-	RunDir    string   // run_dir: sockets; default "<DataDir>/run"
+	DataDir string // data_dir: default "/var/lib/weir", created 0700; `--data DIR` overrides
+	// run_dir: the sockets clients connect to, and nats.url. It cannot
+	// live in the data directory, which only the service user may enter:
+	// the default is "/run/weir" for the default data directory and
+	// "<DataDir>.run" beside any other; `--run-dir DIR` overrides.
+	RunDir    string
 	LogLevel  string   // log_level: trace|debug|info|warn|error, default info
 	LogFormat string   // log_format: text|json, default text
 	NATS      NATS     // block "nats"
@@ -59,7 +63,7 @@ type Config struct {
 }
 
 type derivedPaths struct {
-	runDir, metadataSocket, ioSocket bool
+	runDir, metadataSocket, metadataServiceSocket, ioSocket, credsDir bool
 }
 
 // NATS configures the control plane.
@@ -72,11 +76,19 @@ type NATS struct {
 	// apart; default "weir". Tokens of letters, digits, '-' and '_',
 	// separated by dots; at most 64 bytes.
 	Namespace string
+	// creds_dir: the stack's NATS credentials (one nkey seed per role,
+	// 0600, in a 0700 directory); created with the keys on first start
+	// when missing. Default "<DataDir>/creds".
+	CredsDir string
 }
 
 // Metadata configures the metadata service.
 type Metadata struct {
-	Socket          string        // socket: default "<RunDir>/metadata.sock"
+	Socket string // socket: default "<RunDir>/metadata.sock"
+	// service_socket: where the stack's other services open their
+	// sessions with the metadata service (0600, the service user only);
+	// default "<RunDir>/metadata.svc.sock".
+	ServiceSocket   string
 	SyncEveryOp     bool          // sync_every_op: fsync the WAL before every reply; default false (group commit)
 	SyncInterval    time.Duration // sync_interval: group-commit interval; default 5ms
 	CheckpointEvery int           // checkpoint_every: WAL records between checkpoints; default 10000
@@ -165,19 +177,38 @@ func Default() *Config {
 			ArenaSize: DefaultArenaSize,
 			BlockSize: DefaultBlockSize,
 		},
-		derived: derivedPaths{runDir: true, metadataSocket: true, ioSocket: true},
+		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true},
 	}
 	c.derivePaths()
 	return c
 }
 
+// DefaultRunDir is the run directory of the default data directory.
+const DefaultRunDir = "/run/weir"
+
+// RunDirFor is the run directory derived from a data directory:
+// DefaultRunDir for DefaultDataDir, "<dataDir>.run" for any other. It lies
+// outside the data directory, which is 0700.
+func RunDirFor(dataDir string) string {
+	if filepath.Clean(dataDir) == DefaultDataDir {
+		return DefaultRunDir
+	}
+	return filepath.Clean(dataDir) + ".run"
+}
+
 // derivePaths recomputes every path that still holds a derived default.
 func (c *Config) derivePaths() {
 	if c.derived.runDir {
-		c.RunDir = filepath.Join(c.DataDir, "run")
+		c.RunDir = RunDirFor(c.DataDir)
 	}
 	if c.derived.metadataSocket {
 		c.Metadata.Socket = filepath.Join(c.RunDir, "metadata.sock")
+	}
+	if c.derived.metadataServiceSocket {
+		c.Metadata.ServiceSocket = filepath.Join(c.RunDir, "metadata.svc.sock")
+	}
+	if c.derived.credsDir {
+		c.NATS.CredsDir = filepath.Join(c.DataDir, "creds")
 	}
 	if c.derived.ioSocket {
 		c.IO.Socket = filepath.Join(c.RunDir, "io.sock")

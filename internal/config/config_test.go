@@ -28,20 +28,21 @@ func TestDefault(t *testing.T) {
 	c := Default()
 	want := &Config{
 		DataDir:   "/var/lib/weir",
-		RunDir:    "/var/lib/weir/run",
+		RunDir:    "/run/weir",
 		LogLevel:  "info",
 		LogFormat: "text",
-		NATS:      NATS{URL: "", Listen: "127.0.0.1:-1", ConnectTimeout: 5 * time.Second, Namespace: "weir"},
+		NATS: NATS{URL: "", Listen: "127.0.0.1:-1", ConnectTimeout: 5 * time.Second, Namespace: "weir",
+			CredsDir: "/var/lib/weir/creds"},
 		Metadata: Metadata{
-			Socket: "/var/lib/weir/run/metadata.sock", SyncEveryOp: false,
+			Socket: "/run/weir/metadata.sock", ServiceSocket: "/run/weir/metadata.svc.sock", SyncEveryOp: false,
 			SyncInterval: 5 * time.Millisecond, CheckpointEvery: 10000,
 		},
 		IO: IO{
-			Socket: "/var/lib/weir/run/io.sock", Backend: "file", Direct: "auto",
+			Socket: "/run/weir/io.sock", Backend: "file", Direct: "auto",
 			WaitMode: "adaptive", SPDKWorkers: 1,
 		},
 		Ring:    Ring{SQEntries: 256, ArenaSize: 8 << 20, BlockSize: 4096},
-		derived: derivedPaths{runDir: true, metadataSocket: true, ioSocket: true},
+		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
@@ -66,9 +67,11 @@ nats {
   listen          = "[::1]:0"
   connect_timeout = "1m30s"
   namespace       = "prod.stack-b"
+  creds_dir       = "/etc/weir/creds"
 }
 metadata {
   socket           = "/run/weir/m.sock"
+  service_socket   = "svc.sock"
   sync_every_op    = true
   sync_interval    = "250us"
   checkpoint_every = 500
@@ -97,10 +100,10 @@ ring {
 		LogFormat: "json",
 		NATS: NATS{
 			URL: "nats://10.0.0.5:4222, nats://10.0.0.6:4222", Listen: "[::1]:0",
-			ConnectTimeout: 90 * time.Second, Namespace: "prod.stack-b",
+			ConnectTimeout: 90 * time.Second, Namespace: "prod.stack-b", CredsDir: "/etc/weir/creds",
 		},
 		Metadata: Metadata{
-			Socket: "/run/weir/m.sock", SyncEveryOp: true,
+			Socket: "/run/weir/m.sock", ServiceSocket: filepath.Join(dir, "svc.sock"), SyncEveryOp: true,
 			SyncInterval: 250 * time.Microsecond, CheckpointEvery: 500,
 		},
 		IO: IO{
@@ -120,8 +123,16 @@ func TestLoadDerivedPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.RunDir != "/srv/weir/run" || c.Metadata.Socket != "/srv/weir/run/metadata.sock" || c.IO.Socket != "/tmp/io.sock" {
-		t.Errorf("derived paths: run %q, metadata %q, io %q", c.RunDir, c.Metadata.Socket, c.IO.Socket)
+	if c.RunDir != "/srv/weir.run" || c.Metadata.Socket != "/srv/weir.run/metadata.sock" || c.IO.Socket != "/tmp/io.sock" ||
+		c.Metadata.ServiceSocket != "/srv/weir.run/metadata.svc.sock" || c.NATS.CredsDir != "/srv/weir/creds" {
+		t.Errorf("derived paths: run %q, metadata %q (%q), io %q, creds %q", c.RunDir, c.Metadata.Socket,
+			c.Metadata.ServiceSocket, c.IO.Socket, c.NATS.CredsDir)
+	}
+	// The run directory may not be inside the data directory, which is
+	// 0700: clients could not reach their sockets.
+	p = writeFile(t, "in.hcl", "data_dir = \"/srv/weir\"\nrun_dir = \"/srv/weir/run\"\n")
+	if _, err := Load(p); err == nil || !strings.Contains(err.Error(), "inside data_dir") {
+		t.Errorf("run_dir inside data_dir: %v", err)
 	}
 }
 
@@ -322,8 +333,12 @@ io {
 	if c.DataDir != "/from/flag" || c.LogLevel != "info" || c.LogFormat != "text" || c.NATS.URL != "" || c.NATS.Namespace != "weir" {
 		t.Errorf("flags: %+v", c)
 	}
-	if c.RunDir != "/from/flag/run" || c.Metadata.Socket != "/from/flag/run/metadata.sock" || c.IO.Socket != "/fixed/io.sock" {
+	if c.RunDir != "/from/flag.run" || c.Metadata.Socket != "/from/flag.run/metadata.sock" || c.IO.Socket != "/fixed/io.sock" {
 		t.Errorf("paths after --data: run %q, metadata %q, io %q", c.RunDir, c.Metadata.Socket, c.IO.Socket)
+	}
+	c = parse("--data", "/from/flag", "--run-dir", "/sockets")
+	if c.RunDir != "/sockets" || c.Metadata.Socket != "/sockets/metadata.sock" || c.Metadata.ServiceSocket != "/sockets/metadata.svc.sock" {
+		t.Errorf("paths after --run-dir: run %q, metadata %q, %q", c.RunDir, c.Metadata.Socket, c.Metadata.ServiceSocket)
 	}
 
 	// A relative --data is relative to the working directory.

@@ -11,6 +11,7 @@ import (
 // Flag names defined by AddFlags.
 const (
 	FlagData      = "data"
+	FlagRunDir    = "run-dir"
 	FlagLogLevel  = "log-level"
 	FlagLogFormat = "log-format"
 	FlagNATSURL   = "nats-url"
@@ -32,11 +33,12 @@ func (f *flagValue) Set(s string) error {
 	return nil
 }
 
-// AddFlags defines the flags that override the file on fs: --data,
+// AddFlags defines the flags that override the file on fs: --data, --run-dir,
 // --log-level, --log-format, --nats-url and --nats-namespace. With cobra, define them on a
 // Go FlagSet and adopt it: cmd.Flags().AddGoFlagSet(gofs).
 func AddFlags(fs *flag.FlagSet) {
 	fs.Var(&flagValue{}, FlagData, "data directory (overrides data_dir; default "+DefaultDataDir+")")
+	fs.Var(&flagValue{}, FlagRunDir, "directory of the client sockets (overrides run_dir; default "+DefaultRunDir+", or DATA.run beside another --data)")
 	fs.Var(&flagValue{}, FlagLogLevel, "log level: trace, debug, info, warn or error (overrides log_level)")
 	fs.Var(&flagValue{}, FlagLogFormat, "log format: text or json (overrides log_format)")
 	fs.Var(&flagValue{}, FlagNATSURL, `NATS server URL; "" starts an embedded server (overrides nats.url)`)
@@ -69,6 +71,14 @@ func (c *Config) ApplyFlags(fs *flag.FlagSet) error {
 			v = abs
 		}
 		c.DataDir = v
+		c.derivePaths()
+	}
+	if v, ok := get(FlagRunDir); ok && v != "" {
+		abs, err := filepath.Abs(v)
+		if err != nil {
+			return err
+		}
+		c.RunDir, c.derived.runDir = abs, false
 		c.derivePaths()
 	}
 	if v, ok := get(FlagLogLevel); ok {

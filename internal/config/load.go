@@ -89,9 +89,11 @@ type (
 		Listen         *hcl.Attribute `hcl:"listen,optional"`
 		ConnectTimeout *hcl.Attribute `hcl:"connect_timeout,optional"`
 		Namespace      *hcl.Attribute `hcl:"namespace,optional"`
+		CredsDir       *hcl.Attribute `hcl:"creds_dir,optional"`
 	}
 	metadataBlock struct {
 		Socket          *hcl.Attribute `hcl:"socket,optional"`
+		ServiceSocket   *hcl.Attribute `hcl:"service_socket,optional"`
 		SyncEveryOp     *hcl.Attribute `hcl:"sync_every_op,optional"`
 		SyncInterval    *hcl.Attribute `hcl:"sync_interval,optional"`
 		CheckpointEvery *hcl.Attribute `hcl:"checkpoint_every,optional"`
@@ -173,10 +175,16 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.str("nats.listen", b.Listen, &c.NATS.Listen)
 		d.duration("nats.connect_timeout", b.ConnectTimeout, &c.NATS.ConnectTimeout)
 		d.str("nats.namespace", b.Namespace, &c.NATS.Namespace)
+		if d.path("nats.creds_dir", b.CredsDir, &c.NATS.CredsDir) {
+			c.derived.credsDir = false
+		}
 	}
 	if b := fc.Metadata; b != nil {
 		if d.path("metadata.socket", b.Socket, &c.Metadata.Socket) {
 			c.derived.metadataSocket = false
+		}
+		if d.path("metadata.service_socket", b.ServiceSocket, &c.Metadata.ServiceSocket) {
+			c.derived.metadataServiceSocket = false
 		}
 		d.bool("metadata.sync_every_op", b.SyncEveryOp, &c.Metadata.SyncEveryOp)
 		d.duration("metadata.sync_interval", b.SyncInterval, &c.Metadata.SyncInterval)

@@ -93,7 +93,15 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 		bad(at("nats.namespace"), "nats.namespace", "%v", err)
 	}
 
+	absPath(at("nats.creds_dir", "data_dir"), "nats.creds_dir", c.NATS.CredsDir)
 	socket("metadata.socket", c.Metadata.Socket, "metadata.socket", "run_dir", "data_dir")
+	socket("metadata.service_socket", c.Metadata.ServiceSocket, "metadata.service_socket", "run_dir", "data_dir")
+	if c.Metadata.ServiceSocket == c.Metadata.Socket {
+		bad(at("metadata.service_socket", "metadata.socket"), "metadata.service_socket", "%q is also metadata.socket", c.Metadata.ServiceSocket)
+	}
+	if within(c.RunDir, c.DataDir) {
+		bad(at("run_dir", "data_dir"), "run_dir", "%q is inside data_dir %q, which only the service user may enter (0700): clients could not reach its sockets", c.RunDir, c.DataDir)
+	}
 	if c.Metadata.SyncInterval <= 0 {
 		bad(at("metadata.sync_interval"), "metadata.sync_interval", "%v: must be positive", c.Metadata.SyncInterval)
 	}
@@ -102,7 +110,7 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	}
 
 	socket("io.socket", c.IO.Socket, "io.socket", "run_dir", "data_dir")
-	if c.IO.Socket == c.Metadata.Socket {
+	if c.IO.Socket == c.Metadata.Socket || c.IO.Socket == c.Metadata.ServiceSocket {
 		bad(at("io.socket", "metadata.socket"), "io.socket", "%q is also metadata.socket", c.IO.Socket)
 	}
 	enum("io.backend", c.IO.Backend, Backends)
@@ -138,6 +146,12 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 		bad(arenaAt, "ring.arena_size", "%v: must hold at least two blocks of %v", r.ArenaSize, r.BlockSize)
 	}
 	return diags
+}
+
+// within reports whether path is dir or inside it.
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && (rel == "." || !strings.HasPrefix(rel, ".."+string(filepath.Separator)) && rel != "..")
 }
 
 func isPow2(v uint64) bool { return v != 0 && v&(v-1) == 0 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/nats-io/nkeys"
 )
 
 // waitFor polls cond until it holds; the deadline is generous because it
@@ -58,19 +60,81 @@ func testLogger(t *testing.T, w *syncBuffer) hclog.Logger {
 	return hclog.New(opts)
 }
 
-func startServer(t *testing.T) *Embedded {
+// testServer is an embedded server whose users are two stacks (the
+// default namespace and "stack-b.prod") and an admin that may do anything
+// (for what no weir role may, such as a foreign micro service).
+type testServer struct {
+	*Embedded
+	creds map[string]*Creds // by namespace
+	admin nkeys.KeyPair
+}
+
+const otherNS = "stack-b.prod"
+
+func startServer(t *testing.T) *testServer {
 	t.Helper()
-	e, err := StartEmbedded("127.0.0.1:-1", testLogger(t, nil))
+	return startServerAt(t, "127.0.0.1:-1")
+}
+
+func startServerAt(t *testing.T, listen string) *testServer {
+	t.Helper()
+	s := &testServer{creds: map[string]*Creds{}}
+	var users []User
+	for _, ns := range []string{DefaultNamespace, otherNS} {
+		c, err := EnsureCreds(filepath.Join(t.TempDir(), "creds"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.creds[ns] = c
+		users = append(users, c.Users(ns)...)
+	}
+	var err error
+	if s.admin, err = nkeys.CreateUser(); err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := s.admin.PublicKey()
+	users = append(users, User{Role: "admin", Nkey: pub, Permissions: Permissions{Publish: []string{">"}, Subscribe: []string{">"}}})
+	s.Embedded, err = StartEmbedded(EmbeddedOptions{Listen: listen, Users: users, Logger: testLogger(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(e.Shutdown)
-	return e
+	t.Cleanup(s.Shutdown)
+	return s
 }
 
-func connect(t *testing.T, e *Embedded, name string) *nats.Conn {
+// connect connects as role of the default namespace.
+func connect(t *testing.T, s *testServer, r Role) *nats.Conn {
 	t.Helper()
-	nc, err := Connect(e.URL(), name, testLogger(t, nil))
+	return connectIn(t, s, DefaultNamespace, r)
+}
+
+func connectIn(t *testing.T, s *testServer, ns string, r Role) *nats.Conn {
+	t.Helper()
+	opts, err := s.creds[ns].Options(ns, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := Connect(s.URL(), string(r), testLogger(t, nil), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// connectAdmin connects as the admin user.
+func (s *testServer) adminPub() string {
+	pub, _ := s.admin.PublicKey()
+	return pub
+}
+
+func connectAdmin(t *testing.T, s *testServer, log hclog.Logger) *nats.Conn {
+	t.Helper()
+	pub, _ := s.admin.PublicKey()
+	if log == nil {
+		log = testLogger(t, nil)
+	}
+	nc, err := Connect(s.URL(), "admin", log, nats.Nkey(pub, s.admin.Sign))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,20 +177,20 @@ func TestStatusFindsServices(t *testing.T) {
 		BytesRead uint64 `json:"bytes_read"`
 		Backend   string `json:"backend"`
 	}
-	register(t, connect(t, e, "metadata"), "weir-metadata", nil, func() any {
+	register(t, connect(t, e, RoleMetadata), "weir-metadata", nil, func() any {
 		return map[string]any{"ops": 42, "wal": map[string]any{"records": 7}}
 	})
-	register(t, connect(t, e, "io"), "weir-io", func() error { return nil }, func() any {
+	register(t, connect(t, e, RoleIO), "weir-io", func() error { return nil }, func() any {
 		return ioStats{Sessions: 3, BytesRead: 1 << 60, Backend: "file"}
 	})
 	// A micro service that is not weir's is not listed.
-	other, err := micro.AddService(connect(t, e, "other"), micro.Config{Name: "other", Version: "1.0.0"})
+	other, err := micro.AddService(connectAdmin(t, e, nil), micro.Config{Name: "other", Version: "1.0.0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Stop()
 
-	cli := connect(t, e, "weir-cli")
+	cli := connect(t, e, RoleCLI)
 	st := status(t, cli)
 	if len(st) != 2 {
 		t.Fatalf("Status found %d services, want 2: %+v", len(st), st)
@@ -167,9 +231,9 @@ func TestStatusFindsServices(t *testing.T) {
 
 func TestStatusUnhealthy(t *testing.T) {
 	e := startServer(t)
-	nc := connect(t, e, "svc")
+	nc := connect(t, e, RoleIO)
 	register(t, nc, "weir-io", func() error { return errors.New("backend: disk gone") }, nil)
-	st := status(t, connect(t, e, "cli"))
+	st := status(t, connect(t, e, RoleCLI))
 	if len(st) != 1 || st[0].Healthy || !strings.Contains(st[0].Error, "disk gone") {
 		t.Fatalf("Status = %+v, want one unhealthy weir-io", st)
 	}
@@ -180,7 +244,7 @@ func TestStatusUnhealthy(t *testing.T) {
 	}
 
 	// The health endpoint itself speaks the documented JSON.
-	m, err := nc.Request("weir.io."+st[0].ID+".health", nil, 10*time.Second)
+	m, err := connect(t, e, RoleCLI).Request("weir.io."+st[0].ID+".health", nil, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,9 +258,9 @@ func TestStatusUnhealthy(t *testing.T) {
 func TestStatusInstances(t *testing.T) {
 	e := startServer(t)
 	for i := range 2 {
-		register(t, connect(t, e, "svc"), "weir-verifier", nil, func() any { return map[string]int{"instance": i} })
+		register(t, connect(t, e, RoleVerifier), "weir-verifier", nil, func() any { return map[string]int{"instance": i} })
 	}
-	st := status(t, connect(t, e, "cli"))
+	st := status(t, connect(t, e, RoleCLI))
 	if len(st) != 2 || st[0].ID == st[1].ID {
 		t.Fatalf("Status = %+v, want two instances", st)
 	}
@@ -210,9 +274,10 @@ func TestStatusInstances(t *testing.T) {
 // namespace.
 func TestStatusNamespaces(t *testing.T) {
 	e := startServer(t)
-	for _, ns := range []string{"weir", "stack-b.prod"} {
-		for _, name := range []string{"weir-metadata", "weir-io"} {
-			svc, err := Register(connect(t, e, name), ServiceInfo{Name: name, Namespace: ns}, nil,
+	for _, ns := range []string{"weir", otherNS} {
+		for _, r := range []Role{RoleMetadata, RoleIO} {
+			name := r.ServiceName()
+			svc, err := Register(connectIn(t, e, ns, r), ServiceInfo{Name: name, Namespace: ns}, nil,
 				func() any { return map[string]string{"namespace": ns} })
 			if err != nil {
 				t.Fatal(err)
@@ -220,8 +285,8 @@ func TestStatusNamespaces(t *testing.T) {
 			t.Cleanup(func() { _ = svc.Stop() })
 		}
 	}
-	cli := connect(t, e, "cli")
-	for _, tc := range []struct{ ask, want string }{{"", "weir"}, {"weir", "weir"}, {"stack-b.prod", "stack-b.prod"}} {
+	cli := connectAdmin(t, e, nil) // sees both stacks
+	for _, tc := range []struct{ ask, want string }{{"", "weir"}, {"weir", "weir"}, {otherNS, otherNS}} {
 		st := statusIn(t, cli, tc.ask)
 		if len(st) != 2 {
 			t.Fatalf("Status(%q) found %d services, want 2: %+v", tc.ask, len(st), st)
@@ -248,12 +313,12 @@ func TestStatusNamespaces(t *testing.T) {
 // are unhealthy.
 func TestStatusExpected(t *testing.T) {
 	e := startServer(t)
-	register(t, connect(t, e, "metadata"), "weir-metadata", nil, nil)
+	register(t, connect(t, e, RoleMetadata), "weir-metadata", nil, nil)
 	hang := make(chan struct{})
 	t.Cleanup(func() { close(hang) })
-	register(t, connect(t, e, "verifier"), "weir-verifier", func() error { <-hang; return nil }, nil)
+	register(t, connect(t, e, RoleVerifier), "weir-verifier", func() error { <-hang; return nil }, nil)
 
-	cli := connect(t, e, "cli")
+	cli := connect(t, e, RoleCLI)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	st, err := Status(ctx, cli, "", "weir-metadata", "weir-io", "weir-verifier")
@@ -295,7 +360,7 @@ func TestStatusExpectedNoServer(t *testing.T) {
 	e := startServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	st, err := Status(ctx, connect(t, e, "cli"), "", "weir-io")
+	st, err := Status(ctx, connect(t, e, RoleCLI), "", "weir-io")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +372,7 @@ func TestStatusExpectedNoServer(t *testing.T) {
 func TestStatusNoServices(t *testing.T) {
 	e := startServer(t)
 	var out bytes.Buffer
-	st := status(t, connect(t, e, "cli"))
+	st := status(t, connect(t, e, RoleCLI))
 	if len(st) != 0 {
 		t.Fatalf("Status = %+v", st)
 	}
@@ -320,7 +385,7 @@ func TestStatusNoServices(t *testing.T) {
 
 func TestRegisterRefusesBadNames(t *testing.T) {
 	e := startServer(t)
-	nc := connect(t, e, "svc")
+	nc := connectAdmin(t, e, nil)
 	for _, name := range []string{"metadata", "weir-", "weir-a.b", "weir-*"} {
 		if svc, err := Register(nc, ServiceInfo{Name: name}, nil, nil); err == nil {
 			_ = svc.Stop()
@@ -337,7 +402,7 @@ func TestRegisterRefusesBadNames(t *testing.T) {
 
 func TestStartEmbeddedErrors(t *testing.T) {
 	for _, listen := range []string{"0.0.0.0:0", "10.1.2.3:4222", "127.0.0.1", "127.0.0.1:99999"} {
-		if e, err := StartEmbedded(listen, nil); err == nil {
+		if e, err := StartEmbedded(EmbeddedOptions{Listen: listen, UnsafeNoAuth: true}); err == nil {
 			e.Shutdown()
 			t.Errorf("StartEmbedded(%q) succeeded", listen)
 		}
@@ -345,7 +410,7 @@ func TestStartEmbeddedErrors(t *testing.T) {
 	// A port in use is an error, not a hang.
 	e := startServer(t)
 	u, _ := url.Parse(e.URL())
-	if e2, err := StartEmbedded(u.Host, nil); err == nil {
+	if e2, err := StartEmbedded(EmbeddedOptions{Listen: u.Host, UnsafeNoAuth: true}); err == nil {
 		e2.Shutdown()
 		t.Errorf("second server on %s started", u.Host)
 	}
@@ -354,18 +419,10 @@ func TestStartEmbeddedErrors(t *testing.T) {
 // TestConnectReconnects: a connection survives the server going away and
 // coming back on the same port, and logs both events.
 func TestConnectReconnects(t *testing.T) {
-	e, err := StartEmbedded("127.0.0.1:0", testLogger(t, nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := startServerAt(t, "127.0.0.1:0")
 	u, _ := url.Parse(e.URL())
 	var logs syncBuffer
-	nc, err := Connect(e.URL(), "reconnect-test", testLogger(t, &logs))
-	if err != nil {
-		e.Shutdown()
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := connectAdmin(t, e, testLogger(t, &logs))
 	sub, err := nc.Subscribe("weir.test.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
 	if err != nil {
 		t.Fatal(err)
@@ -378,11 +435,12 @@ func TestConnectReconnects(t *testing.T) {
 		t.Fatal("connection closed instead of reconnecting")
 	}
 
-	e, err = StartEmbedded(u.Host, testLogger(t, nil))
+	users := append(e.creds[DefaultNamespace].Users(DefaultNamespace), User{Nkey: e.adminPub(), Permissions: Permissions{Publish: []string{">"}, Subscribe: []string{">"}}})
+	e2, err := StartEmbedded(EmbeddedOptions{Listen: u.Host, Users: users, Logger: testLogger(t, nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Shutdown()
+	defer e2.Shutdown()
 	waitFor(t, "reconnect", nc.IsConnected)
 
 	// The subscription came back with the connection.

@@ -29,8 +29,10 @@
 package control
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -47,12 +49,28 @@ type Embedded struct {
 	srv *server.Server // immutable after StartEmbedded
 }
 
+// EmbeddedOptions configure StartEmbedded.
+type EmbeddedOptions struct {
+	// Listen is "host:port" on a loopback address (127.0.0.1, ::1 or
+	// localhost); port -1 or 0 picks a free port.
+	Listen string
+	// Users are the only connections the server admits, each with its
+	// permissions (Creds.Users); there must be at least one.
+	Users []User
+	// UnsafeNoAuth admits every connection with every permission, as a
+	// NATS server without authorization does. Only tests set it, to show
+	// what authentication prevents; no configuration file can.
+	UnsafeNoAuth bool
+	Logger       hclog.Logger
+}
+
 // StartEmbedded runs a nats-server in this process and returns once it
-// accepts connections. listen is "host:port" on a loopback address
-// (127.0.0.1, ::1 or localhost); port -1 or 0 picks a free port. The
-// server has no JetStream, no auth (it is reachable from this host only),
-// no monitoring port and no signal handlers; it logs through log.
-func StartEmbedded(listen string, log hclog.Logger) (*Embedded, error) {
+// accepts connections. It listens on loopback only and admits only
+// o.Users, authenticated by nkey, each with its permissions. The server
+// has no JetStream, no monitoring port and no signal handlers; it logs
+// through o.Logger.
+func StartEmbedded(o EmbeddedOptions) (*Embedded, error) {
+	listen, log := o.Listen, o.Logger
 	host, port, err := parseListen(listen)
 	if err != nil {
 		return nil, err
@@ -60,13 +78,22 @@ func StartEmbedded(listen string, log hclog.Logger) (*Embedded, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
+	if len(o.Users) == 0 && !o.UnsafeNoAuth {
+		return nil, errors.New("embedded nats: no users: refusing to run a server that any local process could use")
+	}
 	opts := &server.Options{
-		ServerName: "weir-embedded",
-		Host:       host,
-		Port:       port,
-		NoSigs:     true,  // weir up handles SIGINT/SIGTERM itself
-		JetStream:  false, // control messages only: nothing durable on NATS
-		HTTPPort:   0,     // no monitoring endpoint
+		ServerName:      "weir-embedded",
+		Host:            host,
+		Port:            port,
+		NoSigs:          true,  // weir up handles SIGINT/SIGTERM itself
+		JetStream:       false, // control messages only: nothing durable on NATS
+		HTTPPort:        0,     // no monitoring endpoint
+		NoSystemAccount: true,
+	}
+	if !o.UnsafeNoAuth {
+		for _, u := range o.Users {
+			opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: u.Nkey, Permissions: serverPermissions(u.Permissions)})
+		}
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
@@ -93,6 +120,25 @@ func StartEmbedded(listen string, log hclog.Logger) (*Embedded, error) {
 	}
 	log.Info("embedded nats ready", "url", srv.ClientURL())
 	return &Embedded{srv: srv}, nil
+}
+
+// serverPermissions is p in the server's terms; allow_responses as the
+// configuration file sets it.
+func serverPermissions(p Permissions) *server.Permissions {
+	sp := &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: slices.Clone(p.Publish)},
+		Subscribe: &server.SubjectPermission{Allow: slices.Clone(p.Subscribe)},
+	}
+	if len(p.Publish) == 0 {
+		sp.Publish = &server.SubjectPermission{Deny: []string{">"}}
+	}
+	if len(p.Subscribe) == 0 {
+		sp.Subscribe = &server.SubjectPermission{Deny: []string{">"}}
+	}
+	if p.Responses {
+		sp.Response = &server.ResponsePermission{MaxMsgs: server.DEFAULT_ALLOW_RESPONSE_MAX_MSGS, Expires: server.DEFAULT_ALLOW_RESPONSE_EXPIRATION}
+	}
+	return sp
 }
 
 // URL is where clients connect, e.g. "nats://127.0.0.1:40123".

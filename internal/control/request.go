@@ -1,6 +1,7 @@
 package control
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -11,15 +12,23 @@ import (
 // Request sends msg as JSON on subj and decodes the JSON reply into reply.
 // Control messages are small and rare; JSON keeps them readable on the wire.
 func Request(nc *nats.Conn, subj string, msg, reply any, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return RequestContext(ctx, nc, subj, msg, reply)
+}
+
+// RequestContext is Request bounded by ctx: a caller that learns the
+// responder is gone cancels ctx and the request fails at once.
+func RequestContext(ctx context.Context, nc *nats.Conn, subj string, msg, reply any) error {
 	data, err := json.Marshal(msg)
 	if err != nil {
 		return fmt.Errorf("%s: %w", subj, err)
 	}
-	m, err := nc.Request(subj, data, timeout)
+	m, err := nc.RequestWithContext(ctx, subj, data)
 	if err != nil {
 		return fmt.Errorf("%s: %w", subj, err)
 	}
-	if err := json.Unmarshal(m.Data, reply); err != nil {
+	if err := Decode(m.Data, reply); err != nil {
 		return fmt.Errorf("%s: bad reply: %w", subj, err)
 	}
 	return nil

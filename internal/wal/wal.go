@@ -215,7 +215,14 @@ type Options struct {
 	Dir         string
 	SegmentSize int64        // start a new segment past this size; 0 means DefaultSegmentSize
 	Logger      hclog.Logger // never nil
+	// ReadOnly makes Recover change nothing on disk: a torn tail is
+	// reported and skipped, not cut, and the Writer it returns refuses
+	// every append and flush with ErrReadOnly (an offline check).
+	ReadOnly bool
 }
+
+// ErrReadOnly is the sticky failure of a Writer recovered read-only.
+var ErrReadOnly = errors.New("wal opened read-only")
 
 // Recover reads the log in o.Dir, passes every record with an LSN above
 // after to apply, in order, cuts a torn tail, makes what remains durable and
@@ -280,6 +287,15 @@ func Recover(o Options, after uint64, apply func(Record) error) (*Writer, error)
 	}
 	if expect < after+1 {
 		return nil, fmt.Errorf("WAL in %s ends at LSN %d, but the checkpoint covers up to %d: segment %s is missing", o.Dir, expect-1, after, SegmentName(after+1))
+	}
+	if o.ReadOnly {
+		if last.badHeader != "" || last.torn != "" {
+			o.Logger.Info("read-only: the WAL ends torn; the tail is skipped, not cut", "file", last.path,
+				"offset", last.end, "reason", last.badHeader+last.torn)
+		}
+		w.next, w.synced, w.closed = expect, expect-1, true
+		w.err = ErrReadOnly
+		return w, nil
 	}
 	if last.badHeader != "" {
 		o.Logger.Warn("removing WAL segment with a torn header", "file", last.path, "reason", last.badHeader)

@@ -109,8 +109,16 @@ func (s *state) check(strictOrphans bool) error {
 				}
 			}
 		}
-		if names[ino] == 0 && ino != RootIno && strictOrphans && n.opens == 0 {
+		if names[ino] == 0 && ino != RootIno && strictOrphans && n.opens == 0 && !n.held {
 			bad("inode %d has no name and is not open", ino)
+		}
+		if _, dead := s.dead[a.Blob]; dead && a.Blob != 0 {
+			bad("file %d: its blob %d awaits deletion", ino, a.Blob)
+		}
+	}
+	for blob := range s.dead {
+		if blob == 0 {
+			bad("blob 0 awaits deletion")
 		}
 	}
 	if len(errs) > 0 {

@@ -11,11 +11,13 @@ import (
 	"github.com/weir-storage/weir/internal/wal"
 )
 
-// Checkpoint format constants (version 1); see the package comment.
+// Checkpoint format constants (version 2; version 1 is still read); see
+// the package comment.
 const (
-	ckptVersion    = 1
+	ckptVersion    = 2
 	ckptHeaderSize = 64
 	ckptMinInode   = 68 // bytes of an inode record without entries
+	ckptBootSize   = 4 + 16 + 32
 )
 
 var ckptMagic = [8]byte{'w', 'e', 'i', 'r', 'c', 'k', 'p', 't'}
@@ -40,7 +42,17 @@ func encodeCheckpoint(s *state, lsn uint64) []byte {
 		inos = append(inos, ino)
 	}
 	slices.Sort(inos)
-	b := make([]byte, ckptHeaderSize, ckptHeaderSize+len(inos)*(ckptMinInode+16))
+	dead := make([]uint64, 0, len(s.dead))
+	for blob := range s.dead {
+		dead = append(dead, blob)
+	}
+	slices.Sort(dead)
+	b := make([]byte, ckptHeaderSize, ckptHeaderSize+ckptBootSize+8+8*len(dead)+len(inos)*(ckptMinInode+16))
+	b = s.boot.encode(b)
+	b = le.AppendUint64(b, uint64(len(dead)))
+	for _, blob := range dead {
+		b = le.AppendUint64(b, blob)
+	}
 	var names []string
 	for _, ino := range inos {
 		n := s.inodes[ino]
@@ -92,8 +104,12 @@ func decodeCheckpoint(data []byte) (*state, uint64, error) {
 	if [8]byte(h[:8]) != ckptMagic {
 		return nil, 0, fmt.Errorf("bad magic %q", h[:8])
 	}
-	if v := le.Uint32(h[8:]); v != ckptVersion {
-		return nil, 0, fmt.Errorf("unsupported version %d", v)
+	version := le.Uint32(h[8:])
+	if version != 1 && version != ckptVersion {
+		return nil, 0, fmt.Errorf("unsupported version %d", version)
+	}
+	if le.Uint64(h[52:]) != 0 {
+		return nil, 0, fmt.Errorf("reserved header bytes are not zero")
 	}
 	if v := le.Uint32(h[12:]); v != ckptHeaderSize {
 		return nil, 0, fmt.Errorf("unsupported header size %d", v)
@@ -106,11 +122,33 @@ func decodeCheckpoint(data []byte) (*state, uint64, error) {
 	if wal.Checksum(body) != le.Uint32(h[48:]) {
 		return nil, 0, fmt.Errorf("body checksum mismatch")
 	}
-	if count > uint64(len(body))/ckptMinInode {
-		return nil, 0, fmt.Errorf("inode count %d does not fit %d bytes", count, len(body))
-	}
-	s := &state{inodes: make(map[Ino]*inode, count), nextIno: next}
+	s := &state{nextIno: next, dead: map[uint64]struct{}{}}
 	d := &decoder{b: body}
+	if version >= 2 {
+		s.boot.incarnation = d.u32()
+		copy(s.boot.stackID[:], d.take(16))
+		copy(s.boot.key[:], d.take(32))
+		ndead := d.u64()
+		if d.err != nil || ndead > uint64(len(d.b))/8 {
+			return nil, 0, fmt.Errorf("dead blob count %d does not fit the body", ndead)
+		}
+		prev := uint64(0)
+		for range ndead {
+			blob := d.u64()
+			if blob <= prev {
+				return nil, 0, fmt.Errorf("dead blobs not ascending at %d", blob)
+			}
+			s.dead[blob], prev = struct{}{}, blob
+		}
+		if (s.boot.incarnation == 0) != (s.boot.stackID == [16]byte{}) || (s.boot.incarnation == 0) != (s.boot.key == [32]byte{}) ||
+			s.boot.incarnation > MaxIncarnation {
+			return nil, 0, fmt.Errorf("boot fields inconsistent (incarnation %d)", s.boot.incarnation)
+		}
+	}
+	if count > uint64(len(d.b))/ckptMinInode {
+		return nil, 0, fmt.Errorf("inode count %d does not fit %d bytes", count, len(d.b))
+	}
+	s.inodes = make(map[Ino]*inode, count)
 	for i := uint64(0); i < count && d.err == nil; i++ {
 		n := &inode{attr: Attr{
 			Ino: d.ino(), Mode: d.u32(), UID: d.u32(), GID: d.u32(), Nlink: d.u32(),

@@ -29,6 +29,14 @@
 // any non-negative size (no EFBIG); writes reported through SetLive do
 // not clear setuid/setgid (SetLive carries no credentials).
 //
+// Every path operation has an At form (StatAt, OpenAt, MkdirAt, ...) that
+// resolves a relative path from a directory inode, as the *at() system
+// calls resolve from a directory file descriptor; an absolute path starts
+// at the root either way, and ".." climbs out of the directory. A removed
+// directory that is still open is a valid start: nothing is found in it
+// and creating in it is ENOENT. FChmod, FChown and FChtimes change an open
+// inode by number.
+//
 // Timestamps: creating, removing and renaming entries set the parent
 // directories' mtime and ctime; attribute changes and unlinks set the
 // inode's ctime. atime is never updated by reads (noatime); it changes
@@ -65,12 +73,29 @@
 // Recovery (Open): remove ckpt-*.tmp; load the newest checkpoint that
 // verifies (a damaged one is logged, skipped and renamed to *.corrupt once
 // recovery succeeds; with none valid Open fails); replay the WAL records
-// with larger LSNs; cut a torn tail; free the inodes that have no name
-// (they were unlinked while open; opens do not survive a restart) and
-// report their blobs through Orphans; run Check. WAL damage that a crash
-// cannot explain fails Open with an error naming the file and offset: a
-// bad record followed by a valid one, a bad record in a segment that is
-// not the last, a gap in the LSNs, a record that does not apply.
+// with larger LSNs; cut a torn tail; hold the inodes that have no name
+// (they were unlinked while open: opens do not survive a restart, but
+// their holders may come back with Reopen) and report their blobs through
+// Orphans, until ReleaseHeld frees those nobody reopened; log and flush a
+// boot record that starts the next incarnation; run Check. WAL damage
+// that a crash cannot explain fails Open with an error naming the file and
+// offset: a bad record followed by a valid one, a bad record in a segment
+// that is not the last, a gap in the LSNs, a record that does not apply.
+// With Options.ReadOnly nothing on disk changes: no file is removed or
+// renamed, a torn tail is skipped in memory, no incarnation starts.
+//
+// Incarnations. Every Open (but a read-only one) starts an incarnation, one
+// more than the last: the metadata service puts it in every session id and
+// handle, so none is reused across restarts. The first boot record also
+// chooses the stack id (16 random bytes, the namespace's identity) and
+// the ticket key (32 random bytes, which the service signs reopen tickets
+// with); later ones repeat both.
+//
+// Blobs awaiting deletion. Freeing a file's inode puts its blob in a set
+// that is persisted with the namespace (in checkpoints, and implied by the
+// free records in between); BlobGone removes it once the IO service
+// deleted the blob, MarkDead adds an orphan found in the backend. A delete
+// lost in a crash is therefore retried after the restart.
 //
 // # Why a WAL with checkpoints, not an embedded store such as bbolt
 //
@@ -122,16 +147,22 @@
 //	           (mask bits 1 mode, 2 uid, 4 gid, 8 size, 16 atime,
 //	           32 mtime, 64 ctime: only those fields are applied)
 //	5 free     u64 ino
+//	6 boot     u32 incarnation, [16]byte stack id, [32]byte ticket key
+//	7 dead     u64 blob (an orphan blob now awaits deletion)
+//	8 gone     u64 blob (deleted; it no longer awaits deletion)
 //
 // flags bit 0 of remove and rename: the removed (or replaced) inode is
 // dropped at once; otherwise it lives on without a name (still open) until
 // a free record. Inode numbers are allocated consecutively and never
-// reused: a create carries exactly the next number.
+// reused: a create carries exactly the next number. A boot record must
+// carry a larger incarnation than the last, and the first one's stack id
+// and key; a gone record must name a blob awaiting deletion, a dead record
+// one that no inode owns.
 //
 // Checkpoint ckpt-<LSN>.ckpt: a 64-byte header, then the body.
 //
 //	header  0  [8]byte magic "weirckpt"
-//	        8  u32 format version (1)
+//	        8  u32 format version (2; version 1 is read too)
 //	       12  u32 header size (64)
 //	       16  u64 LSN: the state after every WAL record up to this one
 //	       24  u64 next inode number
@@ -141,7 +172,12 @@
 //	       52  [8]byte reserved, 0
 //	       60  u32 CRC-32C of bytes 0..60
 //
-//	body    one record per inode, ascending by inode number:
+//	body    version 2 starts with the boot fields and the blobs awaiting
+//	        deletion (version 1 has neither):
+//	        0  u32 incarnation (0: none yet)    4 [16]byte stack id
+//	       20  [32]byte ticket key             52 u64 count n
+//	       60  n x u64 blob, strictly ascending
+//	        then one record per inode, ascending by inode number:
 //	        0  u64 ino       8 u32 mode     12 u32 uid      16 u32 gid
 //	       20  u32 nlink    24 i64 size     32 i64 atime    40 i64 mtime
 //	       48  i64 ctime    56 u64 blob     64 u32 entry count

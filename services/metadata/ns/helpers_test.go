@@ -277,6 +277,12 @@ func dump(n *NS) string {
 		}
 	}
 	walk("", n.st.root())
+	dead := make([]uint64, 0, len(n.st.dead))
+	for blob := range n.st.dead {
+		dead = append(dead, blob)
+	}
+	slices.Sort(dead)
+	fmt.Fprintf(&b, "awaiting deletion: %v\n", dead)
 	return b.String()
 }
 

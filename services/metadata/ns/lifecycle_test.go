@@ -2,10 +2,12 @@ package ns
 
 import (
 	"errors"
+	"slices"
 	"syscall"
 	"testing"
 
 	"github.com/weir-storage/weir/internal/vfs"
+	"github.com/weir-storage/weir/internal/wal"
 )
 
 func stat(t *testing.T, n *NS, p string) Attr {
@@ -368,24 +370,228 @@ func TestOrphansAfterRestart(t *testing.T) {
 	_, err = n.Unlink(root, "g")
 	must(t, err)
 	release(t, n, b.Ino) // freed now, not an orphan
-	must(t, n.Close())   // a stays open: its handle dies with the service
+	if got := n.PendingDeletes(); !slices.Equal(got, []uint64{uint64(b.Ino)}) {
+		t.Fatalf("PendingDeletes() = %v, want [%d]", got, b.Ino)
+	}
+	must(t, n.Close()) // a stays open: its handle dies with the service
 	n2 := openMem(t, m, testOpts(clk))
 	if got := n2.Orphans(); len(got) != 1 || got[0] != uint64(a.Ino) {
 		t.Fatalf("Orphans() = %v, want [%d]", got, a.Ino)
 	}
+	// Held for a reopen until ReleaseHeld.
+	if got := n2.Held(); !slices.Equal(got, []Ino{a.Ino}) {
+		t.Fatalf("Held() = %v, want [%d]", got, a.Ino)
+	}
+	must(t, n2.Check())
+	blobs, err := n2.ReleaseHeld()
+	must(t, err)
+	if !slices.Equal(blobs, []uint64{uint64(a.Ino)}) {
+		t.Fatalf("ReleaseHeld() = %v, want [%d]", blobs, a.Ino)
+	}
 	if _, err := n2.GetAttr(a.Ino); errno(t, err) != syscall.ENOENT {
 		t.Fatalf("orphan still present: %v", err)
+	}
+	if got := n2.PendingDeletes(); !slices.Equal(got, []uint64{uint64(a.Ino), uint64(b.Ino)}) {
+		t.Fatalf("PendingDeletes() = %v, want both blobs", got)
+	}
+	must(t, n2.BlobGone(uint64(b.Ino)))
+	if err := n2.BlobGone(uint64(b.Ino)); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("BlobGone twice: %v", err)
 	}
 	must(t, n2.Close())
 	n3 := openMem(t, m, testOpts(clk))
 	if got := n3.Orphans(); len(got) != 0 {
 		t.Fatalf("orphans reported twice: %v", got)
 	}
+	// The pending delete survived the restart; the gone one did not come back.
+	if got := n3.PendingDeletes(); !slices.Equal(got, []uint64{uint64(a.Ino)}) {
+		t.Fatalf("PendingDeletes() after restart = %v, want [%d]", got, a.Ino)
+	}
 	c := create(t, n3, root, "h")
 	if c.Ino <= b.Ino {
 		t.Fatalf("inode number %d reused (last was %d)", c.Ino, b.Ino)
 	}
 	release(t, n3, c.Ino)
+}
+
+// TestReopenHeld: a file unlinked while open survives a restart for its
+// holder, who reopens it by number; it goes when that open is released.
+func TestReopenHeld(t *testing.T) {
+	m := vfs.NewMem()
+	clk := newClock()
+	n := openMem(t, m, testOpts(clk))
+	a := create(t, n, root, "f")
+	_, err := n.Unlink(root, "f")
+	must(t, err)
+	must(t, n.Close())
+	n2 := openMem(t, m, testOpts(clk))
+	got, err := n2.Reopen(a.Ino)
+	must(t, err)
+	if got.Ino != a.Ino || got.Nlink != 0 {
+		t.Fatalf("Reopen = %+v", got)
+	}
+	if blobs, err := n2.ReleaseHeld(); err != nil || len(blobs) != 0 {
+		t.Fatalf("ReleaseHeld freed a reopened file: %v, %v", blobs, err)
+	}
+	must(t, n2.Check())
+	if blob := release(t, n2, a.Ino); blob != uint64(a.Ino) {
+		t.Fatalf("last release of the reopened orphan returned blob %d", blob)
+	}
+	if _, err := n2.Reopen(a.Ino); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("Reopen of a freed inode: %v", err)
+	}
+	must(t, n2.Close())
+}
+
+// TestIncarnations: every open starts a newer incarnation; the stack id and
+// ticket key are chosen once, and a read-only open starts none.
+func TestIncarnations(t *testing.T) {
+	m := vfs.NewMem()
+	clk := newClock()
+	n := openMem(t, m, testOpts(clk))
+	if n.Incarnation() != 1 || n.StackID() == ([16]byte{}) || n.TicketKey() == ([32]byte{}) {
+		t.Fatalf("first open: incarnation %d, stack %x, key zero %v", n.Incarnation(), n.StackID(), n.TicketKey() == [32]byte{})
+	}
+	id, key := n.StackID(), n.TicketKey()
+	must(t, n.Close())
+	for want := uint32(2); want <= 4; want++ {
+		n = openMem(t, m, testOpts(clk))
+		if n.Incarnation() != want || n.StackID() != id || n.TicketKey() != key {
+			t.Fatalf("open %d: incarnation %d, same id %v, same key %v", want, n.Incarnation(), n.StackID() == id, n.TicketKey() == key)
+		}
+		if want == 3 {
+			n.crash() // a crash does not lose the incarnation: it was synced at open
+			continue
+		}
+		must(t, n.Close())
+	}
+	o := testOpts(clk)
+	o.ReadOnly = true
+	ro, err := open(o, config{fs: m, inlineCheckpoint: true})
+	must(t, err)
+	if ro.Incarnation() != 4 {
+		t.Errorf("read-only open: incarnation %d, want the last one, 4", ro.Incarnation())
+	}
+	must(t, ro.Close())
+	n = openMem(t, m, testOpts(clk))
+	if n.Incarnation() != 5 {
+		t.Errorf("after a read-only open: incarnation %d, want 5", n.Incarnation())
+	}
+	must(t, n.Close())
+}
+
+// TestReadOnlyChangesNothing: an offline check's open leaves every file
+// byte for byte as it was, torn tail and unnamed inodes included, and
+// refuses mutations.
+func TestReadOnlyChangesNothing(t *testing.T) {
+	m := vfs.NewMem()
+	clk := newClock()
+	n := openMem(t, m, testOpts(clk))
+	create(t, n, root, "keep")
+	a := create(t, n, root, "open")
+	_, err := n.Unlink(root, "open")
+	must(t, err)
+	_ = a
+	n.crash()
+	img := m.Snapshot()
+	o := testOpts(clk)
+	o.ReadOnly = true
+	ro, err := open(o, config{fs: m, inlineCheckpoint: true})
+	must(t, err)
+	if _, err := ro.Stat(root, "keep"); err != nil {
+		t.Fatalf("read-only stat: %v", err)
+	}
+	if _, err := ro.Mkdir(root, "d", 0o755); !errors.Is(err, syscall.EIO) || !errors.Is(err, wal.ErrReadOnly) {
+		t.Fatalf("read-only mkdir: %v, want EIO (read-only)", err)
+	}
+	if _, err := ro.ReleaseHeld(); err == nil {
+		t.Fatal("read-only ReleaseHeld succeeded")
+	}
+	must(t, ro.Check())
+	must(t, ro.Close())
+	names, _ := m.List(o.Dir)
+	before, _ := img.List(o.Dir)
+	if !slices.Equal(names, before) {
+		t.Fatalf("files changed: %v, was %v", names, before)
+	}
+	for _, name := range names {
+		x, _ := m.ReadFile(o.Dir + "/" + name)
+		y, _ := img.ReadFile(o.Dir + "/" + name)
+		if string(x) != string(y) {
+			t.Errorf("%s changed", name)
+		}
+	}
+}
+
+// TestAtOperations: path operations relative to a directory, as the
+// *at() system calls, and attribute changes by inode.
+func TestAtOperations(t *testing.T) {
+	n, _ := newNS(t)
+	d, err := n.Mkdir(root, "d", 0o755)
+	must(t, err)
+	_, err = n.MkdirAt(root, d.Ino, "sub", 0o700)
+	must(t, err)
+	f, _, err := n.OpenAt(root, d.Ino, "sub/f", syscall.O_CREAT|syscall.O_WRONLY, 0o644)
+	must(t, err)
+	if got := stat(t, n, "/d/sub/f"); got.Ino != f.Ino {
+		t.Fatalf("OpenAt created %d, /d/sub/f is %d", f.Ino, got.Ino)
+	}
+	// Relative paths start at the directory, absolute ones at the root,
+	// and ".." climbs out of it.
+	if a, err := n.StatAt(root, d.Ino, "/d"); err != nil || a.Ino != d.Ino {
+		t.Fatalf("StatAt(/d) = %+v, %v", a, err)
+	}
+	if a, err := n.StatAt(root, d.Ino, "../d/sub/f"); err != nil || a.Ino != f.Ino {
+		t.Fatalf("StatAt(../d/sub/f) = %+v, %v", a, err)
+	}
+	if _, err := n.StatAt(root, f.Ino, "x"); errno(t, err) != syscall.ENOTDIR {
+		t.Fatalf("StatAt from a file: %v, want ENOTDIR", err)
+	}
+	if _, err := n.StatAt(root, 999, "x"); errno(t, err) != syscall.EBADF {
+		t.Fatalf("StatAt from a missing inode: %v, want EBADF", err)
+	}
+	_, err = n.RenameAt(root, d.Ino, "sub/f", RootIno, "g")
+	must(t, err)
+	ents, err := n.ReadDirAt(root, d.Ino, "sub")
+	must(t, err)
+	if len(ents) != 0 {
+		t.Fatalf("sub still holds %v", ents)
+	}
+	must(t, n.ChmodAt(root, RootIno, "g", 0o600))
+	must(t, n.FChmod(root, f.Ino, 0o640))
+	must(t, n.FChown(root, f.Ino, -1, 77))
+	must(t, n.FChtimes(root, f.Ino, 5, TimeOmit))
+	a := stat(t, n, "g")
+	if a.Mode&0o7777 != 0o640 || a.GID != 77 || a.Atime != 5 {
+		t.Fatalf("after FChmod/FChown/FChtimes: %+v", a)
+	}
+	if err := n.FChmod(u1, f.Ino, 0o777); errno(t, err) != syscall.EPERM {
+		t.Fatalf("FChmod by a non-owner: %v, want EPERM", err)
+	}
+	if err := n.FChmod(root, 12345, 0o777); errno(t, err) != syscall.EBADF {
+		t.Fatalf("FChmod of a missing inode: %v, want EBADF", err)
+	}
+	// A removed directory that is still open: lookups find nothing,
+	// creating in it is ENOENT, "." is still itself.
+	sub := stat(t, n, "d/sub")
+	_, _, err = n.Open(root, "d/sub", syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	must(t, err)
+	must(t, n.Rmdir(root, "d/sub"))
+	if _, _, err := n.OpenAt(root, sub.Ino, "new", syscall.O_CREAT|syscall.O_WRONLY, 0o644); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("create in a removed directory: %v, want ENOENT", err)
+	}
+	if _, err := n.MkdirAt(root, sub.Ino, "new", 0o755); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("mkdir in a removed directory: %v, want ENOENT", err)
+	}
+	if _, err := n.RenameAt(root, RootIno, "g", sub.Ino, "g"); errno(t, err) != syscall.ENOENT {
+		t.Fatalf("rename into a removed directory: %v, want ENOENT", err)
+	}
+	if a, err := n.StatAt(root, sub.Ino, "."); err != nil || a.Ino != sub.Ino || a.Nlink != 0 {
+		t.Fatalf("stat . of a removed directory: %+v, %v", a, err)
+	}
+	release(t, n, sub.Ino)
+	release(t, n, f.Ino)
+	must(t, n.Check())
 }
 
 func TestClosed(t *testing.T) {

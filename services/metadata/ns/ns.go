@@ -1,6 +1,7 @@
 package ns
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -44,7 +45,7 @@ type NS struct {
 	closed bool
 	buf    []byte // record encoding buffer; protected by mu (write)
 
-	orphans []uint64 // immutable after Open
+	orphans []uint64 // blobs of the inodes recovery found without a name; immutable after Open
 
 	sinceCkpt atomic.Int64  // records appended since the last checkpoint snapshot
 	ckptKick  chan struct{} // wakes the checkpointer; capacity 1
@@ -105,7 +106,11 @@ func open(opts Options, cfg config) (*NS, error) {
 		ckptKick: make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 	}
-	if err := n.fs.MkdirAll(opts.Dir); err != nil {
+	if opts.ReadOnly {
+		if _, err := n.fs.List(opts.Dir); err != nil {
+			return nil, &IOError{Op: "open " + opts.Dir, Err: err}
+		}
+	} else if err := n.fs.MkdirAll(opts.Dir); err != nil {
 		return nil, &IOError{Op: "create " + opts.Dir, Err: err}
 	}
 	lock, err := n.fs.Lock(filepath.Join(opts.Dir, lockName))
@@ -119,6 +124,9 @@ func open(opts Options, cfg config) (*NS, error) {
 		}
 		lock.Close()
 		return nil, fmt.Errorf("ns: recover %s: %w", opts.Dir, err)
+	}
+	if opts.ReadOnly {
+		return n, nil
 	}
 	if !opts.SyncEveryOp {
 		n.wg.Add(1)
@@ -143,6 +151,9 @@ func (n *NS) recover() error {
 	for _, name := range names {
 		switch {
 		case strings.HasPrefix(name, "ckpt-") && strings.HasSuffix(name, ".tmp"):
+			if n.opts.ReadOnly {
+				continue
+			}
 			n.log.Info("removing unfinished checkpoint", "file", name)
 			if err := n.fs.Remove(filepath.Join(dir, name)); err != nil {
 				return err
@@ -156,7 +167,10 @@ func (n *NS) recover() error {
 		}
 	}
 	slices.Sort(ckpts)
-	walOpts := wal.Options{FS: n.fs, Dir: dir, SegmentSize: n.cfg.segmentSize, Logger: n.log}
+	walOpts := wal.Options{FS: n.fs, Dir: dir, SegmentSize: n.cfg.segmentSize, Logger: n.log, ReadOnly: n.opts.ReadOnly}
+	if len(ckpts) == 0 && n.opts.ReadOnly {
+		return errors.New("no namespace here (no checkpoint)")
+	}
 	if len(ckpts) == 0 {
 		// A new namespace: the first segment, then checkpoint 0. A crash in
 		// between leaves an empty first segment; a checkpoint without a WAL
@@ -182,7 +196,7 @@ func (n *NS) recover() error {
 			return err
 		}
 		n.ckpts = []uint64{0}
-		return nil
+		return n.boot()
 	}
 	chosen := -1
 	var lsn uint64
@@ -220,6 +234,9 @@ func (n *NS) recover() error {
 		return err
 	}
 	for _, bad := range ckpts[chosen+1:] {
+		if n.opts.ReadOnly {
+			break
+		}
 		path := filepath.Join(dir, ckptName(bad))
 		if err := n.fs.Rename(path, path+".corrupt"); err != nil {
 			return err
@@ -228,29 +245,45 @@ func (n *NS) recover() error {
 	n.ckpts = ckpts[:chosen+1]
 	n.sinceCkpt.Store(int64(replayed))
 	n.log.Info("namespace recovered", "checkpoint", lsn, "replayed", replayed, "inodes", len(n.st.inodes))
-	// Opens do not survive a restart: inodes without a name go now.
-	var unnamed []Ino
-	for ino, nd := range n.st.inodes {
+	// Opens do not survive a restart, but their holders may reopen the
+	// files (with the tickets their opens gave them) once the service is
+	// back: inodes without a name are held until ReleaseHeld.
+	for _, nd := range n.st.inodes {
 		if nd.attr.Nlink == 0 {
-			unnamed = append(unnamed, ino)
+			nd.held = true
+			if nd.attr.Blob != 0 {
+				n.orphans = append(n.orphans, nd.attr.Blob)
+			}
 		}
 	}
-	slices.Sort(unnamed)
-	for _, ino := range unnamed {
-		if blob := n.st.inodes[ino].attr.Blob; blob != 0 {
-			n.orphans = append(n.orphans, blob)
-		}
-		if _, err := n.logLocked(&freeRec{ino: ino}); err != nil {
-			return err
-		}
-	}
-	if len(unnamed) > 0 {
-		n.log.Info("freed unnamed inodes", "count", len(unnamed), "blobs", len(n.orphans))
-		if err := n.w.SyncAll(); err != nil {
+	slices.Sort(n.orphans)
+	if !n.opts.ReadOnly {
+		if err := n.boot(); err != nil {
 			return err
 		}
 	}
 	return n.st.check(true)
+}
+
+// boot starts the next incarnation (the first one chooses the stack id and
+// the ticket key) and makes it durable before anything is served.
+func (n *NS) boot() error {
+	rec := bootRec{incarnation: n.st.boot.incarnation + 1, stackID: n.st.boot.stackID, key: n.st.boot.key}
+	if rec.incarnation > MaxIncarnation {
+		return fmt.Errorf("incarnation %d exhausted", n.st.boot.incarnation)
+	}
+	if n.st.boot.incarnation == 0 {
+		if _, err := rand.Read(rec.stackID[:]); err != nil {
+			return err
+		}
+		if _, err := rand.Read(rec.key[:]); err != nil {
+			return err
+		}
+	}
+	if _, err := n.logLocked(&rec); err != nil {
+		return err
+	}
+	return n.w.SyncAll()
 }
 
 // now is the current time in Unix nanoseconds.
@@ -399,6 +432,11 @@ func (n *NS) Close() error {
 	n.mu.Unlock()
 	close(n.stop)
 	n.wg.Wait()
+	if n.opts.ReadOnly {
+		n.w.Abandon()
+		n.lock.Close()
+		return nil
+	}
 	var errs []error
 	if err := n.w.Err(); err != nil {
 		errs = append(errs, &IOError{Op: "write-ahead log failed earlier", Err: err})
@@ -413,6 +451,19 @@ func (n *NS) Close() error {
 }
 
 // Orphans returns the blobs of the regular files that recovery found with
-// no name left (unlinked while open when the service stopped). They are
-// already gone from the namespace; the caller deletes the blobs.
+// no name left (unlinked while open when the service stopped), sorted.
+// They are held until ReleaseHeld, so that their holders can reopen them.
 func (n *NS) Orphans() []uint64 { return slices.Clone(n.orphans) }
+
+// Incarnation is this open's incarnation: 1 for a new namespace, one more
+// at every open since. A read-only open starts none and reports the last
+// one's.
+func (n *NS) Incarnation() uint32 { return n.st.boot.incarnation }
+
+// StackID is the identity chosen when the namespace was created.
+func (n *NS) StackID() [16]byte { return n.st.boot.stackID }
+
+// TicketKey is the secret the metadata service makes reopen tickets with,
+// chosen when the namespace was created and kept in its WAL and
+// checkpoints (which only the service user can read).
+func (n *NS) TicketKey() [32]byte { return n.st.boot.key }

@@ -8,13 +8,21 @@ import (
 )
 
 // Stat returns the attributes of path.
-func (n *NS) Stat(c Cred, path string) (Attr, error) {
+func (n *NS) Stat(c Cred, path string) (Attr, error) { return n.StatAt(c, RootIno, path) }
+
+// StatAt is Stat of a path relative to directory dir (RootIno: the root),
+// as fstatat(2).
+func (n *NS) StatAt(c Cred, dir Ino, path string) (Attr, error) {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	if n.closed {
 		return Attr{}, errClosed
 	}
-	nd, err := n.st.resolve(&c, path)
+	start, err := n.st.startDir(dir)
+	if err != nil {
+		return Attr{}, err
+	}
+	nd, err := n.st.resolveAt(&c, start, path)
 	if err != nil {
 		return Attr{}, err
 	}
@@ -45,6 +53,11 @@ func (n *NS) GetAttr(ino Ino) (Attr, error) {
 // Size to 0 (the caller truncates the blob). created reports whether the
 // file was created.
 func (n *NS) Open(c Cred, path string, flags int, mode uint32) (a Attr, created bool, err error) {
+	return n.OpenAt(c, RootIno, path, flags, mode)
+}
+
+// OpenAt is Open of a path relative to directory dir, as openat(2).
+func (n *NS) OpenAt(c Cred, dir Ino, path string, flags int, mode uint32) (a Attr, created bool, err error) {
 	if flags&syscall.O_CREAT != 0 && flags&syscall.O_DIRECTORY != 0 {
 		return Attr{}, false, syscall.EINVAL // Linux 6.4 and later
 	}
@@ -60,7 +73,10 @@ func (n *NS) Open(c Cred, path string, flags int, mode uint32) (a Attr, created 
 			return Attr{}, false, errClosed
 		}
 	}
-	a, created, lsn, err = n.openLocked(&c, path, flags, mode)
+	var start *inode
+	if start, err = n.st.startDir(dir); err == nil {
+		a, created, lsn, err = n.openLocked(&c, start, path, flags, mode)
+	}
 	n.mu.Unlock()
 	if err != nil {
 		return Attr{}, false, err
@@ -73,9 +89,9 @@ func (n *NS) Open(c Cred, path string, flags int, mode uint32) (a Attr, created 
 
 // openLocked is Open with mu held for writing; it returns the LSN of the
 // logged record (0 if nothing was logged).
-func (n *NS) openLocked(c *Cred, path string, flags int, mode uint32) (Attr, bool, uint64, error) {
+func (n *NS) openLocked(c *Cred, start *inode, path string, flags int, mode uint32) (Attr, bool, uint64, error) {
 	s := n.st
-	w, err := s.walk(c, path)
+	w, err := s.walkAt(c, start, path)
 	if err != nil {
 		return Attr{}, false, 0, err
 	}
@@ -95,6 +111,9 @@ func (n *NS) openLocked(c *Cred, path string, flags int, mode uint32) (Attr, boo
 		case err == syscall.ENOENT:
 			if err := permission(c, &w.dir.attr, mayWrite|mayExec); err != nil {
 				return Attr{}, false, 0, err
+			}
+			if w.dir.attr.Nlink == 0 {
+				return Attr{}, false, 0, syscall.ENOENT // a removed directory
 			}
 			rec := &createRec{
 				parent: w.dir.attr.Ino, ino: s.nextIno,
@@ -214,10 +233,20 @@ func (n *NS) Release(ino Ino) (freeBlob uint64, err error) {
 // the client's umask). In a setgid directory the new directory takes the
 // parent's group and is setgid too.
 func (n *NS) Mkdir(c Cred, path string, mode uint32) (Attr, error) {
+	return n.MkdirAt(c, RootIno, path, mode)
+}
+
+// MkdirAt is Mkdir of a path relative to directory dir, as mkdirat(2).
+func (n *NS) MkdirAt(c Cred, dir Ino, path string, mode uint32) (Attr, error) {
 	if err := n.lockMut(); err != nil {
 		return Attr{}, err
 	}
-	a, lsn, err := n.mkdirLocked(&c, path, mode)
+	var a Attr
+	var lsn uint64
+	start, err := n.st.startDir(dir)
+	if err == nil {
+		a, lsn, err = n.mkdirLocked(&c, start, path, mode)
+	}
 	n.mu.Unlock()
 	if err == nil {
 		err = n.finish(lsn)
@@ -229,9 +258,9 @@ func (n *NS) Mkdir(c Cred, path string, mode uint32) (Attr, error) {
 }
 
 // mkdirLocked is Mkdir with mu held for writing.
-func (n *NS) mkdirLocked(c *Cred, path string, mode uint32) (Attr, uint64, error) {
+func (n *NS) mkdirLocked(c *Cred, start *inode, path string, mode uint32) (Attr, uint64, error) {
 	s := n.st
-	w, err := s.walk(c, path)
+	w, err := s.walkAt(c, start, path)
 	if err != nil {
 		return Attr{}, 0, err
 	}
@@ -247,6 +276,9 @@ func (n *NS) mkdirLocked(c *Cred, path string, mode uint32) (Attr, uint64, error
 	}
 	if err := permission(c, &w.dir.attr, mayWrite|mayExec); err != nil {
 		return Attr{}, 0, err
+	}
+	if w.dir.attr.Nlink == 0 {
+		return Attr{}, 0, syscall.ENOENT // a removed directory
 	}
 	mode &= 0o1777
 	if w.dir.attr.Mode&syscall.S_ISGID != 0 {
@@ -265,11 +297,19 @@ func (n *NS) mkdirLocked(c *Cred, path string, mode uint32) (Attr, uint64, error
 
 // Rmdir removes the empty directory path. An open directory lives on,
 // nameless, until its last Release.
-func (n *NS) Rmdir(c Cred, path string) error {
+func (n *NS) Rmdir(c Cred, path string) error { return n.RmdirAt(c, RootIno, path) }
+
+// RmdirAt is Rmdir of a path relative to directory dir, as
+// unlinkat(AT_REMOVEDIR).
+func (n *NS) RmdirAt(c Cred, dir Ino, path string) error {
 	if err := n.lockMut(); err != nil {
 		return err
 	}
-	lsn, err := n.rmdirLocked(&c, path)
+	var lsn uint64
+	start, err := n.st.startDir(dir)
+	if err == nil {
+		lsn, err = n.rmdirLocked(&c, start, path)
+	}
 	n.mu.Unlock()
 	if err != nil {
 		return err
@@ -279,9 +319,9 @@ func (n *NS) Rmdir(c Cred, path string) error {
 
 // rmdirLocked is Rmdir with mu held for writing, in do_rmdir's order of
 // checks.
-func (n *NS) rmdirLocked(c *Cred, path string) (uint64, error) {
+func (n *NS) rmdirLocked(c *Cred, start *inode, path string) (uint64, error) {
 	s := n.st
-	w, err := s.walk(c, path)
+	w, err := s.walkAt(c, start, path)
 	if err != nil {
 		return 0, err
 	}
@@ -314,10 +354,19 @@ func (n *NS) rmdirLocked(c *Cred, path string) (uint64, error) {
 // for the caller to delete; otherwise the inode lives on, nameless, and
 // the last Release returns the blob.
 func (n *NS) Unlink(c Cred, path string) (freeBlob uint64, err error) {
+	return n.UnlinkAt(c, RootIno, path)
+}
+
+// UnlinkAt is Unlink of a path relative to directory dir, as unlinkat(2).
+func (n *NS) UnlinkAt(c Cred, dir Ino, path string) (freeBlob uint64, err error) {
 	if err := n.lockMut(); err != nil {
 		return 0, err
 	}
-	freeBlob, lsn, err := n.unlinkLocked(&c, path)
+	var lsn uint64
+	start, err := n.st.startDir(dir)
+	if err == nil {
+		freeBlob, lsn, err = n.unlinkLocked(&c, start, path)
+	}
 	n.mu.Unlock()
 	if err == nil {
 		err = n.finish(lsn)
@@ -330,9 +379,9 @@ func (n *NS) Unlink(c Cred, path string) (freeBlob uint64, err error) {
 
 // unlinkLocked is Unlink with mu held for writing, in do_unlinkat's order
 // of checks (a trailing slash is judged before permissions).
-func (n *NS) unlinkLocked(c *Cred, path string) (uint64, uint64, error) {
+func (n *NS) unlinkLocked(c *Cred, start *inode, path string) (uint64, uint64, error) {
 	s := n.st
-	w, err := s.walk(c, path)
+	w, err := s.walkAt(c, start, path)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -369,13 +418,27 @@ func (n *NS) unlinkLocked(c *Cred, path string) (uint64, uint64, error) {
 // existing newpath of the same kind (a directory only if empty). When the
 // replaced file is not open its blob is returned for the caller to delete.
 func (n *NS) Rename(c Cred, oldpath, newpath string) (freeBlob uint64, err error) {
+	return n.RenameAt(c, RootIno, oldpath, RootIno, newpath)
+}
+
+// RenameAt is Rename with each path relative to its own directory, as
+// renameat(2).
+func (n *NS) RenameAt(c Cred, olddir Ino, oldpath string, newdir Ino, newpath string) (freeBlob uint64, err error) {
 	if strings.IndexByte(oldpath, 0) >= 0 || strings.IndexByte(newpath, 0) >= 0 {
 		return 0, syscall.EINVAL
 	}
 	if err := n.lockMut(); err != nil {
 		return 0, err
 	}
-	freeBlob, lsn, err := n.renameLocked(&c, oldpath, newpath)
+	var lsn uint64
+	ostart, err := n.st.startDir(olddir)
+	var nstart *inode
+	if err == nil {
+		nstart, err = n.st.startDir(newdir)
+	}
+	if err == nil {
+		freeBlob, lsn, err = n.renameLocked(&c, ostart, oldpath, nstart, newpath)
+	}
 	n.mu.Unlock()
 	if err == nil {
 		err = n.finish(lsn)
@@ -388,13 +451,13 @@ func (n *NS) Rename(c Cred, oldpath, newpath string) (freeBlob uint64, err error
 
 // renameLocked follows the kernel's do_renameat2 and vfs_rename, check by
 // check, so that the first failing check gives the errno Linux gives.
-func (n *NS) renameLocked(c *Cred, oldpath, newpath string) (uint64, uint64, error) {
+func (n *NS) renameLocked(c *Cred, ostart *inode, oldpath string, nstart *inode, newpath string) (uint64, uint64, error) {
 	s := n.st
-	ow, err := s.walk(c, oldpath)
+	ow, err := s.walkAt(c, ostart, oldpath)
 	if err != nil {
 		return 0, 0, err
 	}
-	nw, err := s.walk(c, newpath)
+	nw, err := s.walkAt(c, nstart, newpath)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -432,6 +495,9 @@ func (n *NS) renameLocked(c *Cred, oldpath, newpath string) (uint64, uint64, err
 	}
 	if tgt == nil {
 		err = permission(c, &nw.dir.attr, mayWrite|mayExec)
+		if err == nil && nw.dir.attr.Nlink == 0 {
+			err = syscall.ENOENT // a removed directory
+		}
 	} else {
 		err = mayDelete(c, nw.dir, tgt, src.isDir())
 	}
@@ -468,11 +534,11 @@ func (n *NS) renameLocked(c *Cred, oldpath, newpath string) (uint64, uint64, err
 
 // setAttr runs a change of attributes on path: check resolves the inode
 // and returns the record to log (nil: nothing to change).
-func (n *NS) setAttr(c *Cred, path string, check func(nd *inode) (*setAttrRec, error)) (Attr, error) {
+func (n *NS) setAttr(c *Cred, at target, check func(nd *inode) (*setAttrRec, error)) (Attr, error) {
 	if err := n.lockMut(); err != nil {
 		return Attr{}, err
 	}
-	nd, err := n.st.resolve(c, path)
+	nd, err := at.resolve(n.st, c)
 	var rec *setAttrRec
 	if err == nil {
 		rec, err = check(nd)
@@ -495,11 +561,51 @@ func (n *NS) setAttr(c *Cred, path string, check func(nd *inode) (*setAttrRec, e
 	return a, nil
 }
 
+// target is what an attribute change applies to: a path from a
+// directory, or an open inode (fchmod and friends).
+type target struct {
+	dir    Ino
+	path   string
+	ino    Ino
+	byIno bool
+}
+
+// pathAt is the target path in directory dir.
+func pathAt(dir Ino, path string) target { return target{dir: dir, path: path} }
+
+// inodeTarget is the open inode ino.
+func inodeTarget(ino Ino) target { return target{ino: ino, byIno: true} }
+
+func (t target) resolve(s *state, c *Cred) (*inode, error) {
+	if t.byIno {
+		nd := s.inodes[t.ino]
+		if nd == nil {
+			return nil, syscall.EBADF
+		}
+		return nd, nil
+	}
+	start, err := s.startDir(t.dir)
+	if err != nil {
+		return nil, err
+	}
+	return s.resolveAt(c, start, t.path)
+}
+
 // Chmod sets the permission bits of path to mode & 07777. Only the owner
 // and root may; a caller that is neither root nor in the file's group
 // loses the setgid bit (as on Linux). ctime is updated.
-func (n *NS) Chmod(c Cred, path string, mode uint32) error {
-	_, err := n.setAttr(&c, path, func(nd *inode) (*setAttrRec, error) {
+func (n *NS) Chmod(c Cred, path string, mode uint32) error { return n.chmod(c, pathAt(RootIno, path), mode) }
+
+// ChmodAt is Chmod of a path relative to directory dir, as fchmodat(2).
+func (n *NS) ChmodAt(c Cred, dir Ino, path string, mode uint32) error {
+	return n.chmod(c, pathAt(dir, path), mode)
+}
+
+// FChmod is Chmod of the open inode ino, as fchmod(2).
+func (n *NS) FChmod(c Cred, ino Ino, mode uint32) error { return n.chmod(c, inodeTarget(ino), mode) }
+
+func (n *NS) chmod(c Cred, at target, mode uint32) error {
+	_, err := n.setAttr(&c, at, func(nd *inode) (*setAttrRec, error) {
 		if !isOwner(&c, &nd.attr) {
 			return nil, syscall.EPERM
 		}
@@ -521,9 +627,21 @@ func (n *NS) Chmod(c Cred, path string, mode uint32) error {
 // for root too (Linux since 2.2.13); a non-owner's no-op chown of such a
 // file is therefore EPERM. ctime is updated even when nothing else changes.
 func (n *NS) Chown(c Cred, path string, uid, gid int) error {
+	return n.chown(c, pathAt(RootIno, path), uid, gid)
+}
+
+// ChownAt is Chown of a path relative to directory dir, as fchownat(2).
+func (n *NS) ChownAt(c Cred, dir Ino, path string, uid, gid int) error {
+	return n.chown(c, pathAt(dir, path), uid, gid)
+}
+
+// FChown is Chown of the open inode ino, as fchown(2).
+func (n *NS) FChown(c Cred, ino Ino, uid, gid int) error { return n.chown(c, inodeTarget(ino), uid, gid) }
+
+func (n *NS) chown(c Cred, at target, uid, gid int) error {
 	const unchanged = 1<<32 - 1
 	u, g := uint32(uid), uint32(gid)
-	_, err := n.setAttr(&c, path, func(nd *inode) (*setAttrRec, error) {
+	_, err := n.setAttr(&c, at, func(nd *inode) (*setAttrRec, error) {
 		a := &nd.attr
 		rec := &setAttrRec{ino: a.Ino, mask: setCtime, ctime: n.now()}
 		if u != unchanged {
@@ -559,13 +677,28 @@ func (n *NS) Chown(c Cred, path string, uid, gid int) error {
 // times: only the owner or root may. With both omitted it succeeds at
 // once without looking at path, as Linux does. ctime is updated.
 func (n *NS) Chtimes(c Cred, path string, atime, mtime int64) error {
+	return n.ChtimesAt(c, RootIno, path, atime, mtime)
+}
+
+// ChtimesAt is Chtimes of a path relative to directory dir, as
+// utimensat(2).
+func (n *NS) ChtimesAt(c Cred, dir Ino, path string, atime, mtime int64) error {
 	if strings.IndexByte(path, 0) >= 0 {
 		return syscall.EINVAL
 	}
+	return n.chtimes(c, pathAt(dir, path), atime, mtime)
+}
+
+// FChtimes is Chtimes of the open inode ino, as futimens(2).
+func (n *NS) FChtimes(c Cred, ino Ino, atime, mtime int64) error {
+	return n.chtimes(c, inodeTarget(ino), atime, mtime)
+}
+
+func (n *NS) chtimes(c Cred, at target, atime, mtime int64) error {
 	if atime == TimeOmit && mtime == TimeOmit {
 		return nil
 	}
-	_, err := n.setAttr(&c, path, func(nd *inode) (*setAttrRec, error) {
+	_, err := n.setAttr(&c, at, func(nd *inode) (*setAttrRec, error) {
 		if !isOwner(&c, &nd.attr) {
 			return nil, syscall.EPERM
 		}
@@ -591,7 +724,7 @@ func (n *NS) Truncate(c Cred, path string, size int64) (Attr, error) {
 	if strings.IndexByte(path, 0) >= 0 || size < 0 {
 		return Attr{}, syscall.EINVAL
 	}
-	return n.setAttr(&c, path, func(nd *inode) (*setAttrRec, error) {
+	return n.setAttr(&c, pathAt(RootIno, path), func(nd *inode) (*setAttrRec, error) {
 		if nd.isDir() {
 			return nil, syscall.EISDIR
 		}
@@ -617,13 +750,20 @@ func (n *NS) Truncate(c Cred, path string, size int64) (Attr, error) {
 
 // ReadDir lists directory path, sorted by name, without "." and "..". It
 // needs read permission on the directory.
-func (n *NS) ReadDir(c Cred, path string) ([]Dirent, error) {
+func (n *NS) ReadDir(c Cred, path string) ([]Dirent, error) { return n.ReadDirAt(c, RootIno, path) }
+
+// ReadDirAt is ReadDir of a path relative to directory dir.
+func (n *NS) ReadDirAt(c Cred, dir Ino, path string) ([]Dirent, error) {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	if n.closed {
 		return nil, errClosed
 	}
-	nd, err := n.st.resolve(&c, path)
+	start, err := n.st.startDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	nd, err := n.st.resolveAt(&c, start, path)
 	if err != nil {
 		return nil, err
 	}

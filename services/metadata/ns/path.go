@@ -52,11 +52,19 @@ func checkPath(p string) error {
 // component must exist (ENOENT), fit NAME_MAX (ENAMETOOLONG) and be a
 // directory (ENOTDIR). "." and ".." resolve physically; ".." of the root
 // is the root.
-func (s *state) walk(c *Cred, p string) (walked, error) {
+func (s *state) walk(c *Cred, p string) (walked, error) { return s.walkAt(c, s.root(), p) }
+
+// walkAt is walk starting in directory start for a relative path (an
+// absolute one starts at the root), as the *at() system calls resolve
+// from their directory file descriptor.
+func (s *state) walkAt(c *Cred, start *inode, p string) (walked, error) {
 	if err := checkPath(p); err != nil {
 		return walked{}, err
 	}
-	cur := s.root()
+	cur := start
+	if p[0] == '/' {
+		cur = s.root()
+	}
 	i := 0
 	for i < len(p) && p[i] == '/' {
 		i++
@@ -139,12 +147,35 @@ func (s *state) final(w walked) (*inode, error) {
 }
 
 // resolve looks up a whole path.
-func (s *state) resolve(c *Cred, p string) (*inode, error) {
-	w, err := s.walk(c, p)
+func (s *state) resolve(c *Cred, p string) (*inode, error) { return s.resolveAt(c, s.root(), p) }
+
+// resolveAt looks up a whole path from directory start.
+func (s *state) resolveAt(c *Cred, start *inode, p string) (*inode, error) {
+	w, err := s.walkAt(c, start, p)
 	if err != nil {
 		return nil, err
 	}
 	return s.final(w)
+}
+
+// startDir returns the directory a path operation at dir starts from: the
+// root for RootIno (and 0), else the inode dir, which must be a directory
+// (ENOTDIR) that exists (EBADF: the caller's handle names nothing). A
+// removed directory that is still open is a valid start: lookups in it
+// find nothing (it has no entries) and creating in it is ENOENT, as in
+// Linux.
+func (s *state) startDir(dir Ino) (*inode, error) {
+	if dir == 0 || dir == RootIno {
+		return s.root(), nil
+	}
+	d := s.inodes[dir]
+	switch {
+	case d == nil:
+		return nil, syscall.EBADF
+	case !d.isDir():
+		return nil, syscall.ENOTDIR
+	}
+	return d, nil
 }
 
 // trap is the kernel's lock_rename result for a rename from directory

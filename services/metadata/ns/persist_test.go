@@ -400,6 +400,9 @@ func openDir(t *testing.T, dir string) (*NS, error) {
 	return open(Options{Dir: dir, SyncInterval: time.Hour}, config{fs: vfs.OS{}, inlineCheckpoint: true})
 }
 
+// bootRecordLen is the size of a boot record in a WAL segment.
+var bootRecordLen = int64(len(wal.AppendRecord(nil, 1, recBoot, (&bootRec{}).encode(nil))))
+
 func TestTornTailAtEveryOffset(t *testing.T) {
 	dir, seg, before, after, start, end := tornSetup(t)
 	for off := start; off <= end; off++ {
@@ -417,8 +420,10 @@ func TestTornTailAtEveryOffset(t *testing.T) {
 		if got := dump(r); got != want {
 			t.Fatalf("cut at %d: wrong state:\n%s", off, diff(want, got))
 		}
-		if fi, err := os.Stat(cseg); err != nil || (off < end && fi.Size() != int64(start)) {
-			t.Fatalf("cut at %d: segment not truncated to %d: %v %v", off, start, fi.Size(), err)
+		// Cut at the start of the torn record, then the boot record of
+		// the new incarnation.
+		if fi, err := os.Stat(cseg); err != nil || (off < end && fi.Size() != int64(start)+bootRecordLen) {
+			t.Fatalf("cut at %d: segment not truncated to %d (+ a boot record): %v %v", off, start, fi.Size(), err)
 		}
 		must(t, r.Check())
 		must(t, r.Close())
@@ -536,7 +541,7 @@ func TestCheckpointCorruptionFallsBack(t *testing.T) {
 		func(b []byte) []byte { return nil },                       // empty
 		func(b []byte) []byte { return make([]byte, len(b)) },      // zeroed
 		func(b []byte) []byte { return append(b, 0) },              // trailing byte
-		func(b []byte) []byte { le.PutUint32(b[8:], 2); return b }, // version (checksum too)
+		func(b []byte) []byte { le.PutUint32(b[8:], 3); return b }, // version (checksum too)
 	} {
 		img := m.Snapshot()
 		img.WriteFile(ckpts[1], damage(slices.Clone(newest)))
@@ -624,7 +629,7 @@ func TestInterruptedInitialisation(t *testing.T) {
 	must(t, err)
 	w.Abandon()
 	n := openMem(t, m, o)
-	if got := dump(n); !strings.HasPrefix(got, "next=2\n") || strings.Count(got, "\n") != 2 {
+	if got := dump(n); !strings.HasPrefix(got, "next=2\n") || strings.Count(got, "\n") != 3 {
 		t.Fatalf("not a new namespace:\n%s", got)
 	}
 	// With a record in it, the same directory is refused.
@@ -781,5 +786,31 @@ func TestGroupCommit(t *testing.T) {
 	m.FailSync = nil
 	if syncs > 2 {
 		t.Errorf("%d flushes for %d concurrent mutations, want at most 2", syncs, writers)
+	}
+}
+
+// TestReadsVersion1Checkpoint: a checkpoint written before version 2 (no
+// boot fields, no blobs awaiting deletion) still opens, as the same tree.
+func TestReadsVersion1Checkpoint(t *testing.T) {
+	n, _ := newNS(t)
+	fixture(t, n)
+	n.mu.RLock()
+	v2 := encodeCheckpoint(n.st, 9)
+	nInodes := len(n.st.inodes)
+	n.mu.RUnlock()
+	// Version 1 is version 2 without the boot fields and the (empty)
+	// list of blobs awaiting deletion at the start of the body.
+	body := v2[ckptHeaderSize+ckptBootSize+8:]
+	v1 := append(slices.Clone(v2[:ckptHeaderSize]), body...)
+	le.PutUint32(v1[8:], 1)
+	le.PutUint64(v1[40:], uint64(len(body)))
+	le.PutUint32(v1[48:], wal.Checksum(body))
+	le.PutUint32(v1[60:], wal.Checksum(v1[:60]))
+	s, lsn, err := decodeCheckpoint(v1)
+	if err != nil {
+		t.Fatalf("version 1 checkpoint: %v", err)
+	}
+	if lsn != 9 || len(s.inodes) != nInodes || s.boot.incarnation != 0 || len(s.dead) != 0 {
+		t.Fatalf("version 1 checkpoint decoded to lsn %d, %d inodes, incarnation %d, %d dead", lsn, len(s.inodes), s.boot.incarnation, len(s.dead))
 	}
 }

@@ -17,6 +17,9 @@ const (
 	recRename  uint8 = 3 // rename, possibly replacing a target
 	recSetAttr uint8 = 4 // chmod, chown, utimes, truncate, O_TRUNC, live size/mtime
 	recFree    uint8 = 5 // drop an inode whose nlink is 0 and that nobody has open
+	recBoot    uint8 = 6 // a start of the service: its incarnation, the stack id, the ticket key
+	recDead    uint8 = 7 // a blob with no file (an orphan found in the backend) awaits deletion
+	recGone    uint8 = 8 // the IO service deleted a blob that awaited deletion
 )
 
 // Flags of remove and rename records.
@@ -72,6 +75,19 @@ type setAttrRec struct {
 
 type freeRec struct{ ino Ino }
 
+// bootRec starts an incarnation. The first one of a namespace chooses the
+// stack id and the ticket key; every later one repeats them.
+type bootRec struct {
+	incarnation uint32
+	stackID     [16]byte
+	key         [32]byte
+}
+
+// deadRec and goneRec add a blob to, and remove it from, the set of blobs
+// awaiting deletion (a freed file's blob joins it with its free record).
+type deadRec struct{ blob uint64 }
+type goneRec struct{ blob uint64 }
+
 // typ implements record.
 func (*createRec) typ() uint8 { return recCreate }
 
@@ -86,6 +102,15 @@ func (*setAttrRec) typ() uint8 { return recSetAttr }
 
 // typ implements record.
 func (*freeRec) typ() uint8 { return recFree }
+
+// typ implements record.
+func (*bootRec) typ() uint8 { return recBoot }
+
+// typ implements record.
+func (*deadRec) typ() uint8 { return recDead }
+
+// typ implements record.
+func (*goneRec) typ() uint8 { return recGone }
 
 var le = binary.LittleEndian
 
@@ -142,6 +167,19 @@ func (r *setAttrRec) encode(b []byte) []byte {
 
 // encode implements record.
 func (r *freeRec) encode(b []byte) []byte { return le.AppendUint64(b, uint64(r.ino)) }
+
+// encode implements record.
+func (r *bootRec) encode(b []byte) []byte {
+	b = le.AppendUint32(b, r.incarnation)
+	b = append(b, r.stackID[:]...)
+	return append(b, r.key[:]...)
+}
+
+// encode implements record.
+func (r *deadRec) encode(b []byte) []byte { return le.AppendUint64(b, r.blob) }
+
+// encode implements record.
+func (r *goneRec) encode(b []byte) []byte { return le.AppendUint64(b, r.blob) }
 
 // decoder reads little-endian fields; the first short read sets err and
 // every later read returns zero.
@@ -229,6 +267,15 @@ func decodeRecord(typ uint8, p []byte) (record, error) {
 		r = &setAttrRec{ino: d.ino(), mask: d.u8(), mode: d.u32(), uid: d.u32(), gid: d.u32(), size: d.i64(), atime: d.i64(), mtime: d.i64(), ctime: d.i64()}
 	case recFree:
 		r = &freeRec{ino: d.ino()}
+	case recBoot:
+		br := &bootRec{incarnation: d.u32()}
+		copy(br.stackID[:], d.take(16))
+		copy(br.key[:], d.take(32))
+		r = br
+	case recDead:
+		r = &deadRec{blob: d.u64()}
+	case recGone:
+		r = &goneRec{blob: d.u64()}
 	default:
 		return nil, fmt.Errorf("unknown record type %d", typ)
 	}

@@ -11,6 +11,10 @@ type inode struct {
 	parent  Ino            // directories: the directory that holds this one (the root: itself); 0 for files
 	entries map[string]Ino // directories: name -> inode; nil for files
 	opens   int            // open handles (Open minus Release); not persisted
+	// held: found without a name by recovery (it was open when the
+	// service stopped) and kept for a reopen until ReleaseHeld; not
+	// persisted.
+	held bool
 }
 
 // isDir reports whether n is a directory.
@@ -22,6 +26,12 @@ func (n *inode) isDir() bool { return n.attr.IsDir() }
 type state struct {
 	inodes  map[Ino]*inode
 	nextIno Ino // the number the next created inode gets
+	boot    bootRec
+	// dead holds the blobs that await deletion at the IO service: the
+	// blob of every freed file until a gone record, and orphans found in
+	// the backend (dead records). It is persisted, so a delete that was
+	// lost in a crash is retried after the restart.
+	dead map[uint64]struct{}
 }
 
 // newState returns a namespace holding only the root directory, owned by
@@ -32,7 +42,7 @@ func newState(now int64) *state {
 		parent:  RootIno,
 		entries: map[string]Ino{},
 	}
-	return &state{inodes: map[Ino]*inode{RootIno: root}, nextIno: RootIno + 1}
+	return &state{inodes: map[Ino]*inode{RootIno: root}, nextIno: RootIno + 1, dead: map[uint64]struct{}{}}
 }
 
 // root returns the root directory.
@@ -62,6 +72,12 @@ func (s *state) apply(r record) error {
 		return s.applySetAttr(r)
 	case *freeRec:
 		return s.applyFree(r)
+	case *bootRec:
+		return s.applyBoot(r)
+	case *deadRec:
+		return s.applyDead(r)
+	case *goneRec:
+		return s.applyGone(r)
 	}
 	return fmt.Errorf("unknown record %T", r)
 }
@@ -139,12 +155,16 @@ func (s *state) applyRemove(r *removeRec) error {
 	return nil
 }
 
-// drop removes an inode that has no name left.
+// drop removes an inode that has no name left; a file's blob joins the
+// blobs awaiting deletion.
 func (s *state) drop(n *inode) error {
 	if n.attr.Nlink != 0 || n.attr.Ino == RootIno {
 		return fmt.Errorf("free inode %d with nlink %d", n.attr.Ino, n.attr.Nlink)
 	}
 	delete(s.inodes, n.attr.Ino)
+	if n.attr.Blob != 0 {
+		s.dead[n.attr.Blob] = struct{}{}
+	}
 	return nil
 }
 
@@ -267,4 +287,45 @@ func (s *state) applyFree(r *freeRec) error {
 		return fmt.Errorf("free: inode %d missing", r.ino)
 	}
 	return s.drop(n)
+}
+
+// applyBoot starts an incarnation: it must be newer than the last, and
+// the stack id and ticket key may be chosen only once.
+func (s *state) applyBoot(r *bootRec) error {
+	if r.incarnation <= s.boot.incarnation || r.incarnation > MaxIncarnation {
+		return fmt.Errorf("boot: incarnation %d after %d", r.incarnation, s.boot.incarnation)
+	}
+	if r.stackID == ([16]byte{}) || r.key == ([32]byte{}) {
+		return fmt.Errorf("boot: zero stack id or key")
+	}
+	if s.boot.incarnation != 0 && (r.stackID != s.boot.stackID || r.key != s.boot.key) {
+		return fmt.Errorf("boot: stack id or ticket key changed")
+	}
+	s.boot = *r
+	return nil
+}
+
+// applyDead adds an orphan blob (one that belongs to no inode) to the
+// blobs awaiting deletion.
+func (s *state) applyDead(r *deadRec) error {
+	if r.blob == 0 {
+		return fmt.Errorf("dead: blob 0")
+	}
+	if n := s.inodes[Ino(r.blob)]; n != nil && n.attr.Blob == r.blob {
+		return fmt.Errorf("dead: blob %d belongs to inode %d", r.blob, r.blob)
+	}
+	if _, ok := s.dead[r.blob]; ok {
+		return fmt.Errorf("dead: blob %d already awaits deletion", r.blob)
+	}
+	s.dead[r.blob] = struct{}{}
+	return nil
+}
+
+// applyGone records that a blob awaiting deletion was deleted.
+func (s *state) applyGone(r *goneRec) error {
+	if _, ok := s.dead[r.blob]; !ok {
+		return fmt.Errorf("gone: blob %d does not await deletion", r.blob)
+	}
+	delete(s.dead, r.blob)
+	return nil
 }

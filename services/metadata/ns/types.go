@@ -42,6 +42,11 @@ type Ino uint64
 // RootIno is the inode number of the root directory.
 const RootIno Ino = 1
 
+// MaxIncarnation is the largest incarnation the namespace hands out: the
+// clients' protocol carries it in 24 bits of every session id and handle
+// (proto.MaxIncarnation).
+const MaxIncarnation = 1<<24 - 1
+
 // Attr is the persistent attributes of an inode.
 type Attr struct {
 	Ino                 Ino
@@ -93,6 +98,11 @@ type Options struct {
 	// real failed fsync it is sticky: the namespace turns read-only
 	// (Err). Production code leaves it nil.
 	FailSync func(path string) error
+	// ReadOnly opens the namespace without changing anything on disk, for
+	// an offline check of a stopped service: recovery skips a torn WAL
+	// tail instead of cutting it, starts no incarnation, frees nothing,
+	// and every mutation fails (Err says why).
+	ReadOnly bool
 	// FS is the file system the namespace persists to; nil means the real
 	// one (vfs.OS). Tests of code that embeds the namespace pass a
 	// *vfs.Mem to cut the power at any moment (vfs.Mem.Crash). FailSync

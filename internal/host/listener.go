@@ -3,7 +3,7 @@
 // client session (handshake, then Serve), and a shutdown that ends every
 // session and waits for it. What a session does is the service's business,
 // behind the Session interface.
-package ringsrv
+package host
 
 import (
 	"context"
@@ -12,9 +12,10 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/ring"
 )
@@ -45,18 +46,30 @@ type Drainer interface {
 	Drained(sc *ring.ServerConn)
 }
 
-// Server accepts ring sessions for one service.
-type Server struct {
+// Listener accepts ring sessions for one service on a Unix socket: one
+// goroutine per session (handshake, then Serve), and a shutdown that ends
+// every session and waits for it. What a session does is the service's
+// business, behind the Session interface.
+//
+// A client listener's socket is open to every local user: the service
+// checks each request against the credentials the kernel reports for the
+// client. A service listener (ServiceOnly) is for the other services of
+// the stack: its socket is 0600 and a peer whose uid is not this
+// process's effective uid is refused before the handshake.
+type Listener struct {
 	Socket string
-	Ring   ring.Config
-	Mode   ring.WaitMode
-	Log    hclog.Logger
-	New    func() Session // makes the state of a new session
+	// ServiceOnly makes this a service listener.
+	ServiceOnly bool
+	Ring        ring.Config
+	Mode        ring.WaitMode
+	Log         hclog.Logger
+	New         func() Session // makes the state of a new session
 	// NewRegion creates each session's region from Ring; nil means
 	// ring.Create. A service that falls back from huge pages sets it.
 	NewRegion func(cfg ring.Config) (*ring.Region, error)
 
 	ln     *ring.Listener                // immutable after Start
+	uid    uint32                        // the service uid; immutable after Start
 	sock   os.FileInfo                   // the socket file Start made; immutable after Start
 	mu     sync.Mutex                    // protects started, conns, closed, acceptErr
 	conns  map[*ring.ServerConn]struct{} // sessions being served
@@ -66,20 +79,30 @@ type Server struct {
 	started   bool
 	acceptErr error
 	wg        sync.WaitGroup // the accept loop and every session goroutine
+
+	// Refused counts peers a service listener turned away.
+	Refused atomic.Uint64
 }
 
 // Start listens on Socket and accepts sessions in the background.
-func (s *Server) Start() error {
+func (s *Listener) Start() error {
 	ln, err := ring.Listen(s.Socket, s.Ring)
 	if err != nil {
 		return err
 	}
-	// Every local user may connect: services check each request against
-	// the credentials the kernel reports for the client.
-	if err := os.Chmod(s.Socket, 0o666); err != nil {
-		ln.Close()
-		return fmt.Errorf("open socket to all users: %w", err)
+	// A client socket is open to every local user: services check each
+	// request against the credentials the kernel reports for the client.
+	// A service socket is the service user's alone, and the peer's uid is
+	// checked too (a socket's mode is not honoured everywhere).
+	mode, what := os.FileMode(0o666), "open socket to all users"
+	if s.ServiceOnly {
+		mode, what = 0o600, "restrict service socket to the service user"
 	}
+	if err := os.Chmod(s.Socket, mode); err != nil {
+		ln.Close()
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	s.uid = uint32(os.Geteuid())
 	sock, err := os.Stat(s.Socket)
 	if err != nil {
 		ln.Close()
@@ -99,7 +122,7 @@ func (s *Server) Start() error {
 // why not: not started, shut down, the accept loop stopped on an error,
 // or the socket file is gone or was replaced (clients can no longer reach
 // this listener). Safe to call at any time, from any goroutine.
-func (s *Server) Err() error {
+func (s *Listener) Err() error {
 	s.mu.Lock()
 	started, closed, acceptErr := s.started, s.closed, s.acceptErr
 	s.mu.Unlock()
@@ -121,7 +144,7 @@ func (s *Server) Err() error {
 	return nil
 }
 
-func (s *Server) acceptLoop() {
+func (s *Listener) acceptLoop() {
 	defer s.wg.Done()
 	for {
 		conn, err := s.ln.AcceptUnix()
@@ -145,7 +168,14 @@ func (s *Server) acceptLoop() {
 // serve runs one session: the handshake in this goroutine (a slow client
 // delays no one else), then Serve. This goroutine alone closes the session,
 // so the region stays mapped from Started to Drained.
-func (s *Server) serve(conn *net.UnixConn) {
+func (s *Listener) serve(conn *net.UnixConn) {
+	if s.ServiceOnly {
+		cred, err := peerCred(conn)
+		if err != nil || cred.Uid != s.uid {
+			s.refuse(conn, cred, err)
+			return
+		}
+	}
 	newRegion := s.NewRegion
 	if newRegion == nil {
 		newRegion = ring.Create
@@ -186,11 +216,44 @@ func (s *Server) serve(conn *net.UnixConn) {
 	}
 }
 
+// refuse closes a connection to a service listener from a peer that is not
+// the service user; the first refusal is a warning, later ones debug lines
+// (all counted in Refused).
+func (s *Listener) refuse(conn *net.UnixConn, cred *unix.Ucred, err error) {
+	conn.Close()
+	lvl := hclog.Debug
+	if s.Refused.Add(1) == 1 {
+		lvl = hclog.Warn
+	}
+	if err != nil {
+		s.Log.Log(lvl, "service socket: cannot read the peer's credentials; refused", "socket", s.Socket, "error", err)
+		return
+	}
+	s.Log.Log(lvl, "service socket: peer is not the service user; refused (later refusals are logged at debug level)",
+		"socket", s.Socket, "pid", cred.Pid, "uid", cred.Uid, "service_uid", s.uid)
+}
+
+// peerCred is what the kernel says about the other end of conn.
+func peerCred(conn *net.UnixConn) (*unix.Ucred, error) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
 // Shutdown stops accepting, stops every session and waits until each has
 // ended (Drained and Ended called, region unmapped) or ctx expires. It
 // stops rather than closes a session: the session's own goroutine unmaps
 // the region, after Drained.
-func (s *Server) Shutdown(ctx context.Context) error {
+func (s *Listener) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -215,32 +278,5 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("sessions still running: %w", ctx.Err())
-	}
-}
-
-// Subscribe subscribes every handler to its subject and flushes, so the
-// subscriptions are live on the server when it returns. On error nothing
-// stays subscribed.
-func Subscribe(nc *nats.Conn, handlers map[string]nats.MsgHandler) ([]*nats.Subscription, error) {
-	var subs []*nats.Subscription
-	for subj, h := range handlers {
-		sub, err := nc.Subscribe(subj, h)
-		if err != nil {
-			Unsubscribe(subs)
-			return nil, fmt.Errorf("subscribe %s: %w", subj, err)
-		}
-		subs = append(subs, sub)
-	}
-	if err := nc.Flush(); err != nil {
-		Unsubscribe(subs)
-		return nil, fmt.Errorf("flush subscriptions: %w", err)
-	}
-	return subs, nil
-}
-
-// Unsubscribe ends subscriptions.
-func Unsubscribe(subs []*nats.Subscription) {
-	for _, sub := range subs {
-		_ = sub.Unsubscribe()
 	}
 }

@@ -1,4 +1,4 @@
-package ringsrv
+package host
 
 import (
 	"context"
@@ -78,9 +78,9 @@ func (s *recSession) history() []string {
 	return append([]string(nil), s.events...)
 }
 
-// startServer runs a Server whose sessions are recSessions, handed out on
+// startServer runs a Listener whose sessions are recSessions, handed out on
 // the returned channel as they are made.
-func startServer(t *testing.T) (*Server, <-chan *recSession, *atomic.Int32) {
+func startServer(t *testing.T) (*Listener, <-chan *recSession, *atomic.Int32) {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "ringsrv-") // socket paths are short
 	if err != nil {
@@ -89,7 +89,7 @@ func startServer(t *testing.T) (*Server, <-chan *recSession, *atomic.Int32) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	sessions := make(chan *recSession, 4)
 	var regions atomic.Int32 // NewRegion calls
-	srv := &Server{
+	srv := &Listener{
 		Socket: filepath.Join(dir, "s.sock"),
 		Ring:   ring.Config{SQEntries: 16, ArenaSize: 256 << 10, BlockSize: 4096},
 		Mode:   ring.WaitAdaptive,
@@ -111,7 +111,7 @@ func startServer(t *testing.T) (*Server, <-chan *recSession, *atomic.Int32) {
 	return srv, sessions, &regions
 }
 
-func dialNop(t *testing.T, srv *Server) *ring.Client {
+func dialNop(t *testing.T, srv *Listener) *ring.Client {
 	t.Helper()
 	c, err := ring.Dial(context.Background(), srv.Socket, ring.ClientOptions{})
 	if err != nil {
@@ -183,7 +183,7 @@ func TestDrainedBeforeUnmap(t *testing.T) {
 
 // Err is nil exactly while clients can reach the listener.
 func TestServerErr(t *testing.T) {
-	if err := (&Server{}).Err(); err == nil || !strings.Contains(err.Error(), "not started") {
+	if err := (&Listener{}).Err(); err == nil || !strings.Contains(err.Error(), "not started") {
 		t.Errorf("Err before Start = %v", err)
 	}
 	srv, _, _ := startServer(t)
