@@ -564,9 +564,9 @@ func (n *NS) setAttr(c *Cred, at target, check func(nd *inode) (*setAttrRec, err
 // target is what an attribute change applies to: a path from a
 // directory, or an open inode (fchmod and friends).
 type target struct {
-	dir    Ino
-	path   string
-	ino    Ino
+	dir   Ino
+	path  string
+	ino   Ino
 	byIno bool
 }
 
@@ -594,7 +594,9 @@ func (t target) resolve(s *state, c *Cred) (*inode, error) {
 // Chmod sets the permission bits of path to mode & 07777. Only the owner
 // and root may; a caller that is neither root nor in the file's group
 // loses the setgid bit (as on Linux). ctime is updated.
-func (n *NS) Chmod(c Cred, path string, mode uint32) error { return n.chmod(c, pathAt(RootIno, path), mode) }
+func (n *NS) Chmod(c Cred, path string, mode uint32) error {
+	return n.chmod(c, pathAt(RootIno, path), mode)
+}
 
 // ChmodAt is Chmod of a path relative to directory dir, as fchmodat(2).
 func (n *NS) ChmodAt(c Cred, dir Ino, path string, mode uint32) error {
@@ -636,7 +638,9 @@ func (n *NS) ChownAt(c Cred, dir Ino, path string, uid, gid int) error {
 }
 
 // FChown is Chown of the open inode ino, as fchown(2).
-func (n *NS) FChown(c Cred, ino Ino, uid, gid int) error { return n.chown(c, inodeTarget(ino), uid, gid) }
+func (n *NS) FChown(c Cred, ino Ino, uid, gid int) error {
+	return n.chown(c, inodeTarget(ino), uid, gid)
+}
 
 func (n *NS) chown(c Cred, at target, uid, gid int) error {
 	const unchanged = 1<<32 - 1
