@@ -1,12 +1,28 @@
 // Package client is the Go client of weir. It looks like package os and
 // io/fs: Dial returns an *FS with OpenFile, Mkdir, Rename, Stat, ReadDir and
 // friends, and *File has Read, Write, ReadAt, WriteAt, Seek, Truncate, Sync,
-// Stat, ReadDir and Close. Errors are *fs.PathError (or *os.LinkError for
-// Rename) wrapping a syscall.Errno, so errors.Is(err, fs.ErrNotExist) works.
+// Stat, ReadDir, Chmod, Chown and Close; a directory *File also resolves
+// paths relative to itself (OpenAt, StatAt, MkdirAt, ...), as the *at()
+// system calls do. Errors are *fs.PathError (or *os.LinkError for Rename)
+// wrapping a syscall.Errno, so errors.Is(err, fs.ErrNotExist) works.
 //
-// Every request travels on shared-memory rings (package ring): namespace
-// requests to the metadata service, reads and writes to the IO service. No
-// socket is used after the two handshakes.
+// Every request travels on shared-memory rings (package ring) in the
+// protocol of package proto: namespace requests to the metadata service,
+// reads and writes to the IO service. No socket is used after the two
+// handshakes.
+//
+// Recovery. When the metadata service restarts, or the IO service restarts
+// or is resynchronised, the FS re-establishes its sessions by itself (for
+// up to Options.RecoverTimeout): a new metadata session, the IO ring
+// attached again, every open file reopened with the ticket its open
+// returned, and granted again at its next read or write. A request that
+// the services refused as stale is sent again; one whose ring died under
+// it is sent again only if repeating it is harmless (reads, writes at an
+// offset, stat, chmod, ...); otherwise (mkdir, rename, unlink, an append,
+// an exclusive create) it returns EIO, since it may or may not have taken
+// effect, and later calls work. Writes not yet fsynced when the IO service
+// died may be lost: the next Sync of such a file returns EIO once, as
+// Linux reports a lost writeback.
 //
 // Paths are relative to the root of the weir file system; a leading "/" means
 // the same. FS.Open follows the io/fs contract instead (fs.ValidPath names).
@@ -21,6 +37,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -39,15 +57,33 @@ type Options struct {
 	// Mode is how a caller waits for its completion; WaitAdaptive spins
 	// briefly and then sleeps, WaitBusyPoll never sleeps.
 	Mode ring.WaitMode
+	// RecoverTimeout bounds how long a call waits for a service that went
+	// away to come back (see the package comment); 0 means
+	// DefaultRecoverTimeout, a negative value never recovers: the sessions'
+	// loss is returned as EIO.
+	RecoverTimeout time.Duration
 }
+
+// DefaultRecoverTimeout is how long a call waits for a restarted service.
+const DefaultRecoverTimeout = 30 * time.Second
 
 // FS is a connection to weir: one metadata session and one IO session. It is
 // safe for concurrent use by many goroutines.
 type FS struct {
-	meta  *ring.Client
-	data  *ring.Client
+	opts  Options
 	umask uint32
-	chunk int // largest payload of one read or write request
+
+	mu     sync.RWMutex
+	cur    *conn // the current sessions; protected by mu
+	closed atomic.Bool
+
+	recoverMu sync.Mutex // one recovery at a time
+
+	filesMu sync.Mutex
+	files   map[*File]struct{} // open files, reopened at recovery; protected by filesMu
+
+	// Recoveries counts the times the sessions were re-established.
+	Recoveries atomic.Uint64
 }
 
 var (
@@ -64,7 +100,7 @@ var bgctx = context.Background()
 // metadata.socket, io.socket).
 const (
 	// DefaultRunDir is run_dir for the default data_dir, /var/lib/weir.
-	DefaultRunDir = "/var/lib/weir/run"
+	DefaultRunDir = "/run/weir"
 	// RunDirEnv names the environment variable that overrides it.
 	RunDirEnv          = "WEIR_RUN_DIR"
 	MetadataSocketName = "metadata.sock"
@@ -91,36 +127,192 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 	if opts.IOSocket == "" {
 		opts.IOSocket = filepath.Join(RunDir(), IOSocketName)
 	}
-	meta, err := ring.Dial(ctx, opts.MetadataSocket, ring.ClientOptions{Mode: opts.Mode})
+	if opts.RecoverTimeout == 0 {
+		opts.RecoverTimeout = DefaultRecoverTimeout
+	}
+	f := &FS{opts: opts, umask: processUmask(), files: map[*File]struct{}{}}
+	c, err := f.connect(ctx, nil)
 	if err != nil {
-		return nil, fmt.Errorf("weir: connect to metadata service: %w", err)
+		return nil, err
 	}
-	f := &FS{meta: meta, umask: processUmask()}
-	var out [8 + proto.TokenSize]byte
-	if _, err := f.call(meta, proto.OpHello, 0, 0, 0, nil, out[:]); err != nil {
-		meta.Close()
-		return nil, fmt.Errorf("weir: hello: %w", err)
-	}
-	data, err := ring.Dial(ctx, opts.IOSocket, ring.ClientOptions{Mode: opts.Mode})
-	if err != nil {
-		meta.Close()
-		return nil, fmt.Errorf("weir: connect to IO service: %w", err)
-	}
-	f.data = data
-	f.chunk = min(maxChunk, data.MaxBuffer())
-	if _, err := f.call(data, proto.OpAttach, 0, 0, 0, out[:], nil); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("weir: attach IO session: %w", err)
-	}
+	c.gen = 1
+	f.cur = c
 	return f, nil
+}
+
+// connect makes a new generation of sessions. It keeps the rings of old
+// that still work: a live metadata session is reused (it is not stale
+// just because io was resynchronised), a live IO ring attaches again.
+func (f *FS) connect(ctx context.Context, old *conn) (*conn, error) {
+	c := &conn{}
+	var dialed []*ring.Client
+	fail := func(err error) (*conn, error) {
+		for _, r := range dialed {
+			r.Close()
+		}
+		return nil, err
+	}
+	if old != nil && old.meta.Err() == nil {
+		c.meta, c.session, c.token, c.version, c.features = old.meta, old.session, old.token, old.version, old.features
+	} else {
+		meta, err := ring.Dial(ctx, f.opts.MetadataSocket, ring.ClientOptions{Mode: f.opts.Mode})
+		if err != nil {
+			return fail(fmt.Errorf("weir: connect to metadata service: %w", err))
+		}
+		dialed = append(dialed, meta)
+		r, err := hello(ctx, meta)
+		if err != nil {
+			return fail(fmt.Errorf("weir: hello: %w", err))
+		}
+		c.meta, c.session, c.token, c.version, c.features = meta, r.Session, r.Token, r.Version, r.Features
+	}
+	if old != nil && old.data.Err() == nil {
+		c.data = old.data
+	} else {
+		data, err := ring.Dial(ctx, f.opts.IOSocket, ring.ClientOptions{Mode: f.opts.Mode})
+		if err != nil {
+			return fail(fmt.Errorf("weir: connect to IO service: %w", err))
+		}
+		dialed = append(dialed, data)
+		c.data = data
+	}
+	c.chunk = min(maxChunk, c.data.MaxBuffer())
+	if err := attach(ctx, c.data, c); err != nil {
+		if errors.Is(err, proto.ErrStale) && old != nil && c.meta == old.meta {
+			// io serves a newer incarnation than this session's: the
+			// metadata service restarted and this ring has not noticed
+			// yet. The next attempt opens a new metadata session.
+			old.meta.Close()
+		}
+		return fail(fmt.Errorf("weir: attach IO session: %w", err))
+	}
+	return c, nil
+}
+
+// current returns the sessions in use.
+func (f *FS) current() *conn {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.cur
+}
+
+// errFSClosed is the cause of EBADF after Close.
+var errFSClosed = errors.New("weir: file system closed")
+
+// recover replaces the sessions c, which failed with cause, and returns
+// the new ones; if another call recovered already, its sessions. It
+// retries for up to RecoverTimeout.
+func (f *FS) recover(c *conn, cause error) (*conn, error) {
+	f.recoverMu.Lock()
+	defer f.recoverMu.Unlock()
+	if cur := f.current(); cur != c {
+		return cur, nil
+	}
+	if f.closed.Load() {
+		return nil, fmt.Errorf("%w (%v)", syscall.EBADF, errFSClosed)
+	}
+	if f.opts.RecoverTimeout < 0 {
+		return nil, cause
+	}
+	ctx, cancel := context.WithTimeout(bgctx, f.opts.RecoverTimeout)
+	defer cancel()
+	metaLost := c.meta.Err() != nil
+	ioLost := c.data.Err() != nil
+	var nc *conn
+	var err error
+	for attempt := 0; ; attempt++ {
+		if nc, err = f.connect(ctx, c); err == nil {
+			break
+		}
+		wait := min(50*time.Millisecond<<min(attempt, 5), time.Second)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: weir sessions lost (%v) and not re-established within %v: %v",
+				syscall.EIO, cause, f.opts.RecoverTimeout, err)
+		case <-time.After(wait):
+		}
+	}
+	newMeta := nc.meta != c.meta
+	nc.gen = c.gen + 1
+	f.mu.Lock()
+	f.cur = nc
+	f.mu.Unlock()
+	if newMeta {
+		c.meta.Close()
+	}
+	if nc.data != c.data {
+		c.data.Close()
+	}
+	f.Recoveries.Add(1)
+	f.filesMu.Lock()
+	files := make([]*File, 0, len(f.files))
+	for fl := range f.files {
+		files = append(files, fl)
+	}
+	f.filesMu.Unlock()
+	// Files reopen now rather than at their next use, so that a file
+	// unlinked while open is claimed within the service's reclaim grace.
+	for _, fl := range files {
+		fl.rebind(nc, newMeta || metaLost, ioLost)
+	}
+	return nc, nil
 }
 
 // Close ends both sessions. Files still open are closed by the services.
 func (f *FS) Close() error {
-	if f.data != nil {
-		f.data.Close()
+	f.recoverMu.Lock()
+	defer f.recoverMu.Unlock()
+	if !f.closed.CompareAndSwap(false, true) {
+		return nil
 	}
-	return f.meta.Close()
+	c := f.current()
+	c.data.Close()
+	return c.meta.Close()
+}
+
+// retryable says whether a request that failed with err on c may go again
+// on new sessions: it was refused as stale (nothing happened), or its ring
+// died and repeating it is harmless.
+func retryable(err error, idempotent bool) bool {
+	return errors.Is(err, proto.ErrStale) || (lostSession(err) && idempotent)
+}
+
+// metaOp runs fn on the current sessions; when the metadata ring died
+// under it, it recovers and, if idempotent, runs it once more. An ESTALE
+// answer from the metadata service is a real answer (a file reopened
+// after it was removed), not a stale session.
+func (f *FS) metaOp(idempotent bool, fn func(c *conn) error) error {
+	c := f.current()
+	err := fn(c)
+	if err == nil || !lostSession(err) {
+		return err
+	}
+	nc, rerr := f.recover(c, err)
+	if rerr != nil {
+		return rerr
+	}
+	if !idempotent {
+		return fmt.Errorf("%w (the metadata service went away during the request: it may or may not have taken effect)", syscall.EIO)
+	}
+	return fn(nc)
+}
+
+// dataOp is metaOp for requests to the IO service: an ESTALE answer there
+// means the session predates a resync, and the request was not served.
+func (f *FS) dataOp(idempotent bool, fn func(c *conn) error) error {
+	c := f.current()
+	err := fn(c)
+	if err == nil || !(lostSession(err) || errors.Is(err, proto.ErrStale)) {
+		return err
+	}
+	nc, rerr := f.recover(c, err)
+	if rerr != nil {
+		return rerr
+	}
+	if !retryable(err, idempotent) {
+		return fmt.Errorf("%w (the IO service went away during the request: it may or may not have taken effect)", syscall.EIO)
+	}
+	return fn(nc)
 }
 
 // processUmask reads this process's umask without changing it.
@@ -136,55 +328,6 @@ func processUmask() uint32 {
 		}
 	}
 	return 0o022
-}
-
-// call runs one request. in is the request body; out receives the response
-// body (the buffer is sized for the larger of the two). It returns the
-// completion; a negative result becomes a syscall.Errno error.
-func (f *FS) call(c *ring.Client, op uint8, arg uint32, handle, offset uint64, in, out []byte) (ring.Completion, error) {
-	ctx := bgctx
-	call := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset}
-	if n := max(len(in), len(out)); n > 0 {
-		b, err := c.Alloc(ctx, n)
-		if err != nil {
-			return ring.Completion{}, transportErr(err)
-		}
-		defer b.Release()
-		b.CopyFrom(in)
-		call.Buf = b
-		comp, err := c.Do(ctx, &call)
-		if err != nil {
-			return comp, transportErr(err)
-		}
-		if comp.Result < 0 {
-			return comp, syscall.Errno(-comp.Result)
-		}
-		if out != nil {
-			b.CopyTo(out[:min(len(out), int(comp.Result))])
-		}
-		return comp, nil
-	}
-	comp, err := c.Do(ctx, &call)
-	if err != nil {
-		return comp, transportErr(err)
-	}
-	if comp.Result < 0 {
-		return comp, syscall.Errno(-comp.Result)
-	}
-	return comp, nil
-}
-
-// transportErr maps a ring failure to an errno: the service went away (EIO,
-// as a dead NFS server gives) or the request cannot be carried.
-func transportErr(err error) error {
-	switch {
-	case errors.Is(err, ring.ErrTooLarge):
-		return fmt.Errorf("%w (%v)", syscall.E2BIG, err)
-	case errors.Is(err, ring.ErrClosed):
-		return fmt.Errorf("%w (%v)", syscall.EBADF, err)
-	default:
-		return fmt.Errorf("%w (%v)", syscall.EIO, err)
-	}
 }
 
 func pathErr(op, path string, err error) error {
@@ -203,14 +346,6 @@ func checkPath(name string) error {
 	return nil
 }
 
-func strBody(strs ...string) []byte {
-	var e proto.Enc
-	for _, s := range strs {
-		e.Str(s)
-	}
-	return e.B
-}
-
 // modeBits turns an fs.FileMode's permission and special bits into the
 // POSIX mode bits the services store.
 func modeBits(m fs.FileMode) uint32 {
@@ -227,38 +362,75 @@ func modeBits(m fs.FileMode) uint32 {
 	return b
 }
 
-func (f *FS) statPath(op, name string) (*fileInfo, error) {
+// pathCall runs a path request from directory dir (nil: the root) on the
+// metadata ring: it encodes body, sends it with the directory's handle in
+// the current sessions, and decodes the answer with decode (out bytes of
+// response space; decode may be nil).
+func (f *FS) pathCall(dir *File, op uint8, arg uint32, idempotent bool, body []byte, out int, decode func(c ring.Completion, b []byte) error) error {
+	return f.metaOp(idempotent, func(c *conn) error {
+		h := proto.RootHandle
+		if dir != nil {
+			var err error
+			if h, err = dir.handleIn(c); err != nil {
+				return err
+			}
+		}
+		buf := make([]byte, out)
+		comp, err := call(bgctx, c.meta, op, arg, h, 0, body, buf)
+		if err != nil {
+			return err
+		}
+		if decode != nil {
+			return decode(comp, buf[:comp.Result])
+		}
+		return nil
+	})
+}
+
+// decodeAttr decodes an attr answer; a bad one is EIO.
+func decodeAttr(op uint8) (*proto.Attr, func(ring.Completion, []byte) error) {
+	a := new(proto.Attr)
+	return a, func(_ ring.Completion, b []byte) error {
+		v, err := proto.DecodeAttr(b)
+		if err != nil {
+			return badCompletion(op, "attr does not decode")
+		}
+		*a = v
+		return nil
+	}
+}
+
+func (f *FS) statAt(dir *File, op, name string) (*fileInfo, error) {
 	if err := checkPath(name); err != nil {
 		return nil, pathErr(op, name, err)
 	}
-	var out [proto.AttrSize]byte
-	if _, err := f.call(f.meta, proto.OpStat, 0, 0, 0, strBody(name), out[:]); err != nil {
+	a, dec := decodeAttr(proto.OpStat)
+	if err := f.pathCall(dir, proto.OpStat, 0, true, (&proto.PathReq{Path: name}).Append(nil), proto.AttrSize, dec); err != nil {
 		return nil, pathErr(op, name, err)
 	}
-	a := proto.NewDec(out[:]).Attr()
-	return newFileInfo(baseName(name), a), nil
+	return newFileInfo(baseName(name), *a), nil
 }
 
 // Stat returns a FileInfo describing the named file.
-func (f *FS) Stat(name string) (fs.FileInfo, error) { return f.statPath("stat", name) }
+func (f *FS) Stat(name string) (fs.FileInfo, error) { return f.statAt(nil, "stat", name) }
 
 // Lstat is Stat: weir has no symbolic links.
-func (f *FS) Lstat(name string) (fs.FileInfo, error) { return f.statPath("lstat", name) }
+func (f *FS) Lstat(name string) (fs.FileInfo, error) { return f.statAt(nil, "lstat", name) }
 
-// Mkdir creates a directory with perm (before umask).
-func (f *FS) Mkdir(name string, perm fs.FileMode) error {
+func (f *FS) mkdirAt(dir *File, name string, perm fs.FileMode) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("mkdir", name, err)
 	}
-	var e proto.Enc
-	e.U32(modeBits(perm) &^ f.umask)
-	e.Str(name)
-	var out [proto.AttrSize]byte
-	if _, err := f.call(f.meta, proto.OpMkdir, 0, 0, 0, e.B, out[:]); err != nil {
+	body := (&proto.ModePathReq{Mode: modeBits(perm) &^ f.umask, Path: name}).Append(nil)
+	_, dec := decodeAttr(proto.OpMkdir)
+	if err := f.pathCall(dir, proto.OpMkdir, 0, false, body, proto.AttrSize, dec); err != nil {
 		return pathErr("mkdir", name, err)
 	}
 	return nil
 }
+
+// Mkdir creates a directory with perm (before umask).
+func (f *FS) Mkdir(name string, perm fs.FileMode) error { return f.mkdirAt(nil, name, perm) }
 
 // MkdirAll creates a directory and every missing parent, like os.MkdirAll.
 func (f *FS) MkdirAll(name string, perm fs.FileMode) error {
@@ -291,17 +463,16 @@ func (f *FS) MkdirAll(name string, perm fs.FileMode) error {
 	return nil
 }
 
-// Remove removes a file or an empty directory, choosing the error as
-// os.Remove does.
-func (f *FS) Remove(name string) error {
+func (f *FS) removeAt(dir *File, name string) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("remove", name, err)
 	}
-	_, e := f.call(f.meta, proto.OpUnlink, 0, 0, 0, strBody(name), nil)
+	body := (&proto.PathReq{Path: name}).Append(nil)
+	e := f.pathCall(dir, proto.OpUnlink, 0, false, body, 0, nil)
 	if e == nil {
 		return nil
 	}
-	_, e1 := f.call(f.meta, proto.OpRmdir, 0, 0, 0, strBody(name), nil)
+	e1 := f.pathCall(dir, proto.OpRmdir, 0, false, body, 0, nil)
 	if e1 == nil {
 		return nil
 	}
@@ -311,6 +482,10 @@ func (f *FS) Remove(name string) error {
 	}
 	return pathErr("remove", name, e)
 }
+
+// Remove removes a file or an empty directory, choosing the error as
+// os.Remove does.
+func (f *FS) Remove(name string) error { return f.removeAt(nil, name) }
 
 // RemoveAll removes name and everything it contains, like os.RemoveAll: a
 // missing name is not an error.
@@ -354,14 +529,29 @@ func (f *FS) RemoveAll(name string) error {
 	return first
 }
 
-// Rename renames (moves) oldname to newname atomically, replacing newname.
-func (f *FS) Rename(oldname, newname string) error {
+func (f *FS) renameAt(olddir *File, oldname string, newdir *File, newname string) error {
 	err := checkPath(oldname)
 	if err == nil {
 		err = checkPath(newname)
 	}
 	if err == nil {
-		_, err = f.call(f.meta, proto.OpRename, 0, 0, 0, strBody(oldname, newname), nil)
+		err = f.metaOp(false, func(c *conn) error {
+			oh, nh := proto.RootHandle, proto.RootHandle
+			var err error
+			if olddir != nil {
+				if oh, err = olddir.handleIn(c); err != nil {
+					return err
+				}
+			}
+			if newdir != nil {
+				if nh, err = newdir.handleIn(c); err != nil {
+					return err
+				}
+			}
+			body := (&proto.RenameReq{NewDir: nh, Old: oldname, New: newname}).Append(nil)
+			_, err = call(bgctx, c.meta, proto.OpRename, 0, oh, 0, body, nil)
+			return err
+		})
 	}
 	if err != nil {
 		return &os.LinkError{Op: "rename", Old: oldname, New: newname, Err: err}
@@ -369,52 +559,55 @@ func (f *FS) Rename(oldname, newname string) error {
 	return nil
 }
 
-// Chmod changes the mode bits of the named file.
-func (f *FS) Chmod(name string, mode fs.FileMode) error {
+// Rename renames (moves) oldname to newname atomically, replacing newname.
+func (f *FS) Rename(oldname, newname string) error { return f.renameAt(nil, oldname, nil, newname) }
+
+func (f *FS) chmodAt(dir *File, name string, mode fs.FileMode) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("chmod", name, err)
 	}
-	var e proto.Enc
-	e.U32(modeBits(mode))
-	e.Str(name)
-	if _, err := f.call(f.meta, proto.OpChmod, 0, 0, 0, e.B, nil); err != nil {
+	body := (&proto.ModePathReq{Mode: modeBits(mode), Path: name}).Append(nil)
+	if err := f.pathCall(dir, proto.OpChmod, 0, true, body, 0, nil); err != nil {
 		return pathErr("chmod", name, err)
+	}
+	return nil
+}
+
+// Chmod changes the mode bits of the named file.
+func (f *FS) Chmod(name string, mode fs.FileMode) error { return f.chmodAt(nil, name, mode) }
+
+func (f *FS) chownAt(dir *File, name string, uid, gid int) error {
+	if err := checkPath(name); err != nil {
+		return pathErr("chown", name, err)
+	}
+	body := (&proto.OwnerReq{UID: int64(uid), GID: int64(gid), Path: name}).Append(nil, true)
+	if err := f.pathCall(dir, proto.OpChown, 0, true, body, 0, nil); err != nil {
+		return pathErr("chown", name, err)
 	}
 	return nil
 }
 
 // Chown changes the owner and group; -1 leaves one unchanged.
-func (f *FS) Chown(name string, uid, gid int) error {
-	if err := checkPath(name); err != nil {
-		return pathErr("chown", name, err)
-	}
-	var e proto.Enc
-	e.I64(int64(uid))
-	e.I64(int64(gid))
-	e.Str(name)
-	if _, err := f.call(f.meta, proto.OpChown, 0, 0, 0, e.B, nil); err != nil {
-		return pathErr("chown", name, err)
-	}
-	return nil
-}
+func (f *FS) Chown(name string, uid, gid int) error { return f.chownAt(nil, name, uid, gid) }
 
 // Lchown is Chown: weir has no symbolic links.
 func (f *FS) Lchown(name string, uid, gid int) error { return f.Chown(name, uid, gid) }
 
-// Chtimes sets the access and modification times. A zero time.Time leaves
-// that time unchanged, as in os.Chtimes.
-func (f *FS) Chtimes(name string, atime, mtime time.Time) error {
+func (f *FS) chtimesAt(dir *File, name string, atime, mtime time.Time) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("chtimes", name, err)
 	}
-	var e proto.Enc
-	e.I64(timeArg(atime))
-	e.I64(timeArg(mtime))
-	e.Str(name)
-	if _, err := f.call(f.meta, proto.OpChtimes, 0, 0, 0, e.B, nil); err != nil {
+	body := (&proto.TimesReq{Atime: timeArg(atime), Mtime: timeArg(mtime), Path: name}).Append(nil, true)
+	if err := f.pathCall(dir, proto.OpChtimes, 0, true, body, 0, nil); err != nil {
 		return pathErr("chtimes", name, err)
 	}
 	return nil
+}
+
+// Chtimes sets the access and modification times. A zero time.Time leaves
+// that time unchanged, as in os.Chtimes.
+func (f *FS) Chtimes(name string, atime, mtime time.Time) error {
+	return f.chtimesAt(nil, name, atime, mtime)
 }
 
 func timeArg(t time.Time) int64 {
@@ -452,35 +645,42 @@ func (f *FS) Truncate(name string, size int64) error {
 
 // ReadDir reads the named directory, sorted by name.
 func (f *FS) ReadDir(name string) ([]fs.DirEntry, error) {
-	return f.readDir("open", name, "", -1)
+	return f.readDir(nil, "open", name, "", -1)
 }
 
-// readDir reads up to n entries (n < 0: all) after the name after.
-func (f *FS) readDir(op, name, after string, n int) ([]fs.DirEntry, error) {
+// readDir reads up to n entries (n < 0: all) of name, from directory dir,
+// after the name after.
+func (f *FS) readDir(dir *File, op, name, after string, n int) ([]fs.DirEntry, error) {
 	if err := checkPath(name); err != nil {
 		return nil, pathErr(op, name, err)
 	}
 	var ents []fs.DirEntry
-	out := make([]byte, 16<<10)
 	for n < 0 || len(ents) < n {
-		comp, err := f.call(f.meta, proto.OpReadDir, 0, 0, 0, strBody(name, after), out)
+		var page []proto.Dirent
+		var more bool
+		body := (&proto.ReadDirReq{Path: name, After: after}).Append(nil)
+		err := f.pathCall(dir, proto.OpReadDir, 0, true, body, 16<<10, func(c ring.Completion, b []byte) error {
+			var err error
+			if page, err = proto.DecodeDirents(b); err != nil || (after != "" && len(page) > 0 && page[0].Name <= after) {
+				return badCompletion(proto.OpReadDir, "entries do not decode or are not after the name asked")
+			}
+			more = c.Aux == 1
+			if c.Aux > 1 || (more && len(page) == 0) {
+				return badCompletion(proto.OpReadDir, "more entries promised but none given")
+			}
+			return nil
+		})
 		if err != nil {
 			return ents, pathErr(op, name, err)
 		}
-		d := proto.NewDec(out[:comp.Result])
-		cnt := d.U32()
-		for i := uint32(0); i < cnt; i++ {
-			ino, mode, nm := d.U64(), d.U32(), d.Str()
-			if d.Err() != nil {
-				return ents, pathErr(op, name, syscall.EIO)
-			}
-			ents = append(ents, &dirEntry{fs: f, dir: name, name: nm, ino: ino, mode: mode})
-			after = nm
+		for _, de := range page {
+			ents = append(ents, &dirEntry{fs: f, dir: dir, path: name, name: de.Name, ino: de.Ino, mode: de.Mode})
+			after = de.Name
 			if n >= 0 && len(ents) == n {
 				return ents, nil
 			}
 		}
-		if comp.Aux == 0 {
+		if !more {
 			break
 		}
 	}

@@ -360,9 +360,15 @@ func TestHandlesAreGrantedPerSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer data.Close()
-	hello := rawCall(t, meta, proto.OpHello, 0, make([]byte, 8+proto.TokenSize))
-	if hello.Result != 8+proto.TokenSize {
+	buf := make([]byte, proto.HelloRespSize)
+	copy(buf, (&proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion}).Append(nil))
+	hello := rawCall(t, meta, proto.OpHello, 0, buf)
+	if hello.Result != proto.HelloRespSize {
 		t.Fatalf("hello: %+v", hello)
+	}
+	hr, err := proto.DecodeHelloResp(buf)
+	if err != nil {
+		t.Fatal(err)
 	}
 	// Reading before attaching, or with handles 1..100, must all fail.
 	for h := uint64(1); h <= 100; h++ {
@@ -370,9 +376,18 @@ func TestHandlesAreGrantedPerSession(t *testing.T) {
 			t.Fatalf("read on handle %d without attach: %+v", h, r)
 		}
 	}
-	bad := make([]byte, 8+proto.TokenSize) // session 0, zero token
-	if r := rawCall(t, data, proto.OpAttach, 0, bad); !errors.Is(r.Err(), syscall.EPERM) {
+	forged := (&proto.AttachReq{Version: proto.Version, Session: hr.Session}).Append(nil) // zero token
+	if r := rawCall(t, data, proto.OpAttach, 0, forged); !errors.Is(r.Err(), syscall.EPERM) {
 		t.Fatalf("attach with a forged token: %+v", r)
+	}
+	// A session of no incarnation of this metadata service is stale.
+	if r := rawCall(t, data, proto.OpAttach, 0, (&proto.AttachReq{Version: proto.Version, Session: 7}).Append(nil)); !errors.Is(r.Err(), syscall.ESTALE) {
+		t.Fatalf("attach with a session of another incarnation: %+v", r)
+	}
+	// A version this service does not speak is refused, with its range.
+	r := rawCall(t, data, proto.OpAttach, 0, (&proto.AttachReq{Version: proto.MaxVersion + 1, Session: hr.Session, Token: hr.Token}).Append(nil))
+	if lo, hi := proto.SplitVersionRange(r.Aux); !errors.Is(r.Err(), syscall.EPROTONOSUPPORT) || lo != proto.MinVersion || hi != proto.MaxVersion {
+		t.Fatalf("attach with an unknown version: %+v", r)
 	}
 }
 

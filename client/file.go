@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -22,13 +23,22 @@ var errEOF = io.EOF
 type File struct {
 	fs     *FS
 	name   string
-	handle uint64
 	flags  int
 	dir    bool
 	closed atomic.Bool
 
-	granted atomic.Bool // the IO service accepts the handle
-	grantMu sync.Mutex  // serialises the OpGrant of the first data request
+	// hmu protects the handle and what belongs to it: the handle is valid
+	// in sessions of generation gen; a recovery reopens it (rebind).
+	hmu       sync.Mutex
+	handle    uint64
+	gen       uint64
+	granted   bool // the IO service accepts the handle (in gen)
+	ticket    proto.Ticket
+	hasTicket bool
+	gone      error  // the file could not be reopened after a recovery
+	writes    uint64 // writes done, and as of the last successful Sync:
+	synced    uint64 // the file is dirty while they differ
+	lost      error  // writes lost with an IO service that died: the next Sync returns it, once
 
 	mu       sync.Mutex // protects off, dirAfter, dirDone
 	off      int64
@@ -43,6 +53,15 @@ var (
 	_ io.Closer          = (*File)(nil)
 	_ fs.ReadDirFile     = (*File)(nil)
 )
+
+// fileGone is the error of every call on a file that could not be reopened
+// after the metadata service restarted: it was removed meanwhile.
+type fileGone struct{ err error }
+
+func (e *fileGone) Error() string {
+	return fmt.Sprintf("%v (the file could not be reopened after the metadata service restarted: %v)", syscall.ESTALE, e.err)
+}
+func (e *fileGone) Unwrap() error { return syscall.ESTALE }
 
 // Open opens a file for reading with the io/fs contract: name must satisfy
 // fs.ValidPath. The result is a *File. Use OpenFile for os-style paths.
@@ -65,30 +84,58 @@ func (f *FS) Create(name string) (*File, error) {
 
 // openFlags are the flags OpenFile understands; others are refused.
 const openFlags = os.O_RDONLY | os.O_WRONLY | os.O_RDWR | os.O_CREATE | os.O_EXCL |
-	os.O_TRUNC | os.O_APPEND | os.O_SYNC | syscall.O_DIRECTORY | syscall.O_CLOEXEC
+	os.O_TRUNC | os.O_APPEND | os.O_SYNC | syscall.O_DSYNC | syscall.O_DIRECTORY | syscall.O_CLOEXEC
 
 // OpenFile opens name with flags (os.O_*) and, when creating, perm before
-// umask.
+// umask. O_SYNC and O_DSYNC make every write durable before it returns.
 func (f *FS) OpenFile(name string, flag int, perm fs.FileMode) (*File, error) {
+	return f.openAt(nil, name, flag, perm)
+}
+
+func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, error) {
 	if err := checkPath(name); err != nil {
 		return nil, pathErr("open", name, err)
 	}
 	if flag&^openFlags != 0 {
 		return nil, pathErr("open", name, syscall.EINVAL)
 	}
-	var e proto.Enc
-	e.U32(modeBits(perm) &^ f.umask)
-	e.Str(name)
-	var out [8 + proto.AttrSize + 2]byte
-	if _, err := f.call(f.meta, proto.OpOpen, uint32(flag&^syscall.O_CLOEXEC), 0, 0, e.B, out[:]); err != nil {
+	body := (&proto.ModePathReq{Mode: modeBits(perm) &^ f.umask, Path: name}).Append(nil)
+	// An exclusive create may not go again: it would fail on the file it
+	// created the first time.
+	idempotent := flag&os.O_EXCL == 0
+	var file *File
+	err := f.metaOp(idempotent, func(c *conn) error {
+		h := proto.RootHandle
+		if dir != nil {
+			var err error
+			if h, err = dir.handleIn(c); err != nil {
+				return err
+			}
+		}
+		withTicket := c.features&proto.FeatureReopen != 0
+		out := make([]byte, proto.OpenRespSize(withTicket))
+		comp, err := call(bgctx, c.meta, proto.OpOpen, uint32(flag&^syscall.O_CLOEXEC), h, 0, body, out)
+		if err != nil {
+			return err
+		}
+		r, err := proto.DecodeOpenResp(out[:comp.Result], withTicket)
+		if err != nil {
+			return badCompletion(proto.OpOpen, "open answer does not decode")
+		}
+		file = &File{fs: f, name: name, flags: flag, dir: r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR,
+			handle: r.Handle, gen: c.gen, granted: r.Granted, ticket: r.Ticket, hasTicket: r.HasTicket}
+		return nil
+	})
+	if err != nil {
 		return nil, pathErr("open", name, err)
 	}
-	d := proto.NewDec(out[:])
-	h := d.U64()
-	a := d.Attr()
-	d.U8() // created
-	file := &File{fs: f, name: name, handle: h, flags: flag, dir: a.Mode&syscall.S_IFMT == syscall.S_IFDIR}
-	file.granted.Store(d.U8() != 0)
+	f.filesMu.Lock()
+	f.files[file] = struct{}{}
+	f.filesMu.Unlock()
+	// Opened in sessions a recovery replaced meanwhile: rebind now.
+	if c := f.current(); c.gen != file.gen {
+		file.rebind(c, true, false)
+	}
 	return file, nil
 }
 
@@ -111,6 +158,115 @@ func (fl *File) readable() bool  { return fl.flags&(os.O_WRONLY|os.O_RDWR) != os
 func (fl *File) writable() bool  { return fl.flags&(os.O_WRONLY|os.O_RDWR) != 0 }
 func (fl *File) appending() bool { return fl.flags&os.O_APPEND != 0 }
 
+// rebind makes the file usable in the sessions c of a recovery: with a new
+// metadata session (newMeta) it reopens with its ticket; either way its
+// grant is gone. When the IO service died (ioLost), writes since the last
+// Sync may be lost: the next Sync says so, once.
+func (fl *File) rebind(c *conn, newMeta, ioLost bool) {
+	fl.hmu.Lock()
+	defer fl.hmu.Unlock()
+	fl.granted = false
+	if ioLost && fl.writes != fl.synced && fl.lost == nil {
+		fl.lost = fmt.Errorf("%w (the IO service stopped before writes since the last sync were made durable; they may be lost)", syscall.EIO)
+	}
+	if newMeta && fl.gone == nil {
+		if err := fl.reopenLocked(c); err != nil {
+			fl.gone = &fileGone{err: err}
+			return
+		}
+	}
+	fl.gen = c.gen
+}
+
+// reopenLocked opens the file again in the sessions c with its ticket.
+// hmu is held.
+func (fl *File) reopenLocked(c *conn) error {
+	if !fl.hasTicket {
+		return errors.New("no reopen ticket")
+	}
+	out := make([]byte, proto.OpenRespSize(true))
+	comp, err := call(bgctx, c.meta, proto.OpReopen, 0, 0, 0, fl.ticket[:], out)
+	if err != nil {
+		return err
+	}
+	r, err := proto.DecodeOpenResp(out[:comp.Result], true)
+	if err != nil || (r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR) != fl.dir {
+		return badCompletion(proto.OpReopen, "reopen answer does not decode or names another kind of file")
+	}
+	fl.handle, fl.gen, fl.granted, fl.ticket = r.Handle, c.gen, r.Granted, r.Ticket
+	return nil
+}
+
+// handleIn returns the file's handle in the sessions c, reopening it there
+// if a recovery left it behind.
+func (fl *File) handleIn(c *conn) (uint64, error) {
+	fl.hmu.Lock()
+	defer fl.hmu.Unlock()
+	return fl.handleInLocked(c)
+}
+
+func (fl *File) handleInLocked(c *conn) (uint64, error) {
+	if fl.gone != nil {
+		return 0, fl.gone
+	}
+	if fl.gen != c.gen {
+		fl.granted = false
+		if err := fl.reopenLocked(c); err != nil {
+			if !lostSession(err) {
+				fl.gone = &fileGone{err: err}
+				return 0, fl.gone
+			}
+			return 0, err
+		}
+	}
+	return fl.handle, nil
+}
+
+// grantedHandle returns the handle in c, asking the metadata service, once
+// per session generation, to grant it at the IO service: opening a file
+// costs no round trip to the IO service until the file is read or
+// written.
+func (fl *File) grantedHandle(c *conn) (uint64, error) {
+	fl.hmu.Lock()
+	defer fl.hmu.Unlock()
+	h, err := fl.handleInLocked(c)
+	if err != nil || fl.granted {
+		return h, err
+	}
+	if _, err := call(bgctx, c.meta, proto.OpGrant, 0, h, 0, nil, nil); err != nil {
+		return 0, err
+	}
+	fl.granted = true
+	return h, nil
+}
+
+// dataOp runs fn with the file's granted handle in the current sessions,
+// recovering as FS.dataOp does. A file that could not be reopened is not
+// a stale session: it fails at once.
+func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error {
+	run := func(c *conn) error {
+		h, err := fl.grantedHandle(c)
+		if err != nil {
+			return err
+		}
+		return fn(c, h)
+	}
+	c := fl.fs.current()
+	err := run(c)
+	var gone *fileGone
+	if err == nil || errors.As(err, &gone) || !(lostSession(err) || errors.Is(err, proto.ErrStale)) {
+		return err
+	}
+	nc, rerr := fl.fs.recover(c, err)
+	if rerr != nil {
+		return rerr
+	}
+	if !retryable(err, idempotent) {
+		return fmt.Errorf("%w (the IO service went away during the request: it may or may not have taken effect)", syscall.EIO)
+	}
+	return run(nc)
+}
+
 // Close closes the file. A second Close returns an error, as with os.
 func (fl *File) Close() error {
 	if fl == nil {
@@ -119,23 +275,40 @@ func (fl *File) Close() error {
 	if !fl.closed.CompareAndSwap(false, true) {
 		return fl.err("close", os.ErrClosed)
 	}
-	if _, err := fl.fs.call(fl.fs.meta, proto.OpClose, 0, fl.handle, 0, nil, nil); err != nil {
+	f := fl.fs
+	f.filesMu.Lock()
+	delete(f.files, fl)
+	f.filesMu.Unlock()
+	c := f.current()
+	fl.hmu.Lock()
+	h, gen, gone := fl.handle, fl.gen, fl.gone
+	fl.hmu.Unlock()
+	if gone != nil || gen != c.gen {
+		return nil // the handle died with the sessions that opened it
+	}
+	if _, err := call(bgctx, c.meta, proto.OpClose, 0, h, 0, nil, nil); err != nil {
+		if lostSession(err) {
+			return nil // the metadata service is gone, and the handle with it
+		}
 		return fl.err("close", err)
 	}
 	return nil
 }
 
 // readAt reads into p at off, splitting into requests of at most one chunk.
+// Linux checks the descriptor's mode before its type: a directory opened
+// read-only reads EISDIR, a file opened write-only EBADF.
 func (fl *File) readAt(p []byte, off int64) (int, error) {
-	if fl.dir {
-		return 0, syscall.EISDIR
-	}
 	if !fl.readable() {
 		return 0, syscall.EBADF
 	}
+	if fl.dir {
+		return 0, syscall.EISDIR
+	}
 	n := 0
 	for n < len(p) {
-		want := min(len(p)-n, fl.fs.chunk)
+		c := fl.fs.current()
+		want := min(len(p)-n, c.chunk)
 		m, err := fl.transfer(proto.OpRead, p[n:n+want], off+int64(n), 0)
 		n += m
 		if err != nil {
@@ -152,64 +325,64 @@ func (fl *File) readAt(p []byte, off int64) (int, error) {
 // for a read the answer is copied out to p. It returns the byte count and,
 // for writes, the offset the service wrote at.
 func (fl *File) transfer(op uint8, p []byte, off int64, arg uint32) (int, error) {
-	c := fl.fs.data
-	b, err := c.Alloc(bgctx, len(p))
-	if err != nil {
-		return 0, transportErr(err)
-	}
-	defer b.Release()
-	if op == proto.OpWrite {
-		b.CopyFrom(p)
-	}
-	n, _, err := fl.do(op, b, off, arg)
-	if op == proto.OpRead && n > 0 {
-		b.CopyTo(p[:n])
-	}
+	var n int
+	err := fl.dataOp(op == proto.OpRead || arg == 0, func(c *conn, h uint64) error {
+		b, err := c.data.Alloc(bgctx, len(p))
+		if err != nil {
+			return transportErr(err)
+		}
+		defer b.Release()
+		if op == proto.OpWrite {
+			b.CopyFrom(p)
+		}
+		var at uint64
+		n, at, err = fl.do(c, h, op, b, off, arg)
+		_ = at
+		if op == proto.OpRead && n > 0 {
+			b.CopyTo(p[:n])
+		}
+		return err
+	})
 	return n, err
 }
 
-// ensureGrant asks the metadata service, once, to grant this handle at the
-// IO service: opening a file costs no round trip to the IO service until
-// the file is read or written.
-func (fl *File) ensureGrant() error {
-	if fl.granted.Load() {
-		return nil
-	}
-	fl.grantMu.Lock()
-	defer fl.grantMu.Unlock()
-	if fl.granted.Load() {
-		return nil
-	}
-	if _, err := fl.fs.call(fl.fs.meta, proto.OpGrant, 0, fl.handle, 0, nil, nil); err != nil {
-		return err
-	}
-	fl.granted.Store(true)
-	return nil
-}
-
-// do submits one data request on an arena buffer.
-func (fl *File) do(op uint8, b *ring.Buffer, off int64, arg uint32) (int, uint64, error) {
-	if err := fl.ensureGrant(); err != nil {
-		return 0, 0, err
-	}
-	comp, err := fl.fs.data.Do(bgctx, &ring.Call{Op: op, Arg: arg, Handle: fl.handle, Offset: uint64(off), Buf: b})
+// do submits one data request on an arena buffer and validates its
+// completion: a count beyond the buffer, or a write at another offset than
+// the one asked, is EIO.
+func (fl *File) do(c *conn, h uint64, op uint8, b *ring.Buffer, off int64, arg uint32) (int, uint64, error) {
+	comp, err := c.data.Do(bgctx, &ring.Call{Op: op, Arg: arg, Handle: h, Offset: uint64(off), Buf: b})
 	if err != nil {
 		return 0, 0, transportErr(err)
 	}
 	if comp.Result < 0 {
 		return 0, 0, syscall.Errno(-comp.Result)
 	}
+	if comp.Result > int64(b.Len()) {
+		return 0, 0, badCompletion(op, fmt.Sprintf("%d bytes for a buffer of %d", comp.Result, b.Len()))
+	}
+	if op == proto.OpWrite {
+		if (arg == 0 && comp.Aux != uint64(off)) || comp.Aux > 1<<62 {
+			return 0, 0, badCompletion(op, fmt.Sprintf("written at %d, asked at %d", comp.Aux, off))
+		}
+		if comp.Result > 0 {
+			fl.hmu.Lock()
+			fl.writes++
+			fl.hmu.Unlock()
+		}
+	}
 	return int(comp.Result), comp.Aux, nil
 }
 
 // writeAt writes p at off (or at the end with O_APPEND) and returns the
-// count and the offset after the last byte written.
+// count and the offset after the last byte written. Linux checks the
+// descriptor's mode before its type: writing a directory (which can only
+// be open read-only) is EBADF.
 func (fl *File) writeAt(p []byte, off int64, appendMode bool) (int, int64, error) {
-	if fl.dir {
-		return 0, off, syscall.EISDIR
-	}
 	if !fl.writable() {
 		return 0, off, syscall.EBADF
+	}
+	if fl.dir {
+		return 0, off, syscall.EISDIR
 	}
 	n := 0
 	var arg uint32
@@ -218,14 +391,22 @@ func (fl *File) writeAt(p []byte, off int64, appendMode bool) (int, int64, error
 	}
 	end := off
 	for n < len(p) {
-		chunk := p[n:min(len(p), n+fl.fs.chunk)]
-		b, err := fl.fs.data.Alloc(bgctx, len(chunk))
-		if err != nil {
-			return n, end, transportErr(err)
-		}
-		b.CopyFrom(chunk)
-		m, at, err := fl.do(proto.OpWrite, b, off+int64(n), arg)
-		b.Release()
+		var m int
+		var at uint64
+		err := fl.dataOp(!appendMode, func(c *conn, h uint64) error {
+			chunk := p[n:min(len(p), n+c.chunk)]
+			b, err := c.data.Alloc(bgctx, len(chunk))
+			if err != nil {
+				return transportErr(err)
+			}
+			defer b.Release()
+			b.CopyFrom(chunk)
+			m, at, err = fl.do(c, h, proto.OpWrite, b, off+int64(n), arg)
+			if err == nil && m < len(chunk) {
+				err = io.ErrShortWrite
+			}
+			return err
+		})
 		n += m
 		if appendMode {
 			end = int64(at) + int64(m)
@@ -234,9 +415,6 @@ func (fl *File) writeAt(p []byte, off int64, appendMode bool) (int, int64, error
 		}
 		if err != nil {
 			return n, end, err
-		}
-		if m < len(chunk) {
-			return n, end, io.ErrShortWrite
 		}
 	}
 	return n, end, nil
@@ -321,7 +499,7 @@ func (fl *File) vecLen(bufs [][]byte) (int, error) {
 	for _, b := range bufs {
 		total += len(b)
 	}
-	if total > fl.fs.chunk {
+	if total > fl.fs.MaxBuffer() {
 		return 0, syscall.E2BIG
 	}
 	return total, nil
@@ -342,36 +520,42 @@ func (fl *File) ReadV(bufs [][]byte) (int, error) {
 	if total == 0 {
 		return 0, nil
 	}
-	if fl.dir {
-		return 0, fl.err("readv", syscall.EISDIR)
-	}
 	if !fl.readable() {
 		return 0, fl.err("readv", syscall.EBADF)
 	}
-	b, err := fl.fs.data.Alloc(bgctx, total)
-	if err != nil {
-		return 0, fl.err("readv", transportErr(err))
+	if fl.dir {
+		return 0, fl.err("readv", syscall.EISDIR)
 	}
-	defer b.Release()
 	fl.mu.Lock()
-	n, _, err := fl.do(proto.OpRead, b, fl.off, 0)
-	fl.off += int64(n)
-	fl.mu.Unlock()
+	defer fl.mu.Unlock()
+	var n int
+	err = fl.dataOp(true, func(c *conn, h uint64) error {
+		b, err := c.data.Alloc(bgctx, total)
+		if err != nil {
+			return transportErr(err)
+		}
+		defer b.Release()
+		if n, _, err = fl.do(c, h, proto.OpRead, b, fl.off, 0); err != nil {
+			return err
+		}
+		src, si, soff, left := b.Slices(), 0, 0, n
+		for _, dst := range bufs {
+			for d := 0; d < len(dst) && left > 0; {
+				k := copy(dst[d:min(len(dst), d+left)], src[si][soff:])
+				d, soff, left = d+k, soff+k, left-k
+				if soff == len(src[si]) {
+					si, soff = si+1, 0
+				}
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, fl.err("readv", err)
 	}
+	fl.off += int64(n)
 	if n == 0 {
 		return 0, io.EOF
-	}
-	src, si, soff, left := b.Slices(), 0, 0, n
-	for _, dst := range bufs {
-		for d := 0; d < len(dst) && left > 0; {
-			k := copy(dst[d:min(len(dst), d+left)], src[si][soff:])
-			d, soff, left = d+k, soff+k, left-k
-			if soff == len(src[si]) {
-				si, soff = si+1, 0
-			}
-		}
 	}
 	return n, nil
 }
@@ -388,32 +572,63 @@ func (fl *File) WriteV(bufs [][]byte) (int, error) {
 	if total == 0 {
 		return 0, nil
 	}
-	b, err := fl.fs.data.Alloc(bgctx, total)
-	if err != nil {
-		return 0, fl.err("writev", transportErr(err))
+	if !fl.writable() || fl.dir {
+		return 0, fl.err("writev", syscall.EBADF)
 	}
-	defer b.Release()
-	// Gather straight into the arena: one copy per byte.
-	dst := b.Slices()
-	di, doff := 0, 0
-	for _, src := range bufs {
-		for len(src) > 0 {
-			k := copy(dst[di][doff:], src)
-			src, doff = src[k:], doff+k
-			if doff == len(dst[di]) {
-				di, doff = di+1, 0
+	fl.mu.Lock()
+	defer fl.mu.Unlock()
+	var arg uint32
+	if fl.appending() {
+		arg = proto.WriteAppend
+	}
+	var n int
+	var at uint64
+	err = fl.dataOp(arg == 0, func(c *conn, h uint64) error {
+		b, err := c.data.Alloc(bgctx, total)
+		if err != nil {
+			return transportErr(err)
+		}
+		defer b.Release()
+		// Gather straight into the arena: one copy per byte.
+		dst := b.Slices()
+		di, doff := 0, 0
+		for _, src := range bufs {
+			for len(src) > 0 {
+				k := copy(dst[di][doff:], src)
+				src, doff = src[k:], doff+k
+				if doff == len(dst[di]) {
+					di, doff = di+1, 0
+				}
 			}
 		}
+		n, at, err = fl.do(c, h, proto.OpWrite, b, fl.off, arg)
+		return err
+	})
+	if err != nil {
+		return 0, fl.err("writev", err)
 	}
-	return fl.WriteBuffer(b)
+	fl.advance(n, at)
+	return n, nil
+}
+
+// advance moves the file position past n bytes written at at. fl.mu is
+// held.
+func (fl *File) advance(n int, at uint64) {
+	if fl.appending() {
+		fl.off = int64(at) + int64(n)
+	} else {
+		fl.off += int64(n)
+	}
 }
 
 // AllocBuffer reserves n bytes of this session's shared arena for the
 // zero-copy calls: fill b.Slices() in place, then WriteBuffer or
 // WriteBufferAt; or ReadBufferAt into it and read b.Slices(). Release it
-// when done. n is at most MaxBuffer.
+// when done. n is at most MaxBuffer. A buffer belongs to the IO session it
+// was allocated in: after a recovery replaced that session, calls with it
+// fail with EINVAL (allocate a new one).
 func (f *FS) AllocBuffer(n int) (*ring.Buffer, error) {
-	b, err := f.data.Alloc(bgctx, n)
+	b, err := f.current().data.Alloc(bgctx, n)
 	if err != nil {
 		return nil, transportErr(err)
 	}
@@ -421,7 +636,21 @@ func (f *FS) AllocBuffer(n int) (*ring.Buffer, error) {
 }
 
 // MaxBuffer is the largest buffer one zero-copy call can carry.
-func (f *FS) MaxBuffer() int { return f.chunk }
+func (f *FS) MaxBuffer() int { return f.current().chunk }
+
+// bufferOp runs a zero-copy request: the buffer cannot move to new
+// sessions, so a request refused as stale or lost with its session is not
+// sent again (the sessions are recovered for later calls).
+func (fl *File) bufferOp(op uint8, b *ring.Buffer, off int64, arg uint32) (int, uint64, error) {
+	var n int
+	var at uint64
+	err := fl.dataOp(false, func(c *conn, h uint64) error {
+		var err error
+		n, at, err = fl.do(c, h, op, b, off, arg)
+		return err
+	})
+	return n, at, err
+}
 
 // WriteBuffer writes an arena buffer at the file position (zero copy).
 func (fl *File) WriteBuffer(b *ring.Buffer) (int, error) {
@@ -437,15 +666,11 @@ func (fl *File) WriteBuffer(b *ring.Buffer) (int, error) {
 	if fl.appending() {
 		arg = proto.WriteAppend
 	}
-	n, at, err := fl.do(proto.OpWrite, b, fl.off, arg)
+	n, at, err := fl.bufferOp(proto.OpWrite, b, fl.off, arg)
 	if err != nil {
 		return 0, fl.err("write", err)
 	}
-	if fl.appending() {
-		fl.off = int64(at) + int64(n)
-	} else {
-		fl.off += int64(n)
-	}
+	fl.advance(n, at)
 	return n, nil
 }
 
@@ -457,7 +682,7 @@ func (fl *File) WriteBufferAt(b *ring.Buffer, off int64) (int, error) {
 	if !fl.writable() || fl.dir || fl.appending() || off < 0 {
 		return 0, fl.err("write", syscall.EINVAL)
 	}
-	n, _, err := fl.do(proto.OpWrite, b, off, 0)
+	n, _, err := fl.bufferOp(proto.OpWrite, b, off, 0)
 	if err != nil {
 		return 0, fl.err("write", err)
 	}
@@ -473,7 +698,7 @@ func (fl *File) ReadBufferAt(b *ring.Buffer, off int64) (int, error) {
 	if !fl.readable() || fl.dir || off < 0 {
 		return 0, fl.err("read", syscall.EBADF)
 	}
-	n, _, err := fl.do(proto.OpRead, b, off, 0)
+	n, _, err := fl.bufferOp(proto.OpRead, b, off, 0)
 	if err != nil {
 		return 0, fl.err("read", err)
 	}
@@ -515,7 +740,7 @@ func (fl *File) Seek(offset int64, whence int) (int64, error) {
 	return pos, nil
 }
 
-// Truncate changes the file's size.
+// Truncate changes the file's size (ftruncate).
 func (fl *File) Truncate(size int64) error {
 	if err := fl.check("truncate"); err != nil {
 		return err
@@ -523,29 +748,58 @@ func (fl *File) Truncate(size int64) error {
 	if fl.dir || !fl.writable() || size < 0 {
 		return fl.err("truncate", syscall.EINVAL)
 	}
-	if err := fl.ensureGrant(); err != nil {
+	err := fl.dataOp(true, func(c *conn, h uint64) error {
+		_, err := call(bgctx, c.data, proto.OpTruncate, 0, h, uint64(size), nil, nil)
+		return err
+	})
+	if err != nil {
 		return fl.err("truncate", err)
 	}
-	if _, err := fl.fs.call(fl.fs.data, proto.OpTruncate, 0, fl.handle, uint64(size), nil, nil); err != nil {
-		return fl.err("truncate", err)
-	}
+	fl.hmu.Lock()
+	fl.writes++
+	fl.hmu.Unlock()
 	return nil
 }
 
-// Sync makes the file's data and attributes durable.
-func (fl *File) Sync() error {
+// Sync makes the file's data and attributes durable. If the IO service
+// died with writes of this file not yet durable, Sync returns EIO once.
+func (fl *File) Sync() error { return fl.sync(0) }
+
+// Datasync is fdatasync: the data and the size, durable.
+func (fl *File) Datasync() error { return fl.sync(proto.SyncData) }
+
+func (fl *File) sync(arg uint32) error {
 	if err := fl.check("sync"); err != nil {
 		return err
 	}
-	op, c := proto.OpSync, fl.fs.data
+	fl.hmu.Lock()
+	lost := fl.lost
+	fl.lost = nil
+	start := fl.writes
+	fl.hmu.Unlock()
+	if lost != nil {
+		return fl.err("sync", lost)
+	}
+	var err error
 	if fl.dir {
-		op, c = proto.OpSyncMeta, fl.fs.meta
-	} else if err := fl.ensureGrant(); err != nil {
+		err = fl.fs.metaOp(true, func(c *conn) error {
+			_, err := call(bgctx, c.meta, proto.OpSyncMeta, 0, 0, 0, nil, nil)
+			return err
+		})
+	} else {
+		err = fl.dataOp(true, func(c *conn, h uint64) error {
+			_, err := call(bgctx, c.data, proto.OpSync, arg, h, 0, nil, nil)
+			return err
+		})
+	}
+	if err != nil {
 		return fl.err("sync", err)
 	}
-	if _, err := fl.fs.call(c, op, 0, fl.handle, 0, nil, nil); err != nil {
-		return fl.err("sync", err)
+	fl.hmu.Lock()
+	if fl.lost == nil {
+		fl.synced = start
 	}
+	fl.hmu.Unlock()
 	return nil
 }
 
@@ -554,11 +808,167 @@ func (fl *File) Stat() (fs.FileInfo, error) {
 	if err := fl.check("stat"); err != nil {
 		return nil, err
 	}
-	var out [proto.AttrSize]byte
-	if _, err := fl.fs.call(fl.fs.meta, proto.OpFStat, 0, fl.handle, 0, nil, out[:]); err != nil {
+	var a proto.Attr
+	err := fl.fs.metaOp(true, func(c *conn) error {
+		h, err := fl.handleIn(c)
+		if err != nil {
+			return err
+		}
+		out := make([]byte, proto.AttrSize)
+		comp, err := call(bgctx, c.meta, proto.OpFStat, 0, h, 0, nil, out)
+		if err != nil {
+			return err
+		}
+		if a, err = proto.DecodeAttr(out[:comp.Result]); err != nil {
+			return badCompletion(proto.OpFStat, "attr does not decode")
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, fl.err("stat", err)
 	}
-	return newFileInfo(baseName(fl.name), proto.NewDec(out[:]).Attr()), nil
+	return newFileInfo(baseName(fl.name), a), nil
+}
+
+// handleCall runs an attribute change on the file's handle (fchmod,
+// fchown, futimens).
+func (fl *File) handleCall(op uint8, arg uint32, body []byte) error {
+	return fl.fs.metaOp(true, func(c *conn) error {
+		h, err := fl.handleIn(c)
+		if err != nil {
+			return err
+		}
+		_, err = call(bgctx, c.meta, op, arg, h, 0, body, nil)
+		return err
+	})
+}
+
+// Chmod changes the file's mode bits (fchmod).
+func (fl *File) Chmod(mode fs.FileMode) error {
+	if err := fl.check("chmod"); err != nil {
+		return err
+	}
+	if err := fl.handleCall(proto.OpFChmod, modeBits(mode), nil); err != nil {
+		return fl.err("chmod", err)
+	}
+	return nil
+}
+
+// Chown changes the file's owner and group; -1 leaves one unchanged
+// (fchown).
+func (fl *File) Chown(uid, gid int) error {
+	if err := fl.check("chown"); err != nil {
+		return err
+	}
+	if err := fl.handleCall(proto.OpFChown, 0, (&proto.OwnerReq{UID: int64(uid), GID: int64(gid)}).Append(nil, false)); err != nil {
+		return fl.err("chown", err)
+	}
+	return nil
+}
+
+// Chtimes sets the file's access and modification times; a zero time.Time
+// leaves one unchanged (futimens).
+func (fl *File) Chtimes(atime, mtime time.Time) error {
+	if err := fl.check("chtimes"); err != nil {
+		return err
+	}
+	body := (&proto.TimesReq{Atime: timeArg(atime), Mtime: timeArg(mtime)}).Append(nil, false)
+	if err := fl.handleCall(proto.OpFChtimes, 0, body); err != nil {
+		return fl.err("chtimes", err)
+	}
+	return nil
+}
+
+// dirOnly refuses a path operation relative to a file that is not a
+// directory, as the *at() calls do with ENOTDIR.
+func (fl *File) dirOnly(op, name string) error {
+	if err := fl.check(op); err != nil {
+		return err
+	}
+	if !fl.dir {
+		return pathErr(op, name, syscall.ENOTDIR)
+	}
+	return nil
+}
+
+// OpenAt opens name relative to this directory, as openat(2): a relative
+// name resolves from here, an absolute one from the root, and ".." may
+// leave the directory.
+func (fl *File) OpenAt(name string, flag int, perm fs.FileMode) (*File, error) {
+	if err := fl.dirOnly("open", name); err != nil {
+		return nil, err
+	}
+	return fl.fs.openAt(fl, name, flag, perm)
+}
+
+// StatAt is Stat of name relative to this directory (fstatat).
+func (fl *File) StatAt(name string) (fs.FileInfo, error) {
+	if err := fl.dirOnly("stat", name); err != nil {
+		return nil, err
+	}
+	return fl.fs.statAt(fl, "stat", name)
+}
+
+// MkdirAt is Mkdir of name relative to this directory (mkdirat).
+func (fl *File) MkdirAt(name string, perm fs.FileMode) error {
+	if err := fl.dirOnly("mkdir", name); err != nil {
+		return err
+	}
+	return fl.fs.mkdirAt(fl, name, perm)
+}
+
+// RemoveAt is Remove of name relative to this directory (unlinkat).
+func (fl *File) RemoveAt(name string) error {
+	if err := fl.dirOnly("remove", name); err != nil {
+		return err
+	}
+	return fl.fs.removeAt(fl, name)
+}
+
+// RenameAt renames oldname, relative to this directory, to newname,
+// relative to newdir (renameat); a nil newdir is the root.
+func (fl *File) RenameAt(oldname string, newdir *File, newname string) error {
+	if err := fl.dirOnly("rename", oldname); err != nil {
+		return err
+	}
+	if newdir != nil {
+		if err := newdir.dirOnly("rename", newname); err != nil {
+			return err
+		}
+	}
+	return fl.fs.renameAt(fl, oldname, newdir, newname)
+}
+
+// ChmodAt is Chmod of name relative to this directory (fchmodat).
+func (fl *File) ChmodAt(name string, mode fs.FileMode) error {
+	if err := fl.dirOnly("chmod", name); err != nil {
+		return err
+	}
+	return fl.fs.chmodAt(fl, name, mode)
+}
+
+// ChownAt is Chown of name relative to this directory (fchownat).
+func (fl *File) ChownAt(name string, uid, gid int) error {
+	if err := fl.dirOnly("chown", name); err != nil {
+		return err
+	}
+	return fl.fs.chownAt(fl, name, uid, gid)
+}
+
+// ChtimesAt is Chtimes of name relative to this directory (utimensat).
+func (fl *File) ChtimesAt(name string, atime, mtime time.Time) error {
+	if err := fl.dirOnly("chtimes", name); err != nil {
+		return err
+	}
+	return fl.fs.chtimesAt(fl, name, atime, mtime)
+}
+
+// ReadDirAt reads directory name relative to this directory.
+func (fl *File) ReadDirAt(name string) ([]fs.DirEntry, error) {
+	if err := fl.dirOnly("open", name); err != nil {
+		return nil, err
+	}
+	return fl.fs.readDir(fl, "open", name, "", -1)
 }
 
 // ReadDir reads the directory's entries in name order, n at a time (n <= 0:
@@ -582,7 +992,7 @@ func (fl *File) ReadDir(n int) ([]fs.DirEntry, error) {
 	if n <= 0 {
 		limit = -1
 	}
-	ents, err := fl.fs.readDir("readdirent", fl.name, fl.dirAfter, limit)
+	ents, err := fl.fs.readDir(fl, "readdirent", ".", fl.dirAfter, limit)
 	if len(ents) > 0 {
 		fl.dirAfter = ents[len(ents)-1].Name()
 	}
@@ -601,7 +1011,7 @@ func (fl *File) ReadDir(n int) ([]fs.DirEntry, error) {
 	return ents, nil
 }
 
-// fileInfo is an fs.FileInfo from wire attributes.
+// fileInfo is an fs.FileInfo from protocol attributes.
 type fileInfo struct {
 	name string
 	a    proto.Attr
@@ -662,7 +1072,8 @@ func baseName(name string) string {
 // dirEntry is one ReadDir result; Info stats it on demand, like os.
 type dirEntry struct {
 	fs   *FS
-	dir  string
+	dir  *File // the directory path is relative to; nil: the root
+	path string
 	name string
 	ino  uint64
 	mode uint32
@@ -672,6 +1083,6 @@ func (d *dirEntry) Name() string      { return d.name }
 func (d *dirEntry) IsDir() bool       { return d.mode&syscall.S_IFMT == syscall.S_IFDIR }
 func (d *dirEntry) Type() fs.FileMode { return fileMode(d.mode & syscall.S_IFMT).Type() }
 func (d *dirEntry) Info() (fs.FileInfo, error) {
-	return d.fs.Stat(strings.TrimSuffix(d.dir, "/") + "/" + d.name)
+	return d.fs.statAt(d.dir, "lstat", strings.TrimSuffix(d.path, "/")+"/"+d.name)
 }
 func (d *dirEntry) String() string { return fs.FormatDirEntry(d) }

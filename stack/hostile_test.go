@@ -60,14 +60,20 @@ func startHostile(t testing.TB) *hostileEnv {
 	if e.meta, err = ring.Dial(ctx, cfg.Metadata.Socket, ring.ClientOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	hello := make([]byte, 8+proto.TokenSize)
-	if c := e.do(t, e.meta, &ring.Call{Op: proto.OpHello}, nil, hello); c.Result != int64(len(hello)) {
+	hello := make([]byte, proto.HelloRespSize)
+	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureReopen}
+	if c := e.do(t, e.meta, &ring.Call{Op: proto.OpHello}, req.Append(nil), hello); c.Result != int64(len(hello)) {
 		t.Fatalf("hello: %+v", c)
+	}
+	hr, err := proto.DecodeHelloResp(hello)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if e.data, err = ring.Dial(ctx, cfg.IO.Socket, ring.ClientOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if c := e.do(t, e.data, &ring.Call{Op: proto.OpAttach}, hello, nil); c.Result != 0 {
+	att := proto.AttachReq{Version: hr.Version, Session: hr.Session, Token: hr.Token}
+	if c := e.do(t, e.data, &ring.Call{Op: proto.OpAttach}, att.Append(nil), nil); c.Result != 0 {
 		t.Fatalf("attach: %+v", c)
 	}
 	t.Cleanup(func() {
@@ -119,9 +125,9 @@ func (e *hostileEnv) do(t testing.TB, c *ring.Client, call *ring.Call, in, out [
 // services' ranges, small or wild handles and offsets, and a payload that
 // is random bytes or a well-formed body with random fields.
 func (e *hostileEnv) hostileRequest(t testing.TB, r *rand.Rand) {
-	c, first, n := e.meta, proto.OpHello, 16
+	c, first, n := e.meta, proto.OpHello, int(proto.OpReopen-proto.OpHello)+1
 	if r.IntN(2) == 0 {
-		c, first, n = e.data, proto.OpAttach, 7
+		c, first, n = e.data, proto.OpAttach, int(proto.OpGetAttr-proto.OpAttach)+1
 	}
 	call := &ring.Call{Op: uint8(int(first) - 2 + r.IntN(n+4)), Arg: r.Uint32()}
 	switch r.IntN(3) {

@@ -1,7 +1,13 @@
-// Package stack turns a weir configuration into running services. The weir
-// command uses its builders to run each service in its own process; tests,
-// the demo workload and the conformance suite use Start to run the whole
-// stack (embedded NATS, metadata, IO) inside one process with the same code.
+// Package stack turns a weir configuration into running services: the
+// registry of services, the builders of their options, the credentials
+// and authenticated NATS connections they use, and the supervisor behind
+// `weir up`. The weir command runs each service in its own process with
+// these builders; tests, the demo workload and the conformance suite use
+// Start to run the whole stack (embedded NATS, metadata, IO) inside one
+// process with the same code.
+//
+// It sits above the services: what services stand on (internal/) never
+// imports it.
 package stack
 
 import (
@@ -12,6 +18,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -30,11 +37,10 @@ import (
 )
 
 // Version is reported by every service on NATS.
-const Version = "0.1.0"
+const Version = "0.2.0"
 
-// ServiceNames are the services of a stack, by their names on NATS: the
-// ones `weir status` expects to find in the stack's namespace.
-func ServiceNames() []string { return []string{metadata.ServiceName, iosvc.ServiceName} }
+// ShutdownTimeout is how long a clean stop may take.
+const ShutdownTimeout = 30 * time.Second
 
 // RingConfig is the per-session ring size the services create.
 func RingConfig(c *config.Config) ring.Config {
@@ -57,7 +63,8 @@ func waitMode(c *config.Config) ring.WaitMode {
 // MetadataOptions builds the metadata service's options.
 func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata.Options {
 	return metadata.Options{
-		Socket: c.Metadata.Socket,
+		Socket:        c.Metadata.Socket,
+		ServiceSocket: c.Metadata.ServiceSocket,
 		NS: ns.Options{
 			Dir:             filepath.Join(c.DataDir, "meta"),
 			CheckpointEvery: c.Metadata.CheckpointEvery,
@@ -72,12 +79,6 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 		WaitMode:      waitMode(c),
 		Logger:        log,
 	}
-}
-
-// NewMetadata builds the metadata service of c on nc (New: the namespace
-// is opened and recovered; Start makes it serve).
-func NewMetadata(c *config.Config, nc *nats.Conn, log hclog.Logger) (*metadata.Service, error) {
-	return metadata.New(MetadataOptions(c, nc, log))
 }
 
 // NewIO opens the configured backend and builds the IO service of c on
@@ -97,6 +98,17 @@ func NewIO(c *config.Config, nc *nats.Conn, log hclog.Logger) (*iosvc.Service, e
 
 // Backend opens the configured storage backend.
 func Backend(c *config.Config, log hclog.Logger) (backend.Backend, error) {
+	return openBackend(c, log, false)
+}
+
+// BackendReadOnly opens the configured backend of a stopped service for
+// an offline check, changing nothing: the file backend opens read-only.
+// (The SPDK backend has no read-only mode yet: it opens as usual.)
+func BackendReadOnly(c *config.Config, log hclog.Logger) (backend.Backend, error) {
+	return openBackend(c, log, true)
+}
+
+func openBackend(c *config.Config, log hclog.Logger, readOnly bool) (backend.Backend, error) {
 	switch c.IO.Backend {
 	case "mem":
 		return mem.New(), nil
@@ -108,7 +120,10 @@ func Backend(c *config.Config, log hclog.Logger) (backend.Backend, error) {
 		case "off":
 			d = file.DirectOff
 		}
-		return file.New(file.Options{Dir: c.DataDir, Direct: d, Logger: log.Named("backend")})
+		if readOnly {
+			d = file.DirectOff
+		}
+		return file.New(file.Options{Dir: c.DataDir, Direct: d, ReadOnly: readOnly, Logger: log.Named("backend")})
 	case "spdk":
 		return spdkBackend(c)
 	default:
@@ -119,87 +134,227 @@ func Backend(c *config.Config, log hclog.Logger) (backend.Backend, error) {
 // IOOptions builds the IO service's options around an opened backend.
 func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Logger) iosvc.Options {
 	return iosvc.Options{
-		Socket:        c.IO.Socket,
-		Backend:       be,
-		NATS:          nc,
-		NATSNamespace: c.NATS.Namespace,
-		Version:       Version,
-		Ring:          RingConfig(c),
-		WaitMode:      waitMode(c),
-		Logger:        log,
+		Socket:         c.IO.Socket,
+		MetadataSocket: c.Metadata.ServiceSocket,
+		Backend:        be,
+		NATS:           nc,
+		NATSNamespace:  c.NATS.Namespace,
+		Version:        Version,
+		Ring:           RingConfig(c),
+		WaitMode:       waitMode(c),
+		Logger:         log,
 	}
 }
 
-// Prepare creates the data and run directories.
-func Prepare(c *config.Config) error {
-	for _, d := range []string{c.DataDir, c.RunDir, filepath.Dir(c.Metadata.Socket), filepath.Dir(c.IO.Socket)} {
+// Prepare creates the data directory (0700: only the service user may
+// enter it; a looser existing one is tightened, saying so), the run
+// directory and the sockets' directories (reachable by clients: every
+// request is checked against the credentials the kernel reports), and the
+// stack's NATS credentials if there are none yet.
+func Prepare(c *config.Config, log hclog.Logger) (*control.Creds, error) {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	hint := func(d string, err error) error {
+		if errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("create %s: %w (run as root for the default %s, or choose a directory with --data DIR or data_dir in the config)", d, err, config.DefaultDataDir)
+		}
+		return fmt.Errorf("create %s: %w", d, err)
+	}
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return nil, hint(c.DataDir, err)
+	}
+	if fi, err := os.Stat(c.DataDir); err != nil {
+		return nil, err
+	} else if m := fi.Mode().Perm(); m&0o077 != 0 {
+		if err := os.Chmod(c.DataDir, m&0o700); err != nil {
+			return nil, fmt.Errorf("data directory %s is mode %#o, open to other users, and cannot be made 0700: %w", c.DataDir, m, err)
+		}
+		log.Warn("data directory was open to other users; made it private", "dir", c.DataDir, "was", fmt.Sprintf("%#o", m), "now", fmt.Sprintf("%#o", m&0o700))
+	}
+	for _, d := range []string{c.RunDir, filepath.Dir(c.Metadata.Socket), filepath.Dir(c.IO.Socket), filepath.Dir(c.Metadata.ServiceSocket)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			if errors.Is(err, fs.ErrPermission) {
-				return fmt.Errorf("create %s: %w (run as root for the default %s, or choose a directory with --data DIR or data_dir in the config)", d, err, config.DefaultDataDir)
-			}
-			return fmt.Errorf("create %s: %w", d, err)
+			return nil, hint(d, err)
 		}
 	}
-	return nil
+	creds, err := control.EnsureCreds(c.NATS.CredsDir)
+	if err != nil {
+		return nil, fmt.Errorf("NATS credentials: %w", err)
+	}
+	return creds, nil
+}
+
+// Users returns the NATS users of the stack c configures (creating its
+// credentials if there are none): what a NATS server shared by several
+// stacks must admit.
+func Users(c *config.Config) ([]control.User, error) {
+	creds, err := control.EnsureCreds(c.NATS.CredsDir)
+	if err != nil {
+		return nil, err
+	}
+	return creds.Users(c.NATS.Namespace), nil
+}
+
+// Connect connects to the NATS server at url as role of the stack c
+// configures, with that role's credentials from c.NATS.CredsDir.
+func Connect(c *config.Config, url string, role control.Role, log hclog.Logger) (*nats.Conn, error) {
+	creds, err := control.LoadCreds(c.NATS.CredsDir, role)
+	if err != nil {
+		return nil, err
+	}
+	return ConnectWith(creds, c, url, role, log)
+}
+
+// ConnectWith is Connect with credentials already loaded.
+func ConnectWith(creds *control.Creds, c *config.Config, url string, role control.Role, log hclog.Logger) (*nats.Conn, error) {
+	opts, err := creds.Options(c.NATS.Namespace, role)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, nats.Timeout(c.NATS.ConnectTimeout))
+	return control.Connect(url, role.ServiceName(), log.Named("nats"), opts...)
+}
+
+// CheckServerAuth refuses a NATS server that admits a connection without
+// credentials: any local user (or anyone who can reach it) could then
+// forge control messages. It connects once without credentials, which
+// the server must refuse as an authorization violation.
+func CheckServerAuth(url string, timeout time.Duration) error {
+	nc, err := nats.Connect(url, nats.Timeout(timeout), nats.NoReconnect(), nats.Name("weir-auth-probe"))
+	if err == nil {
+		nc.Close()
+		return fmt.Errorf("the NATS server at %s admits connections without credentials: any process that reaches it could forge weir's control messages; configure its authorization first (`weir nats-config` prints what it needs)", redact(url))
+	}
+	if errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		return nil
+	}
+	return fmt.Errorf("NATS server at %s: %w", redact(url), err)
+}
+
+// redact drops credentials from a URL list for messages.
+func redact(url string) string {
+	parts := strings.Split(url, ",")
+	for i, p := range parts {
+		if at := strings.LastIndexByte(p, '@'); at >= 0 {
+			if s := strings.Index(p, "://"); s >= 0 && s < at {
+				parts[i] = p[:s+3] + "***" + p[at:]
+			}
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Hooks adjust an in-process stack for tests: a backend of the test's own,
+// options changed before each service is built, a shared NATS server.
+type Hooks struct {
+	Backend  backend.Backend
+	Metadata func(*metadata.Options)
+	IO       func(*iosvc.Options)
+	// IOService runs on the IO service after New, before Start.
+	IOService func(*iosvc.Service)
+	// NATS is a server the stack uses instead of the one c names or an
+	// embedded one of its own; it must admit the stack's users (Users).
+	NATS *control.Embedded
 }
 
 // Stack is every service in one process.
 type Stack struct {
 	Config   *config.Config
-	NATS     *control.Embedded // nil when the config names an external server
+	NATS     *control.Embedded // the embedded server this stack started; nil otherwise
+	Creds    *control.Creds
 	Metadata *metadata.Service
 	IO       *iosvc.Service
+	url      string
 	conns    []*nats.Conn
 }
 
+// URL is the NATS server the stack uses.
+func (st *Stack) URL() string { return st.url }
+
 // Start runs NATS (embedded unless configured), the metadata service and
 // the IO service in this process, and returns when all are ready.
-func Start(c *config.Config, log hclog.Logger) (st *Stack, err error) {
-	if err := Prepare(c); err != nil {
+func Start(c *config.Config, log hclog.Logger) (*Stack, error) { return StartWith(c, log, Hooks{}) }
+
+// StartWith is Start with test hooks.
+func StartWith(c *config.Config, log hclog.Logger, h Hooks) (st *Stack, err error) {
+	creds, err := Prepare(c, log)
+	if err != nil {
 		return nil, err
 	}
-	st = &Stack{Config: c}
+	st = &Stack{Config: c, Creds: creds}
 	defer func() {
 		if err != nil {
 			st.Shutdown(context.Background())
 		}
 	}()
-	url := c.NATS.URL
-	if url == "" {
-		st.NATS, err = control.StartEmbedded(c.NATS.Listen, log.Named("nats"))
+	switch {
+	case h.NATS != nil:
+		st.url = h.NATS.URL()
+	case c.NATS.URL != "":
+		if err := CheckServerAuth(c.NATS.URL, c.NATS.ConnectTimeout); err != nil {
+			return st, err
+		}
+		st.url = c.NATS.URL
+	default:
+		st.NATS, err = control.StartEmbedded(control.EmbeddedOptions{Listen: c.NATS.Listen,
+			Users: creds.Users(c.NATS.Namespace), Logger: log.Named("nats")})
 		if err != nil {
 			return st, err
 		}
-		url = st.NATS.URL()
+		st.url = st.NATS.URL()
 	}
-	connect := func(name string) (*nats.Conn, error) {
-		nc, err := control.Connect(url, name, log.Named(name))
-		if err == nil {
-			st.conns = append(st.conns, nc)
+	for _, spec := range Services() {
+		nc, err := st.Connect(spec.Role(), log.Named(spec.Name))
+		if err != nil {
+			return st, err
 		}
-		return nc, err
-	}
-	mnc, err := connect("weir-metadata")
-	if err != nil {
-		return st, err
-	}
-	if st.Metadata, err = NewMetadata(c, mnc, log.Named("metadata")); err != nil {
-		return st, err
-	}
-	if err := st.Metadata.Start(); err != nil {
-		return st, err
-	}
-	inc, err := connect("weir-io")
-	if err != nil {
-		return st, err
-	}
-	if st.IO, err = NewIO(c, inc, log.Named("io")); err != nil {
-		return st, err
-	}
-	if err := st.IO.Start(); err != nil {
-		return st, err
+		switch spec.Name {
+		case "metadata":
+			opts := MetadataOptions(c, nc, log.Named("metadata"))
+			if h.Metadata != nil {
+				h.Metadata(&opts)
+			}
+			if st.Metadata, err = metadata.New(opts); err != nil {
+				return st, err
+			}
+			err = st.Metadata.Start()
+		case "io":
+			be := h.Backend
+			if be == nil {
+				if be, err = Backend(c, log); err != nil {
+					return st, err
+				}
+			}
+			opts := IOOptions(c, be, nc, log.Named("io"))
+			if h.IO != nil {
+				h.IO(&opts)
+			}
+			if st.IO, err = iosvc.New(opts); err != nil {
+				be.Close()
+				return st, err
+			}
+			if h.IOService != nil {
+				h.IOService(st.IO)
+			}
+			err = st.IO.Start()
+		default:
+			err = fmt.Errorf("stack: no in-process builder for service %q", spec.Name)
+		}
+		if err != nil {
+			return st, err
+		}
 	}
 	return st, nil
+}
+
+// Connect opens an authenticated connection to the stack's NATS server as
+// role; the stack closes it at Shutdown.
+func (st *Stack) Connect(role control.Role, log hclog.Logger) (*nats.Conn, error) {
+	nc, err := ConnectWith(st.Creds, st.Config, st.url, role, log)
+	if err == nil {
+		st.conns = append(st.conns, nc)
+	}
+	return nc, err
 }
 
 // Dial connects a client to the stack.
@@ -211,15 +366,18 @@ func (st *Stack) Dial(ctx context.Context) (*client.FS, error) {
 	})
 }
 
-// Shutdown stops the services: metadata first (it revokes its grants at the
-// IO service and records the sizes reported back), then IO, then NATS.
+// Shutdown stops the services in the registry's stop order (metadata
+// first: it revokes its grants at the IO service and records the sizes
+// reported back), then NATS.
 func (st *Stack) Shutdown(ctx context.Context) error {
 	var errs []error
-	if st.Metadata != nil {
-		errs = append(errs, st.Metadata.Shutdown(ctx))
-	}
-	if st.IO != nil {
-		errs = append(errs, st.IO.Shutdown(ctx))
+	for _, spec := range StopOrder() {
+		switch {
+		case spec.Name == "metadata" && st.Metadata != nil:
+			errs = append(errs, st.Metadata.Shutdown(ctx))
+		case spec.Name == "io" && st.IO != nil:
+			errs = append(errs, st.IO.Shutdown(ctx))
+		}
 	}
 	for _, nc := range st.conns {
 		nc.Close()
@@ -230,9 +388,6 @@ func (st *Stack) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// ShutdownTimeout is how long a clean stop may take.
-const ShutdownTimeout = 30 * time.Second
-
 // LocalConfig is the default configuration with its data in dataDir and,
 // when runDir is not empty, its sockets in runDir (Unix socket paths are
 // limited to 108 bytes, which a deep test directory can exceed).
@@ -240,16 +395,15 @@ func LocalConfig(dataDir, runDir string) (*config.Config, error) {
 	c := config.Default()
 	fs := flag.NewFlagSet("weir", flag.ContinueOnError)
 	config.AddFlags(fs)
-	if err := fs.Parse([]string{"--" + config.FlagData, dataDir}); err != nil {
+	args := []string{"--" + config.FlagData, dataDir}
+	if runDir != "" {
+		args = append(args, "--"+config.FlagRunDir, runDir)
+	}
+	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if err := c.ApplyFlags(fs); err != nil {
 		return nil, err
-	}
-	if runDir != "" {
-		c.RunDir = runDir
-		c.Metadata.Socket = filepath.Join(runDir, "metadata.sock")
-		c.IO.Socket = filepath.Join(runDir, "io.sock")
 	}
 	return c, c.Validate()
 }

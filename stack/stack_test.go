@@ -16,15 +16,24 @@ import (
 	"github.com/weir-storage/weir/stack/stacktest"
 )
 
-// startStack runs a whole stack in this process on the NATS server at
-// url, in NATS namespace namespace, with the mem backend.
-func startStack(t *testing.T, url, namespace string) *stack.Stack {
+// stackConfig is the configuration of a stack in NATS namespace namespace
+// with the mem backend.
+func stackConfig(t *testing.T, namespace string) *config.Config {
 	t.Helper()
 	c := stacktest.Config(t, "")
-	c.NATS.URL, c.NATS.Namespace, c.IO.Backend = url, namespace, "mem"
+	c.NATS.Namespace, c.IO.Backend = namespace, "mem"
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// startStack runs a whole stack of c in this process on the NATS server at
+// url.
+func startStack(t *testing.T, c *config.Config, url string) *stack.Stack {
+	t.Helper()
+	namespace := c.NATS.Namespace
+	c.NATS.URL = url
 	st, err := stack.Start(c, hclog.New(&hclog.LoggerOptions{Name: namespace, Level: hclog.Warn}))
 	if err != nil {
 		t.Fatal(err)
@@ -45,14 +54,24 @@ func startStack(t *testing.T, url, namespace string) *stack.Stack {
 // session checks would reach the other stack's metadata service, which
 // knows nothing of the session: every dial would fail with EPERM.
 func TestStacksShareNATS(t *testing.T) {
-	srv, err := control.StartEmbedded(config.DefaultNATSListen, nil)
+	configs := map[string]*config.Config{}
+	var users []control.User
+	for _, ns := range []string{"weir", "second.stack"} {
+		configs[ns] = stackConfig(t, ns)
+		u, err := stack.Users(configs[ns])
+		if err != nil {
+			t.Fatal(err)
+		}
+		users = append(users, u...)
+	}
+	srv, err := control.StartEmbedded(control.EmbeddedOptions{Listen: config.DefaultNATSListen, Users: users})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
 	stacks := map[string]*stack.Stack{}
-	for _, ns := range []string{"weir", "second.stack"} {
-		stacks[ns] = startStack(t, srv.URL(), ns)
+	for ns, c := range configs {
+		stacks[ns] = startStack(t, c, srv.URL())
 	}
 
 	var wg sync.WaitGroup
@@ -78,15 +97,14 @@ func TestStacksShareNATS(t *testing.T) {
 	}
 	wg.Wait()
 
-	nc, err := control.Connect(srv.URL(), "test", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ids := map[string]string{} // instance id -> namespace
 	for ns := range stacks {
+		nc, err := stacks[ns].Connect(control.RoleCLI, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
 		st, err := control.Status(ctx, nc, ns, stack.ServiceNames()...)
 		if err != nil {
 			t.Fatal(err)

@@ -61,25 +61,31 @@ func (s *Supervisor) PIDs() map[string]int {
 	return m
 }
 
-// Start brings up NATS and the services in order, each ready before the
-// next starts.
+// Start brings up NATS and the services in the registry's order, each
+// ready before the next starts. It creates the stack's credentials if
+// there are none; the embedded server admits only them, and an external
+// one must refuse connections without credentials, or Start refuses it.
 func (s *Supervisor) Start() error {
-	if err := Prepare(s.Config); err != nil {
+	creds, err := Prepare(s.Config, s.Log)
+	if err != nil {
 		return err
 	}
 	s.url = s.Config.NATS.URL
 	if s.url == "" {
-		e, err := control.StartEmbedded(s.Config.NATS.Listen, s.Log.Named("nats"))
+		e, err := control.StartEmbedded(control.EmbeddedOptions{Listen: s.Config.NATS.Listen,
+			Users: creds.Users(s.Config.NATS.Namespace), Logger: s.Log.Named("nats")})
 		if err != nil {
 			return err
 		}
 		s.nats, s.url = e, e.URL()
+	} else if err := CheckServerAuth(s.url, s.Config.NATS.ConnectTimeout); err != nil {
+		return err
 	}
 	if err := os.WriteFile(filepath.Join(s.Config.RunDir, NATSURLFile), []byte(s.url+"\n"), 0o644); err != nil {
 		return fmt.Errorf("record NATS URL: %w", err)
 	}
-	for _, name := range []string{"metadata", "io"} {
-		if err := s.startChild(name); err != nil {
+	for _, spec := range Services() {
+		if err := s.startChild(spec.Name); err != nil {
 			return err
 		}
 	}
@@ -96,7 +102,8 @@ func (s *Supervisor) startChild(name string) error {
 	}
 	args := []string{name, "--ready-fd", "3", "--nats-url", s.url,
 		"--" + config.FlagNATSNS, s.Config.NATS.Namespace,
-		"--" + config.FlagData, s.Config.DataDir, "--" + config.FlagLogLevel, s.Config.LogLevel,
+		"--" + config.FlagData, s.Config.DataDir, "--" + config.FlagRunDir, s.Config.RunDir,
+		"--" + config.FlagLogLevel, s.Config.LogLevel,
 		"--" + config.FlagLogFormat, s.Config.LogFormat}
 	if s.ConfigPath != "" {
 		args = append(args, "--config", s.ConfigPath)
@@ -178,14 +185,19 @@ func describeExit(err error) string {
 	return err.Error()
 }
 
-// Stop stops the services, metadata first (it revokes its grants and
-// records the sizes the IO service reports), then NATS. It returns an error
+// Stop stops the services in the registry's stop order (metadata first:
+// it revokes its grants and records the sizes the IO service reports),
+// then NATS. It returns an error
 // naming every service that did not stop cleanly: one that exited with a
 // non-zero status or had to be killed. A service already gone before Stop
 // is Wait's to report, not Stop's.
 func (s *Supervisor) Stop() error {
 	var errs []error
-	for _, k := range s.kids {
+	for _, spec := range StopOrder() {
+		k := s.kid(spec.Name)
+		if k == nil {
+			continue
+		}
 		select {
 		case <-k.exited:
 			continue // already gone
@@ -210,6 +222,15 @@ func (s *Supervisor) Stop() error {
 	}
 	_ = os.Remove(filepath.Join(s.Config.RunDir, NATSURLFile))
 	return errors.Join(errs...)
+}
+
+func (s *Supervisor) kid(name string) *child {
+	for _, k := range s.kids {
+		if k.name == name {
+			return k
+		}
+	}
+	return nil
 }
 
 // Announce prints where clients connect.

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
@@ -118,7 +119,7 @@ func TestSupervisor(t *testing.T) {
 	}
 	c.Close()
 
-	nc, err := control.Connect(s.URL(), "test", nil)
+	nc, err := stack.Connect(cfg, s.URL(), control.RoleCLI, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +164,7 @@ func TestSupervisor(t *testing.T) {
 func TestStatusSeesStoppedService(t *testing.T) {
 	cfg := testConfig(t)
 	s := startSupervisor(t, cfg, "")
-	nc, err := control.Connect(s.URL(), "test", nil)
+	nc, err := stack.Connect(cfg, s.URL(), control.RoleCLI, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +227,7 @@ func (w testOut) Write(p []byte) (int, error) {
 // data must be there after the next start.
 func TestUpCtrlC(t *testing.T) {
 	exe := buildWeir(t)
-	data := t.TempDir()
+	data := filepath.Join(t.TempDir(), "data") // weir up creates it, 0700
 	up := func() (*exec.Cmd, *bytes.Buffer, *config.Config) {
 		var logs bytes.Buffer
 		cmd := exec.Command(exe, "up", "--data", data)
@@ -309,16 +310,24 @@ func TestUpCtrlC(t *testing.T) {
 // its own namespace. Both serve clients, each status sees its own services
 // only, and stopping a stack leaves the server and the other stack up.
 func TestSupervisorsOnExternalNATS(t *testing.T) {
-	ext, err := control.StartEmbedded("127.0.0.1:-1", hclog.NewNullLogger())
+	// The server admits both stacks' users (weir nats-config prints them
+	// for a real external server; TestExternalNATSServer runs one).
+	cfgs := map[string]*config.Config{}
+	var users []control.User
+	for _, ns := range []string{"alpha", "beta.two"} {
+		cfg := testConfig(t)
+		cfg.NATS.Namespace = ns
+		u, err := stack.Users(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgs[ns], users = cfg, append(users, u...)
+	}
+	ext, err := control.StartEmbedded(control.EmbeddedOptions{Listen: "127.0.0.1:-1", Users: users})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(ext.Shutdown) // after the supervisors' cleanups: they stop first
-	nc, err := control.Connect(ext.URL(), "test", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -326,9 +335,9 @@ func TestSupervisorsOnExternalNATS(t *testing.T) {
 	// `weir up --config`; beta.two has them only in the supervisor's
 	// configuration, as with `weir up --nats-url --nats-namespace`.
 	sups := map[string]*stack.Supervisor{}
-	for _, ns := range []string{"alpha", "beta.two"} {
-		cfg := testConfig(t)
-		cfg.NATS.URL, cfg.NATS.Namespace = ext.URL(), ns
+	status := map[string]*nats.Conn{}
+	for ns, cfg := range cfgs {
+		cfg.NATS.URL = ext.URL()
 		path := ""
 		if ns == "alpha" {
 			path = filepath.Join(t.TempDir(), "weir.hcl")
@@ -342,6 +351,12 @@ func TestSupervisorsOnExternalNATS(t *testing.T) {
 			t.Fatalf("stack %s uses NATS %s, want the external %s", ns, s.URL(), ext.URL())
 		}
 		sups[ns] = s
+		nc, err := stack.Connect(cfg, ext.URL(), control.RoleCLI, hclog.NewNullLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		status[ns] = nc
 	}
 	for ns, s := range sups {
 		c, err := client.Dial(ctx, client.Options{MetadataSocket: s.Config.Metadata.Socket, IOSocket: s.Config.IO.Socket})
@@ -355,7 +370,7 @@ func TestSupervisorsOnExternalNATS(t *testing.T) {
 			t.Fatalf("stack %s: read %q %v", ns, got, err)
 		}
 		c.Close()
-		st, err := control.Status(ctx, nc, ns, stack.ServiceNames()...)
+		st, err := control.Status(ctx, status[ns], ns, stack.ServiceNames()...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -366,11 +381,11 @@ func TestSupervisorsOnExternalNATS(t *testing.T) {
 	if err := sups["alpha"].Stop(); err != nil {
 		t.Fatalf("stop alpha: %v", err)
 	}
-	st, err := control.Status(ctx, nc, "beta.two", stack.ServiceNames()...)
+	st, err := control.Status(ctx, status["beta.two"], "beta.two", stack.ServiceNames()...)
 	if err != nil || len(st) != 2 || !st[0].Healthy || !st[1].Healthy {
 		t.Fatalf("beta.two after alpha stopped: %+v %v", st, err)
 	}
-	if !nc.IsConnected() {
+	if !status["beta.two"].IsConnected() {
 		t.Fatal("stopping a stack stopped the external NATS server")
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
@@ -72,7 +74,7 @@ func cmdDemo(args []string) int {
 		}
 		err := d.withClient(step)
 		if err == nil && round == 1 {
-			err = printStatus(os.Stdout, s.URL(), cfg.NATS.Namespace, false)
+			err = printStatus(os.Stdout, cfg, s.URL(), false)
 		}
 		s.Stop()
 		if err != nil {
@@ -268,11 +270,14 @@ func (d *demo) verifyAndClean(c *client.FS) error {
 }
 
 // printStatus writes to w the health and counters of the services of the
-// stack whose NATS namespace is namespace, those it expects
-// (stack.ServiceNames) included. It fails when NATS is unreachable or a
-// service is missing, hung or unhealthy, after writing what it found.
-func printStatus(w io.Writer, url, namespace string, asJSON bool) error {
-	nc, err := control.Connect(url, "weir-status", nil)
+// stack c configures, those it expects (stack.ServiceNames) included,
+// asking the NATS server at url with the stack's cli credentials. It fails
+// when the credentials cannot be read (saying to run as the service user),
+// NATS is unreachable or a service is missing, hung or unhealthy, after
+// writing what it found.
+func printStatus(w io.Writer, c *config.Config, url string, asJSON bool) error {
+	namespace := c.NATS.Namespace
+	nc, err := stack.Connect(c, url, control.RoleCLI, hclog.NewNullLogger())
 	if err != nil {
 		return err
 	}

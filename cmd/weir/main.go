@@ -5,8 +5,9 @@
 //	weir status   [--json] [--config FILE] [--data DIR] [--nats-url URL] [--nats-namespace NS]
 //	                                                 every service's health and counters, over NATS;
 //	                                                 exit 1 if one is missing, hung or unhealthy
-//	weir check    [--json] [--data DIR]              fsck of a stopped data directory
 //	weir doctor   [--json] [--hugemem SIZE]          what the SPDK backend needs on this host, and the fixes
+//	weir check    [--json] [--repair] [--data DIR]   fsck of a stopped data directory (read-only unless --repair)
+//	weir nats-config [--config FILE] [--data DIR]    the nats-server authorization an external server needs
 //	weir metadata [--config FILE] --nats-url URL    run the metadata service (what weir up starts)
 //	weir io       [--config FILE] --nats-url URL    run the IO service (what weir up starts)
 //
@@ -21,6 +22,8 @@ import (
 	"io"
 	"os"
 	"sort"
+
+	"github.com/weir-storage/weir/stack"
 )
 
 type command struct {
@@ -29,13 +32,21 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"up":       {"start embedded NATS and the services, stop them on SIGINT or SIGTERM", cmdUp},
-	"demo":     {"bring weir up, run a workload, restart, check the data, stop", cmdDemo},
-	"status":   {"print every service's health and counters; exit 1 if one is missing or unhealthy", cmdStatus},
-	"check":    {"check a stopped data directory: namespace invariants, blob map vs backend", cmdCheck},
-	"doctor":   {"check what the SPDK backend needs on this host and print the fix for each problem", cmdDoctor},
-	"metadata": {"run the metadata service in this process", func(a []string) int { return cmdService("metadata", a) }},
-	"io":       {"run the IO service in this process", func(a []string) int { return cmdService("io", a) }},
+	"up":          {"start embedded NATS and the services, stop them on SIGINT or SIGTERM", cmdUp},
+	"demo":        {"bring weir up, run a workload, restart, check the data, stop", cmdDemo},
+	"status":      {"print every service's health and counters; exit 1 if one is missing or unhealthy", cmdStatus},
+	"check":       {"check a stopped data directory (read-only; --repair fixes what it can)", cmdCheck},
+	"doctor":      {"check what the SPDK backend needs on this host and print the fix for each problem", cmdDoctor},
+	"nats-config": {"print the authorization block an external nats-server needs for this stack", cmdNATSConfig},
+}
+
+// Every service of the registry is a command that runs it in this
+// process (what weir up starts as a child).
+func init() {
+	for _, spec := range stack.Services() {
+		commands[spec.Name] = command{"run the " + spec.Name + " service in this process",
+			func(a []string) int { return cmdService(spec, a) }}
+	}
 }
 
 func main() {
@@ -65,7 +76,7 @@ func usage(w io.Writer) {
 	}
 	sort.Strings(names)
 	for _, n := range names {
-		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
+		fmt.Fprintf(w, "  %-12s %s\n", n, commands[n].summary)
 	}
 }
 

@@ -12,7 +12,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/stack"
 )
 
@@ -34,62 +33,50 @@ func loadConfig(fs *flag.FlagSet, args []string) (*config.Config, string, error)
 	return cfg, *cfgPath, nil
 }
 
-// service is what cmdService runs: one of the two services.
-type service interface {
-	Start() error
-	Ready() <-chan struct{}
-	Shutdown(ctx context.Context) error
-}
-
-// cmdService runs one service in this process until SIGINT or SIGTERM.
-func cmdService(kind string, args []string) int {
-	fs := newFlags(kind)
+// cmdService runs one service of the registry in this process until
+// SIGINT or SIGTERM.
+func cmdService(spec stack.Spec, args []string) int {
+	fs := newFlags(spec.Name)
 	readyFD := fs.Int("ready-fd", 0, "write \"ready\\n\" to this file descriptor once serving (used by weir up)")
 	cfg, _, err := loadConfig(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "weir %s: %v\n", kind, err)
+		fmt.Fprintf(os.Stderr, "weir %s: %v\n", spec.Name, err)
 		return 2
 	}
-	log := cfg.Logger("weir-"+kind, os.Stderr)
-	if err := serve(kind, cfg, log, *readyFD); err != nil {
+	log := cfg.Logger(spec.NATSName(), os.Stderr)
+	if err := serve(spec, cfg, log, *readyFD); err != nil {
 		log.Error("service failed", "error", err)
 		return 1
 	}
 	return 0
 }
 
-func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error {
+func serve(spec stack.Spec, cfg *config.Config, log hclog.Logger, readyFD int) error {
 	if cfg.NATS.URL == "" {
 		return errors.New("no NATS URL: run the services under `weir up`, or set nats.url / --nats-url")
 	}
-	if err := stack.Prepare(cfg); err != nil {
+	if _, err := stack.Prepare(cfg, log); err != nil {
 		return err
 	}
-	name := "weir-" + kind
-	nc, err := control.Connect(cfg.NATS.URL, name, log.Named("nats"))
+	// weir up (readyFD) checked its server already; a service started on
+	// its own checks that its server refuses connections without
+	// credentials.
+	if readyFD == 0 {
+		if err := stack.CheckServerAuth(cfg.NATS.URL, cfg.NATS.ConnectTimeout); err != nil {
+			return err
+		}
+	}
+	nc, err := stack.Connect(cfg, cfg.NATS.URL, spec.Role(), log)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	var svc service
-	switch kind {
-	case "metadata":
-		m, err := stack.NewMetadata(cfg, nc, log)
-		if err != nil {
-			return err
-		}
-		svc = m
-	case "io":
-		s, err := stack.NewIO(cfg, nc, log)
-		if err != nil {
-			return err
-		}
-		svc = s
-	default:
-		return fmt.Errorf("unknown service %q", kind)
+	svc, err := spec.New(cfg, nc, log)
+	if err != nil {
+		return err
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -110,10 +97,8 @@ func serve(kind string, cfg *config.Config, log hclog.Logger, readyFD int) error
 	if err := svc.Shutdown(ctx); err != nil {
 		return fmt.Errorf("shutdown: %w", err)
 	}
-	if kind == "io" {
-		// The backend is closed: stop SPDK's polling thread before the
-		// process exits (C exit handlers may tear SPDK's memory down).
-		if err := stack.HaltBackends(); err != nil {
+	if spec.Halt != nil {
+		if err := spec.Halt(); err != nil {
 			return err
 		}
 	}

@@ -32,7 +32,7 @@ func TestStatusExitCode(t *testing.T) {
 	status := func(args ...string) (int, string, string) {
 		t.Helper()
 		var stdout, stderr bytes.Buffer
-		code := runStatus(&stdout, &stderr, append([]string{"--nats-url", url}, args...))
+		code := runStatus(&stdout, &stderr, append([]string{"--nats-url", url, "--data", c.DataDir}, args...))
 		return code, stdout.String(), stderr.String()
 	}
 	decode := func(out string) map[string]control.ServiceStatus {

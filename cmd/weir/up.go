@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/stack"
 )
 
@@ -69,9 +70,34 @@ func runStatus(stdout, stderr io.Writer, args []string) int {
 		}
 		url = strings.TrimSpace(string(b))
 	}
-	if err := printStatus(stdout, url, cfg.NATS.Namespace, *asJSON); err != nil {
+	if err := printStatus(stdout, cfg, url, *asJSON); err != nil {
 		fmt.Fprintf(stderr, "weir status: %v\n", err)
 		return 1
 	}
+	return 0
+}
+
+// cmdNATSConfig prints the authorization block of a nats-server
+// configuration that admits this stack's services and CLI, each with its
+// permissions, creating the stack's credentials first if there are none.
+// With several stacks on one server, concatenate their users lists.
+func cmdNATSConfig(args []string) int {
+	fs := newFlags("nats-config")
+	cfg, _, err := loadConfig(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "weir nats-config: %v\n", err)
+		return 2
+	}
+	users, err := stack.Users(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "weir nats-config: %v\n", err)
+		return 1
+	}
+	fmt.Printf("# nats-server authorization for the weir stack in NATS namespace %q\n", cfg.NATS.Namespace)
+	fmt.Printf("# (credentials in %s; nothing below is secret: nkeys are public keys)\n", cfg.NATS.CredsDir)
+	fmt.Print(control.ServerConfig(users))
 	return 0
 }

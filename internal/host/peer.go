@@ -160,7 +160,7 @@ func (p *Peer) loop() {
 			p.set(true, c)
 			select {
 			case <-c.Done():
-				p.log.Warn("service session ended: the peer service stopped or died", "socket", p.socket, "error", c.Err())
+				p.log.Info("service session ended: the peer service stopped or died", "socket", p.socket, "error", c.Err())
 			case <-p.stop:
 			}
 			p.set(false, nil)

@@ -14,17 +14,14 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
-	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/ring"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/mem"
-	"github.com/weir-storage/weir/services/metadata"
 	"github.com/weir-storage/weir/stack"
 	"github.com/weir-storage/weir/stack/stacktest"
 )
@@ -234,73 +231,32 @@ func startIO(t *testing.T, be backend.Backend, newRegion func(ring.Config) (*rin
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if err := stack.Prepare(c); err != nil {
-		t.Fatal(err)
-	}
 	logs := &logLines{t: t}
 	log := hclog.New(&hclog.LoggerOptions{Name: "test", Level: hclog.Debug, Output: logs})
-	nsrv, err := control.StartEmbedded(c.NATS.Listen, log.Named("nats"))
+	st, err := stack.StartWith(c, log, stack.Hooks{Backend: be, IOService: func(s *iosvc.Service) {
+		if newRegion != nil {
+			iosvc.SetNewRegion(s, newRegion)
+		}
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns []*nats.Conn
-	var md *metadata.Service
-	var ios *iosvc.Service
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if md != nil {
-			if err := md.Shutdown(ctx); err != nil {
-				t.Errorf("metadata shutdown: %v", err)
-			}
+		if err := st.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
 		}
-		if ios != nil {
-			if err := ios.Shutdown(ctx); err != nil {
-				t.Errorf("io shutdown: %v", err)
-			}
-		} else {
-			be.Close()
-		}
-		for _, nc := range conns {
-			nc.Close()
-		}
-		nsrv.Shutdown()
 	})
-	connect := func(name string) *nats.Conn {
-		nc, err := control.Connect(nsrv.URL(), name, log.Named(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, nc)
-		return nc
-	}
-	mnc := connect("weir-metadata")
-	m, err := metadata.New(stack.MetadataOptions(c, mnc, log.Named("metadata")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Start(); err != nil {
-		t.Fatal(err)
-	}
-	md = m
-	s, err := iosvc.New(stack.IOOptions(c, be, connect("weir-io"), log.Named("io")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ios = s
-	if newRegion != nil {
-		iosvc.SetNewRegion(s, newRegion)
-	}
-	if err := s.Start(); err != nil {
-		t.Fatal(err)
-	}
-	return &ioEnv{cfg: c, io: s, logs: logs}
+	return &ioEnv{cfg: c, io: st.IO, logs: logs}
 }
 
 func (e *ioEnv) dial(t *testing.T) *client.FS {
 	t.Helper()
+	// No recovery: these tests stop the IO service under the client and
+	// want its calls to fail, not to wait for a service that stays down.
 	fsys, err := client.Dial(context.Background(), client.Options{
-		MetadataSocket: e.cfg.Metadata.Socket, IOSocket: e.cfg.IO.Socket})
+		MetadataSocket: e.cfg.Metadata.Socket, IOSocket: e.cfg.IO.Socket, RecoverTimeout: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

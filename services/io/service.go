@@ -2,7 +2,6 @@ package iosvc
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -12,10 +11,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/internal/ringsrv"
+	"github.com/weir-storage/weir/internal/host"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -27,17 +25,24 @@ const ServiceName = "weir-io"
 
 // Options configure an IO service.
 type Options struct {
-	Socket   string          // Unix socket clients connect to
-	Backend  backend.Backend // owned by the service from New on
-	NATS     *nats.Conn      // control plane; not owned
-	Ring     ring.Config     // per-session ring size
-	WaitMode ring.WaitMode   // how session pollers wait
-	Logger   hclog.Logger
+	Socket string // Unix socket clients connect to
+	// MetadataSocket is the metadata service's service socket: the IO
+	// service keeps a service session there, so that each service knows
+	// at once when the other is gone. "" means none (an IO service alone,
+	// in tests): then no client can attach, since no metadata service
+	// resynchronises this one.
+	MetadataSocket string
+	Backend        backend.Backend // owned by the service from New on
+	NATS           *nats.Conn      // the service's authenticated connection; not owned
+	Ring           ring.Config     // per-session ring size
+	WaitMode       ring.WaitMode   // how session pollers wait
+	Logger         hclog.Logger
 	// RequestTimeout bounds each control request to the metadata service.
 	RequestTimeout time.Duration
-	// NATSNamespace starts every NATS subject of the stack (control.SubjectsIn)
-	// and the service's health and stats endpoints; "" means
-	// control.DefaultNamespace. The metadata service must use the same.
+	// NATSNamespace starts every NATS subject of the stack
+	// (control.SubjectsIn) and the service's health and stats endpoints;
+	// "" means control.DefaultNamespace. The metadata service must use
+	// the same.
 	NATSNamespace string
 	// Version is the version the service reports on NATS; "" means
 	// "0.0.0-dev".
@@ -54,10 +59,17 @@ type Stats struct {
 	Syncs        atomic.Uint64
 	Grants       atomic.Int64
 	Denied       atomic.Uint64 // requests refused for lack of a grant
+	Stale        atomic.Uint64 // requests answered ESTALE: the session predates a resync
 	// Reads and writes served on the session's poller (alone: nothing else
 	// of the session in flight or queued) and handed to a goroutine.
 	InlineIO    atomic.Uint64
 	HandedOffIO atomic.Uint64
+
+	Resyncs        atomic.Uint64 // resynchronisations by the metadata service
+	GrantsDropped  atomic.Uint64 // grants a resync dropped
+	StaleControl   atomic.Uint64 // grants and revokes not newer than the file's last: ignored
+	Deletes        atomic.Uint64
+	RevokesWaiting atomic.Int64 // revocations waiting for requests in flight
 
 	// Zero-copy memory (backends that implement backend.MemRegistrar).
 	HugePageFallbacks     atomic.Uint64 // sessions given ordinary pages: no huge page region could be made
@@ -68,26 +80,28 @@ type Stats struct {
 // Snapshot returns the service's counters and the backend's, for the
 // stats endpoint.
 func (s *Service) Snapshot() map[string]any {
-	m := s.Stats.snapshot()
-	m["backend_syncs"] = s.creates.syncs.Load()
+	st := &s.Stats
+	m := map[string]any{
+		"sessions": st.Sessions.Load(), "reads": st.Reads.Load(), "writes": st.Writes.Load(),
+		"bytes_read": st.BytesRead.Load(), "bytes_written": st.BytesWritten.Load(),
+		"syncs": st.Syncs.Load(), "grants": st.Grants.Load(), "denied": st.Denied.Load(), "stale": st.Stale.Load(),
+		"io_inline": st.InlineIO.Load(), "io_handed_off": st.HandedOffIO.Load(),
+		"resyncs": st.Resyncs.Load(), "grants_dropped": st.GrantsDropped.Load(),
+		"stale_control": st.StaleControl.Load(), "deletes": st.Deletes.Load(),
+		"revokes_waiting":         st.RevokesWaiting.Load(),
+		"ring_hugepage_fallbacks": st.HugePageFallbacks.Load(),
+		"mem_register_failures":   st.MemRegisterFailures.Load(),
+		"mem_unregister_failures": st.MemUnregisterFailures.Load(),
+		"backend_syncs":           s.creates.syncs.Load(),
+		"metadata_incarnation":    s.inc.Load(),
+		"metadata_connected":      s.peer != nil && s.peer.Up(),
+	}
 	if r, ok := s.be.(backend.Reporter); ok {
 		for k, v := range r.Counters() {
 			m[k] = v
 		}
 	}
 	return m
-}
-
-func (s *Stats) snapshot() map[string]any {
-	return map[string]any{
-		"sessions": s.Sessions.Load(), "reads": s.Reads.Load(), "writes": s.Writes.Load(),
-		"bytes_read": s.BytesRead.Load(), "bytes_written": s.BytesWritten.Load(),
-		"syncs": s.Syncs.Load(), "grants": s.Grants.Load(), "denied": s.Denied.Load(),
-		"io_inline": s.InlineIO.Load(), "io_handed_off": s.HandedOffIO.Load(),
-		"ring_hugepage_fallbacks": s.HugePageFallbacks.Load(),
-		"mem_register_failures":   s.MemRegisterFailures.Load(),
-		"mem_unregister_failures": s.MemUnregisterFailures.Load(),
-	}
 }
 
 // openBlob is a blob with at least one grant or request in flight.
@@ -99,13 +113,23 @@ type openBlob struct {
 	appendMu sync.Mutex   // serialises O_APPEND writes (offset = size)
 	mtime    atomic.Int64 // Unix ns of the last change through this service
 	wrote    atomic.Bool  // changed since it was opened here
+	dv       atomic.Uint64
 
-	refs int // grants + in-flight requests; protected by Service.mu
+	refs int    // grants + in-flight requests; protected by Service.mu
+	ver  uint64 // version of the last grant or revoke applied; protected by Service.mu
 }
 
+// grant is a session's handle on a blob, as the metadata service granted
+// it. Requests hold it active; a revocation takes it out of the table at
+// once (new requests get EBADF) and answers when the active ones are done.
 type grant struct {
 	blob        *openBlob
 	read, write bool
+	sync        control.SyncMode
+
+	active  int           // requests in flight; protected by Service.mu
+	revoked bool          // protected by Service.mu
+	drained chan struct{} // closed once revoked and active is 0
 }
 
 // Service is the IO service.
@@ -113,6 +137,7 @@ type Service struct {
 	opts Options
 	log  hclog.Logger
 	be   backend.Backend
+	host *host.Host
 	subj control.Subjects // immutable after New
 	// reg is be when it registers memory, else nil; immutable after New.
 	// When it wants huge pages, opts.Ring.HugePages is set.
@@ -124,20 +149,33 @@ type Service struct {
 	// even one that is alone; tests of concurrency set it.
 	handOffAlways atomic.Bool
 
-	mu     sync.Mutex
-	blobs  map[backend.BlobID]*openBlob // protected by mu
-	grants map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
-	subs   []*nats.Subscription         // immutable after Start
-	ctl    micro.Service                // health and stats endpoints; immutable after Start
-	srv    ringsrv.Server               // client sessions
-	ready  chan struct{}                // closed when Start succeeded
-	closed atomic.Bool
+	// inc is the metadata service's incarnation as of the last resync (0:
+	// none yet); resyncs counts resyncs: an IO session attached before the
+	// latest one is stale. allocLimit: blob ids below it are allocated.
+	inc        atomic.Uint32
+	resyncs    atomic.Uint64
+	allocLimit atomic.Uint64
+	resynced   chan struct{} // closed at the first resync
+	resyncOnce sync.Once
+	// dv hands out data versions: every change of a blob takes the next.
+	// It starts at the clock so that a restarted service's versions are
+	// newer than its predecessor's.
+	dv atomic.Uint64
+
+	mu       sync.Mutex
+	blobs    map[backend.BlobID]*openBlob // protected by mu
+	grants   map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
+	sessions map[uint64]*session          // attached sessions by metadata session id; protected by mu
+	peer     *host.Peer                   // the service session with metadata; immutable after Start
+	listing  blobListing                  // for the metadata service's orphan scan
+	closed   atomic.Bool
 	// syncFailure is the first failed sync of a blob or of the backend:
 	// set once, never cleared (after a failed fsync the device may have
 	// dropped data, so a later success proves nothing). Health reports it.
 	syncFailure atomic.Pointer[error]
 	// creates makes blob creates durable at the fsync that needs them.
 	creates createSync
+	bg      sync.WaitGroup // revocations waiting, live reports after a resync
 
 	Stats Stats
 }
@@ -147,64 +185,67 @@ func New(opts Options) (*Service, error) {
 	if opts.Socket == "" || opts.Backend == nil || opts.NATS == nil {
 		return nil, errors.New("iosvc: Socket, Backend and NATS are required")
 	}
-	if opts.NATSNamespace == "" {
-		opts.NATSNamespace = control.DefaultNamespace
-	}
-	if err := control.CheckNamespace(opts.NATSNamespace); err != nil {
-		return nil, fmt.Errorf("iosvc: nats namespace: %w", err)
-	}
 	if opts.Logger == nil {
 		opts.Logger = hclog.NewNullLogger()
 	}
-	if opts.RequestTimeout == 0 {
-		opts.RequestTimeout = 5 * time.Second
+	if opts.RequestTimeout <= 0 {
+		opts.RequestTimeout = host.DefaultRequestTimeout
+	}
+	h, err := host.New(host.Options{
+		Name: ServiceName, Description: "blob storage and the data path", Version: opts.Version,
+		Namespace: opts.NATSNamespace, NATS: opts.NATS, Logger: opts.Logger, RequestTimeout: opts.RequestTimeout,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("iosvc: %w", err)
 	}
 	reg, _ := opts.Backend.(backend.MemRegistrar)
 	if reg != nil && reg.HugePages() {
 		opts.Ring.HugePages = true
 	}
 	s := &Service{
-		opts: opts, log: opts.Logger, be: opts.Backend, subj: control.SubjectsIn(opts.NATSNamespace),
+		opts: opts, log: opts.Logger, be: opts.Backend, host: h, subj: h.Subjects(),
 		reg: reg, newRegion: ring.Create,
-		blobs:  make(map[backend.BlobID]*openBlob),
-		grants: make(map[uint64]map[uint64]*grant),
-		ready:  make(chan struct{}),
+		blobs:    make(map[backend.BlobID]*openBlob),
+		grants:   make(map[uint64]map[uint64]*grant),
+		sessions: make(map[uint64]*session),
+		resynced: make(chan struct{}),
 	}
+	s.dv.Store(uint64(time.Now().UnixNano()))
 	s.creates.be = opts.Backend
 	return s, nil
 }
 
-// Start subscribes to the control subjects, registers the health and
-// stats endpoints (ServiceName) and accepts client sessions.
+// Start takes the metadata service's control requests (on one ordered
+// subscription: grants and revocations apply in the order metadata sent
+// them), accepts client sessions, registers the health and stats
+// endpoints (ServiceName) and opens the service session with the metadata
+// service, waiting (up to the request timeout) for its first resync so
+// that clients can attach as soon as Start returns.
 func (s *Service) Start() error {
-	subs, err := ringsrv.Subscribe(s.opts.NATS, map[string]nats.MsgHandler{
-		s.subj.Grant:  s.onGrant,
-		s.subj.Revoke: s.onRevoke,
-		s.subj.Live:   s.onLive,
-		s.subj.Delete: s.onDelete,
+	sj := s.subj
+	s.host.HandleOrdered(sj.IO, map[string]nats.MsgHandler{
+		sj.Grant: s.onGrant, sj.Revoke: s.onRevoke, sj.Live: s.onLive, sj.Delete: s.onDelete,
+		sj.Resync: s.onResync, sj.Alloc: s.onAlloc, sj.Blobs: s.onBlobs,
 	})
-	if err != nil {
+	s.host.Serve(&host.Listener{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode,
+		New: func() host.Session { return newSession(s) }, NewRegion: s.createRegion})
+	if err := s.host.Start(s.Health, s.Snapshot); err != nil {
 		return fmt.Errorf("iosvc: %w", err)
 	}
-	s.subs = subs
-	s.ctl, err = control.Register(s.opts.NATS, control.ServiceInfo{
-		Name: ServiceName, Version: s.opts.Version, Namespace: s.opts.NATSNamespace,
-		Description: "blob storage and the data path",
-	}, s.Health, func() any { return s.Snapshot() })
-	if err != nil {
-		ringsrv.Unsubscribe(s.subs)
-		return fmt.Errorf("iosvc: %w", err)
+	if s.opts.MetadataSocket != "" {
+		s.peer = host.DialPeer(s.opts.MetadataSocket, string(control.RoleIO), s.log.Named("peer"), func(up bool) {
+			if !up && !s.closed.Load() {
+				s.log.Info("metadata service session ended; serving existing grants until it is back")
+			}
+		})
+		select {
+		case <-s.resynced:
+		case <-time.After(s.opts.RequestTimeout):
+			s.log.Warn("no resync from the metadata service yet; clients cannot attach until it comes", "socket", s.opts.MetadataSocket)
+		}
 	}
-	s.srv = ringsrv.Server{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode, Log: s.log,
-		New: func() ringsrv.Session { return newSession(s) }, NewRegion: s.createRegion}
-	if err := s.srv.Start(); err != nil {
-		_ = s.ctl.Stop()
-		ringsrv.Unsubscribe(s.subs)
-		return fmt.Errorf("iosvc: %w", err)
-	}
-	close(s.ready)
 	s.log.Info("serving", "socket", s.opts.Socket, "backend", s.be.Name(), "wait", s.opts.WaitMode,
-		"register_mem", s.reg != nil, "hugepages", s.opts.Ring.HugePages)
+		"register_mem", s.reg != nil, "hugepages", s.opts.Ring.HugePages, "metadata_incarnation", s.inc.Load())
 	return nil
 }
 
@@ -233,28 +274,20 @@ func (s *Service) createRegion(cfg ring.Config) (*ring.Region, error) {
 }
 
 // Ready is closed once the service accepts sessions.
-func (s *Service) Ready() <-chan struct{} { return s.ready }
+func (s *Service) Ready() <-chan struct{} { return s.host.Ready() }
 
 // Health says whether the service does its job: nil while it accepts
 // sessions and its storage has not failed; otherwise why not: not started
-// or shut down, a failed sync of a blob or of the backend (sticky: data
-// may be lost, so only a restart clears it), or a ring listener that no
-// longer accepts. It is what the health endpoint reports; safe to call at
-// any time, from any goroutine.
+// or shut down, a listener that no longer accepts, or a failed sync of a
+// blob or of the backend (sticky: data may be lost, so only a restart
+// clears it). It is what the health endpoint reports; safe to call at any
+// time, from any goroutine.
 func (s *Service) Health() error {
-	select {
-	case <-s.ready:
-	default:
-		return errors.New("iosvc: not started")
-	}
-	if s.closed.Load() {
-		return errors.New("iosvc: shut down")
+	if err := s.host.Health(); err != nil {
+		return fmt.Errorf("iosvc: %w", err)
 	}
 	if p := s.syncFailure.Load(); p != nil {
 		return fmt.Errorf("iosvc: storage failed: %w", *p)
-	}
-	if err := s.srv.Err(); err != nil {
-		return fmt.Errorf("iosvc: %w", err)
 	}
 	return nil
 }
@@ -271,20 +304,18 @@ func (s *Service) syncFailed(err error) {
 	}
 }
 
-// Shutdown withdraws the health and stats endpoints, stops accepting,
-// ends every session, reports the live size and mtime of every changed
-// blob to the metadata service, syncs and closes the backend.
+// Shutdown withdraws the health and stats endpoints, ends every session,
+// stops taking control requests, closes the service session, reports the
+// live size and mtime of every changed blob to the metadata service, syncs
+// and closes the backend.
 func (s *Service) Shutdown(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	if s.ctl != nil {
-		control.Deregister(s.opts.NATS, s.ctl)
-	}
-	ringsrv.Unsubscribe(s.subs)
-	if err := s.srv.Shutdown(ctx); err != nil {
+	if err := s.host.Shutdown(ctx); err != nil {
 		return fmt.Errorf("iosvc: shutdown: %w", err)
 	}
+	s.bg.Wait()
 	var errs []error
 	s.mu.Lock()
 	blobs := make([]*openBlob, 0, len(s.blobs))
@@ -295,19 +326,22 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	s.grants = map[uint64]map[uint64]*grant{}
 	s.mu.Unlock()
 	for _, ob := range blobs {
+		size, mtime, dv := ob.live()
 		if err := ob.b.Sync(); err != nil {
 			err = fmt.Errorf("sync blob %d: %w", ob.id, err)
 			s.syncFailed(err)
 			errs = append(errs, err)
-		}
-		if ob.wrote.Load() {
-			if err := s.reportLive(ob, true); err != nil {
+		} else if ob.wrote.Load() {
+			if err := s.reportLive(ctx, ob.ino, size, mtime, dv, true); err != nil {
 				errs = append(errs, err)
 			}
 		}
 		if err := ob.b.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("close blob %d: %w", ob.id, err))
 		}
+	}
+	if s.peer != nil {
+		s.peer.Close()
 	}
 	if err := s.be.Sync(); err != nil {
 		err = fmt.Errorf("sync backend: %w", err)
@@ -320,152 +354,38 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// reportLive tells the metadata service a blob's size and mtime.
-func (s *Service) reportLive(ob *openBlob, sync bool) error {
-	msg := control.SetLive{Ino: ob.ino, Size: ob.b.Size(), Mtime: ob.mtime.Load(), Sync: sync}
-	var ack control.Ack
-	if err := s.request(s.subj.SetLive, msg, &ack); err != nil {
-		return fmt.Errorf("report size of blob %d: %w", ob.id, err)
-	}
-	return nil
+// live returns the blob's size, mtime and data version, read in an order
+// that makes the version no newer than the size: a report carries a size
+// at least as new as its version.
+func (ob *openBlob) live() (size, mtime int64, dv uint64) {
+	dv = ob.dv.Load()
+	mtime = ob.mtime.Load()
+	size = ob.b.Size()
+	return size, mtime, dv
 }
 
-// request sends a control request to the metadata service; a refusal in
-// the reply becomes an error.
-func (s *Service) request(subj string, msg any, reply interface{ Err() error }) error {
-	if err := control.Request(s.opts.NATS, subj, msg, reply, s.opts.RequestTimeout); err != nil {
-		return err
-	}
-	if err := reply.Err(); err != nil {
-		return fmt.Errorf("%s: %w", subj, err)
-	}
-	return nil
-}
-
-func (s *Service) onGrant(m *nats.Msg) {
-	var g control.Grant
-	if err := json.Unmarshal(m.Data, &g); err != nil || g.Blob == 0 || g.Handle == 0 {
-		control.Respond(m, control.Ack{Error: "malformed grant"})
-		return
-	}
-	ob, err := s.openBlob(backend.BlobID(g.Blob), g.Ino)
-	if err != nil {
-		control.Respond(m, control.Ack{Error: err.Error()})
-		return
-	}
-	if g.Truncate {
-		if err := ob.b.Truncate(0); err != nil {
-			s.releaseBlob(ob)
-			control.Respond(m, control.Ack{Error: err.Error()})
-			return
-		}
-		ob.touch()
-	}
-	s.mu.Lock()
-	hs := s.grants[g.Session]
-	if hs == nil {
-		hs = make(map[uint64]*grant)
-		s.grants[g.Session] = hs
-	}
-	if old := hs[g.Handle]; old != nil {
-		s.mu.Unlock()
-		s.releaseBlob(ob)
-		control.Respond(m, control.Ack{Error: "handle already granted"})
-		return
-	}
-	hs[g.Handle] = &grant{blob: ob, read: g.Read, write: g.Write}
-	s.mu.Unlock()
-	s.Stats.Grants.Add(1)
-	control.Respond(m, control.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
-}
-
-func (ob *openBlob) touch() {
+// touch records a change of the blob; call it after the change.
+func (s *Service) touch(ob *openBlob) {
 	ob.mtime.Store(time.Now().UnixNano())
 	ob.wrote.Store(true)
+	ob.dv.Store(s.dv.Add(1))
 }
 
-func (s *Service) onRevoke(m *nats.Msg) {
-	var r control.Revoke
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		control.Respond(m, control.Ack{Error: "malformed revoke"})
-		return
-	}
-	s.mu.Lock()
-	hs := s.grants[r.Session]
-	var gone []*grant
-	if r.Handle == 0 {
-		for _, g := range hs {
-			gone = append(gone, g)
-		}
-		delete(s.grants, r.Session)
-	} else if g := hs[r.Handle]; g != nil {
-		gone = append(gone, g)
-		delete(hs, r.Handle)
-		if len(hs) == 0 {
-			delete(s.grants, r.Session)
-		}
-	}
-	s.mu.Unlock()
-	// The ack carries the blob's attributes for a single handle; for a
-	// whole session (Handle 0) it carries none.
+// reportLive tells the metadata service a file's size and mtime at data
+// version dv; with sync, metadata makes them durable before it answers.
+func (s *Service) reportLive(ctx context.Context, ino uint64, size, mtime int64, dv uint64, sync bool) error {
 	var ack control.Ack
-	for _, g := range gone {
-		s.Stats.Grants.Add(-1)
-		if r.Handle != 0 {
-			ack.Size, ack.Mtime, ack.Wrote = g.blob.b.Size(), g.blob.mtime.Load(), g.blob.wrote.Load()
-		}
-		s.releaseBlob(g.blob)
+	msg := control.SetLive{Ino: ino, Size: size, Mtime: mtime, DV: dv, Sync: sync}
+	if err := s.host.Request(ctx, s.subj.SetLive, msg, &ack); err != nil {
+		return fmt.Errorf("report size of file %d: %w", ino, err)
 	}
-	control.Respond(m, ack)
-}
-
-func (s *Service) onLive(m *nats.Msg) {
-	var q control.LiveQuery
-	if err := json.Unmarshal(m.Data, &q); err != nil {
-		control.Respond(m, control.Ack{Error: "malformed query"})
-		return
-	}
-	s.mu.Lock()
-	ob := s.blobs[backend.BlobID(q.Blob)]
-	if ob != nil {
-		ob.refs++
-	}
-	s.mu.Unlock()
-	if ob == nil {
-		control.Respond(m, control.Ack{Error: "blob not open"})
-		return
-	}
-	control.Respond(m, control.Ack{Size: ob.b.Size(), Mtime: ob.mtime.Load(), Wrote: ob.wrote.Load()})
-	s.releaseBlob(ob)
-}
-
-func (s *Service) onDelete(m *nats.Msg) {
-	var d control.Delete
-	if err := json.Unmarshal(m.Data, &d); err != nil || d.Blob == 0 {
-		control.Respond(m, control.Ack{Error: "malformed delete"})
-		return
-	}
-	s.mu.Lock()
-	_, busy := s.blobs[backend.BlobID(d.Blob)]
-	s.mu.Unlock()
-	if busy {
-		control.Respond(m, control.Ack{Error: "blob is still open"})
-		return
-	}
-	err := s.be.Delete(backend.BlobID(d.Blob))
-	if err != nil && !errors.Is(err, syscall.ENOENT) {
-		control.Respond(m, control.Ack{Error: err.Error()})
-		return
-	}
-	control.Respond(m, control.Ack{})
+	return nil
 }
 
 // openBlob returns the open blob for id, opening it if need be, with one
 // reference for the caller. A blob that does not exist yet is created on
-// its first write (lazyBlob).
-func (s *Service) openBlob(id backend.BlobID, ino uint64) (*openBlob, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// its first write (lazyBlob). s.mu is held.
+func (s *Service) openBlobLocked(id backend.BlobID, ino uint64) (*openBlob, error) {
 	if ob := s.blobs[id]; ob != nil {
 		ob.refs++
 		return ob, nil
@@ -479,6 +399,7 @@ func (s *Service) openBlob(id backend.BlobID, ino uint64) (*openBlob, error) {
 		return nil, fmt.Errorf("open blob %d: %w", id, err)
 	}
 	ob := &openBlob{id: id, ino: ino, b: b, refs: 1}
+	ob.dv.Store(s.dv.Add(1)) // newer than any report of this blob so far
 	s.blobs[id] = ob
 	return ob, nil
 }
@@ -499,14 +420,38 @@ func (s *Service) releaseBlob(ob *openBlob) {
 	}
 }
 
-// lookup returns the grant of a session's handle with a reference on its
-// blob held for the duration of one request.
+// lookup returns the grant of a session's handle, active (and its blob
+// referenced) for one request: call done when the request is over.
 func (s *Service) lookup(sid, handle uint64) *grant {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	g := s.grants[sid][handle]
 	if g != nil {
+		g.active++
 		g.blob.refs++
 	}
 	return g
+}
+
+// done ends a request that lookup started.
+func (s *Service) done(g *grant) {
+	s.mu.Lock()
+	g.active--
+	if g.revoked && g.active == 0 {
+		close(g.drained)
+	}
+	s.mu.Unlock()
+	s.releaseBlob(g.blob)
+}
+
+// revokeLocked takes g out of service: new requests no longer find it,
+// and g.drained closes once the active ones are done. s.mu is held.
+func (g *grant) revokeLocked() {
+	if g.revoked {
+		return
+	}
+	g.revoked = true
+	if g.active == 0 {
+		close(g.drained)
+	}
 }

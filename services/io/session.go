@@ -1,6 +1,7 @@
 package iosvc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -10,25 +11,31 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/internal/ringsrv"
+	"github.com/weir-storage/weir/internal/host"
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
+	"github.com/weir-storage/weir/services/io/backend"
 )
 
 // session is one client's ring session. Its fields are owned by the
-// session's goroutine: Started, the ring handlers and Drained all run there.
-// Reads and writes run their backend I/O on goroutines of their own (see
-// register); those get what they need from the session's goroutine (the
-// grant, looked up with sid there) and touch no session field.
+// session's goroutine: Started, the ring handlers, Drained and Ended all
+// run there. Reads and writes run their backend I/O on goroutines of their
+// own (see register); those get what they need from the session's
+// goroutine (the grant, looked up with sid there) and touch no session
+// field.
 type session struct {
 	svc  *Service
 	mux  *ring.Mux
 	cred *unix.Ucred
 	sid  uint64 // metadata session this ring is bound to; 0 until OpAttach
-	mem  []byte // the region as registered with the backend; nil if not registered
+	// resync is the service's resync count at the attach: once another
+	// resync happens, the session is stale (ESTALE) until it attaches
+	// again.
+	resync uint64
+	mem    []byte // the region as registered with the backend; nil if not registered
 }
 
-var _ ringsrv.Drainer = (*session)(nil)
+var _ host.Drainer = (*session)(nil)
 
 func newSession(svc *Service) *session {
 	s := &session{svc: svc, mux: ring.NewMux()}
@@ -89,10 +96,17 @@ func (s *session) Drained(*ring.ServerConn) {
 	s.mem = nil
 }
 
-// Ended needs no clean-up: grants belong to the metadata session, which
-// revokes them when it ends.
+// Ended forgets the session's attachment. Its grants belong to the
+// metadata session, which revokes them when it ends.
 func (s *session) Ended(err error) {
 	s.svc.Stats.Sessions.Add(-1)
+	if s.sid != 0 {
+		s.svc.mu.Lock()
+		if s.svc.sessions[s.sid] == s {
+			delete(s.svc.sessions, s.sid)
+		}
+		s.svc.mu.Unlock()
+	}
 	s.svc.log.Debug("session ended", "session", s.sid, "error", err)
 }
 
@@ -132,30 +146,55 @@ func errno(err error) syscall.Errno {
 	return syscall.EIO
 }
 
+// attach binds this ring to the client's metadata session, which the
+// metadata service vouches for: the session must be of the incarnation
+// this service was last resynchronised for, and belong to this ring's
+// process and uid. A session already attached attaches again only when a
+// resync made it stale (the client re-establishes itself).
 func (s *session) attach(q *ring.Request) (int64, uint64) {
-	if s.sid != 0 {
+	svc := s.svc
+	if s.sid != 0 && s.resync == svc.resyncs.Load() {
 		return fail(syscall.EISCONN)
 	}
-	if q.Length < 8+proto.TokenSize {
+	b := make([]byte, min(q.Length, proto.AttachReqSize))
+	q.ReadPayload(b)
+	r, err := proto.DecodeAttachReq(b)
+	if err != nil {
 		return fail(syscall.EINVAL)
 	}
-	body := make([]byte, 8+proto.TokenSize)
-	q.ReadPayload(body)
-	d := proto.NewDec(body)
-	sid := d.U64()
-	token := d.Bytes(proto.TokenSize)
+	if r.Version < proto.MinVersion || r.Version > proto.MaxVersion {
+		svc.log.Warn("attach refused: protocol version", "pid", s.cred.Pid, "client_version", r.Version,
+			"service_versions", fmt.Sprintf("%d-%d", proto.MinVersion, proto.MaxVersion))
+		return -int64(proto.ErrVersion), proto.VersionRange(proto.MinVersion, proto.MaxVersion)
+	}
+	inc := svc.inc.Load()
+	if inc == 0 || proto.IncarnationOf(r.Session) != inc {
+		return fail(proto.ErrStale) // the session is of a metadata service that is gone
+	}
+	resync := svc.resyncs.Load()
 	var info control.SessionInfo
-	if err := s.svc.request(s.svc.subj.Session, control.SessionQuery{Session: sid, Token: token}, &info); err != nil {
-		s.svc.log.Warn("attach refused", "pid", s.cred.Pid, "session", sid, "error", err)
+	ctx := context.Background()
+	if err := svc.host.Request(ctx, svc.subj.Session, control.SessionQuery{Session: r.Session, Token: r.Token[:]}, &info); err != nil {
+		svc.log.Warn("attach refused", "pid", s.cred.Pid, "session", r.Session, "error", err)
 		return fail(syscall.EPERM)
 	}
 	// The metadata session and this ring must belong to the same process,
 	// as the kernel reported it to each service.
 	if info.PID != s.cred.Pid || info.UID != s.cred.Uid {
-		s.svc.log.Warn("attach from another process", "pid", s.cred.Pid, "owner_pid", info.PID)
+		svc.log.Warn("attach from another process", "pid", s.cred.Pid, "owner_pid", info.PID)
 		return fail(syscall.EPERM)
 	}
-	s.sid = sid
+	svc.mu.Lock()
+	if svc.resyncs.Load() != resync {
+		svc.mu.Unlock()
+		return fail(proto.ErrStale) // a resync came in between
+	}
+	if s.sid != 0 && svc.sessions[s.sid] == s {
+		delete(svc.sessions, s.sid)
+	}
+	svc.sessions[r.Session] = s
+	svc.mu.Unlock()
+	s.sid, s.resync = r.Session, resync
 	return 0, 0
 }
 
@@ -169,11 +208,15 @@ const (
 )
 
 // use looks up the grant for a request's handle and checks the access it
-// needs. The grant's blob holds a reference until releaseBlob(g.blob) is
-// called. It reads sid, so it runs on the session's goroutine.
+// needs. The grant stays active until done(g) is called. It reads sid, so
+// it runs on the session's goroutine.
 func (s *session) use(q *ring.Request, need access) (*grant, syscall.Errno) {
 	if s.sid == 0 {
 		return nil, syscall.ENOTCONN
+	}
+	if s.resync != s.svc.resyncs.Load() {
+		s.svc.Stats.Stale.Add(1)
+		return nil, proto.ErrStale
 	}
 	g := s.svc.lookup(s.sid, q.Handle)
 	if g == nil {
@@ -181,7 +224,7 @@ func (s *session) use(q *ring.Request, need access) (*grant, syscall.Errno) {
 		return nil, syscall.EBADF
 	}
 	if (need == accWrite && !g.write) || (need == accRead && !g.read) {
-		s.svc.releaseBlob(g.blob)
+		s.svc.done(g)
 		s.svc.Stats.Denied.Add(1)
 		return nil, syscall.EBADF
 	}
@@ -216,14 +259,19 @@ func (s *session) serveIO(q *ring.Request, need access, do func(*grant, *ring.Re
 	go func() { done(do(g, q)) }()
 }
 
-// read serves a read with the grant use returned; it drops the grant's
-// blob reference. Safe on any goroutine.
+// read serves a read with the grant use returned and ends it. A read at or
+// past the end of the file reads nothing (EOF), whatever the offset, as on
+// Linux. Safe on any goroutine.
 func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
-	defer s.svc.releaseBlob(g.blob)
+	defer s.svc.done(g)
 	if int64(q.Offset) < 0 {
 		return fail(syscall.EINVAL)
 	}
 	off := int64(q.Offset)
+	if off >= g.blob.b.Size() {
+		s.svc.Stats.Reads.Add(1)
+		return 0, 0
+	}
 	var n int64
 	for i := 0; i < len(q.Segs); {
 		var run []byte
@@ -231,7 +279,7 @@ func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
 		m, err := g.blob.b.ReadAt(run, off+n)
 		n += int64(m)
 		if err != nil {
-			if errors.Is(err, errEOF) {
+			if errors.Is(err, errEOF) || (errors.Is(err, syscall.EFBIG) && n > 0) {
 				break
 			}
 			return fail(errno(err))
@@ -242,10 +290,12 @@ func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
 	return n, 0
 }
 
-// write serves a write with the grant use returned; it drops the grant's
-// blob reference. Safe on any goroutine.
+// write serves a write with the grant use returned and ends it. A write
+// that fails changes nothing (the backends guarantee it). With O_SYNC or
+// O_DSYNC the write is followed by what fsync does, and fails if that
+// does. Safe on any goroutine.
 func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
-	defer s.svc.releaseBlob(g.blob)
+	defer s.svc.done(g)
 	ob := g.blob
 	off := int64(q.Offset)
 	switch q.Arg {
@@ -260,6 +310,11 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 	default:
 		return fail(syscall.EINVAL)
 	}
+	if q.Length > 0 {
+		if err := backend.CheckRange(off, int(min(q.Length, 1<<31))); err != nil {
+			return fail(errno(err))
+		}
+	}
 	var n int64
 	for i := 0; i < len(q.Segs); {
 		var run []byte
@@ -273,9 +328,16 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 			return fail(errno(err))
 		}
 	}
-	ob.touch()
+	if n > 0 {
+		s.svc.touch(ob)
+	}
 	s.svc.Stats.Writes.Add(1)
 	s.svc.Stats.BytesWritten.Add(uint64(n))
+	if g.sync != control.SyncNone && n > 0 {
+		if e := s.svc.syncBlob(ob); e != 0 {
+			return fail(e)
+		}
+	}
 	return n, uint64(off)
 }
 
@@ -284,42 +346,61 @@ func (s *session) truncate(q *ring.Request) (int64, uint64) {
 	if e != 0 {
 		return fail(e)
 	}
-	defer s.svc.releaseBlob(g.blob)
+	defer s.svc.done(g)
 	if int64(q.Offset) < 0 {
 		return fail(syscall.EINVAL)
 	}
 	if err := g.blob.b.Truncate(int64(q.Offset)); err != nil {
 		return fail(errno(err))
 	}
-	g.blob.touch()
+	s.svc.touch(g.blob)
+	if g.sync != control.SyncNone {
+		if e := s.svc.syncBlob(g.blob); e != 0 {
+			return fail(e)
+		}
+	}
 	return 0, 0
 }
 
-// sync makes the blob durable (its bytes, and its existence if it was
-// created since creates were last made durable), then its size and mtime,
-// before answering.
+// sync is fsync (and fdatasync: Arg = proto.SyncData, which is no cheaper
+// here yet): see syncBlob.
 func (s *session) sync(q *ring.Request) (int64, uint64) {
 	g, e := s.use(q, accAny)
 	if e != 0 {
 		return fail(e)
 	}
-	defer s.svc.releaseBlob(g.blob)
-	if err := g.blob.b.Sync(); err != nil {
-		s.svc.syncFailed(fmt.Errorf("sync blob %d: %w", g.blob.id, err))
-		return fail(errno(err))
+	defer s.svc.done(g)
+	if q.Arg&^proto.SyncData != 0 {
+		return fail(syscall.EINVAL)
 	}
-	if err := s.svc.creates.sync(); err != nil {
-		s.svc.syncFailed(fmt.Errorf("sync backend (blob creates): %w", err))
-		return fail(errno(err))
-	}
-	if g.blob.wrote.Load() {
-		if err := s.svc.reportLive(g.blob, true); err != nil {
-			s.svc.log.Error("fsync: metadata not updated", "blob", g.blob.id, "error", err)
-			return fail(syscall.EIO)
-		}
+	if e := s.svc.syncBlob(g.blob); e != 0 {
+		return fail(e)
 	}
 	s.svc.Stats.Syncs.Add(1)
 	return 0, 0
+}
+
+// syncBlob makes the blob durable (its bytes, and its existence if it was
+// created since creates were last made durable), then the size and mtime
+// it had when the sync began, before it returns: the size reported is the
+// size synced, never one that writes racing the sync made larger.
+func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
+	size, mtime, dv := ob.live()
+	if err := ob.b.Sync(); err != nil {
+		svc.syncFailed(fmt.Errorf("sync blob %d: %w", ob.id, err))
+		return errno(err)
+	}
+	if err := svc.creates.sync(); err != nil {
+		svc.syncFailed(fmt.Errorf("sync backend (blob creates): %w", err))
+		return errno(err)
+	}
+	if ob.wrote.Load() {
+		if err := svc.reportLive(context.Background(), ob.ino, size, mtime, dv, true); err != nil {
+			svc.log.Error("fsync: metadata not updated", "blob", ob.id, "error", err)
+			return syscall.EIO
+		}
+	}
+	return 0
 }
 
 func (s *session) getattr(q *ring.Request) (int64, uint64) {
@@ -327,20 +408,11 @@ func (s *session) getattr(q *ring.Request) (int64, uint64) {
 	if e != 0 {
 		return fail(e)
 	}
-	defer s.svc.releaseBlob(g.blob)
-	if q.Length < 17 {
+	defer s.svc.done(g)
+	if q.Length < proto.GetAttrRespSize {
 		return fail(syscall.EINVAL)
 	}
-	var out proto.Enc
-	out.I64(g.blob.b.Size())
-	out.I64(g.blob.mtime.Load())
-	out.U8(boolByte(g.blob.wrote.Load()))
-	return int64(q.WritePayload(out.B)), 0
-}
-
-func boolByte(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
+	size, mtime, _ := g.blob.live()
+	r := proto.GetAttrResp{Size: size, Mtime: mtime, Changed: g.blob.wrote.Load()}
+	return int64(q.WritePayload(r.Append(nil))), 0
 }

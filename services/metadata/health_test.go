@@ -24,16 +24,17 @@ import (
 // without stack or cmd/weir).
 func TestHealthAfterWALFailure(t *testing.T) {
 	c := stacktest.Config(t, "")
-	if err := stack.Prepare(c); err != nil {
+	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn})
+	creds, err := stack.Prepare(c, log)
+	if err != nil {
 		t.Fatal(err)
 	}
-	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: hclog.Warn})
-	srv, err := control.StartEmbedded(c.NATS.Listen, log)
+	srv, err := control.StartEmbedded(control.EmbeddedOptions{Listen: c.NATS.Listen, Users: creds.Users(c.NATS.Namespace), Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	nc, err := control.Connect(srv.URL(), "weir-metadata", log)
+	nc, err := stack.ConnectWith(creds, c, srv.URL(), control.RoleMetadata, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +87,7 @@ func TestHealthAfterWALFailure(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cli, err := control.Connect(srv.URL(), "cli", log)
+	cli, err := stack.ConnectWith(creds, c, srv.URL(), control.RoleCLI, log)
 	if err != nil {
 		t.Fatal(err)
 	}

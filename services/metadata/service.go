@@ -2,22 +2,37 @@
 // permission table, open handles and the grants that let a session touch a
 // file's blob through the IO service (docs/architecture.md). The namespace
 // and its write-ahead log live in package ns; this package serves it on
-// rings and speaks to the IO service over NATS.
+// rings and speaks to the IO service over NATS, on the service skeleton of
+// package host.
 //
 // Every request is checked against the credentials the kernel reported for
 // the client at its handshake (SO_PEERCRED, plus the supplementary groups
 // read from /proc at that moment). Opening a regular file checks
 // permissions and returns a handle; the client's first read or write on it
-// asks for the grant (OpGrant), which completes only after the IO service
-// acknowledged it (an open with O_TRUNC grants at once, to empty the blob).
-// Closing revokes the grant first and then records the size and mtime the
-// IO service reports.
+// asks for the grant (proto.OpGrant), which completes only after the IO
+// service acknowledged it (an open with O_TRUNC grants at once, to empty
+// the blob). Closing revokes the grant first: the IO service stops taking
+// requests on the handle, finishes the ones in flight and reports the
+// final size and mtime, which this service records.
+//
+// The IO service keeps a service session with this one (ServiceSocket):
+// while it is up, and once the IO service has been resynchronised for this
+// incarnation, grants and revocations go to io; when it ends (io stopped or
+// died) every request to io in flight fails at once and new ones fail
+// with EIO without waiting for a timeout.
+//
+// Incarnations. Every start of the service is a new incarnation (package
+// ns persists the number). Session ids and handles carry it, so none is
+// reused across restarts, and the resync at the IO service's session makes
+// io drop every grant of an earlier incarnation. A client whose metadata
+// session died reopens its files with the tickets its opens returned
+// (proto.FeatureReopen); files it had unlinked while open are held for
+// them for ReclaimGrace.
 package metadata
 
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -30,36 +45,47 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/micro"
 
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/internal/ringsrv"
+	"github.com/weir-storage/weir/internal/host"
+	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
 
 // ServiceName is the service's name on NATS: Start registers it as a NATS
 // micro service with the endpoints "health" (Health) and "stats"
-// (Stats.Snapshot), which `weir status` and `nats micro` query.
+// (Snapshot), which `weir status` and `nats micro` query.
 const ServiceName = "weir-metadata"
+
+// DefaultReclaimGrace is how long files unlinked while open are held after
+// a restart for their holders to reopen.
+const DefaultReclaimGrace = 30 * time.Second
 
 // Options configure a metadata service.
 type Options struct {
-	Socket   string     // Unix socket clients connect to
-	NS       ns.Options // where and how the namespace is persisted
-	NATS     *nats.Conn // control plane; not owned
-	Ring     ring.Config
-	WaitMode ring.WaitMode
-	Logger   hclog.Logger
+	Socket string // Unix socket clients connect to
+	// ServiceSocket is where the IO service opens its service session; ""
+	// means none can, and every request to io fails (a namespace alone).
+	ServiceSocket string
+	NS            ns.Options // where and how the namespace is persisted
+	NATS          *nats.Conn // the service's authenticated connection; not owned
+	Ring          ring.Config
+	WaitMode      ring.WaitMode
+	Logger        hclog.Logger
 	// RequestTimeout bounds each control request to the IO service.
 	RequestTimeout time.Duration
-	// NATSNamespace starts every NATS subject of the stack (control.SubjectsIn)
-	// and the service's health and stats endpoints; "" means
-	// control.DefaultNamespace. The IO service must use the same.
+	// NATSNamespace starts every NATS subject of the stack
+	// (control.SubjectsIn) and the service's health and stats endpoints;
+	// "" means control.DefaultNamespace. The IO service must use the same.
 	NATSNamespace string
 	// Version is the version the service reports on NATS; "" means
 	// "0.0.0-dev".
 	Version string
+	// ReclaimGrace is how long after a start files that were unlinked
+	// while open stay for their holders to reopen; 0 means
+	// DefaultReclaimGrace.
+	ReclaimGrace time.Duration
 }
 
 // Stats are the service's counters.
@@ -67,15 +93,34 @@ type Stats struct {
 	Sessions atomic.Int64
 	Requests atomic.Uint64
 	Opens    atomic.Uint64
+	Reopens  atomic.Uint64
 	Handles  atomic.Int64
 	Errors   atomic.Uint64 // requests answered with an errno
+
+	Grants         atomic.Uint64 // grants io acknowledged
+	GrantFailures  atomic.Uint64 // grants io refused or did not answer
+	Revokes        atomic.Uint64 // revocations io acknowledged
+	RevokeRetries  atomic.Uint64 // revocations sent again after a failure
+	StaleReports   atomic.Uint64 // size reports older than one already applied: ignored
+	Resyncs        atomic.Uint64 // resynchronisations of the IO service
+	OrphansFound   atomic.Uint64 // blobs of no file found in the backend, now deleted
+	DeletesDone    atomic.Uint64
+	DeleteFailures atomic.Uint64 // attempts that failed (each is retried)
 }
 
 // Snapshot returns the counters for the stats endpoint.
-func (s *Stats) Snapshot() map[string]any {
+func (s *Service) Snapshot() map[string]any {
+	st := &s.Stats
 	return map[string]any{
-		"sessions": s.Sessions.Load(), "requests": s.Requests.Load(), "opens": s.Opens.Load(),
-		"handles": s.Handles.Load(), "errors": s.Errors.Load(),
+		"sessions": st.Sessions.Load(), "requests": st.Requests.Load(), "opens": st.Opens.Load(),
+		"reopens": st.Reopens.Load(), "handles": st.Handles.Load(), "errors": st.Errors.Load(),
+		"grants": st.Grants.Load(), "grant_failures": st.GrantFailures.Load(),
+		"revokes": st.Revokes.Load(), "revoke_retries": st.RevokeRetries.Load(),
+		"stale_reports": st.StaleReports.Load(), "resyncs": st.Resyncs.Load(),
+		"orphans_found":   st.OrphansFound.Load(),
+		"deletes_pending": s.dels.pending(), "deletes_done": st.DeletesDone.Load(),
+		"delete_failures": st.DeleteFailures.Load(),
+		"incarnation":     s.inc, "io_connected": s.io.isUp(),
 	}
 }
 
@@ -84,21 +129,27 @@ type Service struct {
 	opts Options
 	log  hclog.Logger
 	ns   *ns.NS
+	host *host.Host
 	subj control.Subjects // immutable after New
+	inc  uint32           // this incarnation; immutable after New
+	key  [32]byte         // ticket key; immutable after New
 
 	mu       sync.Mutex
-	sessions map[uint64]*session // by id; protected by mu
-	writers  map[ns.Ino]writers  // open write grants per inode; protected by mu
-	nextSID  uint64              // protected by mu
-	nextH    atomic.Uint64       // handle ids, unique across sessions
-
-	subs   []*nats.Subscription // immutable after Start
-	ctl    micro.Service        // health and stats endpoints; immutable after Start
-	srv    ringsrv.Server       // client sessions
-	dels   chan uint64          // blobs to delete at the IO service (deleteLoop)
-	bg     sync.WaitGroup       // deleteLoop
-	ready  chan struct{}
-	closed atomic.Bool
+	sessions map[uint64]*session  // by id; protected by mu
+	files    map[ns.Ino]*openFile // open files; protected by mu
+	nextSID  uint64               // protected by mu
+	nextH    atomic.Uint64        // handle counter, unique across sessions
+	io       ioLink               // the IO service's session and resync
+	dels     *deleter             // blob deletes at the IO service
+	alloc    allocation           // blob ids io accepts grants for
+	revokes  *retrier             // revocations to send again
+	reclaim  *time.Timer          // ReleaseHeld after the grace; protected by mu
+	// The orphan scan runs once per start, after a resync.
+	orphanMu    sync.Mutex
+	orphansDone bool           // protected by orphanMu
+	bg          sync.WaitGroup // background goroutines
+	stop        chan struct{}  // closed by Shutdown
+	closed      atomic.Bool
 
 	Stats Stats
 }
@@ -108,138 +159,167 @@ func New(opts Options) (*Service, error) {
 	if opts.Socket == "" || opts.NATS == nil {
 		return nil, errors.New("metadata: Socket and NATS are required")
 	}
-	if opts.NATSNamespace == "" {
-		opts.NATSNamespace = control.DefaultNamespace
-	}
-	if err := control.CheckNamespace(opts.NATSNamespace); err != nil {
-		return nil, fmt.Errorf("metadata: nats namespace: %w", err)
-	}
 	if opts.Logger == nil {
 		opts.Logger = hclog.NewNullLogger()
 	}
-	if opts.RequestTimeout == 0 {
-		opts.RequestTimeout = 5 * time.Second
+	if opts.ReclaimGrace <= 0 {
+		opts.ReclaimGrace = DefaultReclaimGrace
 	}
 	if opts.NS.Logger == nil {
 		opts.NS.Logger = opts.Logger.Named("ns")
+	}
+	h, err := host.New(host.Options{
+		Name: ServiceName, Description: "namespace, permissions, handles", Version: opts.Version,
+		Namespace: opts.NATSNamespace, NATS: opts.NATS, Logger: opts.Logger, RequestTimeout: opts.RequestTimeout,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	n, err := ns.Open(opts.NS)
 	if err != nil {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
-	return &Service{
-		opts: opts, log: opts.Logger, ns: n, subj: control.SubjectsIn(opts.NATSNamespace),
+	s := &Service{
+		opts: opts, log: opts.Logger, ns: n, host: h, subj: h.Subjects(),
+		inc: n.Incarnation(), key: n.TicketKey(),
 		sessions: make(map[uint64]*session),
-		writers:  make(map[ns.Ino]writers),
-		dels:     make(chan uint64, 1<<16),
-		ready:    make(chan struct{}),
-	}, nil
+		files:    make(map[ns.Ino]*openFile),
+		stop:     make(chan struct{}),
+	}
+	s.io.init()
+	s.dels = newDeleter(s)
+	s.revokes = newRetrier(s)
+	return s, nil
+}
+
+// requestTimeout bounds a control request to io.
+func (s *Service) requestTimeout() time.Duration {
+	if s.opts.RequestTimeout > 0 {
+		return s.opts.RequestTimeout
+	}
+	return host.DefaultRequestTimeout
 }
 
 // NS exposes the namespace (for checks and tests).
 func (s *Service) NS() *ns.NS { return s.ns }
 
-// Start subscribes to the control subjects, registers the health and
-// stats endpoints (ServiceName), accepts client sessions and starts
-// deleting the blobs of files orphaned by the last shutdown.
+// Incarnation is this start's incarnation number.
+func (s *Service) Incarnation() uint32 { return s.inc }
+
+// Start subscribes to the control subjects, accepts client sessions and
+// the IO service's service session, registers the health and stats
+// endpoints (ServiceName), starts deleting the blobs awaiting deletion and
+// the clock of the reclaim grace.
 func (s *Service) Start() error {
-	subs, err := ringsrv.Subscribe(s.opts.NATS, map[string]nats.MsgHandler{
-		s.subj.Session: s.onSession,
-		s.subj.SetLive: s.onSetLive,
-	})
-	if err != nil {
+	s.host.Handle(s.subj.Session, s.onSession)
+	s.host.Handle(s.subj.SetLive, s.onSetLive)
+	s.host.Serve(&host.Listener{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode,
+		New: func() host.Session { return newSession(s) }})
+	if s.opts.ServiceSocket != "" {
+		s.host.ServePeers(s.opts.ServiceSocket, []string{string(control.RoleIO)}, s.onPeer)
+	}
+	if err := s.host.Start(s.Health, s.Snapshot); err != nil {
 		return fmt.Errorf("metadata: %w", err)
 	}
-	s.subs = subs
-	s.ctl, err = control.Register(s.opts.NATS, control.ServiceInfo{
-		Name: ServiceName, Version: s.opts.Version, Namespace: s.opts.NATSNamespace,
-		Description: "namespace, permissions, handles",
-	}, s.Health, func() any { return s.Stats.Snapshot() })
-	if err != nil {
-		ringsrv.Unsubscribe(s.subs)
-		return fmt.Errorf("metadata: %w", err)
+	for _, b := range s.ns.PendingDeletes() {
+		s.dels.add(b)
 	}
-	s.srv = ringsrv.Server{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode, Log: s.log,
-		New: func() ringsrv.Session { return newSession(s) }}
-	if err := s.srv.Start(); err != nil {
-		_ = s.ctl.Stop()
-		ringsrv.Unsubscribe(s.subs)
-		return fmt.Errorf("metadata: %w", err)
+	s.bg.Add(2)
+	go func() { defer s.bg.Done(); s.dels.run() }()
+	go func() { defer s.bg.Done(); s.revokes.run() }()
+	if held := s.ns.Held(); len(held) > 0 {
+		s.log.Info("files unlinked while open are held for their holders to reopen", "files", len(held), "grace", s.opts.ReclaimGrace)
 	}
-	s.bg.Add(1)
-	go s.deleteLoop()
-	for _, b := range s.ns.Orphans() {
-		s.queueDelete(b)
-	}
-	close(s.ready)
-	s.log.Info("serving", "socket", s.opts.Socket)
+	s.mu.Lock()
+	s.reclaim = time.AfterFunc(s.opts.ReclaimGrace, s.releaseHeld)
+	s.mu.Unlock()
+	s.log.Info("serving", "socket", s.opts.Socket, "incarnation", s.inc)
 	return nil
 }
 
+// releaseHeld frees the files unlinked while open before the restart that
+// nobody reopened within the grace, and deletes their blobs.
+func (s *Service) releaseHeld() {
+	if s.closed.Load() {
+		return
+	}
+	blobs, err := s.ns.ReleaseHeld()
+	if err != nil {
+		s.log.Error("release held files", "error", err)
+		return
+	}
+	if len(blobs) > 0 {
+		s.log.Info("reclaim grace over: files unlinked while open before the restart are freed", "blobs", len(blobs))
+	}
+	for _, b := range blobs {
+		s.dels.add(b)
+	}
+}
+
 // Ready is closed once the service accepts sessions.
-func (s *Service) Ready() <-chan struct{} { return s.ready }
+func (s *Service) Ready() <-chan struct{} { return s.host.Ready() }
 
 // Health says whether the service does its job: nil while it accepts
 // sessions and can change the namespace; otherwise why not: not started
-// or shut down, the namespace read-only after a WAL failure (sticky: only
-// a restart, which recovers from the WAL, clears it), or a ring listener
-// that no longer accepts. It is what the health endpoint reports; safe to
-// call at any time, from any goroutine.
+// or shut down, a listener that no longer accepts, or the namespace
+// read-only after a WAL failure (sticky: only a restart, which recovers
+// from the WAL, clears it). It is what the health endpoint reports; safe
+// to call at any time, from any goroutine.
 func (s *Service) Health() error {
-	select {
-	case <-s.ready:
-	default:
-		return errors.New("metadata: not started")
-	}
-	if s.closed.Load() {
-		return errors.New("metadata: shut down")
+	if err := s.host.Health(); err != nil {
+		return fmt.Errorf("metadata: %w", err)
 	}
 	if err := s.ns.Err(); err != nil {
 		return fmt.Errorf("metadata: namespace is read-only: %w", err)
 	}
-	if err := s.srv.Err(); err != nil {
-		return fmt.Errorf("metadata: %w", err)
+	return nil
+}
+
+// Shutdown withdraws the health and stats endpoints, ends every session
+// (revoking its grants, recording the sizes io reports), tries once more
+// each blob delete still pending (those that fail stay pending in the
+// namespace for the next start), and closes the namespace with a final
+// checkpoint.
+func (s *Service) Shutdown(ctx context.Context) error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	s.mu.Lock()
+	if s.reclaim != nil {
+		s.reclaim.Stop()
+	}
+	s.mu.Unlock()
+	err := s.host.Shutdown(ctx)
+	close(s.stop)
+	s.bg.Wait()
+	s.dels.final(ctx)
+	if cerr := s.ns.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("close namespace: %w", cerr))
+	}
+	if err != nil {
+		return fmt.Errorf("metadata: shutdown: %w", err)
 	}
 	return nil
 }
 
-// queueDelete hands a blob whose file lost its last name and last open to
-// the deleter: the reply to an unlink or close does not wait for the IO
-// service. A crash before the delete leaves the blob behind, exactly as a
-// crash between the namespace change and a synchronous delete would;
-// `weir check` reports it as an orphan blob.
-func (s *Service) queueDelete(blob uint64) {
-	if blob == 0 {
+// onPeer follows the IO service's service session.
+func (s *Service) onPeer(role string, up bool) {
+	if role != string(control.RoleIO) {
 		return
 	}
-	select {
-	case s.dels <- blob:
-	default: // the queue is full: delete in the caller, as backpressure
-		if err := s.deleteBlob(blob); err != nil {
-			s.log.Warn("blob delete failed; weir check will report it", "blob", blob, "error", err)
+	if !up {
+		s.io.down()
+		if !s.closed.Load() {
+			s.log.Warn("IO service session ended: requests to io fail at once until it is back")
 		}
+		return
 	}
-}
-
-// deleteLoop asks the IO service to delete queued blobs, retrying while it
-// is unreachable (it may start after this service). After Shutdown closed
-// the queue it makes one more attempt for each blob left.
-func (s *Service) deleteLoop() {
-	defer s.bg.Done()
-	for b := range s.dels {
-		for attempt := 0; ; attempt++ {
-			err := s.deleteBlob(b)
-			if err == nil {
-				break
-			}
-			if s.closed.Load() && attempt > 0 {
-				s.log.Warn("blob delete failed; weir check will report it", "blob", b, "error", err)
-				break
-			}
-			s.log.Debug("blob delete deferred", "blob", b, "error", err)
-			time.Sleep(min(time.Duration(attempt+1)*50*time.Millisecond, time.Second))
-		}
-	}
+	epoch := s.io.up()
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.resync(epoch)
+	}()
 }
 
 // supplementaryGroups reads a process's groups from /proc. SO_PEERCRED
@@ -265,73 +345,46 @@ func supplementaryGroups(pid int32) []uint32 {
 	return nil
 }
 
-// Shutdown withdraws the health and stats endpoints, stops accepting,
-// ends every session (revoking its grants) and closes the namespace with
-// a final checkpoint.
-func (s *Service) Shutdown(ctx context.Context) error {
-	if !s.closed.CompareAndSwap(false, true) {
-		return nil
-	}
-	if s.ctl != nil {
-		control.Deregister(s.opts.NATS, s.ctl)
-	}
-	if err := s.srv.Shutdown(ctx); err != nil {
-		return fmt.Errorf("metadata: shutdown: %w", err)
-	}
-	// Every session has ended: nothing queues deletes any more.
-	close(s.dels)
-	s.bg.Wait()
-	ringsrv.Unsubscribe(s.subs)
-	if err := s.ns.Close(); err != nil {
-		return fmt.Errorf("metadata: close namespace: %w", err)
-	}
-	return nil
-}
-
-// request sends a control request to the IO service; a refusal in the
-// reply becomes an error.
-func (s *Service) request(subj string, msg any) (control.Ack, error) {
-	var ack control.Ack
-	if err := control.Request(s.opts.NATS, subj, msg, &ack, s.opts.RequestTimeout); err != nil {
-		return ack, err
-	}
-	if err := ack.Err(); err != nil {
-		return ack, fmt.Errorf("%s: %w", subj, err)
-	}
-	return ack, nil
-}
-
-func (s *Service) deleteBlob(blob uint64) error {
-	_, err := s.request(s.subj.Delete, control.Delete{Blob: blob})
-	return err
-}
-
 // onSession vouches for a session to the IO service: the token must match
 // and the answer is who the kernel said the client is.
 func (s *Service) onSession(m *nats.Msg) {
 	var q control.SessionQuery
-	if err := json.Unmarshal(m.Data, &q); err != nil {
-		control.Respond(m, control.SessionInfo{Error: "malformed query"})
+	if err := control.Decode(m.Data, &q); err != nil {
+		s.host.Refuse(m, "malformed", control.SessionInfo{}, err.Error())
+		return
+	}
+	if q.Session == 0 || len(q.Token) != proto.TokenSize {
+		s.host.Refuse(m, "malformed", control.SessionInfo{}, "session 0 or a token that is not 32 bytes")
 		return
 	}
 	s.mu.Lock()
 	se := s.sessions[q.Session]
 	s.mu.Unlock()
 	if se == nil || subtle.ConstantTimeCompare(se.token[:], q.Token) != 1 {
-		control.Respond(m, control.SessionInfo{Error: "unknown session or wrong token"})
+		s.host.Refuse(m, "unknown_session", control.SessionInfo{}, fmt.Sprintf("session %#x unknown or the token is wrong", q.Session))
 		return
 	}
 	control.Respond(m, control.SessionInfo{UID: se.cred.UID, GID: se.cred.GID, PID: se.pid})
 }
 
-// onSetLive records a file's size and mtime reported by the IO service.
+// onSetLive records a file's size and mtime reported by the IO service,
+// unless a newer report for the file was applied already.
 func (s *Service) onSetLive(m *nats.Msg) {
 	var l control.SetLive
-	if err := json.Unmarshal(m.Data, &l); err != nil {
-		control.Respond(m, control.Ack{Error: "malformed setlive"})
+	if err := control.Decode(m.Data, &l); err != nil {
+		s.host.Refuse(m, "malformed", control.Ack{}, err.Error())
 		return
 	}
-	err := s.ns.SetLive(ns.Ino(l.Ino), l.Size, l.Mtime)
+	if l.Ino == 0 || l.Size < 0 || l.DV == 0 {
+		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("ino %d, size %d, data version %d", l.Ino, l.Size, l.DV))
+		return
+	}
+	a, err := s.ns.GetAttr(ns.Ino(l.Ino))
+	if err != nil || a.IsDir() {
+		s.host.Refuse(m, "unknown_file", control.Ack{}, fmt.Sprintf("inode %d is not a file", l.Ino))
+		return
+	}
+	err = s.applyLive(ns.Ino(l.Ino), l.Size, l.Mtime, l.DV)
 	if err == nil && l.Sync {
 		err = s.ns.Sync()
 	}
@@ -342,55 +395,23 @@ func (s *Service) onSetLive(m *nats.Msg) {
 	control.Respond(m, control.Ack{})
 }
 
-// writers counts the write grants open on one inode.
-type writers struct {
-	all    int
-	unpriv int // of which opened by non-root sessions
-}
-
-// addWriter counts a write grant in (d = 1) or out (d = -1).
-func (s *Service) addWriter(ino ns.Ino, unpriv bool, d int) {
+// applyLive records a size and mtime from io if dv is newer than the
+// last report applied to the file, so that a size never goes backwards.
+func (s *Service) applyLive(ino ns.Ino, size, mtime int64, dv uint64) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	w := s.writers[ino]
-	w.all += d
-	if unpriv {
-		w.unpriv += d
-	}
-	if w.all <= 0 {
-		delete(s.writers, ino)
-		return
-	}
-	s.writers[ino] = w
-}
-
-// liveAttr overlays the IO service's live size and mtime on a regular
-// file's attributes while some session may be writing it.
-func (s *Service) liveAttr(a ns.Attr) ns.Attr {
-	if a.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return a
-	}
-	s.mu.Lock()
-	w := s.writers[a.Ino]
-	s.mu.Unlock()
-	if w.all == 0 {
-		return a
-	}
-	ack, err := s.request(s.subj.Live, control.LiveQuery{Blob: a.Blob})
-	if err != nil {
-		s.log.Warn("live attributes unavailable", "ino", a.Ino, "error", err)
-		return a
-	}
-	a.Size = ack.Size
-	if ack.Wrote {
-		a.Mtime, a.Ctime = ack.Mtime, max(a.Ctime, ack.Mtime)
-		// Some non-root writer may have written: Linux would have dropped
-		// setuid/setgid at that write.
-		if w.unpriv > 0 && s.ns.KillPriv(a.Ino) == nil {
-			if na, err := s.ns.GetAttr(a.Ino); err == nil {
-				a.Mode = na.Mode
-			}
+	f := s.files[ino]
+	if f != nil {
+		if dv <= f.lastDV {
+			s.mu.Unlock()
+			s.Stats.StaleReports.Add(1)
+			return nil
 		}
+		f.lastDV = dv
 	}
-	return a
+	s.mu.Unlock()
+	err := s.ns.SetLive(ino, size, mtime)
+	if errors.Is(err, syscall.ENOENT) {
+		return nil // the file is gone: nothing to record
+	}
+	return err
 }

@@ -14,25 +14,34 @@ import (
 
 // handle is one open file or directory of a session.
 type handle struct {
-	ino     ns.Ino
-	blob    uint64
-	granted bool           // the IO service holds a grant for it (regular files)
-	pending *control.Grant // the grant to ask for at the first read or write
-	write   bool
-	unpriv  bool // opened for writing by a non-root session: a write drops setuid/setgid
+	ino   ns.Ino
+	dir   bool
+	blob  uint64
+	flags int       // open flags as the ticket keeps them
+	file  *openFile // regular files; nil for directories
+	// grantEpoch is the io epoch of the handle's grant, 0 while it has
+	// none; a grant of an epoch that is over is void.
+	grantEpoch uint64
+	pending    *control.Grant // the grant to ask for at the first read or write
+	write      bool
+	unpriv     bool // granted for writing to a non-root session: a write drops setuid/setgid
 }
 
 // session is one client's metadata ring. id, pid, cred and token are set
-// in Started, before the first request; handles is owned by the session's
-// poller goroutine, where ring handlers run, and then by Ended.
+// in Started, before the first request; features at OpHello, before any
+// other request is served; handles is owned by the session's poller
+// goroutine, where ring handlers run, and then by Ended.
 type session struct {
-	svc     *Service
-	mux     *ring.Mux
-	id      uint64
-	pid     int32
-	cred    ns.Cred
-	token   [proto.TokenSize]byte
-	handles map[uint64]*handle
+	svc      *Service
+	mux      *ring.Mux
+	id       uint64
+	pid      int32
+	cred     ns.Cred
+	token    [proto.TokenSize]byte
+	hello    bool   // OpHello succeeded
+	version  uint32 // negotiated protocol version
+	features uint64 // negotiated features
+	handles  map[uint64]*handle
 }
 
 func newSession(svc *Service) *session {
@@ -44,7 +53,8 @@ func newSession(svc *Service) *session {
 func (se *session) Handler() ring.Handler { return se.mux }
 
 // Started records who the kernel says the client is and gives the session
-// its id and the token that binds the client's IO session to it.
+// its id (in this incarnation) and the token that binds the client's IO
+// session to it.
 func (se *session) Started(sc *ring.ServerConn) error {
 	se.pid = sc.Cred.Pid
 	se.cred = ns.Cred{UID: sc.Cred.Uid, GID: sc.Cred.Gid, Groups: supplementaryGroups(sc.Cred.Pid)}
@@ -54,7 +64,7 @@ func (se *session) Started(sc *ring.ServerConn) error {
 	s := se.svc
 	s.mu.Lock()
 	s.nextSID++
-	se.id = s.nextSID
+	se.id = proto.MakeID(s.inc, s.nextSID)
 	s.sessions[se.id] = se
 	s.mu.Unlock()
 	s.Stats.Sessions.Add(1)
@@ -74,14 +84,18 @@ func (se *session) Ended(err error) {
 
 func (se *session) register() {
 	for op, f := range map[uint8]ring.HandlerFunc{
-		proto.OpHello: se.hello, proto.OpStat: se.stat, proto.OpOpen: se.open, proto.OpClose: se.close,
+		proto.OpHello: se.helloOp, proto.OpStat: se.stat, proto.OpOpen: se.open, proto.OpClose: se.close,
 		proto.OpMkdir: se.mkdir, proto.OpRmdir: se.rmdir, proto.OpUnlink: se.unlink, proto.OpRename: se.rename,
 		proto.OpChmod: se.chmod, proto.OpChown: se.chown, proto.OpChtimes: se.chtimes,
 		proto.OpReadDir: se.readdir, proto.OpFStat: se.fstat, proto.OpSyncMeta: se.syncMeta,
-		proto.OpGrant: se.grantOp,
+		proto.OpGrant: se.grantOp, proto.OpFChmod: se.fchmod, proto.OpFChown: se.fchown,
+		proto.OpFChtimes: se.fchtimes, proto.OpReopen: se.reopen,
 	} {
 		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
 			se.svc.Stats.Requests.Add(1)
+			if !se.hello && op != proto.OpHello {
+				return se.errno(syscall.ENOTCONN) // the protocol starts with OpHello
+			}
 			return f(q)
 		})
 	}
@@ -116,32 +130,70 @@ func reply(q *ring.Request, out []byte) (int64, uint64) {
 	return int64(q.WritePayload(out)), 0
 }
 
-func toWire(a ns.Attr) proto.Attr {
+func toProto(a ns.Attr) proto.Attr {
 	return proto.Attr{Ino: uint64(a.Ino), Mode: a.Mode, UID: a.UID, GID: a.GID, Nlink: a.Nlink,
 		Size: a.Size, Atime: a.Atime, Mtime: a.Mtime, Ctime: a.Ctime}
 }
 
 func (se *session) attrReply(q *ring.Request, a ns.Attr) (int64, uint64) {
-	w := toWire(se.svc.liveAttr(a))
-	var e proto.Enc
-	e.Attr(&w)
-	return reply(q, e.B)
+	w := toProto(se.svc.liveAttr(a))
+	return reply(q, proto.AppendAttr(nil, &w))
 }
 
-func (se *session) hello(q *ring.Request) (int64, uint64) {
-	var e proto.Enc
-	e.U64(se.id)
-	e.Bytes(se.token[:])
-	return reply(q, e.B)
+// helloOp negotiates the protocol version and features, and answers the
+// session id and token. No version in common is EPROTONOSUPPORT with this
+// service's range in Aux.
+func (se *session) helloOp(q *ring.Request) (int64, uint64) {
+	if se.hello {
+		return se.errno(syscall.EISCONN)
+	}
+	r, err := proto.DecodeHelloReq(body(q))
+	if err != nil {
+		return se.errno(err)
+	}
+	v, ok := proto.Negotiate(r.MinVersion, r.MaxVersion)
+	if !ok {
+		se.svc.log.Warn("client speaks no protocol version of this service", "pid", se.pid,
+			"client_versions", fmt.Sprintf("%d-%d", r.MinVersion, r.MaxVersion),
+			"service_versions", fmt.Sprintf("%d-%d", proto.MinVersion, proto.MaxVersion))
+		se.svc.Stats.Errors.Add(1)
+		return -int64(proto.ErrVersion), proto.VersionRange(proto.MinVersion, proto.MaxVersion)
+	}
+	resp := proto.HelloResp{Version: v, Features: r.Features & proto.KnownFeatures, Session: se.id, Token: se.token}
+	res, aux := reply(q, resp.Append(nil))
+	if res >= 0 {
+		se.hello, se.version, se.features = true, v, resp.Features
+	}
+	return res, aux
+}
+
+// dirIno returns the inode a path operation starts from: the root for
+// proto.RootHandle, else the directory the session has open as that
+// handle (EBADF: no such handle; ENOTDIR: not a directory).
+func (se *session) dirIno(handle uint64) (ns.Ino, error) {
+	if handle == proto.RootHandle {
+		return ns.RootIno, nil
+	}
+	h := se.handles[handle]
+	switch {
+	case h == nil:
+		return 0, syscall.EBADF
+	case !h.dir:
+		return 0, syscall.ENOTDIR
+	}
+	return h.ino, nil
 }
 
 func (se *session) stat(q *ring.Request) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	path := d.Str()
-	if err := d.Err(); err != nil {
+	r, err := proto.DecodePathReq(body(q))
+	if err != nil {
 		return se.errno(err)
 	}
-	a, err := se.svc.ns.Stat(se.cred, path)
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	a, err := se.svc.ns.StatAt(se.cred, dir, r.Path)
 	if err != nil {
 		return se.errno(err)
 	}
@@ -160,95 +212,129 @@ func (se *session) fstat(q *ring.Request) (int64, uint64) {
 	return se.attrReply(q, a)
 }
 
-const accMode = syscall.O_RDONLY | syscall.O_WRONLY | syscall.O_RDWR
+// syncMode is what O_SYNC and O_DSYNC ask of every write.
+func syncMode(flags int) control.SyncMode {
+	switch {
+	case flags&syscall.O_SYNC == syscall.O_SYNC:
+		return control.SyncAll
+	case flags&syscall.O_DSYNC != 0:
+		return control.SyncData
+	}
+	return control.SyncNone
+}
 
 func (se *session) open(q *ring.Request) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	perm := d.U32()
-	path := d.Str()
-	if err := d.Err(); err != nil {
+	r, err := proto.DecodeModePathReq(body(q))
+	if err != nil {
+		return se.errno(err)
+	}
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
 		return se.errno(err)
 	}
 	flags := int(int32(q.Arg))
-	a, created, err := se.svc.ns.Open(se.cred, path, flags, perm)
+	a, created, err := se.svc.ns.OpenAt(se.cred, dir, r.Path, flags, r.Mode)
 	if err != nil {
 		return se.errno(err)
 	}
 	se.svc.Stats.Opens.Add(1)
-	h := &handle{ino: a.Ino, blob: a.Blob}
-	id := se.svc.nextH.Add(1)
+	return se.finishOpen(q, a, created, flags)
+}
+
+// finishOpen makes the handle of an open (or reopen) of a and answers it.
+func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags int) (int64, uint64) {
+	s := se.svc
+	n := s.nextH.Add(1)
+	if n >= 1<<proto.CounterBits {
+		se.release(&handle{ino: a.Ino})
+		return se.errno(syscall.ENFILE)
+	}
+	id := proto.MakeID(s.inc, n)
+	h := &handle{ino: a.Ino, blob: a.Blob, flags: flags & ticketFlags, dir: a.IsDir()}
 	if a.Mode&syscall.S_IFMT == syscall.S_IFREG {
-		acc := flags & accMode
+		h.file = s.openFileRef(a.Ino)
+		acc := flags & syscall.O_ACCMODE
 		h.pending = &control.Grant{Session: se.id, Handle: id, Ino: uint64(a.Ino), Blob: a.Blob,
 			Read:  acc == syscall.O_RDONLY || acc == syscall.O_RDWR,
 			Write: acc == syscall.O_WRONLY || acc == syscall.O_RDWR,
 			// Linux truncates with O_TRUNC even on a read-only open (the
 			// namespace required write permission for it).
 			Truncate: flags&syscall.O_TRUNC != 0,
+			Sync:     syncMode(flags),
 		}
 		// The grant waits for the first read or write (OpGrant), so
 		// that opening and closing a file costs no round trip to the IO
 		// service; O_TRUNC must empty the blob now.
 		if h.pending.Truncate {
-			if size, err := se.grant(h); err != nil {
+			size, err := se.grant(h)
+			if err != nil {
 				se.release(h)
 				return se.errno(err)
-			} else {
-				a.Size = size
 			}
+			a.Size = size
 		}
 	}
 	se.handles[id] = h
-	se.svc.Stats.Handles.Add(1)
-	var e proto.Enc
-	e.U64(id)
-	w := toWire(a)
-	e.Attr(&w)
-	e.U8(boolByte(created))
-	e.U8(boolByte(h.granted))
-	return reply(q, e.B)
+	s.Stats.Handles.Add(1)
+	resp := proto.OpenResp{Handle: id, Attr: toProto(a), Created: created, Granted: h.grantEpoch != 0}
+	if se.features&proto.FeatureReopen != 0 {
+		resp.HasTicket = true
+		resp.Ticket = s.ticket(a.Ino, flags, se.cred.UID)
+	}
+	return reply(q, resp.Append(nil))
 }
 
-// grant asks the IO service to let this session use h and returns the
-// blob's size. The blob is the truth for size: after a crash the
-// namespace may hold a stale one, and the first grant puts it right.
-func (se *session) grant(h *handle) (int64, error) {
-	g := h.pending
-	ack, err := se.svc.request(se.svc.subj.Grant, g)
+// reopen opens again, by ticket, a file this uid had open before the
+// service restarted (FeatureReopen). The ticket proves the open was
+// allowed; nothing is looked up or checked again, as an open file
+// descriptor survives a rename, an unlink and a chmod.
+func (se *session) reopen(q *ring.Request) (int64, uint64) {
+	if se.features&proto.FeatureReopen == 0 {
+		return se.errno(syscall.EOPNOTSUPP)
+	}
+	t, err := proto.DecodeTicket(body(q))
 	if err != nil {
-		se.svc.log.Error("grant failed", "ino", h.ino, "error", err)
-		return 0, syscall.EIO
+		return se.errno(err)
 	}
-	h.pending = nil
-	h.granted, h.write, h.unpriv = true, g.Write, g.Write && se.cred.UID != 0
-	if h.write {
-		se.svc.addWriter(h.ino, h.unpriv, 1)
+	ino, flags, ok := se.svc.checkTicket(t, se.cred.UID)
+	if !ok {
+		se.svc.log.Warn("reopen with a ticket that is not genuine or not this uid's", "pid", se.pid, "uid", se.cred.UID)
+		return se.errno(syscall.EPERM)
 	}
-	if a, err := se.svc.ns.GetAttr(h.ino); err == nil && (ack.Size != a.Size || g.Truncate) {
-		_ = se.svc.ns.SetLive(h.ino, ack.Size, max(a.Mtime, ack.Mtime))
+	a, err := se.svc.ns.Reopen(ino) // inode numbers are never reused: ino is the same file or gone
+	if err != nil {
+		return se.errno(proto.ErrStale) // the file is gone
 	}
-	return ack.Size, nil
+	se.svc.Stats.Reopens.Add(1)
+	return se.finishOpen(q, a, false, flags&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_TRUNC))
 }
 
-// grantOp grants a handle before its first read or write.
+// grantOp grants a handle before its first read or write; a handle whose
+// grant is void (the IO service restarted or was resynchronised) is
+// granted again.
 func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 	h := se.handles[q.Handle]
-	if h == nil || (h.pending == nil && !h.granted) {
+	if h == nil || h.file == nil {
 		return se.errno(syscall.EBADF)
 	}
-	if h.pending != nil {
-		if _, err := se.grant(h); err != nil {
-			return se.errno(err)
+	if h.grantEpoch != 0 && h.grantEpoch == se.svc.io.currentEpoch() {
+		return 0, 0
+	}
+	if h.pending == nil {
+		// A void grant: ask for the same access again, without O_TRUNC.
+		acc := h.flags & syscall.O_ACCMODE
+		h.pending = &control.Grant{Session: se.id, Handle: q.Handle, Ino: uint64(h.ino), Blob: h.blob,
+			Read: acc == syscall.O_RDONLY || acc == syscall.O_RDWR, Write: acc == syscall.O_WRONLY || acc == syscall.O_RDWR,
+			Sync: syncMode(h.flags)}
+		if h.grantEpoch != 0 && h.write {
+			se.svc.addWriter(h.file, h.grantEpoch, h.unpriv, -1)
 		}
+		h.grantEpoch = 0
+	}
+	if _, err := se.grant(h); err != nil {
+		return se.errno(err)
 	}
 	return 0, 0
-}
-
-func boolByte(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 func (se *session) close(q *ring.Request) (int64, uint64) {
@@ -264,29 +350,13 @@ func (se *session) close(q *ring.Request) (int64, uint64) {
 }
 
 // closeHandle revokes the IO grant (recording what the IO service reports),
-// then releases the open in the namespace and deletes a blob that lost its
-// last name and last open.
+// then releases the open in the namespace and schedules the delete of a
+// blob that lost its last name and last open.
 func (se *session) closeHandle(id uint64, h *handle) error {
 	se.svc.Stats.Handles.Add(-1)
 	var firstErr error
-	if h.granted {
-		ack, err := se.svc.request(se.svc.subj.Revoke, control.Revoke{Session: se.id, Handle: id})
-		if err != nil {
-			se.svc.log.Error("revoke failed", "ino", h.ino, "error", err)
-			firstErr = syscall.EIO
-		} else if ack.Wrote {
-			if err := se.svc.ns.SetLive(h.ino, ack.Size, ack.Mtime); err != nil && !errors.Is(err, syscall.ENOENT) {
-				firstErr = err
-			}
-			if h.unpriv {
-				if err := se.svc.ns.KillPriv(h.ino); err != nil && !errors.Is(err, syscall.ENOENT) && firstErr == nil {
-					firstErr = err
-				}
-			}
-		}
-		if h.write {
-			se.svc.addWriter(h.ino, h.unpriv, -1)
-		}
+	if h.file != nil {
+		firstErr = se.revoke(id, h)
 	}
 	if err := se.release(h); err != nil && firstErr == nil {
 		firstErr = err
@@ -295,6 +365,9 @@ func (se *session) closeHandle(id uint64, h *handle) error {
 }
 
 func (se *session) release(h *handle) error {
+	if h.file != nil {
+		se.svc.closeFileRef(h.file)
+	}
 	blob, err := se.svc.ns.Release(h.ino)
 	if err != nil {
 		return err
@@ -314,27 +387,32 @@ func (se *session) closeAll() {
 }
 
 func (se *session) mkdir(q *ring.Request) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	perm := d.U32()
-	path := d.Str()
-	if err := d.Err(); err != nil {
+	r, err := proto.DecodeModePathReq(body(q))
+	if err != nil {
 		return se.errno(err)
 	}
-	a, err := se.svc.ns.Mkdir(se.cred, path, perm)
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	a, err := se.svc.ns.MkdirAt(se.cred, dir, r.Path, r.Mode)
 	if err != nil {
 		return se.errno(err)
 	}
 	return se.attrReply(q, a)
 }
 
-// pathOp decodes a single-path body and runs f on it.
-func (se *session) pathOp(q *ring.Request, f func(path string) (uint64, error)) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	path := d.Str()
-	if err := d.Err(); err != nil {
+// pathOp decodes a single-path body and runs f on it from its directory.
+func (se *session) pathOp(q *ring.Request, f func(dir ns.Ino, path string) (uint64, error)) (int64, uint64) {
+	r, err := proto.DecodePathReq(body(q))
+	if err != nil {
 		return se.errno(err)
 	}
-	blob, err := f(path)
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	blob, err := f(dir, r.Path)
 	if err != nil {
 		return se.errno(err)
 	}
@@ -343,20 +421,27 @@ func (se *session) pathOp(q *ring.Request, f func(path string) (uint64, error)) 
 }
 
 func (se *session) rmdir(q *ring.Request) (int64, uint64) {
-	return se.pathOp(q, func(p string) (uint64, error) { return 0, se.svc.ns.Rmdir(se.cred, p) })
+	return se.pathOp(q, func(dir ns.Ino, p string) (uint64, error) { return 0, se.svc.ns.RmdirAt(se.cred, dir, p) })
 }
 
 func (se *session) unlink(q *ring.Request) (int64, uint64) {
-	return se.pathOp(q, func(p string) (uint64, error) { return se.svc.ns.Unlink(se.cred, p) })
+	return se.pathOp(q, func(dir ns.Ino, p string) (uint64, error) { return se.svc.ns.UnlinkAt(se.cred, dir, p) })
 }
 
 func (se *session) rename(q *ring.Request) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	from, to := d.Str(), d.Str()
-	if err := d.Err(); err != nil {
+	r, err := proto.DecodeRenameReq(body(q))
+	if err != nil {
 		return se.errno(err)
 	}
-	blob, err := se.svc.ns.Rename(se.cred, from, to)
+	olddir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	newdir, err := se.dirIno(r.NewDir)
+	if err != nil {
+		return se.errno(err)
+	}
+	blob, err := se.svc.ns.RenameAt(se.cred, olddir, r.Old, newdir, r.New)
 	if err != nil {
 		return se.errno(err)
 	}
@@ -365,44 +450,112 @@ func (se *session) rename(q *ring.Request) (int64, uint64) {
 }
 
 func (se *session) chmod(q *ring.Request) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	mode := d.U32()
-	path := d.Str()
-	if err := d.Err(); err != nil {
+	r, err := proto.DecodeModePathReq(body(q))
+	if err != nil {
 		return se.errno(err)
 	}
-	if err := se.svc.ns.Chmod(se.cred, path, mode); err != nil {
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	if err := se.svc.ns.ChmodAt(se.cred, dir, r.Path, r.Mode); err != nil {
 		return se.errno(err)
 	}
 	return 0, 0
 }
 
+// ownerArgs checks a chown's uid and gid: uid_t and gid_t are 32 bits,
+// and -1 and 0xffffffff both mean "unchanged", as in chown(2).
+func ownerArgs(r proto.OwnerReq) (int, int, error) {
+	if r.UID < -1<<31 || r.UID > 1<<32-1 || r.GID < -1<<31 || r.GID > 1<<32-1 {
+		return 0, 0, syscall.EINVAL
+	}
+	return int(r.UID), int(r.GID), nil
+}
+
 func (se *session) chown(q *ring.Request) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	uid, gid := d.I64(), d.I64()
-	path := d.Str()
-	if err := d.Err(); err != nil {
+	r, err := proto.DecodeOwnerReq(body(q), true)
+	if err != nil {
 		return se.errno(err)
 	}
-	// uid_t and gid_t are 32 bits: -1 and 0xffffffff both mean
-	// "unchanged", -2 is uid 0xfffffffe, as in chown(2).
-	if uid < -1<<31 || uid > 1<<32-1 || gid < -1<<31 || gid > 1<<32-1 {
-		return se.errno(syscall.EINVAL)
+	uid, gid, err := ownerArgs(r)
+	if err != nil {
+		return se.errno(err)
 	}
-	if err := se.svc.ns.Chown(se.cred, path, int(uid), int(gid)); err != nil {
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	if err := se.svc.ns.ChownAt(se.cred, dir, r.Path, uid, gid); err != nil {
 		return se.errno(err)
 	}
 	return 0, 0
 }
 
 func (se *session) chtimes(q *ring.Request) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	atime, mtime := d.I64(), d.I64()
-	path := d.Str()
-	if err := d.Err(); err != nil {
+	r, err := proto.DecodeTimesReq(body(q), true)
+	if err != nil {
 		return se.errno(err)
 	}
-	if err := se.svc.ns.Chtimes(se.cred, path, atime, mtime); err != nil {
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	if err := se.svc.ns.ChtimesAt(se.cred, dir, r.Path, r.Atime, r.Mtime); err != nil {
+		return se.errno(err)
+	}
+	return 0, 0
+}
+
+// handleIno is the inode of one of the session's handles (EBADF if none).
+func (se *session) handleIno(handle uint64) (ns.Ino, error) {
+	h := se.handles[handle]
+	if h == nil {
+		return 0, syscall.EBADF
+	}
+	return h.ino, nil
+}
+
+func (se *session) fchmod(q *ring.Request) (int64, uint64) {
+	ino, err := se.handleIno(q.Handle)
+	if err == nil {
+		err = se.svc.ns.FChmod(se.cred, ino, q.Arg)
+	}
+	if err != nil {
+		return se.errno(err)
+	}
+	return 0, 0
+}
+
+func (se *session) fchown(q *ring.Request) (int64, uint64) {
+	r, err := proto.DecodeOwnerReq(body(q), false)
+	if err != nil {
+		return se.errno(err)
+	}
+	uid, gid, err := ownerArgs(r)
+	var ino ns.Ino
+	if err == nil {
+		ino, err = se.handleIno(q.Handle)
+	}
+	if err == nil {
+		err = se.svc.ns.FChown(se.cred, ino, uid, gid)
+	}
+	if err != nil {
+		return se.errno(err)
+	}
+	return 0, 0
+}
+
+func (se *session) fchtimes(q *ring.Request) (int64, uint64) {
+	r, err := proto.DecodeTimesReq(body(q), false)
+	if err != nil {
+		return se.errno(err)
+	}
+	ino, err := se.handleIno(q.Handle)
+	if err == nil {
+		err = se.svc.ns.FChtimes(se.cred, ino, r.Atime, r.Mtime)
+	}
+	if err != nil {
 		return se.errno(err)
 	}
 	return 0, 0
@@ -410,40 +563,37 @@ func (se *session) chtimes(q *ring.Request) (int64, uint64) {
 
 // readdir answers one page of entries after a name, as many as fit.
 func (se *session) readdir(q *ring.Request) (int64, uint64) {
-	d := proto.NewDec(body(q))
-	path, after := d.Str(), d.Str()
-	if err := d.Err(); err != nil {
+	r, err := proto.DecodeReadDirReq(body(q))
+	if err != nil {
 		return se.errno(err)
 	}
-	ents, err := se.svc.ns.ReadDir(se.cred, path)
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	ents, err := se.svc.ns.ReadDirAt(se.cred, dir, r.Path)
 	if err != nil {
 		return se.errno(err)
 	}
 	i := 0
-	if after != "" {
-		for i < len(ents) && ents[i].Name <= after {
+	if r.After != "" {
+		for i < len(ents) && ents[i].Name <= r.After {
 			i++
 		}
 	}
-	var e proto.Enc
-	e.U32(0) // count, filled in below
-	n, more := uint32(0), uint64(0)
-	for ; i < len(ents); i++ {
-		need := 8 + 4 + 2 + len(ents[i].Name)
-		if len(e.B)+need > int(q.Length) {
-			more = 1
-			break
+	out := make([]proto.Dirent, 0, len(ents)-i)
+	for _, e := range ents[i:] {
+		out = append(out, proto.Dirent{Ino: uint64(e.Ino), Mode: e.Mode, Name: e.Name})
+	}
+	b, n := proto.AppendDirents(nil, out, int(min(q.Length, 1<<30)))
+	more := uint64(0)
+	if n < len(out) {
+		more = 1
+		if n == 0 {
+			return se.errno(syscall.ERANGE)
 		}
-		e.U64(uint64(ents[i].Ino))
-		e.U32(ents[i].Mode)
-		e.Str(ents[i].Name)
-		n++
 	}
-	if n == 0 && more == 1 {
-		return se.errno(syscall.ERANGE)
-	}
-	e.B[0], e.B[1], e.B[2], e.B[3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
-	res, _ := reply(q, e.B)
+	res, _ := reply(q, b)
 	return res, more
 }
 

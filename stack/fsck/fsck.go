@@ -1,16 +1,26 @@
 // Package fsck is weir's offline consistency check (`weir check`): it opens
 // a stopped data directory the way the services would (the namespace
-// recovers from its checkpoint and write-ahead log, cutting a torn tail),
-// checks the namespace's own invariants, and compares the metadata
-// service's blob map with the blobs the backend holds.
+// recovers from its checkpoint and write-ahead log), checks the
+// namespace's own invariants, and compares the metadata service's blob map
+// with the blobs the backend holds.
+//
+// A check is strictly read-only: the namespace opens read-only (a torn WAL
+// tail is skipped, not cut; nothing is freed; no checkpoint is written)
+// and the backend must be opened read-only by the caller. Repairs are
+// explicit (Options.Repair, `weir check --repair`): they open both for
+// writing, delete the blobs awaiting deletion and the orphans, free the
+// files that were unlinked while open, and set each file whose size the
+// namespace records wrongly to its blob's size, then check again.
 package fsck
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
 	"slices"
+	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -19,12 +29,17 @@ import (
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
 
-// Problem is one inconsistency found.
+// Problem is one inconsistency found, or one thing noted that is not an
+// inconsistency (Note: a delete that the next start of the services will
+// finish).
 type Problem struct {
-	Kind   string `json:"kind"` // namespace, orphan-blob, missing-blob, size-mismatch, stray-object
+	// Kind is namespace, orphan-blob, missing-blob, size-mismatch,
+	// stray-object, or for notes pending-delete and held-file.
+	Kind   string `json:"kind"`
 	Ino    uint64 `json:"ino,omitempty"`
 	Blob   uint64 `json:"blob,omitempty"`
 	Detail string `json:"detail"`
+	Note   bool   `json:"note,omitempty"` // not a problem: the services finish it at their next start
 }
 
 // Report is what a check found.
@@ -32,10 +47,13 @@ type Report struct {
 	Files    int       `json:"files"`    // regular files in the namespace
 	Blobs    int       `json:"blobs"`    // blobs in the backend
 	Problems []Problem `json:"problems"` // empty when consistent
+	Repaired []string  `json:"repaired,omitempty"`
 }
 
-// OK reports whether nothing was found.
-func (r *Report) OK() bool { return len(r.Problems) == 0 }
+// OK reports whether nothing but notes was found.
+func (r *Report) OK() bool {
+	return !slices.ContainsFunc(r.Problems, func(p Problem) bool { return !p.Note })
+}
 
 // Write prints the report as text or JSON.
 func (r *Report) Write(w io.Writer, asJSON bool) error {
@@ -45,28 +63,66 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 		return enc.Encode(r)
 	}
 	fmt.Fprintf(w, "%d files in the namespace, %d blobs in the backend\n", r.Files, r.Blobs)
-	for _, p := range r.Problems {
-		fmt.Fprintf(w, "  %-14s ino %-8d blob %-8d %s\n", p.Kind, p.Ino, p.Blob, p.Detail)
+	for _, s := range r.Repaired {
+		fmt.Fprintf(w, "  repaired: %s\n", s)
 	}
-	if r.OK() {
+	problems := 0
+	for _, p := range r.Problems {
+		kind := p.Kind
+		if p.Note {
+			kind = "note: " + kind
+		} else {
+			problems++
+		}
+		fmt.Fprintf(w, "  %-20s ino %-8d blob %-8d %s\n", kind, p.Ino, p.Blob, p.Detail)
+	}
+	if problems == 0 {
 		fmt.Fprintln(w, "consistent")
 	} else {
-		fmt.Fprintf(w, "%d problems\n", len(r.Problems))
+		fmt.Fprintf(w, "%d problems\n", problems)
 	}
 	return nil
 }
 
+// Options configure Check.
+type Options struct {
+	// Repair fixes what can be fixed (see the package comment); be must
+	// then be open for writing.
+	Repair bool
+	Logger hclog.Logger
+	// NS carries namespace options other than the directory (tests set
+	// NS.FS to the vfs the namespace was written to).
+	NS ns.Options
+}
+
 // Check opens the namespace of a stopped weir and compares it with the
-// backend be (opened by the caller from the same configuration); Check
-// closes be.
-func Check(cfg *config.Config, be backend.Backend, log hclog.Logger) (*Report, error) {
+// backend be (opened by the caller from the same configuration, read-only
+// unless o.Repair); Check closes be.
+func Check(cfg *config.Config, be backend.Backend, o Options) (*Report, error) {
 	defer be.Close()
-	n, err := ns.Open(ns.Options{Dir: filepath.Join(cfg.DataDir, "meta"), Logger: log})
+	nso := o.NS
+	nso.Dir = filepath.Join(cfg.DataDir, "meta")
+	nso.Logger = o.Logger
+	nso.ReadOnly = !o.Repair
+	n, err := ns.Open(nso)
 	if err != nil {
 		return nil, fmt.Errorf("open namespace: %w", err)
 	}
 	defer n.Close()
 	r := &Report{}
+	if o.Repair {
+		r.Repaired, err = repair(n, be)
+		if err != nil {
+			return r, err
+		}
+	}
+	if err := check(r, n, be); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func check(r *Report, n *ns.NS, be backend.Backend) error {
 	if err := n.Check(); err != nil {
 		r.Problems = append(r.Problems, Problem{Kind: "namespace", Detail: err.Error()})
 	}
@@ -74,7 +130,7 @@ func Check(cfg *config.Config, be backend.Backend, log hclog.Logger) (*Report, e
 	r.Files = len(files)
 	blobs, err := be.List()
 	if err != nil {
-		return nil, fmt.Errorf("list blobs: %w", err)
+		return fmt.Errorf("list blobs: %w", err)
 	}
 	r.Blobs = len(blobs)
 	if a, ok := be.(backend.Auditor); ok {
@@ -86,11 +142,22 @@ func Check(cfg *config.Config, be backend.Backend, log hclog.Logger) (*Report, e
 	for _, a := range files {
 		want[a.Blob] = a
 	}
+	held := map[ns.Ino]bool{}
+	for _, ino := range n.Held() {
+		held[ino] = true
+		r.Problems = append(r.Problems, Problem{Kind: "held-file", Ino: uint64(ino), Blob: uint64(ino), Note: true,
+			Detail: "unlinked while open when the services stopped: kept for its holder to reopen, freed after the reclaim grace of the next start"})
+	}
 	for _, id := range blobs {
 		a, ok := want[uint64(id)]
 		if !ok {
+			if n.PendingDelete(uint64(id)) {
+				r.Problems = append(r.Problems, Problem{Kind: "pending-delete", Blob: uint64(id), Note: true,
+					Detail: "its file is gone and the delete is recorded: the next start of the services deletes it"})
+				continue
+			}
 			r.Problems = append(r.Problems, Problem{Kind: "orphan-blob", Blob: uint64(id),
-				Detail: "blob has no file: space leaked (a delete was lost)"})
+				Detail: "blob of no file and no delete recorded: space leaked (weir check --repair deletes it; the next start of the services does too)"})
 			continue
 		}
 		delete(want, uint64(id))
@@ -100,9 +167,8 @@ func Check(cfg *config.Config, be backend.Backend, log hclog.Logger) (*Report, e
 				Detail: fmt.Sprintf("blob listed but cannot be opened: %v", err)})
 			continue
 		}
-		if sz := b.Size(); sz != a.Size {
-			r.Problems = append(r.Problems, Problem{Kind: "size-mismatch", Ino: uint64(a.Ino), Blob: uint64(id),
-				Detail: fmt.Sprintf("namespace says %d bytes, blob has %d (writes after the last fsync or close were lost in a crash; the next open takes the blob's size)", a.Size, sz)})
+		if p, bad := sizeProblem(a, b.Size()); bad {
+			r.Problems = append(r.Problems, p)
 		}
 		b.Close()
 	}
@@ -119,5 +185,87 @@ func Check(cfg *config.Config, be backend.Backend, log hclog.Logger) (*Report, e
 				Detail: fmt.Sprintf("file of %d bytes has no blob: its data is lost", a.Size)})
 		}
 	}
-	return r, nil
+	return nil
+}
+
+// sizeProblem says what a difference between the recorded size and the
+// blob's means.
+func sizeProblem(a ns.Attr, blob int64) (Problem, bool) {
+	p := Problem{Kind: "size-mismatch", Ino: uint64(a.Ino), Blob: a.Blob}
+	switch {
+	case blob == a.Size:
+		return p, false
+	case blob > a.Size:
+		p.Detail = fmt.Sprintf("the namespace records %d bytes, the blob holds %d: %d bytes written after the size last reached the namespace (at an fsync or a close) are on the device, but the crash came before their size was recorded; nothing is lost, and the next open of the file takes the blob's size", a.Size, blob, blob-a.Size)
+	default:
+		p.Detail = fmt.Sprintf("the namespace records %d bytes, the blob holds %d: the last %d bytes were written after the last fsync and did not reach the device before the crash (they are lost); the next open of the file takes the blob's size", a.Size, blob, a.Size-blob)
+	}
+	return p, true
+}
+
+// repair deletes the blobs awaiting deletion and the orphans, frees the
+// held files, and records each file's blob size.
+func repair(n *ns.NS, be backend.Backend) ([]string, error) {
+	var done []string
+	freed, err := n.ReleaseHeld()
+	if err != nil {
+		return done, fmt.Errorf("free held files: %w", err)
+	}
+	if len(freed) > 0 {
+		done = append(done, fmt.Sprintf("freed %d files unlinked while open", len(freed)))
+	}
+	blobs, err := be.List()
+	if err != nil {
+		return done, fmt.Errorf("list blobs: %w", err)
+	}
+	owned := map[uint64]ns.Attr{}
+	for _, a := range n.Files() {
+		owned[a.Blob] = a
+	}
+	orphans := 0
+	for _, id := range blobs {
+		if _, ok := owned[uint64(id)]; ok || n.PendingDelete(uint64(id)) {
+			continue
+		}
+		if err := n.MarkDead(uint64(id)); err != nil {
+			return done, fmt.Errorf("mark orphan blob %d: %w", id, err)
+		}
+		orphans++
+	}
+	deleted := 0
+	for _, blob := range n.PendingDeletes() {
+		err := be.Delete(backend.BlobID(blob))
+		if err != nil && !errors.Is(err, syscall.ENOENT) {
+			return done, fmt.Errorf("delete blob %d: %w", blob, err)
+		}
+		if err := n.BlobGone(blob); err != nil {
+			return done, err
+		}
+		deleted++
+	}
+	if err := be.Sync(); err != nil {
+		return done, fmt.Errorf("sync backend: %w", err)
+	}
+	if deleted > 0 {
+		done = append(done, fmt.Sprintf("deleted %d blobs (%d orphans, %d awaiting deletion)", deleted, orphans, deleted-orphans))
+	}
+	sizes := 0
+	for blob, a := range owned {
+		b, err := be.Open(backend.BlobID(blob))
+		if err != nil {
+			continue
+		}
+		size := b.Size()
+		b.Close()
+		if size != a.Size {
+			if err := n.SetLive(a.Ino, size, a.Mtime); err != nil {
+				return done, fmt.Errorf("record the size of file %d: %w", a.Ino, err)
+			}
+			sizes++
+		}
+	}
+	if sizes > 0 {
+		done = append(done, fmt.Sprintf("recorded the blob's size for %d files", sizes))
+	}
+	return done, n.Sync()
 }

@@ -24,11 +24,11 @@ func testConfig(t *testing.T) *config.Config {
 func check(t *testing.T, c *config.Config) *fsck.Report {
 	t.Helper()
 	log := hclog.NewNullLogger()
-	be, err := stack.Backend(c, log)
+	be, err := stack.BackendReadOnly(c, log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := fsck.Check(c, be, log)
+	r, err := fsck.Check(c, be, fsck.Options{Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestCheckReportsStrays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := fsck.Check(c, auditing{be, []string{"object x is not a blob", "y and z claim blob 5"}}, hclog.NewNullLogger())
+	r, err := fsck.Check(c, auditing{be, []string{"object x is not a blob", "y and z claim blob 5"}}, fsck.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,8 +61,8 @@ func (n *NS) BlobGone(blob uint64) error {
 
 // MarkDead makes blob, which the backend holds but no inode owns, await
 // deletion. A blob that some inode owns is EEXIST (it is no orphan); one
-// at or past the allocation counter is allowed (nothing will ever claim
-// it: inode numbers only grow); one already awaiting deletion is a no-op.
+// at or past the allocation counter moves the counter past it, so that no
+// new inode ever claims it; one already awaiting deletion is a no-op.
 func (n *NS) MarkDead(blob uint64) error {
 	if blob == 0 {
 		return syscall.EINVAL
@@ -154,4 +154,12 @@ func (n *NS) Reopen(ino Ino) (Attr, error) {
 	nd.opens++
 	nd.held = false
 	return nd.attr, nil
+}
+
+// NextIno is the number the next created inode will get: every blob id
+// below it may belong to a file.
+func (n *NS) NextIno() uint64 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return uint64(n.st.nextIno)
 }

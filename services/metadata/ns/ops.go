@@ -777,6 +777,9 @@ func (n *NS) ReadDirAt(c Cred, dir Ino, path string) ([]Dirent, error) {
 	if err := permission(&c, &nd.attr, mayRead); err != nil {
 		return nil, err
 	}
+	if nd.attr.Nlink == 0 {
+		return nil, syscall.ENOENT // a removed directory, still open: getdents says ENOENT
+	}
 	out := make([]Dirent, 0, len(nd.entries))
 	for name, ino := range nd.entries {
 		out = append(out, Dirent{Name: name, Ino: ino, Mode: n.st.inodes[ino].attr.Mode & syscall.S_IFMT})

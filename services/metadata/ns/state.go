@@ -318,6 +318,11 @@ func (s *state) applyDead(r *deadRec) error {
 		return fmt.Errorf("dead: blob %d already awaits deletion", r.blob)
 	}
 	s.dead[r.blob] = struct{}{}
+	// An orphan at or past the allocation counter (left by a create whose
+	// record a power cut lost) must never be claimed by a new inode.
+	if Ino(r.blob) >= s.nextIno {
+		s.nextIno = Ino(r.blob) + 1
+	}
 	return nil
 }
 

@@ -152,6 +152,9 @@ func (h *handle) WriteAt(p []byte, off int64) (int, error) {
 	if err := h.usable("write"); err != nil {
 		return 0, err
 	}
+	if h.b.be.readOnly {
+		return 0, errorf("write", h.b.id, errReadOnly)
+	}
 	if err := backend.CheckRange(off, len(p)); err != nil {
 		return 0, errorf("write", h.b.id, err)
 	}
@@ -185,8 +188,14 @@ func (b *blobFile) writeLocked(p []byte, off int64, excl bool) (int, error) {
 		n, last, err = b.writeDirectLocked(p, off, size)
 		// The last block written may run past the end: cut the file
 		// back to the exact size. Bytes past the size are zeros, so a
-		// concurrent shared holder doing the same loses nothing.
-		if end := max(size, off+int64(n)); last > end {
+		// concurrent shared holder doing the same loses nothing. A write
+		// that wrote nothing (EFBIG at its first block, say) leaves the
+		// size as it was: a failed write changes nothing.
+		end := size
+		if n > 0 {
+			end = max(size, off+int64(n))
+		}
+		if last > end {
 			if terr := ftruncate(b.fd, end); terr != nil && err == nil {
 				err = terr
 			}
@@ -273,6 +282,9 @@ func (b *blobFile) patchBlock(block []byte, start int64, data []byte, in int, si
 func (h *handle) Truncate(size int64) error {
 	if err := h.usable("truncate"); err != nil {
 		return err
+	}
+	if h.b.be.readOnly {
+		return errorf("truncate", h.b.id, errReadOnly)
 	}
 	if err := backend.CheckSize(size); err != nil {
 		return errorf("truncate", h.b.id, err)

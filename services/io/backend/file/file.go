@@ -58,6 +58,13 @@ type Options struct {
 	// stray files seen by List). Nil discards them.
 	Logger hclog.Logger
 
+	// ReadOnly opens the blobs of a stopped service for an offline check:
+	// nothing is created or written (no directory, FORMAT file or probe),
+	// blob files open read-only and every change fails with EROFS. The
+	// lock is still taken, so a check refuses to run beside a live
+	// service.
+	ReadOnly bool
+
 	// refuseDirect makes the O_DIRECT probe fail with EINVAL, as on a file
 	// system without direct I/O. Tests only (export_test.go).
 	refuseDirect bool
@@ -85,9 +92,10 @@ type Stats struct {
 // Backend stores each blob in its own file. Use New; the Backend returned
 // by New is a *Backend, for Mode and Stats.
 type Backend struct {
-	root   string       // Dir/blobs; immutable
-	direct bool         // O_DIRECT in use; immutable after New
-	log    hclog.Logger // immutable
+	root     string       // Dir/blobs; immutable
+	direct   bool         // O_DIRECT in use; immutable after New
+	readOnly bool         // immutable after New
+	log      hclog.Logger // immutable
 
 	mu     sync.Mutex
 	closed atomic.Bool                  // written under mu, read anywhere
@@ -122,6 +130,9 @@ func New(opts Options) (backend.Backend, error) {
 		log = hclog.NewNullLogger()
 	}
 	root := filepath.Join(opts.Dir, "blobs")
+	if opts.ReadOnly {
+		return openReadOnly(root, log)
+	}
 	if err := makeDir(root); err != nil {
 		return nil, fmt.Errorf("backend file: %w", err)
 	}
@@ -172,6 +183,35 @@ func New(opts Options) (backend.Backend, error) {
 		dirty:  make(map[string]struct{}),
 	}, nil
 }
+
+// openReadOnly opens root for reading only (Options.ReadOnly).
+func openReadOnly(root string, log hclog.Logger) (backend.Backend, error) {
+	lockFD, err := openFile(filepath.Join(root, "LOCK"), unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("backend file: read-only: %s holds no blobs (no LOCK file): %w", root, err)
+	}
+	if err := unix.Flock(lockFD, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(lockFD)
+		if err == unix.EWOULDBLOCK {
+			err = syscall.EBUSY
+		}
+		return nil, fmt.Errorf("backend file: %s is in use by another backend: %w", root, err)
+	}
+	path := filepath.Join(root, "FORMAT")
+	if got, err := os.ReadFile(path); err != nil || !bytes.Equal(got, []byte(formatV1)) {
+		unix.Close(lockFD)
+		if err == nil {
+			err = fmt.Errorf("unsupported format %q (want %q): %w", got, formatV1, syscall.EINVAL)
+		}
+		return nil, fmt.Errorf("backend file: %s: %w", path, err)
+	}
+	log.Debug("file backend open read-only", "dir", root)
+	return &Backend{root: root, readOnly: true, log: log, lockFD: lockFD,
+		open: make(map[backend.BlobID]*blobFile), failed: make(map[backend.BlobID]error), dirty: make(map[string]struct{})}, nil
+}
+
+// errReadOnly fails every change of a read-only backend.
+var errReadOnly = syscall.EROFS
 
 // makeDir creates dir (and its parents) if missing, and makes a new dir
 // durable in its parent.
@@ -337,6 +377,9 @@ func (be *Backend) Create(id backend.BlobID) error {
 	if be.closed.Load() {
 		return errorf("create", id, syscall.EBADF)
 	}
+	if be.readOnly {
+		return errorf("create", id, errReadOnly)
+	}
 	dir, path := be.fanout(id), be.path(id)
 	newDir := false
 	fd, err := openFile(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL, 0o600)
@@ -379,6 +422,9 @@ func (be *Backend) Open(id backend.BlobID) (backend.Blob, error) {
 		return &handle{b: b}, nil
 	}
 	flags := unix.O_RDWR
+	if be.readOnly {
+		flags = unix.O_RDONLY
+	}
 	if be.direct {
 		flags |= unix.O_DIRECT
 	}
@@ -406,6 +452,9 @@ func (be *Backend) Delete(id backend.BlobID) error {
 	defer be.mu.Unlock()
 	if be.closed.Load() {
 		return errorf("delete", id, syscall.EBADF)
+	}
+	if be.readOnly {
+		return errorf("delete", id, errReadOnly)
 	}
 	if be.open[id] != nil {
 		return errorf("delete", id, syscall.EBUSY)

@@ -1,0 +1,146 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"syscall"
+
+	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/ring"
+)
+
+// conn is one generation of a client's sessions: a metadata ring that said
+// OpHello and an IO ring attached to it. Recovery replaces the FS's conn
+// with a new one (a new generation); handles are valid only in the
+// generation that opened them.
+type conn struct {
+	gen      uint64
+	meta     *ring.Client
+	data     *ring.Client
+	session  uint64
+	token    [proto.TokenSize]byte
+	version  uint32
+	features uint64
+	chunk    int // largest payload of one read or write request
+}
+
+// errBadCompletion is the cause of an EIO a client returns for a
+// completion it cannot trust: a result larger than the request could
+// carry, a body that does not decode, an offset that is not the one asked.
+var errBadCompletion = errors.New("the service answered with a completion that does not fit the request")
+
+// badCompletion is the EIO for a completion that fails validation.
+func badCompletion(op uint8, why string) error {
+	return fmt.Errorf("%w (%v: opcode %#x: %s)", syscall.EIO, errBadCompletion, op, why)
+}
+
+// hello negotiates the protocol with the metadata service.
+func hello(ctx context.Context, meta *ring.Client) (proto.HelloResp, error) {
+	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureReopen}
+	out := make([]byte, proto.HelloRespSize)
+	comp, err := call(ctx, meta, proto.OpHello, 0, 0, 0, req.Append(nil), out)
+	if err != nil {
+		if errors.Is(err, proto.ErrVersion) {
+			lo, hi := proto.SplitVersionRange(comp.Aux)
+			return proto.HelloResp{}, fmt.Errorf("%w: the metadata service speaks protocol versions %d to %d, this client %d to %d",
+				err, lo, hi, proto.MinVersion, proto.MaxVersion)
+		}
+		return proto.HelloResp{}, err
+	}
+	r, derr := proto.DecodeHelloResp(out[:comp.Result])
+	if derr != nil || r.Version < proto.MinVersion || r.Version > proto.MaxVersion || r.Session == 0 ||
+		r.Features&^req.Features != 0 {
+		return proto.HelloResp{}, badCompletion(proto.OpHello, fmt.Sprintf("hello answer %+v", r))
+	}
+	return r, nil
+}
+
+// attach binds data to the metadata session of c.
+func attach(ctx context.Context, data *ring.Client, c *conn) error {
+	req := proto.AttachReq{Version: c.version, Session: c.session, Token: c.token}
+	comp, err := call(ctx, data, proto.OpAttach, 0, 0, 0, req.Append(nil), nil)
+	if err != nil {
+		if errors.Is(err, proto.ErrVersion) {
+			lo, hi := proto.SplitVersionRange(comp.Aux)
+			return fmt.Errorf("%w: the IO service speaks protocol versions %d to %d, this client negotiated %d",
+				err, lo, hi, c.version)
+		}
+		return err
+	}
+	return nil
+}
+
+// call runs one request on c. in is the request body; out receives the
+// response body (the buffer is sized for the larger of the two). It
+// returns the completion; a negative result becomes a syscall.Errno error,
+// a result larger than the buffer is EIO (the service answered something
+// the request cannot carry).
+func call(ctx context.Context, c *ring.Client, op uint8, arg uint32, handle, offset uint64, in, out []byte) (ring.Completion, error) {
+	rc := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset}
+	n := max(len(in), len(out))
+	if n > 0 {
+		b, err := c.Alloc(ctx, n)
+		if err != nil {
+			return ring.Completion{}, transportErr(err)
+		}
+		defer b.Release()
+		b.CopyFrom(in)
+		rc.Buf = b
+		comp, err := c.Do(ctx, &rc)
+		if err != nil {
+			return comp, transportErr(err)
+		}
+		if comp.Result < 0 {
+			return comp, syscall.Errno(-comp.Result)
+		}
+		if comp.Result > int64(n) || (out == nil && comp.Result != 0) {
+			return comp, badCompletion(op, fmt.Sprintf("result %d for a buffer of %d bytes", comp.Result, n))
+		}
+		if out != nil {
+			b.CopyTo(out[:min(len(out), int(comp.Result))])
+		}
+		return comp, nil
+	}
+	comp, err := c.Do(ctx, &rc)
+	if err != nil {
+		return comp, transportErr(err)
+	}
+	if comp.Result < 0 {
+		return comp, syscall.Errno(-comp.Result)
+	}
+	if comp.Result != 0 {
+		return comp, badCompletion(op, fmt.Sprintf("result %d for a request without a buffer", comp.Result))
+	}
+	return comp, nil
+}
+
+// transportErr maps a ring failure to an errno: the service went away (EIO,
+// as a dead NFS server gives) or the request cannot be carried.
+func transportErr(err error) error {
+	switch {
+	case errors.Is(err, ring.ErrTooLarge):
+		return fmt.Errorf("%w (%v)", syscall.E2BIG, err)
+	case errors.Is(err, ring.ErrClosed):
+		return fmt.Errorf("%w (%v)", syscall.EBADF, err)
+	case errors.Is(err, ring.ErrForeignBuffer):
+		return fmt.Errorf("%w (a buffer of a session that has ended: allocate a new one: %v)", syscall.EINVAL, err)
+	default:
+		return &sessionError{err: err}
+	}
+}
+
+// sessionError is a ring that stopped under a call: the service is gone
+// (or tore the session down). It reads as EIO; the FS recovers from it.
+type sessionError struct{ err error }
+
+func (e *sessionError) Error() string { return fmt.Sprintf("%v (%v)", syscall.EIO, e.err) }
+func (e *sessionError) Unwrap() []error {
+	return []error{syscall.EIO, e.err}
+}
+
+// lostSession reports whether err says the ring of the call is gone.
+func lostSession(err error) bool {
+	var se *sessionError
+	return errors.As(err, &se)
+}

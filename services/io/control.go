@@ -1,0 +1,329 @@
+package iosvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/services/io/backend"
+)
+
+// The metadata service's control requests. They arrive on one ordered
+// subscription (HandleOrdered), so each handler sees them in the order
+// metadata sent them; a handler returns before the next message is taken,
+// and one that must wait (a revocation waiting for requests in flight)
+// waits on a goroutine of its own after it has changed the tables.
+//
+// Every message is validated as strictly as a ring descriptor: a body
+// that does not decode, a grant for a session that is not attached here or
+// belongs to another incarnation, a blob that metadata did not allocate,
+// a version that is not newer than the file's last: refused with an error
+// reply, counted by kind in stats (control_refused_*), logged once per
+// kind, and nothing changes.
+
+func (s *Service) onGrant(m *nats.Msg) {
+	var g control.Grant
+	if err := control.Decode(m.Data, &g); err != nil {
+		s.host.Refuse(m, "malformed", control.Ack{}, err.Error())
+		return
+	}
+	inc := s.inc.Load()
+	switch {
+	case g.Session == 0 || g.Handle == 0 || g.Blob == 0 || g.Ver == 0 || g.Ino != g.Blob:
+		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("grant %+v: zero field or blob is not the inode", g))
+		return
+	case !g.Read && !g.Write && !g.Truncate:
+		s.host.Refuse(m, "malformed", control.Ack{}, "grant of no access")
+		return
+	case g.Sync > control.SyncAll:
+		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("sync mode %d", g.Sync))
+		return
+	case inc == 0 || proto.IncarnationOf(g.Session) != inc || proto.IncarnationOf(g.Handle) != inc:
+		s.host.Refuse(m, "stale_incarnation", control.Ack{}, fmt.Sprintf("session %#x, handle %#x: not of incarnation %d", g.Session, g.Handle, inc))
+		return
+	case g.Blob >= s.allocLimit.Load():
+		s.host.Refuse(m, "unallocated_blob", control.Ack{}, fmt.Sprintf("blob %d: metadata allocated blob ids below %d only", g.Blob, s.allocLimit.Load()))
+		return
+	}
+	s.mu.Lock()
+	if s.sessions[g.Session] == nil {
+		s.mu.Unlock()
+		s.host.Refuse(m, "unknown_session", control.Ack{}, fmt.Sprintf("session %#x is not attached here", g.Session))
+		return
+	}
+	if s.grants[g.Session][g.Handle] != nil {
+		s.mu.Unlock()
+		s.host.Refuse(m, "duplicate", control.Ack{}, fmt.Sprintf("handle %#x of session %#x is granted already", g.Handle, g.Session))
+		return
+	}
+	if ob := s.blobs[backend.BlobID(g.Blob)]; ob != nil && g.Ver <= ob.ver {
+		s.mu.Unlock()
+		s.Stats.StaleControl.Add(1)
+		s.host.Refuse(m, "stale_version", control.Ack{}, fmt.Sprintf("grant of blob %d at version %d: %d applied already", g.Blob, g.Ver, ob.ver))
+		return
+	}
+	ob, err := s.openBlobLocked(backend.BlobID(g.Blob), g.Ino)
+	s.mu.Unlock()
+	if err != nil {
+		control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
+		return
+	}
+	// The handle is not in the table yet, so no request can use it while
+	// the blob is emptied; the next control message waits (ordered).
+	if g.Truncate {
+		if err := ob.b.Truncate(0); err != nil {
+			s.releaseBlob(ob)
+			control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
+			return
+		}
+		s.touch(ob)
+	}
+	s.mu.Lock()
+	ob.ver = max(ob.ver, g.Ver)
+	hs := s.grants[g.Session]
+	if hs == nil {
+		hs = make(map[uint64]*grant)
+		s.grants[g.Session] = hs
+	}
+	hs[g.Handle] = &grant{blob: ob, read: g.Read, write: g.Write, sync: g.Sync, drained: make(chan struct{})}
+	s.mu.Unlock()
+	s.Stats.Grants.Add(1)
+	size, mtime, dv := ob.live()
+	control.Respond(m, control.Ack{Size: size, Mtime: mtime, DV: dv, Wrote: ob.wrote.Load()})
+}
+
+// onRevoke is a barrier: the grant leaves the table at once, so no new
+// request can use it, and the answer (with the blob's final size and
+// mtime) waits until every request in flight on it is done.
+func (s *Service) onRevoke(m *nats.Msg) {
+	var r control.Revoke
+	if err := control.Decode(m.Data, &r); err != nil {
+		s.host.Refuse(m, "malformed", control.Ack{}, err.Error())
+		return
+	}
+	if r.Session == 0 || (r.Handle != 0 && (r.Blob == 0 || r.Ver == 0)) {
+		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("revoke %+v", r))
+		return
+	}
+	s.mu.Lock()
+	hs := s.grants[r.Session]
+	var gone []*grant
+	if r.Handle == 0 {
+		for _, g := range hs {
+			gone = append(gone, g)
+		}
+		delete(s.grants, r.Session)
+	} else if g := hs[r.Handle]; g != nil {
+		if g.blob.id != backend.BlobID(r.Blob) {
+			s.mu.Unlock()
+			s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("revoke of handle %#x names blob %d; it holds %d", r.Handle, r.Blob, g.blob.id))
+			return
+		}
+		if r.Ver <= g.blob.ver {
+			s.mu.Unlock()
+			s.Stats.StaleControl.Add(1)
+			s.host.Refuse(m, "stale_version", control.Ack{}, fmt.Sprintf("revoke of blob %d at version %d: %d applied already", r.Blob, r.Ver, g.blob.ver))
+			return
+		}
+		g.blob.ver = r.Ver
+		gone = append(gone, g)
+		delete(hs, r.Handle)
+		if len(hs) == 0 {
+			delete(s.grants, r.Session)
+		}
+	} else if ob := s.blobs[backend.BlobID(r.Blob)]; ob != nil && r.Ver > ob.ver {
+		ob.ver = r.Ver // nothing to revoke; later stragglers are older still
+	}
+	for _, g := range gone {
+		g.revokeLocked()
+	}
+	s.mu.Unlock()
+	s.Stats.Grants.Add(-int64(len(gone)))
+	s.Stats.RevokesWaiting.Add(1)
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		defer s.Stats.RevokesWaiting.Add(-1)
+		// The answer for a single handle carries the blob's attributes,
+		// taken after its last request; for a whole session, none.
+		var ack control.Ack
+		for _, g := range gone {
+			<-g.drained
+			if r.Handle != 0 {
+				ack.Size, ack.Mtime, ack.DV = g.blob.live()
+				ack.Wrote = g.blob.wrote.Load()
+			}
+			s.releaseBlob(g.blob)
+		}
+		control.Respond(m, ack)
+	}()
+}
+
+func (s *Service) onLive(m *nats.Msg) {
+	var q control.LiveQuery
+	if err := control.Decode(m.Data, &q); err != nil || q.Blob == 0 {
+		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("live query %q", m.Data))
+		return
+	}
+	s.mu.Lock()
+	ob := s.blobs[backend.BlobID(q.Blob)]
+	if ob != nil {
+		ob.refs++
+	}
+	s.mu.Unlock()
+	if ob == nil {
+		control.Respond(m, control.Ack{Error: "blob not open"}) // a race with a close, not a fault
+		return
+	}
+	size, mtime, dv := ob.live()
+	control.Respond(m, control.Ack{Size: size, Mtime: mtime, DV: dv, Wrote: ob.wrote.Load()})
+	s.releaseBlob(ob)
+}
+
+func (s *Service) onDelete(m *nats.Msg) {
+	var d control.Delete
+	if err := control.Decode(m.Data, &d); err != nil || d.Blob == 0 {
+		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("delete %q", m.Data))
+		return
+	}
+	s.mu.Lock()
+	_, busy := s.blobs[backend.BlobID(d.Blob)]
+	s.mu.Unlock()
+	if busy {
+		control.Respond(m, control.Ack{Error: "blob is still open", Errno: int(syscall.EBUSY)})
+		return
+	}
+	err := s.be.Delete(backend.BlobID(d.Blob))
+	if err != nil && !errors.Is(err, syscall.ENOENT) {
+		control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
+		return
+	}
+	s.Stats.Deletes.Add(1)
+	control.Respond(m, control.Ack{})
+}
+
+// onResync starts serving an incarnation of the metadata service: every
+// grant made so far is dropped (that incarnation's handles are gone, or a
+// new io epoch begins), every attached session becomes stale (ESTALE until
+// it attaches again), and the allocation limit is set. The sizes of blobs
+// whose dropped grants wrote are reported to metadata once their requests
+// in flight are done.
+func (s *Service) onResync(m *nats.Msg) {
+	var r control.Resync
+	if err := control.Decode(m.Data, &r); err != nil {
+		s.host.Refuse(m, "malformed", control.Ack{}, err.Error())
+		return
+	}
+	if r.Incarnation == 0 || r.Incarnation > proto.MaxIncarnation || r.AllocLimit == 0 {
+		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("resync %+v", r))
+		return
+	}
+	if cur := s.inc.Load(); r.Incarnation < cur {
+		s.host.Refuse(m, "stale_incarnation", control.Ack{}, fmt.Sprintf("resync for incarnation %d; serving %d", r.Incarnation, cur))
+		return
+	}
+	s.mu.Lock()
+	var dropped []*grant
+	for _, hs := range s.grants {
+		for _, g := range hs {
+			g.revokeLocked()
+			dropped = append(dropped, g)
+		}
+	}
+	s.grants = make(map[uint64]map[uint64]*grant)
+	s.sessions = make(map[uint64]*session) // every session must attach again
+	s.inc.Store(r.Incarnation)
+	s.resyncs.Add(1)
+	s.allocLimit.Store(r.AllocLimit)
+	s.mu.Unlock()
+	s.Stats.Grants.Add(-int64(len(dropped)))
+	s.Stats.GrantsDropped.Add(uint64(len(dropped)))
+	s.Stats.Resyncs.Add(1)
+	s.resyncOnce.Do(func() { close(s.resynced) })
+	s.log.Info("resynchronised by the metadata service", "incarnation", r.Incarnation, "grants_dropped", len(dropped),
+		"allocated_below", r.AllocLimit)
+	control.Respond(m, control.Ack{})
+	if len(dropped) == 0 {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		reported := map[*openBlob]bool{}
+		for _, g := range dropped {
+			<-g.drained
+			ob := g.blob
+			if ob.wrote.Load() && !reported[ob] {
+				reported[ob] = true
+				size, mtime, dv := ob.live()
+				ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
+				if err := s.reportLive(ctx, ob.ino, size, mtime, dv, false); err != nil {
+					s.log.Warn("after a resync: size not reported", "blob", ob.id, "error", err)
+				}
+				cancel()
+			}
+			s.releaseBlob(ob)
+		}
+	}()
+}
+
+func (s *Service) onAlloc(m *nats.Msg) {
+	var a control.Alloc
+	if err := control.Decode(m.Data, &a); err != nil || a.Limit == 0 {
+		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("alloc %q", m.Data))
+		return
+	}
+	for {
+		cur := s.allocLimit.Load()
+		if a.Limit <= cur || s.allocLimit.CompareAndSwap(cur, a.Limit) {
+			break
+		}
+	}
+	control.Respond(m, control.Ack{})
+}
+
+// blobListing caches the backend's sorted blob list for the pages of one
+// orphan scan, so that a scan costs one List.
+type blobListing struct {
+	mu    sync.Mutex
+	ids   []uint64
+	taken time.Time
+}
+
+const listingTTL = time.Minute
+
+func (s *Service) onBlobs(m *nats.Msg) {
+	var q control.BlobsQuery
+	if err := control.Decode(m.Data, &q); err != nil || q.Max <= 0 || q.Max > 1<<16 {
+		s.host.Refuse(m, "malformed", control.BlobsReply{}, fmt.Sprintf("blobs query %q", m.Data))
+		return
+	}
+	l := &s.listing
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if q.After == 0 || l.ids == nil || time.Since(l.taken) > listingTTL {
+		ids, err := s.be.List()
+		if err != nil {
+			control.Respond(m, control.BlobsReply{Error: err.Error()})
+			return
+		}
+		l.ids = l.ids[:0]
+		for _, id := range ids {
+			l.ids = append(l.ids, uint64(id))
+		}
+		slices.Sort(l.ids)
+		l.taken = time.Now()
+	}
+	i := sort.Search(len(l.ids), func(i int) bool { return l.ids[i] > q.After })
+	end := min(len(l.ids), i+q.Max)
+	control.Respond(m, control.BlobsReply{Blobs: slices.Clone(l.ids[i:end]), More: end < len(l.ids)})
+}

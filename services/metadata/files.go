@@ -1,0 +1,314 @@
+package metadata
+
+import (
+	"errors"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/services/metadata/ns"
+)
+
+// openFile is the state of a regular file that some handle has open.
+//
+// Versions. Every grant and revoke of the file carries the file's version,
+// one more than the last message's, and io ignores a message that is not
+// newer than the last it applied to the file: a duplicate or a straggler
+// (a grant that timed out here but reached io later than its revoke)
+// changes nothing. Versions start at the incarnation in the top bits, so
+// a new incarnation's are newer than any of an earlier one's.
+type openFile struct {
+	ino ns.Ino
+	mu  sync.Mutex // serialises the file's grants and revocations
+	ver uint64     // the version of the last grant or revoke sent; protected by mu
+
+	// Protected by Service.mu:
+	refs    int    // handles open on it
+	epoch   uint64 // the io epoch that writers and unpriv count grants of
+	writers int    // write grants in that epoch
+	unpriv  int    // of which opened by non-root sessions
+	lastDV  uint64 // io's data version of the last size report applied
+}
+
+// openFileRef returns the open state of ino with one more reference.
+func (s *Service) openFileRef(ino ns.Ino) *openFile {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.files[ino]
+	if f == nil {
+		f = &openFile{ino: ino, ver: uint64(s.inc) << proto.CounterBits}
+		s.files[ino] = f
+	}
+	f.refs++
+	return f
+}
+
+// closeFileRef drops a reference.
+func (s *Service) closeFileRef(f *openFile) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f.refs--; f.refs == 0 {
+		delete(s.files, f.ino)
+	}
+}
+
+// addWriter counts a write grant of epoch in (d = 1) or out (d = -1).
+func (s *Service) addWriter(f *openFile, epoch uint64, unpriv bool, d int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f.epoch != epoch {
+		if d < 0 {
+			return // counted in an epoch that is over
+		}
+		f.epoch, f.writers, f.unpriv = epoch, 0, 0
+	}
+	f.writers += d
+	if unpriv {
+		f.unpriv += d
+	}
+}
+
+// writersNow returns the write grants of the current io epoch on ino.
+func (s *Service) writersNow(ino ns.Ino) (all, unpriv int) {
+	epoch := s.io.currentEpoch()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f := s.files[ino]
+	if f == nil || f.epoch != epoch || epoch == 0 {
+		return 0, 0
+	}
+	return f.writers, f.unpriv
+}
+
+// voidGrants forgets every grant: the IO service they were made at is
+// gone or is being resynchronised (which drops them there too).
+func (s *Service) voidGrants() {
+	s.revokes.clear()
+}
+
+// errnoOf is the errno a client gets for a failed request to io.
+func errnoOf(err error) syscall.Errno {
+	var ref *control.Refusal
+	if errors.As(err, &ref) && ref.Errno > 0 {
+		return syscall.Errno(ref.Errno)
+	}
+	return syscall.EIO
+}
+
+// grant asks the IO service to let the session use h and returns the
+// blob's size. The blob is the truth for size: after a crash the
+// namespace may hold a stale one, and the first grant puts it right.
+func (se *session) grant(h *handle) (int64, error) {
+	s := se.svc
+	f := h.file
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, epoch, err := s.io.current(s.requestTimeout())
+	if err == nil {
+		err = s.ensureAllocated(h.blob)
+	}
+	var ack control.Ack
+	if err == nil {
+		f.ver++
+		g := *h.pending
+		g.Ver = f.ver
+		err = s.request(s.subj.Grant, g, &ack)
+		var ref *control.Refusal
+		if err != nil && !errors.As(err, &ref) && !errors.Is(err, errIODown) {
+			// No answer: the grant may have reached io anyway. Revoke it,
+			// so that it cannot outlive this failure.
+			f.ver++
+			s.revokes.add(control.Revoke{Session: g.Session, Handle: g.Handle, Blob: g.Blob, Ver: f.ver}, epoch)
+		}
+	}
+	if err != nil {
+		s.Stats.GrantFailures.Add(1)
+		s.log.Error("grant failed", "ino", h.ino, "session", se.id, "error", err)
+		return 0, errnoOf(err)
+	}
+	s.Stats.Grants.Add(1)
+	g := h.pending
+	h.pending, h.grantEpoch = nil, epoch
+	h.write, h.unpriv = g.Write, g.Write && se.cred.UID != 0
+	if h.write {
+		s.addWriter(f, epoch, h.unpriv, 1)
+	}
+	if a, err := s.ns.GetAttr(h.ino); err == nil && (ack.Size != a.Size || g.Truncate) {
+		_ = s.applyLive(h.ino, ack.Size, max(a.Mtime, ack.Mtime), ack.DV)
+	}
+	return ack.Size, nil
+}
+
+// revoke ends h's grant at the IO service: io stops taking requests on it,
+// waits for the ones in flight and reports the final size and mtime, which
+// are recorded. A grant of an io epoch that is over needs nothing: that io
+// dropped it.
+func (se *session) revoke(id uint64, h *handle) error {
+	s := se.svc
+	if h.grantEpoch == 0 {
+		return nil
+	}
+	epoch := h.grantEpoch
+	h.grantEpoch = 0
+	if h.write {
+		defer s.addWriter(h.file, epoch, h.unpriv, -1)
+	}
+	if epoch != s.io.currentEpoch() {
+		return nil
+	}
+	f := h.file
+	f.mu.Lock()
+	f.ver++
+	r := control.Revoke{Session: se.id, Handle: id, Blob: h.blob, Ver: f.ver}
+	var ack control.Ack
+	err := s.request(s.subj.Revoke, r, &ack)
+	f.mu.Unlock()
+	if err != nil {
+		var ref *control.Refusal
+		if !errors.As(err, &ref) && !errors.Is(err, errIODown) {
+			s.revokes.add(r, epoch) // io may still hold it: make sure it goes
+		}
+		s.log.Error("revoke failed", "ino", h.ino, "session", se.id, "error", err)
+		return syscall.EIO
+	}
+	s.Stats.Revokes.Add(1)
+	if !ack.Wrote {
+		return nil
+	}
+	var firstErr error
+	if err := s.applyLive(h.ino, ack.Size, ack.Mtime, ack.DV); err != nil {
+		firstErr = err
+	}
+	if h.unpriv {
+		if err := s.ns.KillPriv(h.ino); err != nil && !errors.Is(err, syscall.ENOENT) && firstErr == nil {
+			firstErr = err
+		}
+	}
+	return firstErr
+}
+
+// liveAttr overlays the IO service's live size and mtime on a regular
+// file's attributes while some session may be writing it.
+func (s *Service) liveAttr(a ns.Attr) ns.Attr {
+	if a.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return a
+	}
+	all, unpriv := s.writersNow(a.Ino)
+	if all == 0 {
+		return a
+	}
+	var ack control.Ack
+	if err := s.request(s.subj.Live, control.LiveQuery{Blob: a.Blob}, &ack); err != nil {
+		s.log.Warn("live attributes unavailable", "ino", a.Ino, "error", err)
+		return a
+	}
+	a.Size = ack.Size
+	if ack.Wrote {
+		a.Mtime, a.Ctime = ack.Mtime, max(a.Ctime, ack.Mtime)
+		// Some non-root writer may have written: Linux would have dropped
+		// setuid/setgid at that write.
+		if unpriv > 0 && s.ns.KillPriv(a.Ino) == nil {
+			if na, err := s.ns.GetAttr(a.Ino); err == nil {
+				a.Mode = na.Mode
+			}
+		}
+	}
+	return a
+}
+
+// retrier sends revocations again until io acknowledges them or the io
+// epoch they belong to ends (a resync drops every grant at io anyway).
+type retrier struct {
+	s     *Service
+	mu    sync.Mutex
+	queue []pendingRevoke // protected by mu
+	wake  chan struct{}
+}
+
+type pendingRevoke struct {
+	r        control.Revoke
+	epoch    uint64
+	attempts int
+	next     time.Time
+}
+
+func newRetrier(s *Service) *retrier { return &retrier{s: s, wake: make(chan struct{}, 1)} }
+
+func (q *retrier) add(r control.Revoke, epoch uint64) {
+	q.mu.Lock()
+	q.queue = append(q.queue, pendingRevoke{r: r, epoch: epoch, next: time.Now()})
+	q.mu.Unlock()
+	q.kick()
+}
+
+func (q *retrier) kick() {
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *retrier) clear() {
+	q.mu.Lock()
+	q.queue = nil
+	q.mu.Unlock()
+}
+
+func (q *retrier) run() {
+	t := time.NewTimer(time.Hour)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.s.stop:
+			return
+		case <-q.wake:
+		case <-t.C:
+		}
+		now := time.Now()
+		q.mu.Lock()
+		var due []pendingRevoke
+		keep := q.queue[:0]
+		for _, p := range q.queue {
+			if p.next.After(now) {
+				keep = append(keep, p)
+			} else {
+				due = append(due, p)
+			}
+		}
+		q.queue = keep
+		q.mu.Unlock()
+		for _, p := range due {
+			if p.epoch != q.s.io.currentEpoch() {
+				continue // that io epoch is over: its grants are gone
+			}
+			q.s.Stats.RevokeRetries.Add(1)
+			var ack control.Ack
+			err := q.s.request(q.s.subj.Revoke, p.r, &ack)
+			var ref *control.Refusal
+			if err == nil || errors.As(err, &ref) {
+				continue // done, or io says there is nothing to revoke
+			}
+			p.attempts++
+			p.next = time.Now().Add(backoff(p.attempts))
+			q.mu.Lock()
+			q.queue = append(q.queue, p)
+			q.mu.Unlock()
+		}
+		q.mu.Lock()
+		next := time.Hour
+		for _, p := range q.queue {
+			next = min(next, time.Until(p.next))
+		}
+		q.mu.Unlock()
+		t.Reset(max(next, time.Millisecond))
+	}
+}
+
+// backoff is the wait before attempt n+1 of a failed control request:
+// doubling from 100ms to 30s.
+func backoff(attempts int) time.Duration {
+	d := 100 * time.Millisecond << min(attempts-1, 9)
+	return min(d, 30*time.Second)
+}
