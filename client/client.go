@@ -152,7 +152,7 @@ func (f *FS) connect(ctx context.Context, old *conn) (*conn, error) {
 		}
 		return nil, err
 	}
-	if old != nil && old.meta.Err() == nil {
+	if old != nil && alive(ctx, old.meta) {
 		c.meta, c.session, c.token, c.version, c.features = old.meta, old.session, old.token, old.version, old.features
 	} else {
 		meta, err := ring.Dial(ctx, f.opts.MetadataSocket, ring.ClientOptions{Mode: f.opts.Mode})
@@ -166,7 +166,7 @@ func (f *FS) connect(ctx context.Context, old *conn) (*conn, error) {
 		}
 		c.meta, c.session, c.token, c.version, c.features = meta, r.Session, r.Token, r.Version, r.Features
 	}
-	if old != nil && old.data.Err() == nil {
+	if old != nil && alive(ctx, old.data) {
 		c.data = old.data
 	} else {
 		data, err := ring.Dial(ctx, f.opts.IOSocket, ring.ClientOptions{Mode: f.opts.Mode})
@@ -187,6 +187,18 @@ func (f *FS) connect(ctx context.Context, old *conn) (*conn, error) {
 		return fail(fmt.Errorf("weir: attach IO session: %w", err))
 	}
 	return c, nil
+}
+
+// alive reports whether the service behind r still answers: a no-op
+// round trip. A ring whose peer died fails it as soon as the death is
+// noticed (socket or pidfd), which may be after the failure that brought
+// us here.
+func alive(ctx context.Context, r *ring.Client) bool {
+	if r.Err() != nil {
+		return false
+	}
+	comp, err := r.Do(ctx, &ring.Call{Op: ring.OpNop})
+	return err == nil && comp.Result == 0
 }
 
 // current returns the sessions in use.
@@ -312,7 +324,7 @@ func (f *FS) dataOp(idempotent bool, fn func(c *conn) error) error {
 	if !retryable(err, idempotent) {
 		return fmt.Errorf("%w (the IO service went away during the request: it may or may not have taken effect)", syscall.EIO)
 	}
-	return fn(nc)
+	return stillStale(fn(nc))
 }
 
 // processUmask reads this process's umask without changing it.

@@ -264,7 +264,17 @@ func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error 
 	if !retryable(err, idempotent) {
 		return fmt.Errorf("%w (the IO service went away during the request: it may or may not have taken effect)", syscall.EIO)
 	}
-	return run(nc)
+	return stillStale(run(nc))
+}
+
+// stillStale turns an ESTALE that survived a recovery into EIO: the
+// services could not serve the request even on new sessions.
+func stillStale(err error) error {
+	var gone *fileGone
+	if errors.Is(err, proto.ErrStale) && !errors.As(err, &gone) {
+		return fmt.Errorf("%w (the services answered ESTALE again after the sessions were re-established)", syscall.EIO)
+	}
+	return err
 }
 
 // Close closes the file. A second Close returns an error, as with os.

@@ -255,6 +255,10 @@ type Hooks struct {
 	// NATS is a server the stack uses instead of the one c names or an
 	// embedded one of its own; it must admit the stack's users (Users).
 	NATS *control.Embedded
+	// UnsafeNoCreds connects the services without credentials, to a NATS
+	// server without authorization: tests that show what authentication
+	// prevents. No configuration can set it.
+	UnsafeNoCreds bool
 }
 
 // Stack is every service in one process.
@@ -266,6 +270,7 @@ type Stack struct {
 	IO       *iosvc.Service
 	url      string
 	conns    []*nats.Conn
+	noCreds  bool
 }
 
 // URL is the NATS server the stack uses.
@@ -281,7 +286,7 @@ func StartWith(c *config.Config, log hclog.Logger, h Hooks) (st *Stack, err erro
 	if err != nil {
 		return nil, err
 	}
-	st = &Stack{Config: c, Creds: creds}
+	st = &Stack{Config: c, Creds: creds, noCreds: h.UnsafeNoCreds}
 	defer func() {
 		if err != nil {
 			st.Shutdown(context.Background())
@@ -290,6 +295,11 @@ func StartWith(c *config.Config, log hclog.Logger, h Hooks) (st *Stack, err erro
 	switch {
 	case h.NATS != nil:
 		st.url = h.NATS.URL()
+		if !h.UnsafeNoCreds {
+			if err := CheckServerAuth(st.url, c.NATS.ConnectTimeout); err != nil {
+				return st, err
+			}
+		}
 	case c.NATS.URL != "":
 		if err := CheckServerAuth(c.NATS.URL, c.NATS.ConnectTimeout); err != nil {
 			return st, err
@@ -350,7 +360,13 @@ func StartWith(c *config.Config, log hclog.Logger, h Hooks) (st *Stack, err erro
 // Connect opens an authenticated connection to the stack's NATS server as
 // role; the stack closes it at Shutdown.
 func (st *Stack) Connect(role control.Role, log hclog.Logger) (*nats.Conn, error) {
-	nc, err := ConnectWith(st.Creds, st.Config, st.url, role, log)
+	var nc *nats.Conn
+	var err error
+	if st.noCreds {
+		nc, err = control.Connect(st.url, role.ServiceName(), log.Named("nats"))
+	} else {
+		nc, err = ConnectWith(st.Creds, st.Config, st.url, role, log)
+	}
 	if err == nil {
 		st.conns = append(st.conns, nc)
 	}

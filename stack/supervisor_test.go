@@ -56,6 +56,9 @@ func buildWeir(t *testing.T) string {
 }
 
 func TestMain(m *testing.M) {
+	if url := os.Getenv(attackerEnv); url != "" {
+		os.Exit(runAttacker(url))
+	}
 	code := m.Run()
 	if weirBuild.dir != "" {
 		os.RemoveAll(weirBuild.dir)

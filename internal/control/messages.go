@@ -55,8 +55,9 @@ type Subjects struct {
 	// Delete: metadata -> io, Delete: the blob's last name and last open
 	// are gone.
 	Delete string
-	// Resync: metadata -> io at every start of the metadata service,
-	// Resync: io drops every grant of an earlier incarnation.
+	// Resync: metadata -> io at every start of the IO service's service
+	// session, Resync: io drops every grant, waits for the requests in
+	// flight on them and replies ResyncReply with the sizes they left.
 	Resync string
 	// Alloc: metadata -> io, Alloc: blob ids below Limit are allocated.
 	Alloc string
@@ -169,6 +170,27 @@ type Resync struct {
 	Incarnation uint32 `json:"incarnation"`
 	AllocLimit  uint64 `json:"alloc_limit"`
 }
+
+// ResyncReply answers Resync once every request in flight on a dropped
+// grant is done: Live holds the size and mtime of every file whose blob
+// dropped grants wrote (at most MaxResyncLive; io reports the rest with
+// SetLive).
+type ResyncReply struct {
+	Live  []SetLive `json:"live,omitempty"`
+	Error string    `json:"error,omitempty"`
+}
+
+// Err is the refusal a ResyncReply carries, or nil.
+func (r *ResyncReply) Err() error {
+	if r.Error == "" {
+		return nil
+	}
+	return &Refusal{Msg: r.Error}
+}
+
+// MaxResyncLive bounds ResyncReply.Live, so that the reply stays well
+// within NATS's default maximum payload (1 MiB).
+const MaxResyncLive = 4096
 
 // Alloc raises the allocation limit: blob ids below Limit are allocated.
 type Alloc struct {

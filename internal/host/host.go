@@ -304,6 +304,9 @@ func (h *Host) Refuse(m *nats.Msg, kind string, reply any, detail string) {
 	case control.BlobsReply:
 		r.Error = msg
 		reply = r
+	case control.ResyncReply:
+		r.Error = msg
+		reply = r
 	}
 	control.Respond(m, reply)
 }

@@ -211,24 +211,26 @@ func (s *Service) onDelete(m *nats.Msg) {
 	control.Respond(m, control.Ack{})
 }
 
-// onResync starts serving an incarnation of the metadata service: every
-// grant made so far is dropped (that incarnation's handles are gone, or a
-// new io epoch begins), every attached session becomes stale (ESTALE until
-// it attaches again), and the allocation limit is set. The sizes of blobs
-// whose dropped grants wrote are reported to metadata once their requests
-// in flight are done.
+// onResync starts serving an incarnation of the metadata service (or a new
+// service session with it): every grant made so far is dropped (that
+// incarnation's handles are gone, or that session's grants are void),
+// every attached session becomes stale (ESTALE until it attaches again),
+// and the allocation limit is set. The reply waits until the requests in
+// flight on the dropped grants are done and carries the size and mtime of
+// every blob they wrote, so that metadata records them before it serves
+// this incarnation's grants.
 func (s *Service) onResync(m *nats.Msg) {
 	var r control.Resync
 	if err := control.Decode(m.Data, &r); err != nil {
-		s.host.Refuse(m, "malformed", control.Ack{}, err.Error())
+		s.host.Refuse(m, "malformed", control.ResyncReply{}, err.Error())
 		return
 	}
 	if r.Incarnation == 0 || r.Incarnation > proto.MaxIncarnation || r.AllocLimit == 0 {
-		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("resync %+v", r))
+		s.host.Refuse(m, "malformed", control.ResyncReply{}, fmt.Sprintf("resync %+v", r))
 		return
 	}
 	if cur := s.inc.Load(); r.Incarnation < cur {
-		s.host.Refuse(m, "stale_incarnation", control.Ack{}, fmt.Sprintf("resync for incarnation %d; serving %d", r.Incarnation, cur))
+		s.host.Refuse(m, "stale_incarnation", control.ResyncReply{}, fmt.Sprintf("resync for incarnation %d; serving %d", r.Incarnation, cur))
 		return
 	}
 	s.mu.Lock()
@@ -251,27 +253,34 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.resyncOnce.Do(func() { close(s.resynced) })
 	s.log.Info("resynchronised by the metadata service", "incarnation", r.Incarnation, "grants_dropped", len(dropped),
 		"allocated_below", r.AllocLimit)
-	control.Respond(m, control.Ack{})
-	if len(dropped) == 0 {
-		return
-	}
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		reported := map[*openBlob]bool{}
+		var reply control.ResyncReply
+		var rest []control.SetLive
+		seen := map[*openBlob]bool{}
 		for _, g := range dropped {
 			<-g.drained
 			ob := g.blob
-			if ob.wrote.Load() && !reported[ob] {
-				reported[ob] = true
+			if ob.wrote.Load() && !seen[ob] {
+				seen[ob] = true
 				size, mtime, dv := ob.live()
-				ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
-				if err := s.reportLive(ctx, ob.ino, size, mtime, dv, false); err != nil {
-					s.log.Warn("after a resync: size not reported", "blob", ob.id, "error", err)
+				l := control.SetLive{Ino: ob.ino, Size: size, Mtime: mtime, DV: dv}
+				if len(reply.Live) < control.MaxResyncLive {
+					reply.Live = append(reply.Live, l)
+				} else {
+					rest = append(rest, l)
 				}
-				cancel()
 			}
 			s.releaseBlob(ob)
+		}
+		control.Respond(m, reply)
+		for _, l := range rest {
+			ctx, cancel := context.WithTimeout(context.Background(), s.opts.RequestTimeout)
+			if err := s.reportLive(ctx, l.Ino, l.Size, l.Mtime, l.DV, false); err != nil {
+				s.log.Warn("after a resync: size not reported", "ino", l.Ino, "error", err)
+			}
+			cancel()
 		}
 	}()
 }

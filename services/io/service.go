@@ -167,6 +167,7 @@ type Service struct {
 	grants   map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
 	sessions map[uint64]*session          // attached sessions by metadata session id; protected by mu
 	peer     *host.Peer                   // the service session with metadata; immutable after Start
+	meta     metaLink                     // requests to metadata fail at once while its session is down
 	listing  blobListing                  // for the metadata service's orphan scan
 	closed   atomic.Bool
 	// syncFailure is the first failed sync of a blob or of the backend:
@@ -233,7 +234,9 @@ func (s *Service) Start() error {
 		return fmt.Errorf("iosvc: %w", err)
 	}
 	if s.opts.MetadataSocket != "" {
+		s.meta.init()
 		s.peer = host.DialPeer(s.opts.MetadataSocket, string(control.RoleIO), s.log.Named("peer"), func(up bool) {
+			s.meta.set(up)
 			if !up && !s.closed.Load() {
 				s.log.Info("metadata service session ended; serving existing grants until it is back")
 			}
@@ -371,12 +374,74 @@ func (s *Service) touch(ob *openBlob) {
 	ob.dv.Store(s.dv.Add(1))
 }
 
+// metaLink follows the service session with the metadata service: while
+// it is up, requests to metadata carry a context that is cancelled the
+// moment it ends, so a request in flight to a metadata service that died
+// fails at once instead of waiting out its timeout; while it is down they
+// fail at once. (Without a service session, Options.MetadataSocket "",
+// requests just carry their timeout.)
+type metaLink struct {
+	mu     sync.Mutex
+	used   bool               // a service session is configured; protected by mu
+	up     bool               // protected by mu
+	ctx    context.Context    // protected by mu
+	cancel context.CancelFunc // protected by mu
+}
+
+func (l *metaLink) init() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.used = true
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.cancel()
+}
+
+func (l *metaLink) set(up bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cancel()
+	l.up = up
+	if up {
+		l.ctx, l.cancel = context.WithCancel(context.Background())
+	}
+}
+
+// errMetadataDown is the cause of a request to metadata made while its
+// service session is down.
+var errMetadataDown = errors.New("the metadata service is not connected")
+
+// context returns the context of a request to metadata, or errMetadataDown.
+func (l *metaLink) context() (context.Context, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.used {
+		return context.Background(), nil
+	}
+	if !l.up {
+		return nil, errMetadataDown
+	}
+	return l.ctx, nil
+}
+
+// request sends a control request to the metadata service (see metaLink).
+func (s *Service) request(ctx context.Context, subj string, msg any, reply interface{ Err() error }) error {
+	lctx, err := s.meta.context()
+	if err != nil {
+		return fmt.Errorf("%s: %w", subj, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(lctx, cancel)
+	defer stop()
+	return s.host.Request(ctx, subj, msg, reply)
+}
+
 // reportLive tells the metadata service a file's size and mtime at data
 // version dv; with sync, metadata makes them durable before it answers.
 func (s *Service) reportLive(ctx context.Context, ino uint64, size, mtime int64, dv uint64, sync bool) error {
 	var ack control.Ack
 	msg := control.SetLive{Ino: ino, Size: size, Mtime: mtime, DV: dv, Sync: sync}
-	if err := s.host.Request(ctx, s.subj.SetLive, msg, &ack); err != nil {
+	if err := s.request(ctx, s.subj.SetLive, msg, &ack); err != nil {
 		return fmt.Errorf("report size of file %d: %w", ino, err)
 	}
 	return nil

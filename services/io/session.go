@@ -153,9 +153,7 @@ func errno(err error) syscall.Errno {
 // resync made it stale (the client re-establishes itself).
 func (s *session) attach(q *ring.Request) (int64, uint64) {
 	svc := s.svc
-	if s.sid != 0 && s.resync == svc.resyncs.Load() {
-		return fail(syscall.EISCONN)
-	}
+	attached := s.sid != 0 && s.resync == svc.resyncs.Load()
 	b := make([]byte, min(q.Length, proto.AttachReqSize))
 	q.ReadPayload(b)
 	r, err := proto.DecodeAttachReq(b)
@@ -167,6 +165,12 @@ func (s *session) attach(q *ring.Request) (int64, uint64) {
 			"service_versions", fmt.Sprintf("%d-%d", proto.MinVersion, proto.MaxVersion))
 		return -int64(proto.ErrVersion), proto.VersionRange(proto.MinVersion, proto.MaxVersion)
 	}
+	if attached {
+		if r.Session == s.sid {
+			return 0, 0 // attached already: nothing to do
+		}
+		return fail(syscall.EISCONN)
+	}
 	inc := svc.inc.Load()
 	if inc == 0 || proto.IncarnationOf(r.Session) != inc {
 		return fail(proto.ErrStale) // the session is of a metadata service that is gone
@@ -174,7 +178,7 @@ func (s *session) attach(q *ring.Request) (int64, uint64) {
 	resync := svc.resyncs.Load()
 	var info control.SessionInfo
 	ctx := context.Background()
-	if err := svc.host.Request(ctx, svc.subj.Session, control.SessionQuery{Session: r.Session, Token: r.Token[:]}, &info); err != nil {
+	if err := svc.request(ctx, svc.subj.Session, control.SessionQuery{Session: r.Session, Token: r.Token[:]}, &info); err != nil {
 		svc.log.Warn("attach refused", "pid", s.cred.Pid, "session", r.Session, "error", err)
 		return fail(syscall.EPERM)
 	}
@@ -335,6 +339,9 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 	s.svc.Stats.BytesWritten.Add(uint64(n))
 	if g.sync != control.SyncNone && n > 0 {
 		if e := s.svc.syncBlob(ob); e != 0 {
+			if e == errMetadataUnreachable {
+				e = syscall.EIO
+			}
 			return fail(e)
 		}
 	}
@@ -356,6 +363,9 @@ func (s *session) truncate(q *ring.Request) (int64, uint64) {
 	s.svc.touch(g.blob)
 	if g.sync != control.SyncNone {
 		if e := s.svc.syncBlob(g.blob); e != 0 {
+			if e == errMetadataUnreachable {
+				e = syscall.EIO
+			}
 			return fail(e)
 		}
 	}
@@ -374,6 +384,13 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 		return fail(syscall.EINVAL)
 	}
 	if e := s.svc.syncBlob(g.blob); e != 0 {
+		if e == errMetadataUnreachable {
+			// The data is durable; its size is not recorded because the
+			// metadata service is away (restarting): the client
+			// re-establishes its sessions and syncs again.
+			s.svc.Stats.Stale.Add(1)
+			return fail(proto.ErrStale)
+		}
 		return fail(e)
 	}
 	s.svc.Stats.Syncs.Add(1)
@@ -396,12 +413,23 @@ func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
 	}
 	if ob.wrote.Load() {
 		if err := svc.reportLive(context.Background(), ob.ino, size, mtime, dv, true); err != nil {
-			svc.log.Error("fsync: metadata not updated", "blob", ob.id, "error", err)
+			var ref *control.Refusal
+			if !errors.As(err, &ref) {
+				svc.log.Warn("fsync: the metadata service did not record the size (not reachable)", "blob", ob.id, "error", err)
+				return errMetadataUnreachable
+			}
+			svc.log.Error("fsync: metadata refused the size", "blob", ob.id, "error", err)
 			return syscall.EIO
 		}
 	}
 	return 0
 }
+
+// errMetadataUnreachable is syncBlob's answer when the data is durable but
+// the metadata service could not be reached to record the size: an fsync
+// answers ESTALE (the client re-establishes itself and syncs again), a
+// write with O_SYNC EIO (it happened; the size is not durable).
+const errMetadataUnreachable = syscall.EHOSTUNREACH
 
 func (s *session) getattr(q *ring.Request) (int64, uint64) {
 	g, e := s.use(q, accAny)

@@ -195,6 +195,14 @@ func (s *Service) liveAttr(a ns.Attr) ns.Attr {
 	if a.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		return a
 	}
+	if s.io.needFirstResync() {
+		// Just started: io may hold this file's size from grants of the
+		// previous incarnation, which the first resync records.
+		s.io.waitFirstResync()
+		if na, err := s.ns.GetAttr(a.Ino); err == nil {
+			a = na
+		}
+	}
 	all, unpriv := s.writersNow(a.Ino)
 	if all == 0 {
 		return a

@@ -28,6 +28,10 @@ type ioLink struct {
 	ctx      context.Context    // of this epoch; protected by mu
 	cancel   context.CancelFunc // protected by mu
 	changed  chan struct{}      // closed and replaced at every change; protected by mu
+	// everResynced: some epoch's resync completed since this service
+	// started, so the sizes io held for earlier grants are recorded.
+	everResynced bool      // protected by mu
+	firstBy      time.Time // see expectIO; protected by mu
 }
 
 func (l *ioLink) init() {
@@ -69,9 +73,45 @@ func (l *ioLink) markResynced(epoch uint64) bool {
 	if l.epoch != epoch || !l.conn {
 		return false
 	}
-	l.resynced = true
+	l.resynced, l.everResynced = true, true
 	l.notifyLocked()
 	return true
+}
+
+// expectIO starts the window in which a stat waits for the first resync:
+// the IO service reconnects within it after this service (re)starts.
+func (l *ioLink) expectIO(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.firstBy = until
+}
+
+// needFirstResync reports whether a stat should wait for the first
+// resync: none completed yet, and the window of expectIO is open.
+func (l *ioLink) needFirstResync() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.everResynced && time.Now().Before(l.firstBy)
+}
+
+// waitFirstResync waits until some resync completed since this service
+// started (before that, the sizes of files written through grants of the
+// previous incarnation may not be recorded yet), or until the window of
+// expectIO closes.
+func (l *ioLink) waitFirstResync() {
+	for {
+		l.mu.Lock()
+		done, changed, deadline := l.everResynced, l.changed, l.firstBy
+		l.mu.Unlock()
+		if done || !time.Now().Before(deadline) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-time.After(time.Until(deadline)):
+			return
+		}
+	}
 }
 
 func (l *ioLink) isUp() bool {
@@ -237,13 +277,26 @@ func (s *Service) allocLimit() uint64 {
 func (s *Service) resyncIO(ctx context.Context) error {
 	s.alloc.mu.Lock()
 	limit := s.ns.NextIno() + allocChunk
-	var ack control.Ack
-	err := s.host.Request(ctx, s.subj.Resync, control.Resync{Incarnation: s.inc, AllocLimit: limit}, &ack)
+	var r control.ResyncReply
+	err := s.host.Request(ctx, s.subj.Resync, control.Resync{Incarnation: s.inc, AllocLimit: limit}, &r)
 	if err == nil {
 		s.alloc.limit = limit
 	}
 	s.alloc.mu.Unlock()
-	return err
+	if err != nil {
+		return err
+	}
+	// The sizes the dropped grants left: recorded before any grant of
+	// this epoch, and before a stat that waited for the resync answers.
+	for _, l := range r.Live {
+		if l.Ino == 0 || l.Size < 0 || l.DV == 0 {
+			return fmt.Errorf("resync: bad size report %+v", l)
+		}
+		if err := s.applyLive(ns.Ino(l.Ino), l.Size, l.Mtime, l.DV); err != nil {
+			return fmt.Errorf("resync: record the size of file %d: %w", l.Ino, err)
+		}
+	}
+	return nil
 }
 
 // blobsPage is how many blob ids one Blobs request asks for.

@@ -217,6 +217,9 @@ func (s *Service) Start() error {
 		New: func() host.Session { return newSession(s) }})
 	if s.opts.ServiceSocket != "" {
 		s.host.ServePeers(s.opts.ServiceSocket, []string{string(control.RoleIO)}, s.onPeer)
+		// An IO service that ran on reconnects soon: until its first
+		// resync, a stat of a file it may hold waits for that.
+		s.io.expectIO(time.Now().Add(s.requestTimeout()))
 	}
 	if err := s.host.Start(s.Health, s.Snapshot); err != nil {
 		return fmt.Errorf("metadata: %w", err)
