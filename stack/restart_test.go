@@ -4,10 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,12 +20,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/fsck"
 )
 
 // serviceProc is one service of the registry run as a process of its own,
@@ -41,7 +49,7 @@ var logLevel = func() string {
 
 // startService starts `weir <name>` for cfg on the NATS server at url and
 // returns once it is ready.
-func startService(t *testing.T, exe, name string, cfg *config.Config, url string) *serviceProc {
+func startService(t *testing.T, exe, name string, cfg *config.Config, url string, extra ...string) *serviceProc {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -50,6 +58,7 @@ func startService(t *testing.T, exe, name string, cfg *config.Config, url string
 	defer r.Close()
 	cmd := exec.Command(exe, name, "--ready-fd", "3", "--nats-url", url, "--data", cfg.DataDir,
 		"--run-dir", cfg.RunDir, "--log-level", logLevel)
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.Stdout, cmd.Stderr = testOut{t}, testOut{t}
 	cmd.ExtraFiles = []*os.File{w}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -378,5 +387,222 @@ func TestMetadataRestartUnderLoad(t *testing.T) {
 	att := proto.AttachReq{Version: fresh.hello.Version, Session: fresh.hello.Session, Token: [32]byte{1}}
 	if c := rawDo(t, old.data, proto.OpAttach, 0, 0, att.Append(nil), nil); !errors.Is(c.Err(), syscall.EPERM) {
 		t.Errorf("the old IO session attaching with a forged token: %+v", c)
+	}
+}
+
+// startPair runs NATS (admitting the stack's users) and the metadata and
+// IO services of cfg as processes; extra flags go to both services.
+func startPair(t *testing.T, cfg *config.Config, extra ...string) (url string, md, io *serviceProc) {
+	t.Helper()
+	exe := buildWeir(t)
+	users, err := stack.Users(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := control.StartEmbedded(control.EmbeddedOptions{Listen: config.DefaultNATSListen, Users: users})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	md = startService(t, exe, "metadata", cfg, srv.URL(), extra...)
+	io = startService(t, exe, "io", cfg, srv.URL(), extra...)
+	return srv.URL(), md, io
+}
+
+// dataDigest maps every file under dir to its contents' digest.
+func dataDigest(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			m[path] = fmt.Sprintf("dir %v", fi.Mode())
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		m[path] = fmt.Sprintf("%v %x", fi.Mode(), sha256.Sum256(b))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// weirCheck runs `weir check` on cfg's stopped data directory and returns
+// its exit code and JSON report.
+func weirCheck(t *testing.T, cfg *config.Config, args ...string) (int, fsck.Report, string) {
+	t.Helper()
+	cmd := exec.Command(buildWeir(t), append([]string{"check", "--json", "--data", cfg.DataDir, "--log-level", "error"}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	var r fsck.Report
+	if jerr := json.Unmarshal(out, &r); jerr != nil {
+		t.Fatalf("weir check printed %q (%s): %v", out, stderr.String(), jerr)
+	}
+	return code, r, stderr.String()
+}
+
+// TestDeleteSurvivesCrash: a Remove acknowledged while the IO service is
+// stopped (SIGSTOP), then io and metadata killed, must not leak the blob:
+// the pending delete is durable, `weir check` of the stopped directory
+// notes it (and changes nothing on disk), and after one clean restart the
+// blob is gone and the check is clean.
+func TestDeleteSurvivesCrash(t *testing.T) {
+	cfg := testConfig(t)
+	url, md, io := startPair(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: cfg.Metadata.Socket, IOSocket: cfg.IO.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	if err := fsys.WriteFile("doomed", bytes.Repeat([]byte("x"), 10000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.WriteFile("kept", []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := io.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.Remove("doomed"); err != nil {
+		t.Fatalf("remove while io is stopped: %v", err)
+	}
+	io.kill(t)
+	md.kill(t)
+
+	// The stopped directory: the delete is pending, not leaked; the check
+	// writes nothing.
+	before := dataDigest(t, cfg.DataDir)
+	code, r, errOut := weirCheck(t, cfg)
+	if code != 0 || !r.OK() {
+		t.Fatalf("weir check after the crash: exit %d %+v %s", code, r, errOut)
+	}
+	notes := 0
+	for _, p := range r.Problems {
+		if p.Kind == "pending-delete" && p.Note {
+			notes++
+		}
+	}
+	if notes != 1 {
+		t.Errorf("weir check after the crash: %+v, want one pending-delete note", r.Problems)
+	}
+	if after := dataDigest(t, cfg.DataDir); !maps.Equal(before, after) {
+		t.Errorf("weir check changed the data directory:\nbefore %v\nafter  %v", before, after)
+	}
+
+	// One clean restart finishes the delete.
+	exe := buildWeir(t)
+	md = startService(t, exe, "metadata", cfg, url)
+	io = startService(t, exe, "io", cfg, url)
+	cli, err := stack.Connect(cfg, url, control.RoleCLI, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		st, err := control.Status(ctx, cli, cfg.NATS.Namespace, stack.ServiceNames()...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := false
+		for _, s := range st {
+			if s.Name == "weir-metadata" && fmt.Sprint(s.Stats["deletes_pending"]) == "0" {
+				done = true
+			}
+		}
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pending delete did not finish after the restart: %+v", st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	md.stop()
+	io.stop()
+	code, r, errOut = weirCheck(t, cfg)
+	if code != 0 || len(r.Problems) != 0 || r.Files != 1 || r.Blobs != 1 {
+		t.Fatalf("weir check after one clean restart: exit %d %+v %s", code, r, errOut)
+	}
+}
+
+// TestDeadIONoticedAtOnce: with a request timeout of an hour, closes (each
+// a revocation at io) sent while io is stopped (SIGSTOP: the requests are
+// delivered, nobody answers) return as soon as io is killed: the metadata
+// service learns of io's death from their service session and cancels the
+// requests in flight, instead of waiting for their answers. (The test's
+// own deadline only catches a hang.)
+func TestDeadIONoticedAtOnce(t *testing.T) {
+	cfg := testConfig(t)
+	path := filepath.Join(t.TempDir(), "weir.hcl")
+	if err := os.WriteFile(path, []byte("nats {\n  request_timeout = \"1h\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, io := startPair(t, cfg, "--config", path)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: cfg.Metadata.Socket, IOSocket: cfg.IO.Socket, RecoverTimeout: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	var files []*client.File
+	for i := range 8 {
+		f, err := fsys.Create(fmt.Sprintf("f%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write([]byte("granted")); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	if err := io.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, len(files))
+	for _, f := range files {
+		go func() { done <- f.Close() }()
+	}
+	time.Sleep(100 * time.Millisecond) // let the revocations reach the stopped io
+	select {
+	case err := <-done:
+		t.Fatalf("a close returned (%v) while io was stopped: its revocation cannot have been answered", err)
+	default:
+	}
+	io.kill(t)
+	for range files {
+		select {
+		case err := <-done:
+			if err != nil && !errors.Is(err, syscall.EIO) {
+				t.Errorf("close after io died: %v", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("a close after io died waited for the request timeout")
+		}
+	}
+	// Opening with O_TRUNC needs io at once, and fails at once too.
+	if _, err := fsys.OpenFile("f0", os.O_RDWR|os.O_TRUNC, 0); !errors.Is(err, syscall.EIO) {
+		t.Errorf("open with O_TRUNC while io is dead: %v, want EIO", err)
 	}
 }

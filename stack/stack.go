@@ -72,12 +72,13 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 			SyncInterval:    c.Metadata.SyncInterval,
 			Logger:          log.Named("ns"),
 		},
-		NATS:          nc,
-		NATSNamespace: c.NATS.Namespace,
-		Version:       Version,
-		Ring:          RingConfig(c),
-		WaitMode:      waitMode(c),
-		Logger:        log,
+		NATS:           nc,
+		NATSNamespace:  c.NATS.Namespace,
+		RequestTimeout: c.NATS.RequestTimeout,
+		Version:        Version,
+		Ring:           RingConfig(c),
+		WaitMode:       waitMode(c),
+		Logger:         log,
 	}
 }
 
@@ -139,6 +140,7 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 		Backend:        be,
 		NATS:           nc,
 		NATSNamespace:  c.NATS.Namespace,
+		RequestTimeout: c.NATS.RequestTimeout,
 		Version:        Version,
 		Ring:           RingConfig(c),
 		WaitMode:       waitMode(c),

@@ -71,6 +71,10 @@ type NATS struct {
 	URL            string        // url: "" starts an embedded server; else a nats.go URL list
 	Listen         string        // listen: embedded server address, loopback only; default "127.0.0.1:-1" (random port)
 	ConnectTimeout time.Duration // connect_timeout: default 5s
+	// request_timeout: how long a service waits for another's answer to a
+	// control request (a grant, a revocation, a size report); default 5s.
+	// A service that is gone is noticed at once, without waiting for it.
+	RequestTimeout time.Duration
 	// namespace: starts every NATS subject and names the micro services'
 	// group of this stack, so that stacks sharing a NATS server stay
 	// apart; default "weir". Tokens of letters, digits, '-' and '_',
@@ -128,6 +132,7 @@ const (
 	DefaultLogFormat       = "text"
 	DefaultNATSListen      = "127.0.0.1:-1"
 	DefaultConnectTimeout  = 5 * time.Second
+	DefaultRequestTimeout  = 5 * time.Second
 	DefaultNATSNamespace   = control.DefaultNamespace
 	DefaultSyncInterval    = 5 * time.Millisecond
 	DefaultCheckpointEvery = 10000
@@ -160,6 +165,7 @@ func Default() *Config {
 		NATS: NATS{
 			Listen:         DefaultNATSListen,
 			ConnectTimeout: DefaultConnectTimeout,
+			RequestTimeout: DefaultRequestTimeout,
 			Namespace:      DefaultNATSNamespace,
 		},
 		Metadata: Metadata{

@@ -31,8 +31,8 @@ func TestDefault(t *testing.T) {
 		RunDir:    "/run/weir",
 		LogLevel:  "info",
 		LogFormat: "text",
-		NATS: NATS{URL: "", Listen: "127.0.0.1:-1", ConnectTimeout: 5 * time.Second, Namespace: "weir",
-			CredsDir: "/var/lib/weir/creds"},
+		NATS: NATS{URL: "", Listen: "127.0.0.1:-1", ConnectTimeout: 5 * time.Second, RequestTimeout: 5 * time.Second,
+			Namespace: "weir", CredsDir: "/var/lib/weir/creds"},
 		Metadata: Metadata{
 			Socket: "/run/weir/metadata.sock", ServiceSocket: "/run/weir/metadata.svc.sock", SyncEveryOp: false,
 			SyncInterval: 5 * time.Millisecond, CheckpointEvery: 10000,
@@ -66,6 +66,7 @@ nats {
   url             = "nats://10.0.0.5:4222, nats://10.0.0.6:4222"
   listen          = "[::1]:0"
   connect_timeout = "1m30s"
+  request_timeout = "750ms"
   namespace       = "prod.stack-b"
   creds_dir       = "/etc/weir/creds"
 }
@@ -100,7 +101,7 @@ ring {
 		LogFormat: "json",
 		NATS: NATS{
 			URL: "nats://10.0.0.5:4222, nats://10.0.0.6:4222", Listen: "[::1]:0",
-			ConnectTimeout: 90 * time.Second, Namespace: "prod.stack-b", CredsDir: "/etc/weir/creds",
+			ConnectTimeout: 90 * time.Second, RequestTimeout: 750 * time.Millisecond, Namespace: "prod.stack-b", CredsDir: "/etc/weir/creds",
 		},
 		Metadata: Metadata{
 			Socket: "/run/weir/m.sock", ServiceSocket: filepath.Join(dir, "svc.sock"), SyncEveryOp: true,

@@ -88,6 +88,7 @@ type (
 		URL            *hcl.Attribute `hcl:"url,optional"`
 		Listen         *hcl.Attribute `hcl:"listen,optional"`
 		ConnectTimeout *hcl.Attribute `hcl:"connect_timeout,optional"`
+		RequestTimeout *hcl.Attribute `hcl:"request_timeout,optional"`
 		Namespace      *hcl.Attribute `hcl:"namespace,optional"`
 		CredsDir       *hcl.Attribute `hcl:"creds_dir,optional"`
 	}
@@ -174,6 +175,7 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.str("nats.url", b.URL, &c.NATS.URL)
 		d.str("nats.listen", b.Listen, &c.NATS.Listen)
 		d.duration("nats.connect_timeout", b.ConnectTimeout, &c.NATS.ConnectTimeout)
+		d.duration("nats.request_timeout", b.RequestTimeout, &c.NATS.RequestTimeout)
 		d.str("nats.namespace", b.Namespace, &c.NATS.Namespace)
 		if d.path("nats.creds_dir", b.CredsDir, &c.NATS.CredsDir) {
 			c.derived.credsDir = false

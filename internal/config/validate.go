@@ -89,6 +89,9 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	if c.NATS.ConnectTimeout <= 0 {
 		bad(at("nats.connect_timeout"), "nats.connect_timeout", "%v: must be positive", c.NATS.ConnectTimeout)
 	}
+	if c.NATS.RequestTimeout <= 0 {
+		bad(at("nats.request_timeout"), "nats.request_timeout", "%v: must be positive", c.NATS.RequestTimeout)
+	}
 	if err := control.CheckNamespace(c.NATS.Namespace); err != nil {
 		bad(at("nats.namespace"), "nats.namespace", "%v", err)
 	}

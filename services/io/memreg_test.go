@@ -218,6 +218,7 @@ next:
 // process, as stack runs them.
 type ioEnv struct {
 	cfg  *config.Config
+	st   *stack.Stack
 	io   *iosvc.Service
 	logs *logLines
 }
@@ -248,7 +249,7 @@ func startIO(t *testing.T, be backend.Backend, newRegion func(ring.Config) (*rin
 			t.Errorf("shutdown: %v", err)
 		}
 	})
-	return &ioEnv{cfg: c, io: st.IO, logs: logs}
+	return &ioEnv{cfg: c, st: st, io: st.IO, logs: logs}
 }
 
 func (e *ioEnv) dial(t *testing.T) *client.FS {

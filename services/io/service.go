@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -101,6 +102,7 @@ func (s *Service) Snapshot() map[string]any {
 			m[k] = v
 		}
 	}
+	maps.Copy(m, s.host.Counters())
 	return m
 }
 

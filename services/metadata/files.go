@@ -82,6 +82,14 @@ func (s *Service) writersNow(ino ns.Ino) (all, unpriv int) {
 	return f.writers, f.unpriv
 }
 
+// noteDV records that the file was as io reported at data version dv, so
+// that an older report is ignored.
+func (s *Service) noteDV(f *openFile, dv uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f.lastDV = max(f.lastDV, dv)
+}
+
 // voidGrants forgets every grant: the IO service they were made at is
 // gone or is being resynchronised (which drops them there too).
 func (s *Service) voidGrants() {
@@ -137,6 +145,8 @@ func (se *session) grant(h *handle) (int64, error) {
 	}
 	if a, err := s.ns.GetAttr(h.ino); err == nil && (ack.Size != a.Size || g.Truncate) {
 		_ = s.applyLive(h.ino, ack.Size, max(a.Mtime, ack.Mtime), ack.DV)
+	} else {
+		s.noteDV(f, ack.DV) // reports older than what io had now are stale
 	}
 	return ack.Size, nil
 }
@@ -175,6 +185,7 @@ func (se *session) revoke(id uint64, h *handle) error {
 	}
 	s.Stats.Revokes.Add(1)
 	if !ack.Wrote {
+		s.noteDV(f, ack.DV)
 		return nil
 	}
 	var firstErr error

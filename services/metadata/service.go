@@ -35,6 +35,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"strconv"
 	"strings"
@@ -111,7 +112,7 @@ type Stats struct {
 // Snapshot returns the counters for the stats endpoint.
 func (s *Service) Snapshot() map[string]any {
 	st := &s.Stats
-	return map[string]any{
+	m := map[string]any{
 		"sessions": st.Sessions.Load(), "requests": st.Requests.Load(), "opens": st.Opens.Load(),
 		"reopens": st.Reopens.Load(), "handles": st.Handles.Load(), "errors": st.Errors.Load(),
 		"grants": st.Grants.Load(), "grant_failures": st.GrantFailures.Load(),
@@ -122,6 +123,8 @@ func (s *Service) Snapshot() map[string]any {
 		"delete_failures": st.DeleteFailures.Load(),
 		"incarnation":     s.inc, "io_connected": s.io.isUp(),
 	}
+	maps.Copy(m, s.host.Counters())
+	return m
 }
 
 // Service is the metadata service.
@@ -404,7 +407,10 @@ func (s *Service) applyLive(ino ns.Ino, size, mtime int64, dv uint64) error {
 	s.mu.Lock()
 	f := s.files[ino]
 	if f != nil {
-		if dv <= f.lastDV {
+		// Data versions are unique per change: an equal one describes the
+		// state already applied (a report of a grant's state, say), an
+		// older one a state that a newer report replaced.
+		if dv < f.lastDV {
 			s.mu.Unlock()
 			s.Stats.StaleReports.Add(1)
 			return nil

@@ -1,0 +1,274 @@
+package iosvc_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/services/io/backend"
+	"github.com/weir-storage/weir/services/io/backend/faulty"
+	"github.com/weir-storage/weir/services/io/backend/mem"
+	"github.com/weir-storage/weir/services/metadata/ns"
+)
+
+// holdBackend holds, while armed, the next WriteAt or Sync of any blob
+// until released.
+type holdBackend struct {
+	backend.Backend
+	mu      sync.Mutex
+	armed   map[string]bool // "write", "sync"; protected by mu
+	entered chan string
+	release chan struct{}
+}
+
+func newHoldBackend() *holdBackend {
+	return &holdBackend{Backend: mem.New(), armed: map[string]bool{}, entered: make(chan string, 4), release: make(chan struct{})}
+}
+
+func (h *holdBackend) arm(op string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.armed[op] = true
+}
+
+func (h *holdBackend) hold(op string) {
+	h.mu.Lock()
+	armed := h.armed[op]
+	h.armed[op] = false
+	h.mu.Unlock()
+	if armed {
+		h.entered <- op
+		<-h.release
+	}
+}
+
+func (h *holdBackend) Open(id backend.BlobID) (backend.Blob, error) {
+	b, err := h.Backend.Open(id)
+	if err != nil {
+		return nil, err
+	}
+	return holdBlob{b, h}, nil
+}
+
+type holdBlob struct {
+	backend.Blob
+	h *holdBackend
+}
+
+func (b holdBlob) WriteAt(p []byte, off int64) (int, error) {
+	b.h.hold("write")
+	return b.Blob.WriteAt(p, off)
+}
+
+func (b holdBlob) Sync() error {
+	b.h.hold("sync")
+	return b.Blob.Sync()
+}
+
+// inoOf returns the inode number of a client's open file.
+func inoOf(t *testing.T, f *client.File) ns.Ino {
+	t.Helper()
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns.Ino(fi.Sys().(*syscall.Stat_t).Ino)
+}
+
+// TestRevokeIsABarrier: closing a file revokes its grant, and the IO
+// service answers the revocation only after the requests in flight on the
+// handle are done, with the size they left, which the metadata service
+// records exactly. No request on the handle is served after the revocation
+// began.
+func TestRevokeIsABarrier(t *testing.T) {
+	be := newHoldBackend()
+	e := startIO(t, be, nil)
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(make([]byte, 8192), 0); err != nil {
+		t.Fatal(err)
+	}
+	ino := inoOf(t, f)
+	be.arm("write")
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := f.WriteAt(bytes.Repeat([]byte{7}, 16384), 8192)
+		wrote <- err
+	}()
+	<-be.entered // the write is at the backend, its grant active
+	closed := make(chan error, 1)
+	go func() { closed <- f.Close() }()
+	// The revocation is in: new requests on the handle are refused (the
+	// waiting count says so), and the close waits for the write.
+	waitFor(t, "the revocation to wait", func() bool { return e.io.Snapshot()["revokes_waiting"] == int64(1) })
+	select {
+	case err := <-closed:
+		t.Fatalf("close returned (%v) while a write on the handle was at the backend", err)
+	default:
+	}
+	close(be.release)
+	if err := <-wrote; err != nil {
+		t.Fatalf("the write in flight: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	// Right after the close: the size the write left, recorded (no write
+	// grant is open, so nothing overlays it).
+	if a, err := e.st.Metadata.NS().GetAttr(ino); err != nil || a.Size != 8192+16384 {
+		t.Fatalf("after the close the namespace records %d bytes (%v), want %d", a.Size, err, 8192+16384)
+	}
+}
+
+// TestFsyncReportsTheSizeItSynced: an fsync records the size the file had
+// when the sync began, not one that a write racing it made larger (that
+// write's bytes may not be durable).
+func TestFsyncReportsTheSizeItSynced(t *testing.T) {
+	be := newHoldBackend()
+	e := startIO(t, be, nil)
+	one, two := e.dial(t), e.dial(t)
+	defer one.Close()
+	defer two.Close()
+	f, err := one.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt(make([]byte, 4096), 0); err != nil {
+		t.Fatal(err)
+	}
+	g, err := two.OpenFile("f", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if _, err := g.WriteAt([]byte{1}, 0); err != nil { // granted now, in its own session
+		t.Fatal(err)
+	}
+	ino := inoOf(t, f)
+	be.arm("sync")
+	synced := make(chan error, 1)
+	go func() { synced <- f.Sync() }()
+	<-be.entered // the sync took the size (4096) and is at the backend
+	if _, err := g.WriteAt(make([]byte, 4096), 4096); err != nil {
+		t.Fatal(err) // another session makes the file 8192 bytes meanwhile
+	}
+	close(be.release)
+	if err := <-synced; err != nil {
+		t.Fatal(err)
+	}
+	if a, err := e.st.Metadata.NS().GetAttr(ino); err != nil || a.Size != 4096 {
+		t.Fatalf("after the fsync the namespace records %d bytes (%v), want the 4096 it synced", a.Size, err)
+	}
+}
+
+// TestDeleteRetries: a blob delete that fails is retried with backoff, and
+// does not hold up the deletes of other blobs; the deletes pending are in
+// stats, and one still failing is retried after a restart (the set is
+// persisted), so no space leaks.
+func TestDeleteRetries(t *testing.T) {
+	fb := faulty.New(mem.New())
+	e := startIO(t, fb, nil)
+	fsys := e.dial(t)
+	defer fsys.Close()
+	var inos []ns.Ino
+	for _, name := range []string{"a", "b", "c"} {
+		f, err := fsys.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write([]byte(name)); err != nil {
+			t.Fatal(err)
+		}
+		inos = append(inos, inoOf(t, f))
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stuck := backend.BlobID(inos[0])
+	var failing sync.Mutex
+	fail := true
+	fb.Inject(func(op faulty.Op) error {
+		failing.Lock()
+		defer failing.Unlock()
+		if fail && op.Kind == faulty.Delete && op.Blob == stuck {
+			return syscall.EIO
+		}
+		return nil
+	})
+	for _, name := range []string{"a", "b", "c"} {
+		if err := fsys.Remove(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	md := e.st.Metadata
+	// b and c go at once, a stays pending and keeps being retried.
+	waitFor(t, "b and c deleted", func() bool {
+		ids, _ := fb.List()
+		return len(ids) == 1 && ids[0] == stuck
+	})
+	waitFor(t, "a retried", func() bool { return md.Stats.DeleteFailures.Load() >= 2 })
+	if n := md.Snapshot()["deletes_pending"]; n != 1 {
+		t.Errorf("deletes_pending = %v, want 1", n)
+	}
+	if got := md.NS().PendingDeletes(); len(got) != 1 || got[0] != uint64(stuck) {
+		t.Errorf("the namespace holds %v as awaiting deletion, want [%d]", got, stuck)
+	}
+	failing.Lock()
+	fail = false
+	failing.Unlock()
+	waitFor(t, "a deleted once the backend lets it", func() bool {
+		ids, _ := fb.List()
+		return len(ids) == 0 && len(md.NS().PendingDeletes()) == 0
+	})
+}
+
+// TestFailedWriteChangesNothing: a write the backend refuses (EFBIG far
+// past the end) leaves the file as it was, size included, as on Linux; a
+// read past the largest size reads nothing.
+func TestFailedWriteChangesNothing(t *testing.T) {
+	e := startIO(t, mem.New(), nil)
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("hello"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("xy"), backend.MaxBlobSize); !errors.Is(err, syscall.EFBIG) {
+		t.Fatalf("write past the largest size: %v, want EFBIG", err)
+	}
+	if fi, err := f.Stat(); err != nil || fi.Size() != 5 {
+		t.Fatalf("after the failed write: size %v (%v), want 5", fi.Size(), err)
+	}
+	got := make([]byte, 8)
+	if n, err := f.ReadAt(got, 5); n != 0 || err != io.EOF {
+		t.Fatalf("read at the end: %d, %v", n, err)
+	}
+	if n, err := f.ReadAt(got, backend.MaxBlobSize+4096); n != 0 || err != io.EOF {
+		t.Fatalf("read past the largest size: %d, %v; want 0 bytes and EOF, as Linux reads", n, err)
+	}
+}
+
+// waitFor polls cond; the deadline only bounds a hung test.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
