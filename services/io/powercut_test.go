@@ -2,6 +2,8 @@ package iosvc_test
 
 import (
 	"bytes"
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/weir-storage/weir/services/io/backend/mem"
@@ -70,5 +72,51 @@ func TestFsyncSurvivesPowerCut(t *testing.T) {
 	}
 	if after := e.counter(t, "backend_syncs"); after != before {
 		t.Fatalf("an fsync with no create since the last one synced the backend (%d -> %d)", before, after)
+	}
+}
+
+// TestSyncFlagsMakeEveryWriteDurable: a file opened with O_SYNC or O_DSYNC
+// has each write made durable before the write returns, as if each were
+// followed by fsync: a power cut right after the write keeps it, with no
+// fsync at all; the size reaches the metadata service durably too. Without
+// the flag, an unsynced write is not (the model keeps only synced bytes).
+func TestSyncFlagsMakeEveryWriteDurable(t *testing.T) {
+	pc := powercut.New(mem.New())
+	e := startIO(t, pc, nil)
+	fsys := e.dial(t)
+	defer fsys.Close()
+	for _, tc := range []struct {
+		name string
+		flag int
+		kept bool
+	}{
+		{"plain", 0, false},
+		{"o_sync", os.O_SYNC, true},
+		{"o_dsync", syscall.O_DSYNC, true},
+	} {
+		f, err := fsys.OpenFile(tc.name, os.O_RDWR|os.O_CREATE|tc.flag, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := bytes.Repeat([]byte(tc.name), 1000)
+		if _, err := f.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, got := range pc.Cut() {
+			found = found || bytes.Equal(got, data)
+		}
+		if found != tc.kept {
+			t.Errorf("%s: the write survives a power cut: %v, want %v", tc.name, found, tc.kept)
+		}
+		if tc.kept {
+			ino := inoOf(t, f)
+			if a, err := e.st.Metadata.NS().GetAttr(ino); err != nil || a.Size != int64(len(data)) {
+				t.Errorf("%s: the namespace records %d bytes (%v), want %d", tc.name, a.Size, err, len(data))
+			}
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -315,6 +316,9 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 		return fail(syscall.EINVAL)
 	}
 	if q.Length > 0 {
+		if off > math.MaxInt64-int64(q.Length) {
+			return fail(syscall.EINVAL) // the end overflows: EINVAL, as Linux's rw_verify_area says
+		}
 		if err := backend.CheckRange(off, int(min(q.Length, 1<<31))); err != nil {
 			return fail(errno(err))
 		}

@@ -48,6 +48,44 @@ func rwCases() []Case {
 			t.ExpectData(b, s("hello"))
 			f.Close()
 		}},
+		// Linux checks a descriptor's mode before what it names: a write
+		// to a directory (open read-only, as a directory must be) is
+		// EBADF, a read EISDIR.
+		{Name: "rw/write_dir_opened_readonly", Run: func(t *Tester) {
+			t.Mkdir("d", 0o755)
+			f := t.MustOpenFile("d", os.O_RDONLY, 0)
+			_, err := f.Write(s("x"))
+			t.ExpectErr(err, syscall.EBADF)
+			_, err = f.WriteAt(s("x"), 0)
+			t.ExpectErr(err, syscall.EBADF)
+			_, err = f.Read(1)
+			t.ExpectErr(err, syscall.EISDIR)
+			f.Close()
+		}},
+		// A write that fails changes nothing: the size stays.
+		{Name: "rw/failed_write_changes_nothing", Run: func(t *Tester) {
+			t.WriteFile("a", s("hello"), 0o644)
+			f := t.MustOpenFile("a", os.O_RDWR, 0)
+			_, err := f.WriteAt(s("xy"), 1<<63-2) // the end overflows: EINVAL
+			t.ExpectErr(err, syscall.EINVAL)
+			f.Stat()
+			b, _ := f.ReadAt(16, 0)
+			t.ExpectData(b, s("hello"))
+			f.Close()
+			t.Stat("a")
+		}},
+		// Reading past any size a file can have reads nothing, as at the
+		// end of the file (no EFBIG for reads).
+		{Name: "rw/read_past_max_size", Run: func(t *Tester) {
+			t.WriteFile("a", s("hello"), 0o644)
+			f := t.MustOpenFile("a", os.O_RDONLY, 0)
+			for _, off := range []int64{1 << 44, 1 << 46, 1 << 62} {
+				b, err := f.ReadAt(4, off)
+				t.ExpectErr(err, io.EOF)
+				t.Check(len(b) == 0, "read %d bytes at %d", len(b), off)
+			}
+			f.Close()
+		}},
 		{Name: "rw/writeat_keeps_offset", Run: func(t *Tester) {
 			f := t.MustOpenFile("a", os.O_RDWR|os.O_CREATE, 0o644)
 			f.WriteAt(s("tail"), 10)

@@ -129,3 +129,74 @@ func TestCheckReportsStrays(t *testing.T) {
 		t.Fatalf("problems: %+v", r.Problems)
 	}
 }
+
+// TestRepair: --repair deletes orphan blobs and the blobs awaiting
+// deletion and records each file's blob size; a check afterwards is clean.
+// Without --repair the same directory is reported, and left as it was.
+func TestRepair(t *testing.T) {
+	c := testConfig(t)
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.WriteFile("short", []byte("recorded"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := fs.Stat("short")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs.Close()
+	if err := st.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// Damage as a crash leaves it: an orphan blob, and a blob longer than
+	// the size the namespace records (writes whose size never reached it).
+	be, err := stack.Backend(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := be.Create(backend.BlobID(1 << 40)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := be.Open(backend.BlobID(fi.Sys().(*syscall.Stat_t).Ino))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.WriteAt([]byte(" and more"), 8); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	be.Close()
+	r := check(t, c)
+	kinds := map[string]Problem{}
+	for _, p := range r.Problems {
+		kinds[p.Kind] = p
+	}
+	if r.OK() || kinds["orphan-blob"].Blob != 1<<40 || !strings.Contains(kinds["size-mismatch"].Detail, "9 bytes written after the size last reached the namespace") {
+		t.Fatalf("before the repair: %+v", r.Problems)
+	}
+	if r2 := check(t, c); len(r2.Problems) != len(r.Problems) {
+		t.Fatalf("a second check found %+v: the first one changed something", r2.Problems)
+	}
+	be, err = stack.Backend(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := fsck.Check(c, be, fsck.Options{Repair: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() || len(rep.Repaired) != 2 {
+		t.Fatalf("repair: %+v", rep)
+	}
+	if r := check(t, c); !r.OK() || len(r.Problems) != 0 || r.Blobs != 1 {
+		t.Fatalf("after the repair: %+v", r)
+	}
+}
+
+type Problem = fsck.Problem

@@ -203,7 +203,7 @@ func (b *blobFile) writeLocked(p []byte, off int64, excl bool) (int, error) {
 	} else {
 		n, err = pwriteFull(b.fd, p, off)
 	}
-	if excl {
+	if excl && n > 0 { // a write that wrote nothing does not extend the blob
 		if end := off + int64(n); end > size {
 			b.size.Store(end)
 			b.sizeGen.Add(1)

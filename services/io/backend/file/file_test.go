@@ -441,3 +441,45 @@ func TestZeroCopyAligned(t *testing.T) {
 		t.Fatalf("unaligned read: direct reads %d -> %d, equal %v", before.DirectReads, after.DirectReads, bytes.Equal(unaligned, src[4096:]))
 	}
 }
+
+// TestFailedWriteLeavesSize: ext4 with 4 KiB blocks stops files at 16 TiB;
+// a write there fails with EFBIG and must leave the blob as it was, size
+// included, in both I/O modes (before, the direct mode's cut-back after a
+// partial block grew the file to the write's offset).
+func TestFailedWriteLeavesSize(t *testing.T) {
+	for _, mode := range []file.DirectMode{file.DirectAuto, file.DirectOff} {
+		t.Run(mode.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			be, err := file.New(file.Options{Dir: dir, Direct: mode})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer be.Close()
+			if err := be.Create(1); err != nil {
+				t.Fatal(err)
+			}
+			b, err := be.Open(1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			if _, err := b.WriteAt([]byte("hello"), 0); err != nil {
+				t.Fatal(err)
+			}
+			_, err = b.WriteAt([]byte("xy"), 1<<44)
+			if err == nil {
+				t.Skipf("the file system of %s (%s) takes a write at 16 TiB: it has no such limit to fail at", dir, probeFS(t, dir).name)
+			}
+			if !errors.Is(err, syscall.EFBIG) {
+				t.Fatalf("write at 16 TiB: %v, want EFBIG", err)
+			}
+			var st unix.Stat_t
+			if err := unix.Stat(filepath.Join(dir, "blobs", "01", "0000000000000001"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if b.Size() != 5 || st.Size != 5 {
+				t.Fatalf("after the failed write: Size %d, the file %d bytes; want 5", b.Size(), st.Size)
+			}
+		})
+	}
+}
