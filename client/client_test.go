@@ -502,3 +502,114 @@ func TestDefaultSocketsMatchConfig(t *testing.T) {
 		t.Errorf("RunDir with %s empty: %q", client.RunDirEnv, got)
 	}
 }
+
+// TestHelloRefusesUnknownVersion: the metadata service refuses a client
+// that speaks none of its versions, and says which it speaks.
+func TestHelloRefusesUnknownVersion(t *testing.T) {
+	_, st := newFS(t)
+	meta, err := ring.Dial(context.Background(), st.Config.Metadata.Socket, ring.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer meta.Close()
+	buf := make([]byte, proto.HelloRespSize)
+	copy(buf, (&proto.HelloReq{MinVersion: proto.MaxVersion + 1, MaxVersion: proto.MaxVersion + 5}).Append(nil))
+	r := rawCall(t, meta, proto.OpHello, 0, buf)
+	if lo, hi := proto.SplitVersionRange(r.Aux); !errors.Is(r.Err(), syscall.EPROTONOSUPPORT) || lo != proto.MinVersion || hi != proto.MaxVersion {
+		t.Fatalf("hello with versions %d-%d: %+v", proto.MaxVersion+1, proto.MaxVersion+5, r)
+	}
+	// Nothing but a hello is served before one succeeds.
+	if r := rawCall(t, meta, proto.OpStat, 0, (&proto.PathReq{Path: "/"}).Append(make([]byte, 0, proto.AttrSize))); !errors.Is(r.Err(), syscall.ENOTCONN) {
+		t.Fatalf("stat before hello: %+v", r)
+	}
+}
+
+// TestDirectoryHandles: a directory *File resolves paths from itself, as
+// the *at() calls do: relative names from the directory (even after it is
+// renamed), absolute ones from the root, ".." out of it; and a *File
+// changes its own attributes by handle.
+func TestDirectoryHandles(t *testing.T) {
+	c, _ := newFS(t)
+	if err := c.MkdirAll("a/b", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.OpenFile("a/b", os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	f, err := d.OpenAt("f", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("at")); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rename("a/b", "a/moved"); err != nil { // the handle follows the directory
+		t.Fatal(err)
+	}
+	if fi, err := d.StatAt("f"); err != nil || fi.Size() != 2 {
+		t.Fatalf("StatAt(f) after the directory moved: %v %v", fi, err)
+	}
+	if err := d.MkdirAt("sub", 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := d.StatAt("../moved/sub"); err != nil || !fi.IsDir() {
+		t.Fatalf("StatAt(../moved/sub): %v %v", fi, err)
+	}
+	if fi, err := d.StatAt("/a"); err != nil || !fi.IsDir() || fi.Name() != "a" {
+		t.Fatalf("StatAt(/a): %v %v", fi, err)
+	}
+	if err := d.RenameAt("f", nil, "top"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.ReadFile("top"); err != nil || string(got) != "at" {
+		t.Fatalf("after RenameAt to the root: %q %v", got, err)
+	}
+	ents, err := d.ReadDirAt(".")
+	if err != nil || len(ents) != 1 || ents[0].Name() != "sub" {
+		t.Fatalf("ReadDirAt(.): %v %v", ents, err)
+	}
+	if err := d.ChmodAt("sub", 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := c.Stat("a/moved/sub"); fi == nil || fi.Mode().Perm() != 0o750 {
+		t.Fatalf("after ChmodAt: %v", fi)
+	}
+	if err := d.RemoveAt("sub"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.OpenAt("x", os.O_RDONLY, 0); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("OpenAt of a missing name: %v", err)
+	}
+	if _, err := f.StatAt("x"); !errors.Is(err, syscall.ENOTDIR) {
+		t.Fatalf("StatAt from a file: %v, want ENOTDIR", err)
+	}
+	// By handle: fchmod, fchown, futimens, on a file renamed away.
+	if err := f.Chmod(0o640); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := f.Chown(1234, 5678); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mt := time.Unix(1_600_000_000, 0)
+	if err := f.Chtimes(time.Time{}, mt); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := c.Stat("top")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if fi.Mode().Perm() != 0o640 || !fi.ModTime().Equal(mt) || (os.Geteuid() == 0 && (st.Uid != 1234 || st.Gid != 5678)) {
+		t.Fatalf("after Chmod/Chown/Chtimes by handle: mode %v mtime %v uid %d gid %d", fi.Mode(), fi.ModTime(), st.Uid, st.Gid)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Chmod(0o600); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("Chmod after Close: %v", err)
+	}
+}

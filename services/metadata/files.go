@@ -30,6 +30,10 @@ type openFile struct {
 	writers int    // write grants in that epoch
 	unpriv  int    // of which opened by non-root sessions
 	lastDV  uint64 // io's data version of the last size report applied
+	// timesSet is when utimensat or futimens last set the file's times
+	// (Unix ns): a write's mtime from io older than that does not replace
+	// them.
+	timesSet int64
 }
 
 // openFileRef returns the open state of ino with one more reference.
@@ -80,6 +84,26 @@ func (s *Service) writersNow(ino ns.Ino) (all, unpriv int) {
 		return 0, 0
 	}
 	return f.writers, f.unpriv
+}
+
+// noteTimesSet records that the times of ino were set explicitly now.
+func (s *Service) noteTimesSet(ino ns.Ino) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f := s.files[ino]; f != nil {
+		f.timesSet = time.Now().UnixNano()
+	}
+}
+
+// timesSetOf is when the times of the open file ino were last set
+// explicitly (0: never while open).
+func (s *Service) timesSetOf(ino ns.Ino) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f := s.files[ino]; f != nil {
+		return f.timesSet
+	}
+	return 0
 }
 
 // noteDV records that the file was as io reported at data version dv, so
@@ -224,7 +248,7 @@ func (s *Service) liveAttr(a ns.Attr) ns.Attr {
 		return a
 	}
 	a.Size = ack.Size
-	if ack.Wrote {
+	if ack.Wrote && ack.Mtime > s.timesSetOf(a.Ino) {
 		a.Mtime, a.Ctime = ack.Mtime, max(a.Ctime, ack.Mtime)
 		// Some non-root writer may have written: Linux would have dropped
 		// setuid/setgid at that write.

@@ -406,6 +406,16 @@ func (s *Service) onSetLive(m *nats.Msg) {
 func (s *Service) applyLive(ino ns.Ino, size, mtime int64, dv uint64) error {
 	s.mu.Lock()
 	f := s.files[ino]
+	if f != nil && mtime <= f.timesSet {
+		// The times were set after the write this mtime is of: keep
+		// them, record only the size.
+		s.mu.Unlock()
+		if a, err := s.ns.GetAttr(ino); err == nil {
+			mtime = a.Mtime
+		}
+		s.mu.Lock()
+		f = s.files[ino]
+	}
 	if f != nil {
 		// Data versions are unique per change: an equal one describes the
 		// state already applied (a report of a grant's state, say), an

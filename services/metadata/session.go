@@ -504,6 +504,11 @@ func (se *session) chtimes(q *ring.Request) (int64, uint64) {
 	if err := se.svc.ns.ChtimesAt(se.cred, dir, r.Path, r.Atime, r.Mtime); err != nil {
 		return se.errno(err)
 	}
+	if r.Mtime != proto.TimeOmit {
+		if a, err := se.svc.ns.StatAt(se.cred, dir, r.Path); err == nil {
+			se.svc.noteTimesSet(a.Ino)
+		}
+	}
 	return 0, 0
 }
 
@@ -557,6 +562,9 @@ func (se *session) fchtimes(q *ring.Request) (int64, uint64) {
 	}
 	if err != nil {
 		return se.errno(err)
+	}
+	if r.Mtime != proto.TimeOmit {
+		se.svc.noteTimesSet(ino)
 	}
 	return 0, 0
 }

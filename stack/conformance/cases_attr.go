@@ -54,6 +54,19 @@ func attrCases() []Case {
 			g.Stat()
 			g.Close()
 		}},
+		// utimensat on a file open for writing, after a write: the times
+		// set stand, while it is open and after it is closed.
+		{Name: "attr/chtimes_after_write_while_open", Run: func(t *Tester) {
+			f := t.MustOpenFile("a", os.O_RDWR|os.O_CREATE, 0o644)
+			f.Write(s("data"))
+			set := time.Unix(1_500_000_000, 0)
+			t.Chtimes("a", set, set)
+			_, mt := t.Times("a")
+			t.Check(mt.Equal(set), "mtime %v while open, want %v", mt, set)
+			f.Close()
+			_, mt = t.Times("a")
+			t.Check(mt.Equal(set), "mtime %v after close, want %v", mt, set)
+		}},
 		{Name: "attr/chmod_file", Run: func(t *Tester) {
 			t.WriteFile("f", s("x"), 0o644)
 			for _, m := range []os.FileMode{0o600, 0o000, 0o777, 0o421, 0o644} {
