@@ -10,8 +10,9 @@ FUZZTIME  ?= 12000000x
 SHORTFUZZ ?= 200000x
 RESULTS   ?= bench/results
 # package:target for every fuzzer in the tree (ring ABI decoding, the
-# metadata WAL and checkpoints).
+# request protocol's bodies, the metadata WAL and checkpoints).
 FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:FuzzServerSlot \
+	./proto:FuzzBodies \
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
 	./internal/wal:FuzzScanSegment
 # Only in `make fuzz`: it builds a whole stack with fuzzing instrumentation
