@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+	"time"
 
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
@@ -56,10 +57,20 @@ func hello(ctx context.Context, meta *ring.Client) (proto.HelloResp, error) {
 	return r, nil
 }
 
-// attach binds data to the metadata session of c.
+// attach binds data to the metadata session of c. EAGAIN (io could not
+// reach the metadata service to check the session, as while the two
+// services are starting) is tried again until ctx is done.
 func attach(ctx context.Context, data *ring.Client, c *conn) error {
 	req := proto.AttachReq{Version: c.version, Session: c.session, Token: c.token}
 	comp, err := call(ctx, data, proto.OpAttach, 0, 0, 0, req.Append(nil), nil)
+	for wait := 10 * time.Millisecond; errors.Is(err, syscall.EAGAIN); wait = min(2*wait, 250*time.Millisecond) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (the IO service could not reach the metadata service to check this session: %v)", err, ctx.Err())
+		case <-time.After(wait):
+		}
+		comp, err = call(ctx, data, proto.OpAttach, 0, 0, 0, req.Append(nil), nil)
+	}
 	if err != nil {
 		if errors.Is(err, proto.ErrVersion) {
 			lo, hi := proto.SplitVersionRange(comp.Aux)

@@ -27,7 +27,8 @@
 //  1. metadata ring: OpHello -> version, features, session id, token
 //  2. io ring:       OpAttach{version, session id, token}
 //     io asks metadata who owns the session; the pid and
-//     uid must be this ring's peer, or EPERM
+//     uid must be this ring's peer, or EPERM; EAGAIN when
+//     io could not reach metadata (try again)
 //  3. metadata ring: OpOpen ... -> handle (and a reopen ticket)
 //  4. metadata ring: OpGrant{handle}, unless the open said "granted"
 //  5. io ring:       OpRead / OpWrite / OpTruncate / OpSync on the handle

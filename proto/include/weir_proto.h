@@ -16,7 +16,8 @@
  *        the service's range (min << 32 | max)
  *   2. io ring: WEIR_OP_ATTACH {version, session id, token}
  *        EPERM if the session is not this process's (the services compare
- *        the pid and uid the kernel reports for both sockets)
+ *        the pid and uid the kernel reports for both sockets); EAGAIN if
+ *        the IO service could not reach the metadata service: try again
  *   3. metadata ring: WEIR_OP_OPEN -> handle, attr, created, granted
  *        (and a reopen ticket with WEIR_FEATURE_REOPEN)
  *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1

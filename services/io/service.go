@@ -243,9 +243,15 @@ func (s *Service) Start() error {
 				s.log.Info("metadata service session ended; serving existing grants until it is back")
 			}
 		})
+		deadline := time.After(s.opts.RequestTimeout)
 		select {
 		case <-s.resynced:
-		case <-time.After(s.opts.RequestTimeout):
+			select {
+			case <-s.meta.upChan():
+			case <-deadline:
+				s.log.Warn("resynchronised, but the service session with the metadata service is not up yet", "socket", s.opts.MetadataSocket)
+			}
+		case <-deadline:
 			s.log.Warn("no resync from the metadata service yet; clients cannot attach until it comes", "socket", s.opts.MetadataSocket)
 		}
 	}
@@ -380,12 +386,17 @@ func (s *Service) touch(ob *openBlob) {
 // it is up, requests to metadata carry a context that is cancelled the
 // moment it ends, so a request in flight to a metadata service that died
 // fails at once instead of waiting out its timeout; while it is down they
-// fail at once. (Without a service session, Options.MetadataSocket "",
-// requests just carry their timeout.)
+// fail at once. One exception: a resync that arrives (on NATS) before the
+// service session that prompted it is up shows that metadata is alive,
+// so until the session is up requests wait for it (within their
+// deadline) rather than fail. (Without a service session,
+// Options.MetadataSocket "", requests just carry their timeout.)
 type metaLink struct {
 	mu     sync.Mutex
 	used   bool               // a service session is configured; protected by mu
 	up     bool               // protected by mu
+	expect bool               // down, but a resync came since it went down; protected by mu
+	upc    chan struct{}      // closed while up; protected by mu
 	ctx    context.Context    // protected by mu
 	cancel context.CancelFunc // protected by mu
 }
@@ -394,6 +405,7 @@ func (l *metaLink) init() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.used = true
+	l.upc = make(chan struct{})
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	l.cancel()
 }
@@ -402,37 +414,75 @@ func (l *metaLink) set(up bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.cancel()
-	l.up = up
+	if up == l.up {
+		if up {
+			l.ctx, l.cancel = context.WithCancel(context.Background())
+		}
+		return
+	}
+	l.up, l.expect = up, false
 	if up {
 		l.ctx, l.cancel = context.WithCancel(context.Background())
+		close(l.upc)
+	} else {
+		l.upc = make(chan struct{})
 	}
+}
+
+// resynced notes a resync: if the service session is not up yet, it is
+// about to be.
+func (l *metaLink) resynced() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.used && !l.up {
+		l.expect = true
+	}
+}
+
+// upChan is closed once the service session is up.
+func (l *metaLink) upChan() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.upc
 }
 
 // errMetadataDown is the cause of a request to metadata made while its
 // service session is down.
 var errMetadataDown = errors.New("the metadata service is not connected")
 
-// context returns the context of a request to metadata, or errMetadataDown.
-func (l *metaLink) context() (context.Context, error) {
+// context returns the context of a request to metadata, or errMetadataDown;
+// it waits for a session that is expected (see metaLink) until ctx is done.
+func (l *metaLink) context(ctx context.Context) (context.Context, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if !l.used {
+		l.mu.Unlock()
 		return context.Background(), nil
 	}
-	if !l.up {
+	if l.up {
+		defer l.mu.Unlock()
+		return l.ctx, nil
+	}
+	expect, upc := l.expect, l.upc
+	l.mu.Unlock()
+	if !expect {
 		return nil, errMetadataDown
 	}
-	return l.ctx, nil
+	select {
+	case <-upc:
+		return l.context(ctx)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w (waited for its service session: %w)", errMetadataDown, ctx.Err())
+	}
 }
 
 // request sends a control request to the metadata service (see metaLink).
 func (s *Service) request(ctx context.Context, subj string, msg any, reply interface{ Err() error }) error {
-	lctx, err := s.meta.context()
+	ctx, cancel := context.WithTimeout(ctx, s.opts.RequestTimeout)
+	defer cancel()
+	lctx, err := s.meta.context(ctx)
 	if err != nil {
 		return fmt.Errorf("%s: %w", subj, err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	stop := context.AfterFunc(lctx, cancel)
 	defer stop()
 	return s.host.Request(ctx, subj, msg, reply)

@@ -180,6 +180,11 @@ func (s *session) attach(q *ring.Request) (int64, uint64) {
 	var info control.SessionInfo
 	ctx := context.Background()
 	if err := svc.request(ctx, svc.subj.Session, control.SessionQuery{Session: r.Session, Token: r.Token[:]}, &info); err != nil {
+		if info.Err() == nil {
+			// Not refused: metadata did not answer. The client may try again.
+			svc.log.Warn("attach failed: the metadata service did not answer", "pid", s.cred.Pid, "session", r.Session, "error", err)
+			return fail(syscall.EAGAIN)
+		}
 		svc.log.Warn("attach refused", "pid", s.cred.Pid, "session", r.Session, "error", err)
 		return fail(syscall.EPERM)
 	}
