@@ -322,6 +322,11 @@ func (s *Service) reclaimOrphans(ctx context.Context) error {
 			if s.ns.PendingDelete(b) {
 				continue
 			}
+			if ns.Ino(b) > ns.MaxIno {
+				// No inode can have made it (nor io: the allocation limit).
+				s.log.Warn("blob past the largest inode number: not weir's, left alone", "blob", b)
+				continue
+			}
 			if a, err := s.ns.GetAttr(ns.Ino(b)); err == nil && a.Blob == b {
 				continue
 			}

@@ -224,8 +224,8 @@ func repair(n *ns.NS, be backend.Backend) ([]string, error) {
 	}
 	orphans := 0
 	for _, id := range blobs {
-		if _, ok := owned[uint64(id)]; ok || n.PendingDelete(uint64(id)) {
-			continue
+		if _, ok := owned[uint64(id)]; ok || n.PendingDelete(uint64(id)) || ns.Ino(id) > ns.MaxIno {
+			continue // past MaxIno: not weir's (still reported), left alone
 		}
 		if err := n.MarkDead(uint64(id)); err != nil {
 			return done, fmt.Errorf("mark orphan blob %d: %w", id, err)

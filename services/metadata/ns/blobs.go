@@ -60,11 +60,11 @@ func (n *NS) BlobGone(blob uint64) error {
 }
 
 // MarkDead makes blob, which the backend holds but no inode owns, await
-// deletion. A blob that some inode owns is EEXIST (it is no orphan); one
+// deletion. Blob 0 or one past MaxIno is EINVAL; a blob that some inode owns is EEXIST (it is no orphan); one
 // at or past the allocation counter moves the counter past it, so that no
 // new inode ever claims it; one already awaiting deletion is a no-op.
 func (n *NS) MarkDead(blob uint64) error {
-	if blob == 0 {
+	if blob == 0 || Ino(blob) > MaxIno {
 		return syscall.EINVAL
 	}
 	if err := n.lockMut(); err != nil {

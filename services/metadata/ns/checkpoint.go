@@ -122,6 +122,9 @@ func decodeCheckpoint(data []byte) (*state, uint64, error) {
 	if wal.Checksum(body) != le.Uint32(h[48:]) {
 		return nil, 0, fmt.Errorf("body checksum mismatch")
 	}
+	if next == 0 || next > MaxIno+1 {
+		return nil, 0, fmt.Errorf("next inode %d outside [1, %d]", next, MaxIno+1)
+	}
 	s := &state{nextIno: next, dead: map[uint64]struct{}{}}
 	d := &decoder{b: body}
 	if version >= 2 {

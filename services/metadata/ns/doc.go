@@ -97,6 +97,11 @@
 // deleted the blob, MarkDead adds an orphan found in the backend. A delete
 // lost in a crash is therefore retried after the restart.
 //
+// Inode numbers are never reused: the next one is a counter, persisted in
+// checkpoints and advanced by create records and by orphans at or past
+// it. They end at MaxIno (2^48-1); a create after that is ENOSPC, and a
+// blob number past it is refused (it is no inode's).
+//
 // # Why a WAL with checkpoints, not an embedded store such as bbolt
 //
 // The namespace lives in memory (a few hundred bytes per inode), so the

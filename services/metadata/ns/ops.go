@@ -115,6 +115,9 @@ func (n *NS) openLocked(c *Cred, start *inode, path string, flags int, mode uint
 			if w.dir.attr.Nlink == 0 {
 				return Attr{}, false, 0, syscall.ENOENT // a removed directory
 			}
+			if s.nextIno > MaxIno {
+				return Attr{}, false, 0, syscall.ENOSPC // inode numbers are never reused
+			}
 			rec := &createRec{
 				parent: w.dir.attr.Ino, ino: s.nextIno,
 				mode: syscall.S_IFREG | newFileMode(c, w.dir, mode),
@@ -279,6 +282,9 @@ func (n *NS) mkdirLocked(c *Cred, start *inode, path string, mode uint32) (Attr,
 	}
 	if w.dir.attr.Nlink == 0 {
 		return Attr{}, 0, syscall.ENOENT // a removed directory
+	}
+	if s.nextIno > MaxIno {
+		return Attr{}, 0, syscall.ENOSPC // inode numbers are never reused
 	}
 	mode &= 0o1777
 	if w.dir.attr.Mode&syscall.S_ISGID != 0 {

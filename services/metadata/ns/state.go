@@ -95,8 +95,8 @@ func (s *state) applyCreate(r *createRec) error {
 	if _, ok := p.entries[r.name]; ok {
 		return fmt.Errorf("create %q in %d: exists", r.name, r.parent)
 	}
-	if r.ino != s.nextIno {
-		return fmt.Errorf("create inode %d, want %d", r.ino, s.nextIno)
+	if r.ino != s.nextIno || r.ino > MaxIno {
+		return fmt.Errorf("create inode %d, want %d (at most %d)", r.ino, s.nextIno, MaxIno)
 	}
 	if !modeValid(r.mode) {
 		return fmt.Errorf("invalid mode %#o", r.mode)
@@ -305,11 +305,16 @@ func (s *state) applyBoot(r *bootRec) error {
 	return nil
 }
 
+// MaxIno is the largest inode (and blob) number. A create past it is
+// ENOSPC; a blob past it is never an inode's, so it cannot move the
+// allocation counter (which it would wrap).
+const MaxIno Ino = 1<<48 - 1
+
 // applyDead adds an orphan blob (one that belongs to no inode) to the
 // blobs awaiting deletion.
 func (s *state) applyDead(r *deadRec) error {
-	if r.blob == 0 {
-		return fmt.Errorf("dead: blob 0")
+	if r.blob == 0 || Ino(r.blob) > MaxIno {
+		return fmt.Errorf("dead: blob %d outside [1, %d]", r.blob, MaxIno)
 	}
 	if n := s.inodes[Ino(r.blob)]; n != nil && n.attr.Blob == r.blob {
 		return fmt.Errorf("dead: blob %d belongs to inode %d", r.blob, r.blob)
