@@ -2,20 +2,24 @@
 #
 # Every setting is optional; the value shown is the default, except where a
 # comment says "differs from the default". Flags override the file, and the
-# file overrides the defaults: --data, --log-level, --log-format, --nats-url.
+# file overrides the defaults: --data, --run-dir, --log-level, --log-format,
+# --nats-url, --nats-namespace.
 #
 # Relative paths are relative to the directory holding this file.
 # Durations are strings: "500us", "5ms", "2s", "1m".
 # Sizes are a number of bytes or a string with a binary unit: 4096, "64KiB",
 # "8MiB", "1GiB".
 
-# Where weir keeps its data: metadata WAL and checkpoints, blobs, staging.
-# `weir up --data DIR` overrides it.
+# Where weir keeps its data: metadata WAL and checkpoints, blobs, staging,
+# the NATS credentials. Created mode 0700: only the service user may enter
+# it. `weir up --data DIR` overrides it.
 data_dir = "/var/lib/weir"
 
-# Directory of the Unix sockets clients connect to. Default: <data_dir>/run,
-# so it follows --data unless set here.
-# run_dir = "/var/lib/weir/run"
+# Directory of the Unix sockets clients connect to, and of nats.url. It
+# must be reachable by every user, so it cannot be inside data_dir.
+# Default: /run/weir for the default data_dir, "<data_dir>.run" beside any
+# other, so it follows --data unless set here; --run-dir overrides it.
+# run_dir = "/run/weir"
 
 # trace, debug, info, warn or error.
 log_level = "info"
@@ -41,6 +45,19 @@ nats {
   # processes reconnect forever with backoff.
   connect_timeout = "5s"
 
+  # How long a service waits for another's answer to a control request (a
+  # grant, a revocation, a size report). A service that is gone is noticed
+  # at once, through the services' own session, without waiting for this.
+  request_timeout = "5s"
+
+  # The stack's credentials: one nkey seed per role (metadata, io,
+  # journal, verifier, cli), 0600 in a 0700 directory, created on first
+  # start. Every NATS connection authenticates with one; `weir status` and
+  # the other CLI commands use cli's, so they run as the service user.
+  # `weir nats-config` prints what an external server needs. Default:
+  # <data_dir>/creds.
+  # creds_dir = "/var/lib/weir/creds"
+
   # Starts every NATS subject of this stack ("<namespace>.io.grant", ...)
   # and the group of its health and stats endpoints, and is what
   # `weir status` looks for: stacks that share a NATS server (one external
@@ -55,7 +72,15 @@ nats {
 metadata {
   # Socket clients connect to for namespace requests. Default:
   # <run_dir>/metadata.sock, so it follows run_dir unless set here.
-  # socket = "/var/lib/weir/run/metadata.sock"
+  # socket = "/run/weir/metadata.sock"
+
+  # Socket the stack's other services (io) keep their service session on:
+  # 0600, the service user only. Default: <run_dir>/metadata.svc.sock.
+  # service_socket = "/run/weir/metadata.svc.sock"
+
+  # After a start, how long files that were unlinked while open are kept
+  # for their holders, whose clients reopen them, before they are freed.
+  reclaim_grace = "30s"
 
   # true: every namespace mutation (create, mkdir, rename, unlink, chmod,
   # ...) is durable when its reply is sent; concurrent mutations share one
@@ -76,7 +101,7 @@ metadata {
 io {
   # Socket clients connect to for reads and writes. Default:
   # <run_dir>/io.sock, so it follows run_dir unless set here.
-  # socket = "/var/lib/weir/run/io.sock"
+  # socket = "/run/weir/io.sock"
 
   # file: blobs under data_dir. mem: in memory, lost on exit (tests only).
   # spdk: SPDK Blobstore on the bdev spdk_bdev, which the SPDK JSON

@@ -75,6 +75,7 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 		NATS:           nc,
 		NATSNamespace:  c.NATS.Namespace,
 		RequestTimeout: c.NATS.RequestTimeout,
+		ReclaimGrace:   c.Metadata.ReclaimGrace,
 		Version:        Version,
 		Ring:           RingConfig(c),
 		WaitMode:       waitMode(c),

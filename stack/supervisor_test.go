@@ -98,9 +98,18 @@ func startSupervisor(t *testing.T, cfg *config.Config, configPath string) *stack
 // TestSupervisor runs the services as processes the way `weir up` does:
 // both become ready, serve a client, report on NATS; when one is killed,
 // Wait reports which one, and Stop stops the rest.
+//
+// With an hour-long request timeout, open files and a delete pending when
+// io dies, Stop still returns: metadata notices the dead io at once and
+// does not wait for answers that cannot come.
 func TestSupervisor(t *testing.T) {
 	cfg := testConfig(t)
-	s := startSupervisor(t, cfg, "")
+	path := filepath.Join(t.TempDir(), "weir.hcl")
+	if err := os.WriteFile(path, []byte("nats {\n  request_timeout = \"1h\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NATS.RequestTimeout = time.Hour
+	s := startSupervisor(t, cfg, path)
 	pids := s.PIDs()
 	if pids["metadata"] == 0 || pids["io"] == 0 {
 		t.Fatalf("pids %v", pids)
@@ -120,7 +129,17 @@ func TestSupervisor(t *testing.T) {
 	if err := c.WriteFile("hello", []byte("from another process"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.Close()
+	var open []*client.File
+	for i := range 4 {
+		f, err := c.Create(fmt.Sprintf("open%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.Write([]byte("granted")); err != nil {
+			t.Fatal(err)
+		}
+		open = append(open, f)
+	}
 
 	nc, err := stack.Connect(cfg, s.URL(), control.RoleCLI, hclog.NewNullLogger())
 	if err != nil {
@@ -155,7 +174,22 @@ func TestSupervisor(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Wait did not report the dead service")
 	}
-	s.Stop()
+	// Metadata is still up: a remove is acknowledged with its blob
+	// delete pending, which metadata tries once more as it stops.
+	if err := c.Remove("hello"); err != nil {
+		t.Fatalf("remove with io dead: %v", err)
+	}
+	stopped := make(chan struct{})
+	go func() { s.Stop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(time.Minute):
+		t.Fatal("Stop waited for answers from the dead io (request timeout 1h)")
+	}
+	for _, f := range open {
+		f.Close()
+	}
+	c.Close()
 	if err := syscall.Kill(pids["metadata"], 0); err == nil {
 		t.Fatal("metadata still running after Stop")
 	}

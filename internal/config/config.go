@@ -96,6 +96,9 @@ type Metadata struct {
 	SyncEveryOp     bool          // sync_every_op: fsync the WAL before every reply; default false (group commit)
 	SyncInterval    time.Duration // sync_interval: group-commit interval; default 5ms
 	CheckpointEvery int           // checkpoint_every: WAL records between checkpoints; default 10000
+	// reclaim_grace: after a start, how long files that were unlinked
+	// while open stay for their holders to reopen; default 30s.
+	ReclaimGrace time.Duration
 }
 
 // IO configures the IO service.
@@ -136,6 +139,7 @@ const (
 	DefaultNATSNamespace   = control.DefaultNamespace
 	DefaultSyncInterval    = 5 * time.Millisecond
 	DefaultCheckpointEvery = 10000
+	DefaultReclaimGrace    = 30 * time.Second
 	DefaultBackend         = "file"
 	DefaultDirect          = "auto"
 	DefaultWaitMode        = "adaptive"
@@ -171,6 +175,7 @@ func Default() *Config {
 		Metadata: Metadata{
 			SyncInterval:    DefaultSyncInterval,
 			CheckpointEvery: DefaultCheckpointEvery,
+			ReclaimGrace:    DefaultReclaimGrace,
 		},
 		IO: IO{
 			Backend:     DefaultBackend,

@@ -35,7 +35,7 @@ func TestDefault(t *testing.T) {
 			Namespace: "weir", CredsDir: "/var/lib/weir/creds"},
 		Metadata: Metadata{
 			Socket: "/run/weir/metadata.sock", ServiceSocket: "/run/weir/metadata.svc.sock", SyncEveryOp: false,
-			SyncInterval: 5 * time.Millisecond, CheckpointEvery: 10000,
+			SyncInterval: 5 * time.Millisecond, CheckpointEvery: 10000, ReclaimGrace: 30 * time.Second,
 		},
 		IO: IO{
 			Socket: "/run/weir/io.sock", Backend: "file", Direct: "auto",
@@ -76,6 +76,7 @@ metadata {
   sync_every_op    = true
   sync_interval    = "250us"
   checkpoint_every = 500
+  reclaim_grace    = "2m"
 }
 io {
   socket    = "io.sock"
@@ -105,7 +106,7 @@ ring {
 		},
 		Metadata: Metadata{
 			Socket: "/run/weir/m.sock", ServiceSocket: filepath.Join(dir, "svc.sock"), SyncEveryOp: true,
-			SyncInterval: 250 * time.Microsecond, CheckpointEvery: 500,
+			SyncInterval: 250 * time.Microsecond, CheckpointEvery: 500, ReclaimGrace: 2 * time.Minute,
 		},
 		IO: IO{
 			Socket: filepath.Join(dir, "io.sock"), Backend: "mem", Direct: "off",

@@ -98,6 +98,7 @@ type (
 		SyncEveryOp     *hcl.Attribute `hcl:"sync_every_op,optional"`
 		SyncInterval    *hcl.Attribute `hcl:"sync_interval,optional"`
 		CheckpointEvery *hcl.Attribute `hcl:"checkpoint_every,optional"`
+		ReclaimGrace    *hcl.Attribute `hcl:"reclaim_grace,optional"`
 	}
 	ioBlock struct {
 		Socket   *hcl.Attribute `hcl:"socket,optional"`
@@ -191,6 +192,7 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.bool("metadata.sync_every_op", b.SyncEveryOp, &c.Metadata.SyncEveryOp)
 		d.duration("metadata.sync_interval", b.SyncInterval, &c.Metadata.SyncInterval)
 		d.int("metadata.checkpoint_every", b.CheckpointEvery, &c.Metadata.CheckpointEvery)
+		d.duration("metadata.reclaim_grace", b.ReclaimGrace, &c.Metadata.ReclaimGrace)
 	}
 	if b := fc.IO; b != nil {
 		if d.path("io.socket", b.Socket, &c.IO.Socket) {

@@ -108,6 +108,9 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	if c.Metadata.SyncInterval <= 0 {
 		bad(at("metadata.sync_interval"), "metadata.sync_interval", "%v: must be positive", c.Metadata.SyncInterval)
 	}
+	if c.Metadata.ReclaimGrace <= 0 {
+		bad(at("metadata.reclaim_grace"), "metadata.reclaim_grace", "%v: must be positive", c.Metadata.ReclaimGrace)
+	}
 	if c.Metadata.CheckpointEvery < 1 {
 		bad(at("metadata.checkpoint_every"), "metadata.checkpoint_every", "%d: must be at least 1", c.Metadata.CheckpointEvery)
 	}
