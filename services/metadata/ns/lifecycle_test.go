@@ -2,12 +2,15 @@ package ns
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
 
 	"github.com/weir-storage/weir/internal/vfs"
 	"github.com/weir-storage/weir/internal/wal"
+	"golang.org/x/sys/unix"
 )
 
 func stat(t *testing.T, n *NS, p string) Attr {
@@ -651,4 +654,84 @@ func TestInodeNumbersEnd(t *testing.T) {
 		must(t, n.Check())
 	}
 	must(t, n.Close())
+}
+
+// TestRemovedDirectoryHandle: a directory handle whose directory was
+// removed is still a valid start. Its ".." is the directory it was
+// removed from, as on Linux; once that one is removed and freed too, ".."
+// is ENOENT (Linux still finds the removed parent, which the child pins:
+// docs/posix-differences.md). Lookups, renames and creates from it fail
+// cleanly (this used to dereference the freed parent). The kernel is asked
+// the same.
+func TestRemovedDirectoryHandle(t *testing.T) {
+	n, _ := newNS(t)
+	a, err := n.Mkdir(root, "a", 0o755)
+	must(t, err)
+	_, err = n.Mkdir(root, "a/b", 0o755)
+	must(t, err)
+	x := create(t, n, root, "a/x")
+	release(t, n, x.Ino)
+	b, _, err := n.Open(root, "a/b", syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	must(t, err)
+	must(t, n.Rmdir(root, "a/b"))
+	if got, err := n.StatAt(root, b.Ino, ".."); err != nil || got.Ino != a.Ino {
+		t.Errorf("StatAt(removed, ..) with its parent alive = %+v, %v; want the parent", got, err)
+	}
+	if got, err := n.StatAt(root, b.Ino, "../x"); err != nil || got.Ino != x.Ino {
+		t.Errorf("StatAt(removed, ../x) with its parent alive = %+v, %v; want a/x", got, err)
+	}
+	_, err = n.Unlink(root, "a/x")
+	must(t, err)
+	must(t, n.Rmdir(root, "a"))
+	f := create(t, n, root, "f")
+	release(t, n, f.Ino)
+	for _, p := range []string{"..", "../x", "./..", "x"} {
+		if _, err := n.StatAt(root, b.Ino, p); errno(t, err) != syscall.ENOENT {
+			t.Errorf("StatAt(removed, %q) with its parent freed = %v, want ENOENT", p, err)
+		}
+	}
+	if _, err := n.RenameAt(root, RootIno, "f", b.Ino, "g"); errno(t, err) != syscall.ENOENT {
+		t.Errorf("rename into the removed directory: %v, want ENOENT", err)
+	}
+	if _, err := n.RenameAt(root, b.Ino, "../y", RootIno, "g"); errno(t, err) != syscall.ENOENT {
+		t.Errorf("rename from .. of the removed directory: %v, want ENOENT", err)
+	}
+	if _, err := n.RenameAt(root, b.Ino, "..", RootIno, "g"); errno(t, err) != syscall.EBUSY {
+		t.Errorf("rename of .. of the removed directory: %v, want EBUSY", err)
+	}
+	if _, err := n.MkdirAt(root, b.Ino, "../c", 0o755); errno(t, err) != syscall.ENOENT {
+		t.Errorf("mkdir via .. of the removed directory: %v, want ENOENT", err)
+	}
+	release(t, n, b.Ino)
+	must(t, n.Check())
+
+	// The kernel, for the record.
+	dir := t.TempDir()
+	must(t, os.MkdirAll(filepath.Join(dir, "a/b"), 0o755))
+	must(t, os.WriteFile(filepath.Join(dir, "a/x"), nil, 0o644))
+	fd, err := unix.Open(filepath.Join(dir, "a/b"), unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	must(t, err)
+	defer unix.Close(fd)
+	must(t, os.Remove(filepath.Join(dir, "a/b")))
+	var st, ast unix.Stat_t
+	must(t, unix.Stat(filepath.Join(dir, "a"), &ast))
+	if err := unix.Fstatat(fd, "..", &st, 0); err != nil || st.Ino != ast.Ino {
+		t.Errorf("kernel: fstatat(removed, ..) = %v, ino %d; want a (%d)", err, st.Ino, ast.Ino)
+	}
+	if err := unix.Fstatat(fd, "../x", &st, 0); err != nil {
+		t.Errorf("kernel: fstatat(removed, ../x) = %v; want a/x", err)
+	}
+	must(t, os.Remove(filepath.Join(dir, "a/x")))
+	must(t, os.Remove(filepath.Join(dir, "a")))
+	for _, p := range []string{"../x", "x"} {
+		if err := unix.Fstatat(fd, p, &st, 0); err != unix.ENOENT {
+			t.Errorf("kernel: fstatat(removed, %q) = %v, want ENOENT", p, err)
+		}
+	}
+	if err := unix.Mkdirat(fd, "../c", 0o755); err != unix.ENOENT {
+		t.Errorf("kernel: mkdirat(removed, ../c) = %v, want ENOENT", err)
+	}
+	if err := unix.Fstatat(fd, "..", &st, 0); err != nil {
+		t.Errorf("kernel: fstatat(removed, ..) with its parent removed = %v; the difference documented is that Linux finds it", err)
+	}
 }

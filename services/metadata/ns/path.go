@@ -115,7 +115,7 @@ func (s *state) step(dir *inode, comp string) (*inode, error) {
 	case ".":
 		return dir, nil
 	case "..":
-		return s.inodes[dir.parent], nil
+		return s.parentOf(dir)
 	}
 	if len(comp) > nameMax {
 		return nil, syscall.ENAMETOOLONG
@@ -127,6 +127,18 @@ func (s *state) step(dir *inode, comp string) (*inode, error) {
 	return s.inodes[ino], nil
 }
 
+// parentOf returns directory dir's parent. A removed directory (still
+// open, so a valid start) keeps the parent it was removed from, as a
+// removed directory's ".." does on Linux; once that parent is freed too
+// (Linux keeps it while a child pins it) it is ENOENT.
+func (s *state) parentOf(dir *inode) (*inode, error) {
+	p := s.inodes[dir.parent]
+	if p == nil {
+		return nil, syscall.ENOENT
+	}
+	return p, nil
+}
+
 // final looks up the last component of a walked path; a trailing slash
 // demands a directory (ENOTDIR).
 func (s *state) final(w walked) (*inode, error) {
@@ -134,7 +146,7 @@ func (s *state) final(w walked) (*inode, error) {
 	case lastRoot, lastDot:
 		return w.dir, nil
 	case lastDotDot:
-		return s.inodes[w.dir.parent], nil
+		return s.parentOf(w.dir)
 	}
 	n, err := s.step(w.dir, w.name)
 	if err != nil {
@@ -188,12 +200,14 @@ func (s *state) trap(newDir, oldDir *inode) *inode {
 	if newDir == oldDir {
 		return nil
 	}
-	for p := newDir; p.attr.Ino != RootIno; p = s.inodes[p.parent] {
+	// Removed directories have no ancestors (their callers refuse them
+	// before the rename does anything); the walks stop at them.
+	for p := newDir; p != nil && p.attr.Ino != RootIno && p.attr.Nlink != 0; p = s.inodes[p.parent] {
 		if p.parent == oldDir.attr.Ino {
 			return p
 		}
 	}
-	for q := oldDir; q.attr.Ino != RootIno; q = s.inodes[q.parent] {
+	for q := oldDir; q != nil && q.attr.Ino != RootIno && q.attr.Nlink != 0; q = s.inodes[q.parent] {
 		if q.parent == newDir.attr.Ino {
 			return q
 		}
