@@ -83,10 +83,11 @@ func attach(ctx context.Context, data *ring.Client, c *conn) error {
 }
 
 // call runs one request on c. in is the request body; out receives the
-// response body (the buffer is sized for the larger of the two). It
-// returns the completion; a negative result becomes a syscall.Errno error,
-// a result larger than the buffer is EIO (the service answered something
-// the request cannot carry).
+// response body (the buffer is sized for the larger of the two), and an
+// empty out means the request answers none. It returns the completion; a
+// negative result becomes a syscall.Errno error, a result larger than out
+// is EIO (the service answered something the request cannot carry), so
+// out[:Result] is always valid.
 func call(ctx context.Context, c *ring.Client, op uint8, arg uint32, handle, offset uint64, in, out []byte) (ring.Completion, error) {
 	rc := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset}
 	n := max(len(in), len(out))
@@ -105,12 +106,10 @@ func call(ctx context.Context, c *ring.Client, op uint8, arg uint32, handle, off
 		if comp.Result < 0 {
 			return comp, syscall.Errno(-comp.Result)
 		}
-		if comp.Result > int64(n) || (out == nil && comp.Result != 0) {
-			return comp, badCompletion(op, fmt.Sprintf("result %d for a buffer of %d bytes", comp.Result, n))
+		if comp.Result > int64(len(out)) {
+			return comp, badCompletion(op, fmt.Sprintf("result %d for a response of at most %d bytes", comp.Result, len(out)))
 		}
-		if out != nil {
-			b.CopyTo(out[:min(len(out), int(comp.Result))])
-		}
+		b.CopyTo(out[:comp.Result])
 		return comp, nil
 	}
 	comp, err := c.Do(ctx, &rc)

@@ -163,6 +163,23 @@ func TestClientValidatesCompletions(t *testing.T) {
 		{"a result for a request that answers none", func(f *fakeServices) {
 			f.meta[proto.OpChmod] = func(*ring.Request) (int64, uint64) { return 77, 0 }
 		}, func(fsys *client.FS) error { return fsys.Chmod("x", 0o644) }},
+		// A long name makes the request buffer larger than the response:
+		// a result that fits the buffer but not the response.
+		{"stat of a long name answering the whole buffer", func(f *fakeServices) {
+			f.meta[proto.OpStat] = func(q *ring.Request) (int64, uint64) { return int64(q.Length), 0 }
+		}, func(fsys *client.FS) error { _, err := fsys.Stat(strings.Repeat("n", 200)); return err }},
+		{"mkdir of a long name answering the whole buffer", func(f *fakeServices) {
+			f.meta[proto.OpMkdir] = func(q *ring.Request) (int64, uint64) { return int64(q.Length), 0 }
+		}, func(fsys *client.FS) error { return fsys.Mkdir(strings.Repeat("n", 200), 0o755) }},
+		{"open of a long name answering the whole buffer", func(f *fakeServices) {
+			f.meta[proto.OpOpen] = func(q *ring.Request) (int64, uint64) { return int64(q.Length), 0 }
+		}, func(fsys *client.FS) error {
+			_, err := fsys.OpenFile(strings.Repeat("n", 250), os.O_RDONLY, 0)
+			return err
+		}},
+		{"chmod of a long name answering the whole buffer", func(f *fakeServices) {
+			f.meta[proto.OpChmod] = func(q *ring.Request) (int64, uint64) { return int64(q.Length), 0 }
+		}, func(fsys *client.FS) error { return fsys.Chmod(strings.Repeat("n", 200), 0o644) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFake(t, proto.Version)

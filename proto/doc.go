@@ -48,7 +48,13 @@
 // answers ESTALE to a session attached to one: the client dials the
 // metadata service again, says OpHello, repeats OpAttach on the same io
 // ring with the new session, and reopens its handles with OpReopen and
-// the tickets OpOpen gave it (FeatureReopen).
+// the tickets OpOpen gave it (FeatureReopen). A ticket is accepted only
+// from a later incarnation than the one that issued it, within the
+// service's reclaim grace after its start (metadata.reclaim_grace, 30 s
+// by default), once, and only while the file's mode still allows the
+// access if it has a name; otherwise OpReopen answers ESTALE (too late or
+// used: the handle is gone), EPERM (not genuine, another uid's, or of the
+// current incarnation) or EACCES.
 //
 // # Descriptor fields
 //
@@ -76,7 +82,8 @@
 //	 48 i64 ctime
 //
 //	ticket (32 bytes): opaque to the client; the metadata service's MAC
-//	over the inode, the open flags and the uid it was issued to
+//	over the handle it was issued with, the inode, the open flags and the
+//	uid it was issued to
 //
 // Bodies, by opcode (in: request; out: response; "-" none):
 //

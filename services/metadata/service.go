@@ -147,6 +147,8 @@ type Service struct {
 	alloc    allocation           // blob ids io accepts grants for
 	revokes  *retrier             // revocations to send again
 	reclaim  *time.Timer          // ReleaseHeld after the grace; protected by mu
+	started  time.Time            // when Start began the grace; protected by mu
+	reopened map[uint64]struct{}  // handles of earlier incarnations reopened by ticket; protected by mu
 	// The orphan scan runs once per start, after a resync.
 	orphanMu    sync.Mutex
 	orphansDone bool           // protected by orphanMu
@@ -214,6 +216,10 @@ func (s *Service) Incarnation() uint32 { return s.inc }
 // endpoints (ServiceName), starts deleting the blobs awaiting deletion and
 // the clock of the reclaim grace.
 func (s *Service) Start() error {
+	s.mu.Lock()
+	s.started = time.Now()
+	s.reopened = map[uint64]struct{}{}
+	s.mu.Unlock()
 	s.host.Handle(s.subj.Session, s.onSession)
 	s.host.Handle(s.subj.SetLive, s.onSetLive)
 	s.host.Serve(&host.Listener{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode,
@@ -249,6 +255,9 @@ func (s *Service) releaseHeld() {
 	if s.closed.Load() {
 		return
 	}
+	s.mu.Lock()
+	s.reopened = nil // the grace is over: no ticket is accepted any more
+	s.mu.Unlock()
 	blobs, err := s.ns.ReleaseHeld()
 	if err != nil {
 		s.log.Error("release held files", "error", err)

@@ -42,6 +42,8 @@ type session struct {
 	version  uint32 // negotiated protocol version
 	features uint64 // negotiated features
 	handles  map[uint64]*handle
+	// warnedTicket: a refused ticket was logged (once per session).
+	warnedTicket bool
 }
 
 func newSession(svc *Service) *session {
@@ -279,15 +281,15 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 	resp := proto.OpenResp{Handle: id, Attr: toProto(a), Created: created, Granted: h.grantEpoch != 0}
 	if se.features&proto.FeatureReopen != 0 {
 		resp.HasTicket = true
-		resp.Ticket = s.ticket(a.Ino, flags, se.cred.UID)
+		resp.Ticket = s.ticket(id, a.Ino, flags, se.cred.UID)
 	}
 	return reply(q, resp.Append(nil))
 }
 
 // reopen opens again, by ticket, a file this uid had open before the
 // service restarted (FeatureReopen). The ticket proves the open was
-// allowed; nothing is looked up or checked again, as an open file
-// descriptor survives a rename, an unlink and a chmod.
+// allowed; the path is not looked up again, as an open file descriptor
+// survives a rename and an unlink (see tickets.go for what is checked).
 func (se *session) reopen(q *ring.Request) (int64, uint64) {
 	if se.features&proto.FeatureReopen == 0 {
 		return se.errno(syscall.EOPNOTSUPP)
@@ -296,17 +298,28 @@ func (se *session) reopen(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	ino, flags, ok := se.svc.checkTicket(t, se.cred.UID)
-	if !ok {
-		se.svc.log.Warn("reopen with a ticket that is not genuine or not this uid's", "pid", se.pid, "uid", se.cred.UID)
+	ino, flags, why := se.svc.checkTicket(t, se.cred.UID)
+	switch why {
+	case ticketForged:
+		if !se.warnedTicket {
+			se.warnedTicket = true // once per session: a client cannot flood the log
+			se.svc.log.Warn("reopen with a ticket that is not genuine or not this uid's", "pid", se.pid, "uid", se.cred.UID)
+		}
 		return se.errno(syscall.EPERM)
+	case ticketCurrent:
+		return se.errno(syscall.EPERM) // its handle is of this incarnation: use it
+	case ticketLate:
+		return se.errno(proto.ErrStale) // the grace is over or it was used: the handle is gone
 	}
-	a, err := se.svc.ns.Reopen(ino) // inode numbers are never reused: ino is the same file or gone
-	if err != nil {
+	a, err := se.svc.ns.Reopen(se.cred, ino, flags) // inode numbers are never reused: ino is the same file or gone
+	switch {
+	case errors.Is(err, syscall.ENOENT):
 		return se.errno(proto.ErrStale) // the file is gone
+	case err != nil:
+		return se.errno(err)
 	}
 	se.svc.Stats.Reopens.Add(1)
-	return se.finishOpen(q, a, false, flags&^(syscall.O_CREAT|syscall.O_EXCL|syscall.O_TRUNC))
+	return se.finishOpen(q, a, false, flags)
 }
 
 // grantOp grants a handle before its first read or write; a handle whose

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"syscall"
+	"time"
 
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/services/metadata/ns"
@@ -19,23 +20,52 @@ import (
 // key, which only the service user can read.
 //
 //	ticket (32 bytes)
-//	  0 u64 ino    8 u32 open flags   12 u32 uid   16 [16]byte MAC
+//	  0 u64 handle   the handle it was issued with (its incarnation in the top 24 bits)
+//	  8 u64 ino      bits 0-47; bits 48-63: the open flags it keeps (ticketBits)
+//	 16 u32 uid
+//	 20 [12]byte MAC = HMAC-SHA256(key, "weir-ticket-v2" || bytes 0..20)[:12]
 //
-// MAC = HMAC-SHA256(key, "weir-ticket-v1" || bytes 0..16)[:16].
+// A ticket outlives the handle it was issued for, so it is accepted only
+// where it stands in for a handle a restart took away (checkTicket): it
+// must come from an earlier incarnation than this one, within
+// ReclaimGrace of this start, once per handle, from the uid it was issued
+// to; and a file that still has a name must still allow the access
+// (ns.Reopen). What is left: a process that closed the handle shortly
+// before a restart can reopen the file during the grace, if its mode
+// still lets it (a path lookup might not, through a directory it can no
+// longer search).
 
-const ticketDomain = "weir-ticket-v1"
+const ticketDomain = "weir-ticket-v2"
 
-// ticketFlags are the open flags a ticket keeps: what the reopened handle
-// does (access mode, append, sync); creating and truncating are not
-// repeated.
+// ticketFlags are the open flags a ticket keeps (what the reopened handle
+// does: access mode, append, sync; creating and truncating are not
+// repeated); ticketBits gives each its bit in the ticket.
 const ticketFlags = syscall.O_ACCMODE | syscall.O_APPEND | syscall.O_SYNC | syscall.O_DSYNC | syscall.O_DIRECTORY
 
-func (s *Service) ticket(ino ns.Ino, flags int, uid uint32) proto.Ticket {
+var ticketBits = []struct {
+	flag int
+	bit  uint64
+}{
+	{syscall.O_WRONLY, 1 << 48},
+	{syscall.O_RDWR, 1 << 49},
+	{syscall.O_APPEND, 1 << 50},
+	{syscall.O_SYNC, 1 << 51},
+	{syscall.O_DSYNC, 1 << 52},
+	{syscall.O_DIRECTORY, 1 << 53},
+}
+
+func (s *Service) ticket(handle uint64, ino ns.Ino, flags int, uid uint32) proto.Ticket {
+	v := uint64(ino)
+	for _, b := range ticketBits {
+		if flags&b.flag == b.flag {
+			v |= b.bit
+		}
+	}
 	var t proto.Ticket
-	binary.LittleEndian.PutUint64(t[0:], uint64(ino))
-	binary.LittleEndian.PutUint32(t[8:], uint32(flags)&ticketFlags)
-	binary.LittleEndian.PutUint32(t[12:], uid)
-	copy(t[16:], s.ticketMAC(t[:16]))
+	binary.LittleEndian.PutUint64(t[0:], handle)
+	binary.LittleEndian.PutUint64(t[8:], v)
+	binary.LittleEndian.PutUint32(t[16:], uid)
+	copy(t[20:], s.ticketMAC(t[:20]))
 	return t
 }
 
@@ -43,16 +73,43 @@ func (s *Service) ticketMAC(fields []byte) []byte {
 	m := hmac.New(sha256.New, s.key[:])
 	m.Write([]byte(ticketDomain))
 	m.Write(fields)
-	return m.Sum(nil)[:16]
+	return m.Sum(nil)[:proto.TicketSize-20]
 }
 
-// checkTicket returns what t names if it is genuine and was issued to uid.
-func (s *Service) checkTicket(t proto.Ticket, uid uint32) (ino ns.Ino, flags int, ok bool) {
-	if !hmac.Equal(t[16:], s.ticketMAC(t[:16])) {
-		return 0, 0, false
+// ticketRefusal says why a ticket is not accepted.
+type ticketRefusal int
+
+const (
+	ticketOK      ticketRefusal = iota
+	ticketForged                // not made with this namespace's key, or another uid's: EPERM
+	ticketCurrent               // issued by this incarnation: the handle is still open, EPERM
+	ticketLate                  // after the grace, or used already: ESTALE (the handle is gone)
+)
+
+// checkTicket returns what t names if it may reopen a file for uid now.
+func (s *Service) checkTicket(t proto.Ticket, uid uint32) (ino ns.Ino, flags int, why ticketRefusal) {
+	if !hmac.Equal(t[20:], s.ticketMAC(t[:20])) || binary.LittleEndian.Uint32(t[16:]) != uid {
+		return 0, 0, ticketForged
 	}
-	if binary.LittleEndian.Uint32(t[12:]) != uid {
-		return 0, 0, false
+	handle := binary.LittleEndian.Uint64(t[0:])
+	if proto.IncarnationOf(handle) >= s.inc {
+		return 0, 0, ticketCurrent
 	}
-	return ns.Ino(binary.LittleEndian.Uint64(t[0:])), int(binary.LittleEndian.Uint32(t[8:])), true
+	s.mu.Lock()
+	_, used := s.reopened[handle]
+	late := used || s.reopened == nil || time.Since(s.started) > s.opts.ReclaimGrace
+	if !late {
+		s.reopened[handle] = struct{}{}
+	}
+	s.mu.Unlock()
+	if late {
+		return 0, 0, ticketLate
+	}
+	v := binary.LittleEndian.Uint64(t[8:])
+	for _, b := range ticketBits {
+		if v&b.bit != 0 {
+			flags |= b.flag
+		}
+	}
+	return ns.Ino(v & (1<<48 - 1)), flags, ticketOK
 }

@@ -135,13 +135,15 @@ func (n *NS) ReleaseHeld() ([]uint64, error) {
 	return blobs, err
 }
 
-// Reopen opens inode ino again, by number: the metadata service does so
-// for a client that held it open before a restart and proves it with a
-// ticket (the service checks the ticket; the namespace checks nothing but
-// that the inode exists, as an open file descriptor keeps working whatever
-// happens to its permissions). A held inode stops being held. The open
+// Reopen opens inode ino again, by number, for c with open flags: the
+// metadata service does so for a client that held it open before a
+// restart and proves it with a ticket. A file that still has a name must
+// still allow c the access (EACCES otherwise): a ticket outlives the
+// handle it was issued for, so it is not let past a chmod. A file
+// unlinked while open (held) is checked for nothing but existence, as an
+// open file descriptor keeps working, and stops being held. The open
 // counts until Release, as Open's does.
-func (n *NS) Reopen(ino Ino) (Attr, error) {
+func (n *NS) Reopen(c Cred, ino Ino, flags int) (Attr, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.closed {
@@ -150,6 +152,18 @@ func (n *NS) Reopen(ino Ino) (Attr, error) {
 	nd := n.st.inodes[ino]
 	if nd == nil {
 		return Attr{}, syscall.ENOENT
+	}
+	if nd.attr.Nlink != 0 {
+		mask := mayRead
+		switch flags & syscall.O_ACCMODE {
+		case syscall.O_WRONLY:
+			mask = mayWrite
+		case syscall.O_RDWR:
+			mask = mayRead | mayWrite
+		}
+		if err := permission(&c, &nd.attr, mask); err != nil {
+			return Attr{}, err
+		}
 	}
 	nd.opens++
 	nd.held = false

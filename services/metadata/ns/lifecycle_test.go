@@ -428,7 +428,11 @@ func TestReopenHeld(t *testing.T) {
 	must(t, err)
 	must(t, n.Close())
 	n2 := openMem(t, m, testOpts(clk))
-	got, err := n2.Reopen(a.Ino)
+	// Unlinked while open: no longer anyone's to open by path, so its
+	// mode is not checked (another uid, a mode of 0).
+	err = n2.FChmod(root, a.Ino, 0)
+	must(t, err)
+	got, err := n2.Reopen(Cred{UID: 4242, GID: 4242}, a.Ino, syscall.O_RDWR)
 	must(t, err)
 	if got.Ino != a.Ino || got.Nlink != 0 {
 		t.Fatalf("Reopen = %+v", got)
@@ -440,8 +444,34 @@ func TestReopenHeld(t *testing.T) {
 	if blob := release(t, n2, a.Ino); blob != uint64(a.Ino) {
 		t.Fatalf("last release of the reopened orphan returned blob %d", blob)
 	}
-	if _, err := n2.Reopen(a.Ino); errno(t, err) != syscall.ENOENT {
+	if _, err := n2.Reopen(root, a.Ino, syscall.O_RDONLY); errno(t, err) != syscall.ENOENT {
 		t.Fatalf("Reopen of a freed inode: %v", err)
+	}
+	// A file with a name must still allow the access.
+	u := Cred{UID: 1000, GID: 1000}
+	b := create(t, n2, root, "g")
+	must(t, n2.FChown(root, b.Ino, int(u.UID), int(u.GID)))
+	release(t, n2, b.Ino)
+	for _, c := range []struct {
+		mode  uint32
+		flags int
+		want  error
+	}{
+		{0o644, syscall.O_RDWR, nil},
+		{0o444, syscall.O_RDWR, syscall.EACCES},
+		{0o444, syscall.O_RDONLY, nil},
+		{0o244, syscall.O_RDONLY, syscall.EACCES},
+		{0o244, syscall.O_WRONLY, nil},
+	} {
+		err = n2.FChmod(u, b.Ino, c.mode)
+		must(t, err)
+		_, err := n2.Reopen(u, b.Ino, c.flags)
+		if c.want == nil {
+			must(t, err)
+			release(t, n2, b.Ino)
+		} else if errno(t, err) != c.want {
+			t.Errorf("Reopen(mode %o, flags %#x) = %v, want %v", c.mode, c.flags, err, c.want)
+		}
 	}
 	must(t, n2.Close())
 }
