@@ -91,6 +91,30 @@ func (p *serviceProc) stop() {
 	}
 }
 
+// pause stops the process (SIGSTOP) and returns once the kernel reports
+// it stopped: the signal is asynchronous, and a process that runs on
+// another CPU may otherwise still answer a request or two.
+func (p *serviceProc) pause(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// pid (comm) state ...: comm may hold spaces and parentheses.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not stop: %s", p.name, b)
+		}
+	}
+}
+
 func (p *serviceProc) kill(t *testing.T) {
 	t.Helper()
 	if err := p.cmd.Process.Kill(); err != nil {
@@ -481,9 +505,7 @@ func TestDeleteSurvivesCrash(t *testing.T) {
 	if err := fsys.WriteFile("kept", []byte("kept"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := io.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	io.pause(t)
 	if err := fsys.Remove("doomed"); err != nil {
 		t.Fatalf("remove while io is stopped: %v", err)
 	}
@@ -577,9 +599,7 @@ func TestDeadIONoticedAtOnce(t *testing.T) {
 		}
 		files = append(files, f)
 	}
-	if err := io.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	io.pause(t)
 	done := make(chan error, len(files))
 	for _, f := range files {
 		go func() { done <- f.Close() }()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -198,5 +199,69 @@ func TestControlMessagesValidated(t *testing.T) {
 	}
 	if n := st.Metadata.Snapshot()["control_refused"]; n != uint64(6) {
 		t.Errorf("metadata control_refused = %v, want 6", n)
+	}
+}
+
+// TestRevokeEndsItsGrant: versions order the messages of a file, but a
+// revoke is checked against the grant it ends, not against the file: a
+// revoke sent again late (the retrier, after a grant timed out) still
+// ends its grant when other handles of the file were granted since at
+// newer versions, and only a revoke older than the grant it names is
+// stale. (Checked against the file, the late revoke was refused and the
+// grant it was meant to end stayed at io: found in review.)
+func TestRevokeEndsItsGrant(t *testing.T) {
+	c := stacktest.Config(t, "")
+	c.IO.Backend = "mem"
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	raw := rawDial(t, c)
+	handle := raw.open(t, "f")
+	out := make([]byte, proto.AttrSize)
+	comp := rawCall(t, raw.meta, proto.OpFStat, 0, handle, nil, out)
+	a, err := proto.DecodeAttr(out[:max(comp.Result, 0)])
+	if err != nil {
+		t.Fatal(err)
+	}
+	md, err := st.Connect(control.RoleMetadata, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sj := control.SubjectsIn(c.NATS.Namespace)
+	inc := st.Metadata.Incarnation()
+	ha, hb := proto.MakeID(inc, 1<<21), proto.MakeID(inc, 1<<21+1)
+	const v = 1 << 50
+	grant := func(h uint64, ver uint64) control.Grant {
+		return control.Grant{Session: raw.hello.Session, Handle: h, Ino: a.Ino, Blob: a.Ino, Read: true, Ver: ver}
+	}
+	revoke := func(h uint64, ver uint64) control.Revoke {
+		return control.Revoke{Session: raw.hello.Session, Handle: h, Blob: a.Ino, Ver: ver}
+	}
+	for _, step := range []struct {
+		subj string
+		msg  any
+		want string // refusal kind, "" for applied
+	}{
+		{sj.Grant, grant(ha, v), ""},
+		{sj.Grant, grant(hb, v+10), ""},
+		{sj.Revoke, revoke(ha, v+5), ""},              // late, but newer than ha's grant
+		{sj.Revoke, revoke(hb, v+3), "stale_version"}, // older than hb's grant
+		{sj.Grant, grant(ha, v+6), "stale_version"},   // older than the last applied to the file
+	} {
+		got := send(t, md, step.subj, step.msg)
+		if (step.want == "" && got != "") || (step.want != "" && !strings.HasPrefix(got, step.want+": ")) {
+			t.Fatalf("%s %+v: reply %q, want %q", step.subj, step.msg, got, step.want)
+		}
+	}
+	if e := raw.readErr(t, ha); e != syscall.EBADF {
+		t.Errorf("read on the revoked handle: %v, want EBADF", e)
+	}
+	if e := raw.readErr(t, hb); e != 0 {
+		t.Errorf("read on the handle whose stale revoke was refused: %v", e)
+	}
+	if e := raw.readErr(t, handle); e != 0 {
+		t.Errorf("read on metadata's own handle: %v", e)
 	}
 }

@@ -94,7 +94,7 @@ func (s *Service) onGrant(m *nats.Msg) {
 		hs = make(map[uint64]*grant)
 		s.grants[g.Session] = hs
 	}
-	hs[g.Handle] = &grant{blob: ob, read: g.Read, write: g.Write, sync: g.Sync, drained: make(chan struct{})}
+	hs[g.Handle] = &grant{blob: ob, read: g.Read, write: g.Write, sync: g.Sync, ver: g.Ver, drained: make(chan struct{})}
 	s.mu.Unlock()
 	s.Stats.Grants.Add(1)
 	size, mtime, dv := ob.live()
@@ -128,13 +128,18 @@ func (s *Service) onRevoke(m *nats.Msg) {
 			s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("revoke of handle %#x names blob %d; it holds %d", r.Handle, r.Blob, g.blob.id))
 			return
 		}
-		if r.Ver <= g.blob.ver {
+		// Against the grant it would end, not the file: a revoke sent
+		// again late still ends the grant it was meant for, however many
+		// other handles of the file were granted since. Only a revoke
+		// older than this grant (one meant for an earlier grant of the
+		// handle) is stale.
+		if r.Ver <= g.ver {
 			s.mu.Unlock()
 			s.Stats.StaleControl.Add(1)
-			s.host.Refuse(m, "stale_version", control.Ack{}, fmt.Sprintf("revoke of blob %d at version %d: %d applied already", r.Blob, r.Ver, g.blob.ver))
+			s.host.Refuse(m, "stale_version", control.Ack{}, fmt.Sprintf("revoke of handle %#x at version %d: its grant is version %d", r.Handle, r.Ver, g.ver))
 			return
 		}
-		g.blob.ver = r.Ver
+		g.blob.ver = max(g.blob.ver, r.Ver)
 		gone = append(gone, g)
 		delete(hs, r.Handle)
 		if len(hs) == 0 {

@@ -16,8 +16,9 @@
 // subscription and are validated as strictly as ring descriptors
 // (control.go): a malformed body, a grant for a session that is not
 // attached here or of another incarnation, a blob at or above the
-// allocation limit, a grant or revoke whose file version is not newer than
-// the last applied: refused, counted in control_refused_*, logged once per
+// allocation limit, a grant whose version is not newer than the last
+// message applied to its file, a revoke not newer than the grant it would
+// end: refused, counted in control_refused_*, logged once per
 // kind, nothing changed.
 //
 // The IO service keeps a service session with the metadata service

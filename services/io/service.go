@@ -128,6 +128,7 @@ type grant struct {
 	blob        *openBlob
 	read, write bool
 	sync        control.SyncMode
+	ver         uint64 // the file version of the grant: its revoke must be newer
 
 	active  int           // requests in flight; protected by Service.mu
 	revoked bool          // protected by Service.mu

@@ -7,22 +7,21 @@ import (
 	"time"
 
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
 
 // openFile is the state of a regular file that some handle has open.
 //
-// Versions. Every grant and revoke of the file carries the file's version,
-// one more than the last message's, and io ignores a message that is not
-// newer than the last it applied to the file: a duplicate or a straggler
-// (a grant that timed out here but reached io later than its revoke)
-// changes nothing. Versions start at the incarnation in the top bits, so
-// a new incarnation's are newer than any of an earlier one's.
+// Versions. Every grant and revoke carries a version from one counter of
+// the service (Service.version), so the messages of each file are in
+// increasing order whatever happens to its open state here: io refuses a
+// grant not newer than the last message it applied to the file, and a
+// revoke not newer than the grant it would end (one meant for an earlier
+// grant of the same handle). Versions start at the incarnation in the top
+// bits, so a new incarnation's are newer than any of an earlier one's.
 type openFile struct {
 	ino ns.Ino
 	mu  sync.Mutex // serialises the file's grants and revocations
-	ver uint64     // the version of the last grant or revoke sent; protected by mu
 
 	// Protected by Service.mu:
 	refs    int    // handles open on it
@@ -42,7 +41,7 @@ func (s *Service) openFileRef(ino ns.Ino) *openFile {
 	defer s.mu.Unlock()
 	f := s.files[ino]
 	if f == nil {
-		f = &openFile{ino: ino, ver: uint64(s.inc) << proto.CounterBits}
+		f = &openFile{ino: ino}
 		s.files[ino] = f
 	}
 	f.refs++
@@ -143,16 +142,14 @@ func (se *session) grant(h *handle) (int64, error) {
 	}
 	var ack control.Ack
 	if err == nil {
-		f.ver++
 		g := *h.pending
-		g.Ver = f.ver
+		g.Ver = s.version.Add(1)
 		err = s.request(s.subj.Grant, g, &ack)
 		var ref *control.Refusal
 		if err != nil && !errors.As(err, &ref) && !errors.Is(err, errIODown) {
 			// No answer: the grant may have reached io anyway. Revoke it,
 			// so that it cannot outlive this failure.
-			f.ver++
-			s.revokes.add(control.Revoke{Session: g.Session, Handle: g.Handle, Blob: g.Blob, Ver: f.ver}, epoch)
+			s.revokes.add(control.Revoke{Session: g.Session, Handle: g.Handle, Blob: g.Blob, Ver: s.version.Add(1)}, epoch)
 		}
 	}
 	if err != nil {
@@ -194,8 +191,7 @@ func (se *session) revoke(id uint64, h *handle) error {
 	}
 	f := h.file
 	f.mu.Lock()
-	f.ver++
-	r := control.Revoke{Session: se.id, Handle: id, Blob: h.blob, Ver: f.ver}
+	r := control.Revoke{Session: se.id, Handle: id, Blob: h.blob, Ver: s.version.Add(1)}
 	var ack control.Ack
 	err := s.request(s.subj.Revoke, r, &ack)
 	f.mu.Unlock()

@@ -142,6 +142,7 @@ type Service struct {
 	files    map[ns.Ino]*openFile // open files; protected by mu
 	nextSID  uint64               // protected by mu
 	nextH    atomic.Uint64        // handle counter, unique across sessions
+	version  atomic.Uint64        // version of the last grant or revoke (files.go)
 	io       ioLink               // the IO service's session and resync
 	dels     *deleter             // blob deletes at the IO service
 	alloc    allocation           // blob ids io accepts grants for
@@ -191,6 +192,7 @@ func New(opts Options) (*Service, error) {
 		files:    make(map[ns.Ino]*openFile),
 		stop:     make(chan struct{}),
 	}
+	s.version.Store(uint64(s.inc) << proto.CounterBits)
 	s.io.init()
 	s.dels = newDeleter(s)
 	s.revokes = newRetrier(s)
