@@ -200,20 +200,40 @@ func (s *Service) onDelete(m *nats.Msg) {
 		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("delete %q", m.Data))
 		return
 	}
+	id := backend.BlobID(d.Blob)
 	s.mu.Lock()
-	_, busy := s.blobs[backend.BlobID(d.Blob)]
+	_, open := s.blobs[id]
+	_, deleting := s.deleting[id]
+	if !open && !deleting {
+		s.deleting[id] = struct{}{} // not to be opened until the delete is done
+	}
 	s.mu.Unlock()
-	if busy {
+	switch {
+	case open:
 		control.Respond(m, control.Ack{Error: "blob is still open", Errno: int(syscall.EBUSY)})
 		return
-	}
-	err := s.be.Delete(backend.BlobID(d.Blob))
-	if err != nil && !errors.Is(err, syscall.ENOENT) {
-		control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
+	case deleting:
+		control.Respond(m, control.Ack{Error: "blob is being deleted", Errno: int(syscall.EBUSY)})
 		return
 	}
-	s.Stats.Deletes.Add(1)
-	control.Respond(m, control.Ack{})
+	// Off the ordered subscription: deleting a large file can take long,
+	// and grants and revokes must not wait for it.
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.delSem <- struct{}{}
+		err := s.be.Delete(id)
+		<-s.delSem
+		s.mu.Lock()
+		delete(s.deleting, id)
+		s.mu.Unlock()
+		if err != nil && !errors.Is(err, syscall.ENOENT) {
+			control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
+			return
+		}
+		s.Stats.Deletes.Add(1)
+		control.Respond(m, control.Ack{})
+	}()
 }
 
 // onResync starts serving an incarnation of the metadata service (or a new
@@ -322,6 +342,16 @@ func (s *Service) onBlobs(m *nats.Msg) {
 		s.host.Refuse(m, "malformed", control.BlobsReply{}, fmt.Sprintf("blobs query %q", m.Data))
 		return
 	}
+	// Off the ordered subscription, as a listing of many blobs can take
+	// long; pages of one scan are serialised by the listing's lock.
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.blobsPage(m, q)
+	}()
+}
+
+func (s *Service) blobsPage(m *nats.Msg, q control.BlobsQuery) {
 	l := &s.listing
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -3,6 +3,7 @@ package iosvc_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"sync"
@@ -17,12 +18,12 @@ import (
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
 
-// holdBackend holds, while armed, the next WriteAt or Sync of any blob
-// until released.
+// holdBackend holds, while armed, the next WriteAt or Sync of any blob,
+// or Delete, until released.
 type holdBackend struct {
 	backend.Backend
 	mu      sync.Mutex
-	armed   map[string]bool // "write", "sync"; protected by mu
+	armed   map[string]bool // "write", "sync", "delete"; protected by mu
 	entered chan string
 	release chan struct{}
 }
@@ -46,6 +47,11 @@ func (h *holdBackend) hold(op string) {
 		h.entered <- op
 		<-h.release
 	}
+}
+
+func (h *holdBackend) Delete(id backend.BlobID) error {
+	h.hold("delete")
+	return h.Backend.Delete(id)
 }
 
 func (h *holdBackend) Open(id backend.BlobID) (backend.Blob, error) {
@@ -173,8 +179,8 @@ func TestFsyncReportsTheSizeItSynced(t *testing.T) {
 
 // TestDeleteRetries: a blob delete that fails is retried with backoff, and
 // does not hold up the deletes of other blobs; the deletes pending are in
-// stats, and one still failing is retried after a restart (the set is
-// persisted), so no space leaks.
+// stats and in the namespace's persisted set (that one is retried after a
+// restart is stack.TestDeleteSurvivesCrash).
 func TestDeleteRetries(t *testing.T) {
 	fb := faulty.New(mem.New())
 	e := startIO(t, fb, nil)
@@ -270,5 +276,42 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSlowDeleteHoldsUpNothing: io runs a blob delete off its ordered
+// control subscription, so a delete the backend takes long over (a large
+// file) does not hold up the grants and revocations behind it; the blob
+// cannot be opened while it is being deleted.
+func TestSlowDeleteHoldsUpNothing(t *testing.T) {
+	be := newHoldBackend()
+	e := startIO(t, be, nil)
+	fsys := e.dial(t)
+	defer fsys.Close()
+	if err := fsys.WriteFile("big", []byte("imagine many GiB"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	be.arm("delete")
+	if err := fsys.Remove("big"); err != nil {
+		t.Fatal(err)
+	}
+	<-be.entered // the delete is at the backend
+	// Grants and revocations go on meanwhile.
+	for i := range 3 {
+		name := fmt.Sprintf("f%d", i)
+		if err := fsys.WriteFile(name, []byte(name), 0o644); err != nil {
+			t.Fatalf("write %s during the delete: %v", name, err)
+		}
+		if b, err := fsys.ReadFile(name); err != nil || string(b) != name {
+			t.Fatalf("read %s during the delete: %q %v", name, b, err)
+		}
+	}
+	if n := e.st.Metadata.Snapshot()["deletes_pending"]; n != 1 {
+		t.Errorf("deletes_pending = %v during the delete, want 1", n)
+	}
+	close(be.release)
+	waitFor(t, "the delete done", func() bool { return len(e.st.Metadata.NS().PendingDeletes()) == 0 })
+	if n := e.io.Snapshot()["deletes"]; n != uint64(1) {
+		t.Errorf("io deletes = %v, want 1", n)
 	}
 }

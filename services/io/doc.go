@@ -19,7 +19,10 @@
 // allocation limit, a grant whose version is not newer than the last
 // message applied to its file, a revoke not newer than the grant it would
 // end: refused, counted in control_refused_*, logged once per
-// kind, nothing changed.
+// kind, nothing changed. Blob deletes (up to 8 at once) and the blob
+// listings of the orphan scan run off that subscription, so a slow one
+// holds up no grant or revoke; the emptying of an O_TRUNC grant stays in
+// order, as later messages of the file depend on it.
 //
 // The IO service keeps a service session with the metadata service
 // (Options.MetadataSocket). At every start of that session the metadata

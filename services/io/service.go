@@ -106,6 +106,10 @@ func (s *Service) Snapshot() map[string]any {
 	return m
 }
 
+// maxDeletes bounds the blob deletes io runs at once (the metadata
+// service sends up to 8).
+const maxDeletes = 8
+
 // openBlob is a blob with at least one grant or request in flight.
 type openBlob struct {
 	id  backend.BlobID
@@ -167,6 +171,8 @@ type Service struct {
 
 	mu       sync.Mutex
 	blobs    map[backend.BlobID]*openBlob // protected by mu
+	deleting map[backend.BlobID]struct{}  // blobs being deleted: not to be opened; protected by mu
+	delSem   chan struct{}                // bounds the deletes running at once
 	grants   map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
 	sessions map[uint64]*session          // attached sessions by metadata session id; protected by mu
 	peer     *host.Peer                   // the service session with metadata; immutable after Start
@@ -179,7 +185,7 @@ type Service struct {
 	syncFailure atomic.Pointer[error]
 	// creates makes blob creates durable at the fsync that needs them.
 	creates createSync
-	bg      sync.WaitGroup // revocations waiting, live reports after a resync
+	bg      sync.WaitGroup // revocations waiting, live reports after a resync, deletes, blob listings
 
 	Stats Stats
 }
@@ -210,6 +216,8 @@ func New(opts Options) (*Service, error) {
 		opts: opts, log: opts.Logger, be: opts.Backend, host: h, subj: h.Subjects(),
 		reg: reg, newRegion: ring.Create,
 		blobs:    make(map[backend.BlobID]*openBlob),
+		deleting: make(map[backend.BlobID]struct{}),
+		delSem:   make(chan struct{}, maxDeletes),
 		grants:   make(map[uint64]map[uint64]*grant),
 		sessions: make(map[uint64]*session),
 		resynced: make(chan struct{}),
@@ -507,6 +515,9 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64) (*openBlob, erro
 	if ob := s.blobs[id]; ob != nil {
 		ob.refs++
 		return ob, nil
+	}
+	if _, ok := s.deleting[id]; ok {
+		return nil, fmt.Errorf("open blob %d: it is being deleted: %w", id, syscall.EBUSY)
 	}
 	var b backend.Blob
 	b, err := s.be.Open(id)
