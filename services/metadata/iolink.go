@@ -199,7 +199,10 @@ func (s *Service) ensureAllocated(blob uint64) error {
 	if blob < s.alloc.limit {
 		return nil
 	}
-	limit := s.ns.NextIno() + allocChunk
+	limit := s.nextAllocLimit()
+	if err := s.ns.PromiseAlloc(limit); err != nil {
+		return fmt.Errorf("record the allocation limit: %w", err)
+	}
 	var ack control.Ack
 	if err := s.request(s.subj.Alloc, control.Alloc{Limit: limit}, &ack); err != nil {
 		return fmt.Errorf("raise the allocation limit: %w", err)
@@ -268,6 +271,14 @@ func (s *Service) scanOrphans(epoch uint64) {
 	}
 }
 
+// nextAllocLimit is the limit to tell io next: allocChunk past the next
+// inode number. It is recorded (ns.PromiseAlloc) before io is told, so
+// that after a restart no new inode gets a number io may have made a blob
+// for.
+func (s *Service) nextAllocLimit() uint64 {
+	return min(s.ns.NextIno()+allocChunk, uint64(ns.MaxIno)+1)
+}
+
 func (s *Service) allocLimit() uint64 {
 	s.alloc.mu.Lock()
 	defer s.alloc.mu.Unlock()
@@ -276,7 +287,11 @@ func (s *Service) allocLimit() uint64 {
 
 func (s *Service) resyncIO(ctx context.Context) error {
 	s.alloc.mu.Lock()
-	limit := s.ns.NextIno() + allocChunk
+	limit := s.nextAllocLimit()
+	if err := s.ns.PromiseAlloc(limit); err != nil {
+		s.alloc.mu.Unlock()
+		return fmt.Errorf("record the allocation limit: %w", err)
+	}
 	var r control.ResyncReply
 	err := s.host.Request(ctx, s.subj.Resync, control.Resync{Incarnation: s.inc, AllocLimit: limit}, &r)
 	if err == nil {

@@ -59,10 +59,41 @@ func (n *NS) BlobGone(blob uint64) error {
 	return n.finish(lsn)
 }
 
+// PromiseAlloc records, durably, that the IO service is about to be told
+// that blob ids below limit are allocated; the caller tells it only after
+// PromiseAlloc returned. Every later start numbers new inodes from the
+// highest limit promised (see allocRec). A limit not above the last one
+// promised costs nothing; one of 0 or past MaxIno+1 is EINVAL.
+func (n *NS) PromiseAlloc(limit uint64) error {
+	if limit == 0 || Ino(limit) > MaxIno+1 {
+		return syscall.EINVAL
+	}
+	if err := n.lockMut(); err != nil {
+		return err
+	}
+	var lsn uint64
+	var err error
+	if Ino(limit) > n.st.allocLimit {
+		lsn, err = n.logLocked(&allocRec{limit: Ino(limit)})
+	}
+	n.mu.Unlock()
+	if err != nil || lsn == 0 {
+		return err
+	}
+	if err := n.finish(lsn); err != nil {
+		return err
+	}
+	if err := n.w.WaitDurable(lsn); err != nil {
+		return &IOError{Op: "flush WAL", Err: err}
+	}
+	return nil
+}
+
 // MarkDead makes blob, which the backend holds but no inode owns, await
-// deletion. Blob 0 or one past MaxIno is EINVAL; a blob that some inode owns is EEXIST (it is no orphan); one
-// at or past the allocation counter moves the counter past it, so that no
-// new inode ever claims it; one already awaiting deletion is a no-op.
+// deletion. Blob 0 or one past MaxIno is EINVAL; a blob that some inode
+// owns is EEXIST (it is no orphan); one at or past the allocation counter
+// moves the counter past it, so that no new inode ever claims it; one
+// already awaiting deletion is a no-op.
 func (n *NS) MarkDead(blob uint64) error {
 	if blob == 0 || Ino(blob) > MaxIno {
 		return syscall.EINVAL

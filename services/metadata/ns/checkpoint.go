@@ -11,10 +11,10 @@ import (
 	"github.com/weir-storage/weir/internal/wal"
 )
 
-// Checkpoint format constants (version 2; version 1 is still read); see
+// Checkpoint format constants (version 3; versions 1 and 2 are still read); see
 // the package comment.
 const (
-	ckptVersion    = 2
+	ckptVersion    = 3
 	ckptHeaderSize = 64
 	ckptMinInode   = 68 // bytes of an inode record without entries
 	ckptBootSize   = 4 + 16 + 32
@@ -86,6 +86,7 @@ func encodeCheckpoint(s *state, lsn uint64) []byte {
 	le.PutUint64(h[24:], uint64(s.nextIno))
 	le.PutUint64(h[32:], uint64(len(inos)))
 	le.PutUint64(h[40:], uint64(len(b)-ckptHeaderSize))
+	le.PutUint64(h[52:], uint64(s.allocLimit))
 	le.PutUint32(h[48:], wal.Checksum(b[ckptHeaderSize:]))
 	le.PutUint32(h[60:], wal.Checksum(h[:60]))
 	return b
@@ -105,11 +106,12 @@ func decodeCheckpoint(data []byte) (*state, uint64, error) {
 		return nil, 0, fmt.Errorf("bad magic %q", h[:8])
 	}
 	version := le.Uint32(h[8:])
-	if version != 1 && version != ckptVersion {
+	if version < 1 || version > ckptVersion {
 		return nil, 0, fmt.Errorf("unsupported version %d", version)
 	}
-	if le.Uint64(h[52:]) != 0 {
-		return nil, 0, fmt.Errorf("reserved header bytes are not zero")
+	allocLimit := Ino(le.Uint64(h[52:]))
+	if (version < 3 && allocLimit != 0) || allocLimit > MaxIno+1 {
+		return nil, 0, fmt.Errorf("allocation limit %d in a version %d header", allocLimit, version)
 	}
 	if v := le.Uint32(h[12:]); v != ckptHeaderSize {
 		return nil, 0, fmt.Errorf("unsupported header size %d", v)
@@ -125,7 +127,7 @@ func decodeCheckpoint(data []byte) (*state, uint64, error) {
 	if next == 0 || next > MaxIno+1 {
 		return nil, 0, fmt.Errorf("next inode %d outside [1, %d]", next, MaxIno+1)
 	}
-	s := &state{nextIno: next, dead: map[uint64]struct{}{}}
+	s := &state{nextIno: next, allocLimit: allocLimit, dead: map[uint64]struct{}{}}
 	d := &decoder{b: body}
 	if version >= 2 {
 		s.boot.incarnation = d.u32()

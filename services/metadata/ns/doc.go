@@ -155,6 +155,8 @@
 //	6 boot     u32 incarnation, [16]byte stack id, [32]byte ticket key
 //	7 dead     u64 blob (an orphan blob now awaits deletion)
 //	8 gone     u64 blob (deleted; it no longer awaits deletion)
+//	9 alloc    u64 limit (the IO service is told blob ids below it are
+//	           allocated; synced before it is told)
 //
 // flags bit 0 of remove and rename: the removed (or replaced) inode is
 // dropped at once; otherwise it lives on without a name (still open) until
@@ -162,22 +164,24 @@
 // reused: a create carries exactly the next number. A boot record must
 // carry a larger incarnation than the last, and the first one's stack id
 // and key; a gone record must name a blob awaiting deletion, a dead record
-// one that no inode owns.
+// one that no inode owns. A boot record moves the next inode number up to
+// the highest alloc limit: a blob io created in an earlier life, whose
+// create record a power cut lost, is then never met by a new file.
 //
 // Checkpoint ckpt-<LSN>.ckpt: a 64-byte header, then the body.
 //
 //	header  0  [8]byte magic "weirckpt"
-//	        8  u32 format version (2; version 1 is read too)
+//	        8  u32 format version (3; versions 1 and 2 are read too)
 //	       12  u32 header size (64)
 //	       16  u64 LSN: the state after every WAL record up to this one
 //	       24  u64 next inode number
 //	       32  u64 inode count
 //	       40  u64 body length in bytes
 //	       48  u32 CRC-32C of the body
-//	       52  [8]byte reserved, 0
+//	       52  u64 alloc limit (version 3; 0 before)
 //	       60  u32 CRC-32C of bytes 0..60
 //
-//	body    version 2 starts with the boot fields and the blobs awaiting
+//	body    versions 2 and 3 start with the boot fields and the blobs awaiting
 //	        deletion (version 1 has neither):
 //	        0  u32 incarnation (0: none yet)    4 [16]byte stack id
 //	       20  [32]byte ticket key             52 u64 count n

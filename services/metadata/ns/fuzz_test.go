@@ -48,6 +48,7 @@ func FuzzDecodeRecord(f *testing.F) {
 		&bootRec{incarnation: 3, stackID: [16]byte{1}, key: [32]byte{2}},
 		&deadRec{blob: 9},
 		&goneRec{blob: 9},
+		&allocRec{limit: 4098},
 	} {
 		f.Add(r.typ(), r.encode(nil))
 	}

@@ -20,6 +20,7 @@ const (
 	recBoot    uint8 = 6 // a start of the service: its incarnation, the stack id, the ticket key
 	recDead    uint8 = 7 // a blob with no file (an orphan found in the backend) awaits deletion
 	recGone    uint8 = 8 // the IO service deleted a blob that awaited deletion
+	recAlloc   uint8 = 9 // the IO service was told that blob ids below a limit are allocated
 )
 
 // Flags of remove and rename records.
@@ -88,6 +89,12 @@ type bootRec struct {
 type deadRec struct{ blob uint64 }
 type goneRec struct{ blob uint64 }
 
+// allocRec records a promise to the IO service: blob ids below limit are
+// allocated (io creates blobs for grants below it). The next start's
+// inode numbers begin at it, so no new file meets a blob of an earlier
+// life whose create record a power cut lost.
+type allocRec struct{ limit Ino }
+
 // typ implements record.
 func (*createRec) typ() uint8 { return recCreate }
 
@@ -111,6 +118,9 @@ func (*deadRec) typ() uint8 { return recDead }
 
 // typ implements record.
 func (*goneRec) typ() uint8 { return recGone }
+
+// typ implements record.
+func (*allocRec) typ() uint8 { return recAlloc }
 
 var le = binary.LittleEndian
 
@@ -180,6 +190,9 @@ func (r *deadRec) encode(b []byte) []byte { return le.AppendUint64(b, r.blob) }
 
 // encode implements record.
 func (r *goneRec) encode(b []byte) []byte { return le.AppendUint64(b, r.blob) }
+
+// encode implements record.
+func (r *allocRec) encode(b []byte) []byte { return le.AppendUint64(b, uint64(r.limit)) }
 
 // decoder reads little-endian fields; the first short read sets err and
 // every later read returns zero.
@@ -276,6 +289,8 @@ func decodeRecord(typ uint8, p []byte) (record, error) {
 		r = &deadRec{blob: d.u64()}
 	case recGone:
 		r = &goneRec{blob: d.u64()}
+	case recAlloc:
+		r = &allocRec{limit: d.ino()}
 	default:
 		return nil, fmt.Errorf("unknown record type %d", typ)
 	}

@@ -26,7 +26,11 @@ func (n *inode) isDir() bool { return n.attr.IsDir() }
 type state struct {
 	inodes  map[Ino]*inode
 	nextIno Ino // the number the next created inode gets
-	boot    bootRec
+	// allocLimit is the highest allocation limit promised to the IO
+	// service (alloc records); every start (boot record) moves nextIno up
+	// to it.
+	allocLimit Ino
+	boot       bootRec
 	// dead holds the blobs that await deletion at the IO service: the
 	// blob of every freed file until a gone record, and orphans found in
 	// the backend (dead records). It is persisted, so a delete that was
@@ -78,6 +82,8 @@ func (s *state) apply(r record) error {
 		return s.applyDead(r)
 	case *goneRec:
 		return s.applyGone(r)
+	case *allocRec:
+		return s.applyAlloc(r)
 	}
 	return fmt.Errorf("unknown record %T", r)
 }
@@ -302,6 +308,9 @@ func (s *state) applyBoot(r *bootRec) error {
 		return fmt.Errorf("boot: stack id or ticket key changed")
 	}
 	s.boot = *r
+	// Blobs below the limit promised before may exist without a create
+	// record (lost in a power cut): this incarnation's files start above.
+	s.nextIno = max(s.nextIno, s.allocLimit)
 	return nil
 }
 
@@ -328,6 +337,15 @@ func (s *state) applyDead(r *deadRec) error {
 	if Ino(r.blob) >= s.nextIno {
 		s.nextIno = Ino(r.blob) + 1
 	}
+	return nil
+}
+
+// applyAlloc raises the allocation limit promised to the IO service.
+func (s *state) applyAlloc(r *allocRec) error {
+	if r.limit == 0 || r.limit > MaxIno+1 {
+		return fmt.Errorf("alloc: limit %d outside [1, %d]", r.limit, MaxIno+1)
+	}
+	s.allocLimit = max(s.allocLimit, r.limit)
 	return nil
 }
 
