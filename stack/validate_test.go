@@ -15,6 +15,7 @@ import (
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/services/metadata/ns"
 	"github.com/weir-storage/weir/stack"
 	"github.com/weir-storage/weir/stack/stacktest"
 )
@@ -263,5 +264,77 @@ func TestRevokeEndsItsGrant(t *testing.T) {
 	}
 	if e := raw.readErr(t, handle); e != 0 {
 		t.Errorf("read on metadata's own handle: %v", e)
+	}
+}
+
+// TestDataVersions: a size report older than the last one applied is
+// ignored also after the file was closed (a report that arrives late, as
+// io's reports after a resync can, cannot take the size back), and io's
+// data versions stay above the floor metadata gives at a resync, whatever
+// io's clock did (they are seeded from it).
+func TestDataVersions(t *testing.T) {
+	c := stacktest.Config(t, "")
+	c.IO.Backend = "mem"
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	raw := rawDial(t, c)
+	handle := raw.open(t, "f")
+	wb := []byte("intact")
+	if comp := rawDo(t, raw.data, proto.OpWrite, handle, 0, wb, nil); comp.Result != int64(len(wb)) {
+		t.Fatalf("write: %+v", comp)
+	}
+	out := make([]byte, proto.AttrSize)
+	comp := rawCall(t, raw.meta, proto.OpFStat, 0, handle, nil, out)
+	a, err := proto.DecodeAttr(out[:max(comp.Result, 0)])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if comp := rawDo(t, raw.meta, proto.OpClose, handle, 0, nil, nil); comp.Result != 0 {
+		t.Fatalf("close: %+v", comp)
+	}
+	sj := control.SubjectsIn(c.NATS.Namespace)
+	ioc, err := st.Connect(control.RoleIO, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := st.Metadata.Stats.StaleReports.Load()
+	if got := send(t, ioc, sj.SetLive, control.SetLive{Ino: a.Ino, Size: 1, DV: 1}); got != "" {
+		t.Fatalf("late report: %q", got)
+	}
+	if st.Metadata.Stats.StaleReports.Load() != before+1 {
+		t.Error("a late report for a closed file was not ignored as stale")
+	}
+	if got, err := st.Metadata.NS().GetAttr(ns.Ino(a.Ino)); err != nil || got.Size != int64(len(wb)) {
+		t.Errorf("after a late report the closed file's size is %d (%v), want %d", got.Size, err, len(wb))
+	}
+
+	// A resync with a floor far above io's clock.
+	md, err := st.Connect(control.RoleMetadata, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	const floor = 1 << 62
+	inc := st.Metadata.Incarnation()
+	if got := send(t, md, sj.Resync, control.Resync{Incarnation: inc, AllocLimit: 1 << 20, DVFloor: floor}); got != "" {
+		t.Fatalf("resync: %q", got)
+	}
+	fresh := rawDial(t, c) // sessions attached before the resync are stale
+	data, err := json.Marshal(control.Grant{Session: fresh.hello.Session, Handle: proto.MakeID(inc, 1<<22), Ino: a.Ino, Blob: a.Ino, Read: true, Ver: 1 << 55})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := md.Request(sj.Grant, data, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ack control.Ack
+	if err := json.Unmarshal(m.Data, &ack); err != nil || ack.Error != "" {
+		t.Fatalf("grant: %q %v", m.Data, err)
+	}
+	if ack.DV <= floor {
+		t.Errorf("a blob opened after the resync has data version %d, not above the floor %d", ack.DV, uint64(floor))
 	}
 }

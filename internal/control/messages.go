@@ -169,6 +169,9 @@ type Delete struct {
 type Resync struct {
 	Incarnation uint32 `json:"incarnation"`
 	AllocLimit  uint64 `json:"alloc_limit"`
+	// DVFloor is the newest data version metadata has applied: io's data
+	// versions from now on are above it, whatever its clock did.
+	DVFloor uint64 `json:"dv_floor,omitempty"`
 }
 
 // ResyncReply answers Resync once every request in flight on a dropped

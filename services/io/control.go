@@ -270,6 +270,12 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.sessions = make(map[uint64]*session) // every session must attach again
 	s.inc.Store(r.Incarnation)
 	s.resyncs.Add(1)
+	for { // data versions stay above every one metadata applied
+		cur := s.dv.Load()
+		if cur >= r.DVFloor || s.dv.CompareAndSwap(cur, r.DVFloor) {
+			break
+		}
+	}
 	s.allocLimit.Store(r.AllocLimit)
 	s.mu.Unlock()
 	s.Stats.Grants.Add(-int64(len(dropped)))

@@ -42,19 +42,79 @@ func (s *Service) openFileRef(ino ns.Ino) *openFile {
 	f := s.files[ino]
 	if f == nil {
 		f = &openFile{ino: ino}
+		if c, ok := s.closedDV[ino]; ok {
+			f.lastDV = c.dv
+			delete(s.closedDV, ino)
+		}
 		s.files[ino] = f
 	}
 	f.refs++
 	return f
 }
 
-// closeFileRef drops a reference.
+// closeFileRef drops a reference. The data version of the last report
+// applied outlives the open state for closedDVKeep, so that a report that
+// arrives late (io's reports after a resync, at its shutdown) cannot take
+// a closed file's size back either.
 func (s *Service) closeFileRef(f *openFile) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if f.refs--; f.refs == 0 {
 		delete(s.files, f.ino)
+		if f.lastDV != 0 {
+			s.keepClosedDVLocked(f.ino, f.lastDV)
+		}
 	}
+}
+
+// closedDVKeep is how long the data version of a closed file's last
+// report is kept; closedDVMax bounds how many are (the oldest go first
+// when it is reached).
+const (
+	closedDVKeep = 2 * time.Minute
+	closedDVMax  = 1 << 16
+)
+
+type closedDV struct {
+	dv uint64
+	at time.Time
+}
+
+// keepClosedDVLocked records dv as ino's last report; s.mu is held.
+func (s *Service) keepClosedDVLocked(ino ns.Ino, dv uint64) {
+	now := time.Now()
+	if len(s.closedDV) >= closedDVMax {
+		oldest, at := ns.Ino(0), now
+		for i, c := range s.closedDV {
+			if now.Sub(c.at) > closedDVKeep {
+				delete(s.closedDV, i)
+			} else if c.at.Before(at) {
+				oldest, at = i, c.at
+			}
+		}
+		if len(s.closedDV) >= closedDVMax {
+			delete(s.closedDV, oldest)
+		}
+	}
+	s.closedDV[ino] = closedDV{dv: dv, at: now}
+}
+
+// staleForClosedLocked reports whether a report at dv for ino, which is
+// not open, is older than one applied before it was closed.
+func (s *Service) staleForClosedLocked(ino ns.Ino, dv uint64) bool {
+	c, ok := s.closedDV[ino]
+	if !ok {
+		return false
+	}
+	if time.Since(c.at) > closedDVKeep {
+		delete(s.closedDV, ino)
+		return false
+	}
+	if dv < c.dv {
+		return true
+	}
+	s.closedDV[ino] = closedDV{dv: dv, at: c.at}
+	return false
 }
 
 // addWriter counts a write grant of epoch in (d = 1) or out (d = -1).
@@ -111,6 +171,7 @@ func (s *Service) noteDV(f *openFile, dv uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f.lastDV = max(f.lastDV, dv)
+	s.maxDV = max(s.maxDV, dv)
 }
 
 // voidGrants forgets every grant: the IO service they were made at is

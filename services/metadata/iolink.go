@@ -293,7 +293,10 @@ func (s *Service) resyncIO(ctx context.Context) error {
 		return fmt.Errorf("record the allocation limit: %w", err)
 	}
 	var r control.ResyncReply
-	err := s.host.Request(ctx, s.subj.Resync, control.Resync{Incarnation: s.inc, AllocLimit: limit}, &r)
+	s.mu.Lock()
+	floor := s.maxDV
+	s.mu.Unlock()
+	err := s.host.Request(ctx, s.subj.Resync, control.Resync{Incarnation: s.inc, AllocLimit: limit, DVFloor: floor}, &r)
 	if err == nil {
 		s.alloc.limit = limit
 	}

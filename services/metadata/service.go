@@ -140,6 +140,8 @@ type Service struct {
 	mu       sync.Mutex
 	sessions map[uint64]*session  // by id; protected by mu
 	files    map[ns.Ino]*openFile // open files; protected by mu
+	closedDV map[ns.Ino]closedDV  // last report of recently closed files (files.go); protected by mu
+	maxDV    uint64               // newest data version applied or noted; protected by mu
 	nextSID  uint64               // protected by mu
 	nextH    atomic.Uint64        // handle counter, unique across sessions
 	version  atomic.Uint64        // version of the last grant or revoke (files.go)
@@ -190,6 +192,7 @@ func New(opts Options) (*Service, error) {
 		inc: n.Incarnation(), key: n.TicketKey(),
 		sessions: make(map[uint64]*session),
 		files:    make(map[ns.Ino]*openFile),
+		closedDV: make(map[ns.Ino]closedDV),
 		stop:     make(chan struct{}),
 	}
 	s.version.Store(uint64(s.inc) << proto.CounterBits)
@@ -427,17 +430,18 @@ func (s *Service) applyLive(ino ns.Ino, size, mtime int64, dv uint64) error {
 		s.mu.Lock()
 		f = s.files[ino]
 	}
+	// Data versions are unique per change: an equal one describes the
+	// state already applied (a report of a grant's state, say), an older
+	// one a state that a newer report replaced.
+	if (f != nil && dv < f.lastDV) || (f == nil && s.staleForClosedLocked(ino, dv)) {
+		s.mu.Unlock()
+		s.Stats.StaleReports.Add(1)
+		return nil
+	}
 	if f != nil {
-		// Data versions are unique per change: an equal one describes the
-		// state already applied (a report of a grant's state, say), an
-		// older one a state that a newer report replaced.
-		if dv < f.lastDV {
-			s.mu.Unlock()
-			s.Stats.StaleReports.Add(1)
-			return nil
-		}
 		f.lastDV = dv
 	}
+	s.maxDV = max(s.maxDV, dv)
 	s.mu.Unlock()
 	err := s.ns.SetLive(ino, size, mtime)
 	if errors.Is(err, syscall.ENOENT) {
