@@ -59,6 +59,9 @@ func TestMain(m *testing.M) {
 	if url := os.Getenv(attackerEnv); url != "" {
 		os.Exit(runAttacker(url))
 	}
+	if socket := os.Getenv(peerAttackerEnv); socket != "" {
+		os.Exit(runPeerAttacker(socket))
+	}
 	code := m.Run()
 	if weirBuild.dir != "" {
 		os.RemoveAll(weirBuild.dir)

@@ -1,9 +1,10 @@
-// Package ringsrv is the session plumbing every weir service shares: a
-// ring listener on a Unix socket open to every local user, one goroutine per
-// client session (handshake, then Serve), and a shutdown that ends every
-// session and waits for it. What a session does is the service's business,
-// behind the Session interface.
 package host
+
+// The session plumbing every weir service shares: a ring listener on a
+// Unix socket (open to every local user, or the service user's alone),
+// one goroutine per session (handshake, then Serve), and a shutdown that
+// ends every session and waits for it. What a session does is the
+// service's business, behind the Session interface.
 
 import (
 	"context"

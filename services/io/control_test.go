@@ -2,6 +2,7 @@ package iosvc_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,9 @@ import (
 	"time"
 
 	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/ring"
+	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/faulty"
 	"github.com/weir-storage/weir/services/io/backend/mem"
@@ -313,5 +317,113 @@ func TestSlowDeleteHoldsUpNothing(t *testing.T) {
 	waitFor(t, "the delete done", func() bool { return len(e.st.Metadata.NS().PendingDeletes()) == 0 })
 	if n := e.io.Snapshot()["deletes"]; n != uint64(1) {
 		t.Errorf("io deletes = %v, want 1", n)
+	}
+}
+
+// rawCall runs one request on c with a buffer holding in (and room for
+// out), copying the response into out.
+func rawCall(t *testing.T, c *ring.Client, op uint8, arg uint32, handle, off uint64, in, out []byte) ring.Completion {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	call := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: off}
+	if n := max(len(in), len(out)); n > 0 {
+		b, err := c.Alloc(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Release()
+		b.CopyFrom(in)
+		call.Buf = b
+		comp, err := c.Do(ctx, &call)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out != nil && comp.Result > 0 {
+			b.CopyTo(out[:min(len(out), int(comp.Result))])
+		}
+		return comp
+	}
+	comp, err := c.Do(ctx, &call)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return comp
+}
+
+// TestRevokeRefusesNewRequests: from the moment a revocation reaches io,
+// a new request on the handle is refused (EBADF) at once, while a request
+// already in flight on it finishes; the revocation is answered after it.
+func TestRevokeRefusesNewRequests(t *testing.T) {
+	be := newHoldBackend()
+	e := startIO(t, be, nil)
+	iosvc.SetHandOffAlways(e.io, true) // the held write must not hold up the session's other requests
+	ctx := context.Background()
+	meta, err := ring.Dial(ctx, e.cfg.Metadata.Socket, ring.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer meta.Close()
+	hout := make([]byte, proto.HelloRespSize)
+	hreq := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion}
+	if c := rawCall(t, meta, proto.OpHello, 0, 0, 0, hreq.Append(nil), hout); c.Result != proto.HelloRespSize {
+		t.Fatalf("hello: %+v", c)
+	}
+	hello, err := proto.DecodeHelloResp(hout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := ring.Dial(ctx, e.cfg.IO.Socket, ring.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Close()
+	att := proto.AttachReq{Version: hello.Version, Session: hello.Session, Token: hello.Token}
+	if c := rawCall(t, data, proto.OpAttach, 0, 0, 0, att.Append(nil), nil); c.Result != 0 {
+		t.Fatalf("attach: %+v", c)
+	}
+	oout := make([]byte, proto.OpenRespSize(false))
+	oin := (&proto.ModePathReq{Mode: 0o644, Path: "f"}).Append(nil)
+	c := rawCall(t, meta, proto.OpOpen, syscall.O_RDWR|syscall.O_CREAT, 0, 0, oin, oout)
+	open, err := proto.DecodeOpenResp(oout[:max(c.Result, 0)], false)
+	if err != nil {
+		t.Fatalf("open: %+v %v", c, err)
+	}
+	h := open.Handle
+	if c := rawCall(t, meta, proto.OpGrant, 0, h, 0, nil, nil); c.Result != 0 {
+		t.Fatalf("grant: %+v", c)
+	}
+	be.arm("write")
+	wrote := make(chan ring.Completion, 1)
+	go func() { wrote <- rawCall(t, data, proto.OpWrite, 0, h, 0, []byte("in flight"), nil) }()
+	<-be.entered
+	closed := make(chan ring.Completion, 1)
+	go func() { closed <- rawCall(t, meta, proto.OpClose, 0, h, 0, nil, nil) }()
+	waitFor(t, "the revocation to wait", func() bool { return e.io.Snapshot()["revokes_waiting"] == int64(1) })
+	for _, op := range []uint8{proto.OpRead, proto.OpWrite, proto.OpSync, proto.OpGetAttr} {
+		var in, out []byte
+		switch op {
+		case proto.OpRead:
+			out = make([]byte, 16)
+		case proto.OpWrite:
+			in = []byte("after the revoke")
+		case proto.OpGetAttr:
+			out = make([]byte, proto.GetAttrRespSize)
+		}
+		if c := rawCall(t, data, op, 0, h, 0, in, out); c.Result != -int64(syscall.EBADF) {
+			t.Errorf("op %#x on the handle while its revocation waits: %+v, want EBADF", op, c)
+		}
+	}
+	select {
+	case c := <-closed:
+		t.Fatalf("close answered (%+v) while a write on the handle was at the backend", c)
+	default:
+	}
+	close(be.release)
+	if c := <-wrote; c.Result != int64(len("in flight")) {
+		t.Fatalf("the write in flight: %+v", c)
+	}
+	if c := <-closed; c.Result != 0 {
+		t.Fatalf("close: %+v", c)
 	}
 }

@@ -202,6 +202,12 @@ func New(opts Options) (*Service, error) {
 	return s, nil
 }
 
+// firstResyncWait bounds how long after a start a stat of a regular file
+// waits for the IO service's first resync (io reconnects within a quarter
+// second when it is up; when it is not, stats must not hang for a long
+// request timeout).
+const firstResyncWait = 5 * time.Second
+
 // requestTimeout bounds a control request to io.
 func (s *Service) requestTimeout() time.Duration {
 	if s.opts.RequestTimeout > 0 {
@@ -233,7 +239,7 @@ func (s *Service) Start() error {
 		s.host.ServePeers(s.opts.ServiceSocket, []string{string(control.RoleIO)}, s.onPeer)
 		// An IO service that ran on reconnects soon: until its first
 		// resync, a stat of a file it may hold waits for that.
-		s.io.expectIO(time.Now().Add(s.requestTimeout()))
+		s.io.expectIO(time.Now().Add(min(s.requestTimeout(), firstResyncWait)))
 	}
 	if err := s.host.Start(s.Health, s.Snapshot); err != nil {
 		return fmt.Errorf("metadata: %w", err)
