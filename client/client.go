@@ -76,6 +76,8 @@ type FS struct {
 	mu     sync.RWMutex
 	cur    *conn // the current sessions; protected by mu
 	closed atomic.Bool
+	life   context.Context // cancelled by Close: ends the watchers and any recovery
+	end    context.CancelFunc
 
 	recoverMu sync.Mutex // one recovery at a time
 
@@ -131,13 +133,47 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 		opts.RecoverTimeout = DefaultRecoverTimeout
 	}
 	f := &FS{opts: opts, umask: processUmask(), files: map[*File]struct{}{}}
+	f.life, f.end = context.WithCancel(bgctx)
 	c, err := f.connect(ctx, nil)
 	if err != nil {
+		f.end()
 		return nil, err
 	}
 	c.gen = 1
 	f.cur = c
+	go f.watch(c)
 	return f, nil
+}
+
+// watch recovers as soon as a session of c ends, without waiting for the
+// next call: a restarted metadata service takes back the tickets of open
+// files only within its reclaim grace (30 s by default), and an idle
+// process must not lose its files to that. It tries until the sessions
+// are back, c was replaced, or the FS is closed; a call meanwhile waits
+// for the recovery in progress (up to RecoverTimeout for its own try).
+func (f *FS) watch(c *conn) {
+	if f.opts.RecoverTimeout < 0 {
+		return
+	}
+	var cause error
+	select {
+	case <-f.life.Done():
+		return
+	case <-c.meta.Done():
+		cause = c.meta.Err()
+	case <-c.data.Done():
+		cause = c.data.Err()
+	}
+	for attempt := 0; f.current() == c && !f.closed.Load(); attempt++ {
+		if _, err := f.recover(c, &sessionError{err: cause}); err == nil {
+			return // recover started the next watcher
+		}
+		select {
+		case <-f.life.Done():
+			return
+		case <-time.After(min(100*time.Millisecond<<min(attempt, 4), time.Second)):
+		}
+	}
 }
 
 // connect makes a new generation of sessions. It keeps the rings of old
@@ -226,9 +262,8 @@ func (f *FS) recover(c *conn, cause error) (*conn, error) {
 	if f.opts.RecoverTimeout < 0 {
 		return nil, cause
 	}
-	ctx, cancel := context.WithTimeout(bgctx, f.opts.RecoverTimeout)
+	ctx, cancel := context.WithTimeout(f.life, f.opts.RecoverTimeout)
 	defer cancel()
-	metaLost := c.meta.Err() != nil
 	ioLost := c.data.Err() != nil
 	var nc *conn
 	var err error
@@ -239,6 +274,9 @@ func (f *FS) recover(c *conn, cause error) (*conn, error) {
 		wait := min(50*time.Millisecond<<min(attempt, 5), time.Second)
 		select {
 		case <-ctx.Done():
+			if f.closed.Load() {
+				return nil, fmt.Errorf("%w (%v)", syscall.EBADF, errFSClosed)
+			}
 			return nil, fmt.Errorf("%w: weir sessions lost (%v) and not re-established within %v: %v",
 				syscall.EIO, cause, f.opts.RecoverTimeout, err)
 		case <-time.After(wait):
@@ -265,18 +303,20 @@ func (f *FS) recover(c *conn, cause error) (*conn, error) {
 	// Files reopen now rather than at their next use, so that a file
 	// unlinked while open is claimed within the service's reclaim grace.
 	for _, fl := range files {
-		fl.rebind(nc, newMeta || metaLost, ioLost)
+		fl.rebind(nc, ioLost)
 	}
+	go f.watch(nc)
 	return nc, nil
 }
 
 // Close ends both sessions. Files still open are closed by the services.
 func (f *FS) Close() error {
-	f.recoverMu.Lock()
-	defer f.recoverMu.Unlock()
 	if !f.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	f.end() // a recovery in progress gives up at once
+	f.recoverMu.Lock()
+	defer f.recoverMu.Unlock()
 	c := f.current()
 	c.data.Close()
 	return c.meta.Close()

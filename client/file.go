@@ -31,6 +31,7 @@ type File struct {
 	// in sessions of generation gen; a recovery reopens it (rebind).
 	hmu       sync.Mutex
 	handle    uint64
+	meta      *ring.Client // the metadata session the handle belongs to
 	gen       uint64
 	granted   bool // the IO service accepts the handle (in gen)
 	ticket    proto.Ticket
@@ -123,7 +124,7 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 			return badCompletion(proto.OpOpen, "open answer does not decode")
 		}
 		file = &File{fs: f, name: name, flags: flag, dir: r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR,
-			handle: r.Handle, gen: c.gen, granted: r.Granted, ticket: r.Ticket, hasTicket: r.HasTicket}
+			handle: r.Handle, meta: c.meta, gen: c.gen, granted: r.Granted, ticket: r.Ticket, hasTicket: r.HasTicket}
 		return nil
 	})
 	if err != nil {
@@ -134,7 +135,7 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 	f.filesMu.Unlock()
 	// Opened in sessions a recovery replaced meanwhile: rebind now.
 	if c := f.current(); c.gen != file.gen {
-		file.rebind(c, true, false)
+		file.rebind(c, false)
 	}
 	return file, nil
 }
@@ -158,24 +159,40 @@ func (fl *File) readable() bool  { return fl.flags&(os.O_WRONLY|os.O_RDWR) != os
 func (fl *File) writable() bool  { return fl.flags&(os.O_WRONLY|os.O_RDWR) != 0 }
 func (fl *File) appending() bool { return fl.flags&os.O_APPEND != 0 }
 
-// rebind makes the file usable in the sessions c of a recovery: with a new
-// metadata session (newMeta) it reopens with its ticket; either way its
-// grant is gone. When the IO service died (ioLost), writes since the last
+// rebind makes the file usable in the sessions c of a recovery (see
+// moveLocked). When the IO service died (ioLost), writes since the last
 // Sync may be lost: the next Sync says so, once.
-func (fl *File) rebind(c *conn, newMeta, ioLost bool) {
+func (fl *File) rebind(c *conn, ioLost bool) {
 	fl.hmu.Lock()
 	defer fl.hmu.Unlock()
-	fl.granted = false
 	if ioLost && fl.writes != fl.synced && fl.lost == nil {
 		fl.lost = fmt.Errorf("%w (the IO service stopped before writes since the last sync were made durable; they may be lost)", syscall.EIO)
 	}
-	if newMeta && fl.gone == nil {
+	_ = fl.moveLocked(c) // a session lost again: the next use tries again
+}
+
+// moveLocked moves the file's handle to the sessions c: reopened with its
+// ticket when c has another metadata session than the one the handle
+// belongs to, kept otherwise; either way the grant is asked for again. A
+// reopen the service refuses makes the file gone (its calls fail with
+// that error); a session lost meanwhile leaves it for the next try. hmu
+// is held.
+func (fl *File) moveLocked(c *conn) error {
+	if fl.gone != nil {
+		return fl.gone
+	}
+	fl.granted = false
+	if c.meta != fl.meta {
 		if err := fl.reopenLocked(c); err != nil {
+			if lostSession(err) {
+				return err
+			}
 			fl.gone = &fileGone{err: err}
-			return
+			return fl.gone
 		}
 	}
 	fl.gen = c.gen
+	return nil
 }
 
 // reopenLocked opens the file again in the sessions c with its ticket.
@@ -193,7 +210,7 @@ func (fl *File) reopenLocked(c *conn) error {
 	if err != nil || (r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR) != fl.dir {
 		return badCompletion(proto.OpReopen, "reopen answer does not decode or names another kind of file")
 	}
-	fl.handle, fl.gen, fl.granted, fl.ticket = r.Handle, c.gen, r.Granted, r.Ticket
+	fl.handle, fl.meta, fl.gen, fl.granted, fl.ticket = r.Handle, c.meta, c.gen, r.Granted, r.Ticket
 	return nil
 }
 
@@ -210,12 +227,7 @@ func (fl *File) handleInLocked(c *conn) (uint64, error) {
 		return 0, fl.gone
 	}
 	if fl.gen != c.gen {
-		fl.granted = false
-		if err := fl.reopenLocked(c); err != nil {
-			if !lostSession(err) {
-				fl.gone = &fileGone{err: err}
-				return 0, fl.gone
-			}
+		if err := fl.moveLocked(c); err != nil {
 			return 0, err
 		}
 	}

@@ -48,13 +48,15 @@
 // answers ESTALE to a session attached to one: the client dials the
 // metadata service again, says OpHello, repeats OpAttach on the same io
 // ring with the new session, and reopens its handles with OpReopen and
-// the tickets OpOpen gave it (FeatureReopen). A ticket is accepted only
-// from a later incarnation than the one that issued it, within the
-// service's reclaim grace after its start (metadata.reclaim_grace, 30 s
-// by default), once, and only while the file's mode still allows the
-// access if it has a name; otherwise OpReopen answers ESTALE (too late or
-// used: the handle is gone), EPERM (not genuine, another uid's, or of the
-// current incarnation) or EACCES.
+// the tickets OpOpen gave it (FeatureReopen), as soon as its session
+// ends. A ticket is accepted only by the incarnation after the one that
+// issued it, within its reclaim grace after its start
+// (metadata.reclaim_grace, 30 s by default), once (again only after the
+// session that reopened it ended), and, for a file that has a name and
+// another owner, only while its mode still allows the access; otherwise
+// OpReopen answers ESTALE (too late, too old or used: the handle is
+// gone), EPERM (not genuine, another uid's, or of the current
+// incarnation) or EACCES.
 //
 // # Descriptor fields
 //

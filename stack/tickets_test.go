@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 )
@@ -68,9 +69,10 @@ func (m *metaSession) reopen(t *testing.T, tk proto.Ticket) (proto.OpenResp, sys
 // TestReopenTickets: a reopen ticket stands in for a handle that a restart
 // of the metadata service took away, and for nothing else. It is refused
 // in the incarnation that issued it (the handle is still there), when it
-// is altered in any byte, a second time, and once the reclaim grace after
-// the restart is over; the reopened handle is of the new incarnation and
-// the same inode. (Flags and permissions: ns.TestReopenHeld.)
+// is altered in any byte, a second time while the session that reopened
+// it lives, once the reclaim grace after the restart is over, and in any
+// incarnation but the next; the reopened handle is of the new incarnation
+// and the same inode. (Flags and permissions: ns.TestReopenHeld.)
 func TestReopenTickets(t *testing.T) {
 	cfg := testConfig(t)
 	const grace = time.Second
@@ -95,7 +97,7 @@ func TestReopenTickets(t *testing.T) {
 	}
 
 	md.kill(t)
-	startService(t, buildWeir(t), "metadata", cfg, url, "--config", path)
+	md2 := startService(t, buildWeir(t), "metadata", cfg, url, "--config", path)
 	m2 := dialMeta(t, cfg.Metadata.Socket)
 	start := time.Now()
 	r, e := m2.reopen(t, g.Ticket)
@@ -111,11 +113,93 @@ func TestReopenTickets(t *testing.T) {
 	if _, e := m2.reopen(t, r.Ticket); e != syscall.EPERM {
 		t.Errorf("reopen with the new ticket in its own incarnation: %v, want EPERM", e)
 	}
-	if rf, e := m2.reopen(t, f.Ticket); e != 0 || rf.Attr.Ino != f.Attr.Ino {
-		t.Errorf("reopen of f: %+v %v", rf, e)
+	rf, e := m2.reopen(t, f.Ticket)
+	if e != 0 || rf.Attr.Ino != f.Attr.Ino {
+		t.Fatalf("reopen of f: %+v %v", rf, e)
+	}
+	// Once the session that reopened it ended (its answer may have been
+	// lost with it), the ticket may be used once more.
+	m2.c.Close()
+	m3 := dialMeta(t, cfg.Metadata.Socket)
+	for deadline := time.Now().Add(grace / 2); ; time.Sleep(5 * time.Millisecond) {
+		_, e := m3.reopen(t, g.Ticket)
+		if e == 0 {
+			break
+		}
+		// The service learns of the session's end from its socket, soon.
+		if e != syscall.ESTALE || time.Now().After(deadline) {
+			t.Fatalf("reopen after the reopening session ended: %v", e)
+		}
 	}
 	time.Sleep(time.Until(start.Add(grace + 200*time.Millisecond)))
-	if _, e := m2.reopen(t, h.Ticket); e != syscall.ESTALE {
+	if _, e := m3.reopen(t, h.Ticket); e != syscall.ESTALE {
 		t.Errorf("reopen after the reclaim grace: %v, want ESTALE", e)
+	}
+
+	// Another restart: tickets of the incarnation before the last are
+	// refused, those of the last are taken.
+	md2.kill(t)
+	startService(t, buildWeir(t), "metadata", cfg, url, "--config", path)
+	m4 := dialMeta(t, cfg.Metadata.Socket)
+	if _, e := m4.reopen(t, h.Ticket); e != syscall.ESTALE {
+		t.Errorf("reopen with a ticket of two incarnations ago: %v, want ESTALE", e)
+	}
+	if _, e := m4.reopen(t, rf.Ticket); e != 0 {
+		t.Errorf("reopen with a ticket of the last incarnation: %v", e)
+	}
+}
+
+// TestIdleClientKeepsFiles: a client that does nothing while the metadata
+// service restarts still has its open files afterwards, a file it
+// unlinked while open included, although tickets are only taken within
+// the reclaim grace (1 s here) and its first call comes later: the client
+// recovers when its session ends, not at its next call.
+func TestIdleClientKeepsFiles(t *testing.T) {
+	cfg := testConfig(t)
+	path := filepath.Join(t.TempDir(), "weir.hcl")
+	if err := os.WriteFile(path, []byte("metadata {\n  reclaim_grace = \"1s\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	url, md, _ := startPair(t, cfg, "--config", path)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: cfg.Metadata.Socket, IOSocket: cfg.IO.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	f, err := fsys.Create("log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	g, err := fsys.Create("scratch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	for _, fl := range []*client.File{f, g} {
+		if _, err := fl.Write([]byte("before;")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fsys.Remove("scratch"); err != nil {
+		t.Fatal(err)
+	}
+	md.kill(t)
+	startService(t, buildWeir(t), "metadata", cfg, url, "--config", path)
+	time.Sleep(1500 * time.Millisecond) // past the grace, without a call
+	for _, fl := range []*client.File{f, g} {
+		if _, err := fl.Write([]byte("after")); err != nil {
+			t.Fatalf("%s: write after the restart: %v", fl.Name(), err)
+		}
+		b := make([]byte, 64)
+		n, err := fl.ReadAt(b, 0)
+		if string(b[:n]) != "before;after" {
+			t.Errorf("%s reads %q (%v)", fl.Name(), b[:n], err)
+		}
+	}
+	if fsys.Recoveries.Load() != 1 {
+		t.Errorf("recoveries = %d, want 1", fsys.Recoveries.Load())
 	}
 }

@@ -38,9 +38,9 @@
  * WEIR_OP_ATTACH on the same io ring with the new session, and reopen each
  * handle with WEIR_OP_REOPEN {ticket}, at once: a ticket is accepted once,
  * within the service's reclaim grace after its start (30 s by default),
- * only from a later incarnation than the one that issued it; -ESTALE: the
+ * only by the incarnation after the one that issued it; -ESTALE: the
  * handle is gone; -EPERM: not genuine or not this uid's; -EACCES: the
- * file's mode no longer allows the access.
+ * file (another uid's) no longer allows the access.
  *
  * Encoding. Little-endian. A "str" is a u16 length then that many bytes,
  * no NUL. Times are i64 Unix nanoseconds; WEIR_TIME_OMIT leaves one

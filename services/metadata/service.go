@@ -151,7 +151,7 @@ type Service struct {
 	revokes  *retrier             // revocations to send again
 	reclaim  *time.Timer          // ReleaseHeld after the grace; protected by mu
 	started  time.Time            // when Start began the grace; protected by mu
-	reopened map[uint64]struct{}  // handles of earlier incarnations reopened by ticket; protected by mu
+	reopened map[uint64]uint64    // handle of the last incarnation -> the session that reopened it by ticket; protected by mu
 	// The orphan scan runs once per start, after a resync.
 	orphanMu    sync.Mutex
 	orphansDone bool           // protected by orphanMu
@@ -229,7 +229,7 @@ func (s *Service) Incarnation() uint32 { return s.inc }
 func (s *Service) Start() error {
 	s.mu.Lock()
 	s.started = time.Now()
-	s.reopened = map[uint64]struct{}{}
+	s.reopened = map[uint64]uint64{}
 	s.mu.Unlock()
 	s.host.Handle(s.subj.Session, s.onSession)
 	s.host.Handle(s.subj.SetLive, s.onSetLive)

@@ -298,7 +298,7 @@ func (se *session) reopen(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	ino, flags, why := se.svc.checkTicket(t, se.cred.UID)
+	th, ino, flags, why := se.svc.checkTicket(t, se.cred.UID, se.id)
 	switch why {
 	case ticketForged:
 		if !se.warnedTicket {
@@ -316,10 +316,16 @@ func (se *session) reopen(q *ring.Request) (int64, uint64) {
 	case errors.Is(err, syscall.ENOENT):
 		return se.errno(proto.ErrStale) // the file is gone
 	case err != nil:
+		se.svc.releaseTicket(th)
 		return se.errno(err)
 	}
+	res, aux := se.finishOpen(q, a, false, flags)
+	if res < 0 {
+		se.svc.releaseTicket(th)
+		return res, aux
+	}
 	se.svc.Stats.Reopens.Add(1)
-	return se.finishOpen(q, a, false, flags)
+	return res, aux
 }
 
 // grantOp grants a handle before its first read or write; a handle whose

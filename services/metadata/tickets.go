@@ -27,13 +27,15 @@ import (
 //
 // A ticket outlives the handle it was issued for, so it is accepted only
 // where it stands in for a handle a restart took away (checkTicket): it
-// must come from an earlier incarnation than this one, within
-// ReclaimGrace of this start, once per handle, from the uid it was issued
-// to; and a file that still has a name must still allow the access
-// (ns.Reopen). What is left: a process that closed the handle shortly
-// before a restart can reopen the file during the grace, if its mode
-// still lets it (a path lookup might not, through a directory it can no
-// longer search).
+// must come from the incarnation just before this one, within
+// ReclaimGrace of this start, from the uid it was issued to, and once per
+// handle (again only if the session that reopened it ended, as when the
+// reply was lost with it); and a file that still has a name must still
+// allow the access to a uid that is not its owner (ns.Reopen). What is
+// left: a process that closed the handle shortly before a restart can
+// reopen the file during the grace, if its mode still lets it (a path
+// lookup might not, through a directory it can no longer search). The
+// client reopens as soon as its session ends, well within the grace.
 
 const ticketDomain = "weir-ticket-v2"
 
@@ -86,24 +88,29 @@ const (
 	ticketLate                  // after the grace, or used already: ESTALE (the handle is gone)
 )
 
-// checkTicket returns what t names if it may reopen a file for uid now.
-func (s *Service) checkTicket(t proto.Ticket, uid uint32) (ino ns.Ino, flags int, why ticketRefusal) {
+// checkTicket returns what t names if session sid may reopen a file
+// with it for uid now, and reserves the ticket for sid (releaseTicket
+// gives it back if the reopen fails).
+func (s *Service) checkTicket(t proto.Ticket, uid uint32, sid uint64) (handle uint64, ino ns.Ino, flags int, why ticketRefusal) {
 	if !hmac.Equal(t[20:], s.ticketMAC(t[:20])) || binary.LittleEndian.Uint32(t[16:]) != uid {
-		return 0, 0, ticketForged
+		return 0, 0, 0, ticketForged
 	}
-	handle := binary.LittleEndian.Uint64(t[0:])
-	if proto.IncarnationOf(handle) >= s.inc {
-		return 0, 0, ticketCurrent
+	handle = binary.LittleEndian.Uint64(t[0:])
+	switch inc := proto.IncarnationOf(handle); {
+	case inc >= s.inc:
+		return 0, 0, 0, ticketCurrent
+	case inc != s.inc-1:
+		return 0, 0, 0, ticketLate // of an incarnation before the last: its handles are long gone
 	}
 	s.mu.Lock()
-	_, used := s.reopened[handle]
-	late := used || s.reopened == nil || time.Since(s.started) > s.opts.ReclaimGrace
+	by, used := s.reopened[handle]
+	late := (used && s.sessions[by] != nil) || s.reopened == nil || time.Since(s.started) > s.opts.ReclaimGrace
 	if !late {
-		s.reopened[handle] = struct{}{}
+		s.reopened[handle] = sid
 	}
 	s.mu.Unlock()
 	if late {
-		return 0, 0, ticketLate
+		return 0, 0, 0, ticketLate
 	}
 	v := binary.LittleEndian.Uint64(t[8:])
 	for _, b := range ticketBits {
@@ -111,5 +118,15 @@ func (s *Service) checkTicket(t proto.Ticket, uid uint32) (ino ns.Ino, flags int
 			flags |= b.flag
 		}
 	}
-	return ns.Ino(v & (1<<48 - 1)), flags, ticketOK
+	return handle, ns.Ino(v & (1<<48 - 1)), flags, ticketOK
+}
+
+// releaseTicket gives back the ticket of handle that checkTicket reserved
+// for a reopen that failed.
+func (s *Service) releaseTicket(handle uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.reopened != nil {
+		delete(s.reopened, handle)
+	}
 }

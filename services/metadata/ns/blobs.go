@@ -169,8 +169,10 @@ func (n *NS) ReleaseHeld() ([]uint64, error) {
 // Reopen opens inode ino again, by number, for c with open flags: the
 // metadata service does so for a client that held it open before a
 // restart and proves it with a ticket. A file that still has a name must
-// still allow c the access (EACCES otherwise): a ticket outlives the
-// handle it was issued for, so it is not let past a chmod. A file
+// still allow c the access unless c owns it (EACCES otherwise): a ticket
+// outlives the handle it was issued for, so it is not let past a chmod of
+// another's file; an owner can chmod anyway, and a file created 0444 and
+// written through its creating handle keeps working. A file
 // unlinked while open (held) is checked for nothing but existence, as an
 // open file descriptor keeps working, and stops being held. The open
 // counts until Release, as Open's does.
@@ -184,7 +186,7 @@ func (n *NS) Reopen(c Cred, ino Ino, flags int) (Attr, error) {
 	if nd == nil {
 		return Attr{}, syscall.ENOENT
 	}
-	if nd.attr.Nlink != 0 {
+	if nd.attr.Nlink != 0 && c.UID != nd.attr.UID {
 		mask := mayRead
 		switch flags & syscall.O_ACCMODE {
 		case syscall.O_WRONLY:

@@ -447,8 +447,8 @@ func TestReopenHeld(t *testing.T) {
 	if _, err := n2.Reopen(root, a.Ino, syscall.O_RDONLY); errno(t, err) != syscall.ENOENT {
 		t.Fatalf("Reopen of a freed inode: %v", err)
 	}
-	// A file with a name must still allow the access.
-	u := Cred{UID: 1000, GID: 1000}
+	// A file with a name must still allow the access to anyone but its owner.
+	u, other := Cred{UID: 1000, GID: 1000}, Cred{UID: 1001, GID: 1001}
 	b := create(t, n2, root, "g")
 	must(t, n2.FChown(root, b.Ino, int(u.UID), int(u.GID)))
 	release(t, n2, b.Ino)
@@ -457,15 +457,22 @@ func TestReopenHeld(t *testing.T) {
 		flags int
 		want  error
 	}{
-		{0o644, syscall.O_RDWR, nil},
-		{0o444, syscall.O_RDWR, syscall.EACCES},
-		{0o444, syscall.O_RDONLY, nil},
-		{0o244, syscall.O_RDONLY, syscall.EACCES},
-		{0o244, syscall.O_WRONLY, nil},
+		{0o666, syscall.O_RDWR, nil},
+		{0o644, syscall.O_RDWR, syscall.EACCES},
+		{0o644, syscall.O_RDONLY, nil},
+		{0o622, syscall.O_RDONLY, syscall.EACCES},
+		{0o622, syscall.O_WRONLY, nil},
+		{0o000, syscall.O_RDONLY, syscall.EACCES},
 	} {
 		err = n2.FChmod(u, b.Ino, c.mode)
 		must(t, err)
-		_, err := n2.Reopen(u, b.Ino, c.flags)
+		// Its owner keeps every access (it could chmod the file back).
+		if _, err := n2.Reopen(u, b.Ino, syscall.O_RDWR); err != nil {
+			t.Errorf("owner's Reopen(mode %o) = %v", c.mode, err)
+		} else {
+			release(t, n2, b.Ino)
+		}
+		_, err := n2.Reopen(other, b.Ino, c.flags)
 		if c.want == nil {
 			must(t, err)
 			release(t, n2, b.Ino)
