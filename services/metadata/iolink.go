@@ -289,8 +289,18 @@ func (s *Service) resyncIO(ctx context.Context) error {
 	s.alloc.mu.Lock()
 	limit := s.nextAllocLimit()
 	if err := s.ns.PromiseAlloc(limit); err != nil {
-		s.alloc.mu.Unlock()
-		return fmt.Errorf("record the allocation limit: %w", err)
+		// A namespace that went read-only (its WAL failed) creates
+		// nothing more: io gets the limit already promised, and reads go
+		// on (of files created since that promise, in this life, too
+		// young to be below it, grants fail: the service is unhealthy
+		// and wants a restart anyway).
+		promised := s.ns.AllocLimit()
+		if s.ns.Err() == nil || promised == 0 {
+			s.alloc.mu.Unlock()
+			return fmt.Errorf("record the allocation limit: %w", err)
+		}
+		s.log.Warn("namespace is read-only: resynchronising io with the allocation limit recorded before", "limit", promised, "error", err)
+		limit = promised
 	}
 	var r control.ResyncReply
 	s.mu.Lock()

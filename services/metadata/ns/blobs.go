@@ -89,6 +89,14 @@ func (n *NS) PromiseAlloc(limit uint64) error {
 	return nil
 }
 
+// AllocLimit is the highest allocation limit promised (PromiseAlloc), in
+// this life or an earlier one (0: none).
+func (n *NS) AllocLimit() uint64 {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return uint64(n.st.allocLimit)
+}
+
 // MarkDead makes blob, which the backend holds but no inode owns, await
 // deletion. Blob 0 or one past MaxIno is EINVAL; a blob that some inode
 // owns is EEXIST (it is no orphan); one at or past the allocation counter
