@@ -154,9 +154,7 @@ func (s *Service) onRevoke(m *nats.Msg) {
 	s.mu.Unlock()
 	s.Stats.Grants.Add(-int64(len(gone)))
 	s.Stats.RevokesWaiting.Add(1)
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
+	if !s.background(func() {
 		defer s.Stats.RevokesWaiting.Add(-1)
 		// The answer for a single handle carries the blob's attributes,
 		// taken after its last request; for a whole session, none.
@@ -170,7 +168,10 @@ func (s *Service) onRevoke(m *nats.Msg) {
 			s.releaseBlob(g.blob)
 		}
 		control.Respond(m, ack)
-	}()
+	}) {
+		s.Stats.RevokesWaiting.Add(-1)
+		control.Respond(m, control.Ack{Error: "the IO service is stopping: every grant ends with it"})
+	}
 }
 
 func (s *Service) onLive(m *nats.Msg) {
@@ -216,24 +217,38 @@ func (s *Service) onDelete(m *nats.Msg) {
 		control.Respond(m, control.Ack{Error: "blob is being deleted", Errno: int(syscall.EBUSY)})
 		return
 	}
-	// Off the ordered subscription: deleting a large file can take long,
-	// and grants and revokes must not wait for it.
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		s.delSem <- struct{}{}
-		err := s.be.Delete(id)
-		<-s.delSem
+	done := func() {
 		s.mu.Lock()
 		delete(s.deleting, id)
 		s.mu.Unlock()
+	}
+	// At most maxDeletes at once; more are refused, and metadata's
+	// deleter tries them again later (a delete it gave up waiting for
+	// still runs here).
+	select {
+	case s.delSem <- struct{}{}:
+	default:
+		done()
+		control.Respond(m, control.Ack{Error: "too many deletes in progress", Errno: int(syscall.EBUSY)})
+		return
+	}
+	// Off the ordered subscription: deleting a large file can take long,
+	// and grants and revokes must not wait for it.
+	if !s.background(func() {
+		err := s.be.Delete(id)
+		<-s.delSem
+		done()
 		if err != nil && !errors.Is(err, syscall.ENOENT) {
 			control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
 			return
 		}
 		s.Stats.Deletes.Add(1)
 		control.Respond(m, control.Ack{})
-	}()
+	}) {
+		<-s.delSem
+		done()
+		control.Respond(m, control.Ack{Error: "the IO service is stopping", Errno: int(syscall.EBUSY)})
+	}
 }
 
 // onResync starts serving an incarnation of the metadata service (or a new
@@ -285,9 +300,7 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.resyncOnce.Do(func() { close(s.resynced) })
 	s.log.Info("resynchronised by the metadata service", "incarnation", r.Incarnation, "grants_dropped", len(dropped),
 		"allocated_below", r.AllocLimit)
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
+	if !s.background(func() {
 		var reply control.ResyncReply
 		var rest []control.SetLive
 		seen := map[*openBlob]bool{}
@@ -314,7 +327,9 @@ func (s *Service) onResync(m *nats.Msg) {
 			}
 			cancel()
 		}
-	}()
+	}) {
+		control.Respond(m, control.ResyncReply{Error: "the IO service is stopping"})
+	}
 }
 
 func (s *Service) onAlloc(m *nats.Msg) {
@@ -350,11 +365,9 @@ func (s *Service) onBlobs(m *nats.Msg) {
 	}
 	// Off the ordered subscription, as a listing of many blobs can take
 	// long; pages of one scan are serialised by the listing's lock.
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		s.blobsPage(m, q)
-	}()
+	if !s.background(func() { s.blobsPage(m, q) }) {
+		control.Respond(m, control.BlobsReply{Error: "the IO service is stopping"})
+	}
 }
 
 func (s *Service) blobsPage(m *nats.Msg, q control.BlobsQuery) {

@@ -8,11 +8,14 @@ import (
 	"io"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 	iosvc "github.com/weir-storage/weir/services/io"
@@ -425,5 +428,61 @@ func TestRevokeRefusesNewRequests(t *testing.T) {
 	}
 	if c := <-closed; c.Result != 0 {
 		t.Fatalf("close: %+v", c)
+	}
+}
+
+// blockingDeletes holds every Delete until release is closed.
+type blockingDeletes struct {
+	backend.Backend
+	running atomic.Int32
+	release chan struct{}
+}
+
+func (b *blockingDeletes) Delete(id backend.BlobID) error {
+	b.running.Add(1)
+	<-b.release
+	return b.Backend.Delete(id)
+}
+
+// TestDeletesAreBounded: io runs at most 8 blob deletes at once; more are
+// refused as busy at once (metadata's deleter sends them again later), so
+// slow deletes cannot pile up goroutines behind a timed-out deleter.
+func TestDeletesAreBounded(t *testing.T) {
+	be := &blockingDeletes{Backend: mem.New(), release: make(chan struct{})}
+	e := startIO(t, be, nil)
+	nc, err := e.st.Connect(control.RoleMetadata, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	sj := control.SubjectsIn(e.cfg.NATS.Namespace)
+	const n = 12
+	answers := make(chan control.Ack, n)
+	for i := range n {
+		go func() {
+			var ack control.Ack
+			if err := control.Request(nc, sj.Delete, control.Delete{Blob: uint64(1<<20 + i)}, &ack, 30*time.Second); err != nil {
+				ack.Error = err.Error()
+			}
+			answers <- ack
+		}()
+	}
+	busy := 0
+	for range n - 8 {
+		a := <-answers
+		if a.Errno != int(syscall.EBUSY) {
+			t.Fatalf("an answer before any delete finished: %+v, want EBUSY", a)
+		}
+		busy++
+	}
+	waitFor(t, "8 deletes at the backend", func() bool { return be.running.Load() == 8 })
+	close(be.release)
+	for range 8 {
+		if a := <-answers; a.Error != "" {
+			t.Errorf("a delete that ran: %+v", a)
+		}
+	}
+	if busy != n-8 || be.running.Load() != 8 {
+		t.Errorf("%d refused, %d ran; want %d and 8", busy, be.running.Load(), n-8)
 	}
 }

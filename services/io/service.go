@@ -106,6 +106,24 @@ func (s *Service) Snapshot() map[string]any {
 	return m
 }
 
+// background runs fn on a goroutine of its own that Shutdown waits for,
+// unless the service is stopping (false: fn does not run). Control
+// handlers still running when Shutdown unsubscribed get false.
+func (s *Service) background(fn func()) bool {
+	s.mu.Lock()
+	if s.stopping {
+		s.mu.Unlock()
+		return false
+	}
+	s.bg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.bg.Done()
+		fn()
+	}()
+	return true
+}
+
 // maxDeletes bounds the blob deletes io runs at once (the metadata
 // service sends up to 8).
 const maxDeletes = 8
@@ -186,6 +204,8 @@ type Service struct {
 	// creates makes blob creates durable at the fsync that needs them.
 	creates createSync
 	bg      sync.WaitGroup // revocations waiting, live reports after a resync, deletes, blob listings
+	// stopping: Shutdown waits for bg; nothing more may start (protected by mu).
+	stopping bool
 
 	Stats Stats
 }
@@ -335,6 +355,9 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	if err := s.host.Shutdown(ctx); err != nil {
 		return fmt.Errorf("iosvc: shutdown: %w", err)
 	}
+	s.mu.Lock()
+	s.stopping = true // no more background work: bg.Add must not race Wait
+	s.mu.Unlock()
 	s.bg.Wait()
 	var errs []error
 	s.mu.Lock()
