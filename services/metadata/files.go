@@ -80,23 +80,28 @@ type closedDV struct {
 	at time.Time
 }
 
-// keepClosedDVLocked records dv as ino's last report; s.mu is held.
+// closedEntry is one close, in the order of closes (Service.closedQ).
+type closedEntry struct {
+	ino ns.Ino
+	at  time.Time
+}
+
+// keepClosedDVLocked records dv as ino's last report, and forgets, oldest
+// first, the ones kept too long or too many; s.mu is held.
 func (s *Service) keepClosedDVLocked(ino ns.Ino, dv uint64) {
 	now := time.Now()
-	if len(s.closedDV) >= closedDVMax {
-		oldest, at := ns.Ino(0), now
-		for i, c := range s.closedDV {
-			if now.Sub(c.at) > closedDVKeep {
-				delete(s.closedDV, i)
-			} else if c.at.Before(at) {
-				oldest, at = i, c.at
-			}
+	s.closedDV[ino] = closedDV{dv: dv, at: now}
+	s.closedQ = append(s.closedQ, closedEntry{ino: ino, at: now})
+	for len(s.closedQ) > 0 {
+		e := s.closedQ[0]
+		if now.Sub(e.at) <= closedDVKeep && len(s.closedDV) <= closedDVMax {
+			break
 		}
-		if len(s.closedDV) >= closedDVMax {
-			delete(s.closedDV, oldest)
+		s.closedQ = s.closedQ[1:]
+		if c, ok := s.closedDV[e.ino]; ok && c.at.Equal(e.at) {
+			delete(s.closedDV, e.ino) // not closed again since
 		}
 	}
-	s.closedDV[ino] = closedDV{dv: dv, at: now}
 }
 
 // staleForClosedLocked reports whether a report at dv for ino, which is

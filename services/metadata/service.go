@@ -141,6 +141,7 @@ type Service struct {
 	sessions map[uint64]*session  // by id; protected by mu
 	files    map[ns.Ino]*openFile // open files; protected by mu
 	closedDV map[ns.Ino]closedDV  // last report of recently closed files (files.go); protected by mu
+	closedQ  []closedEntry        // their closes, oldest first; protected by mu
 	maxDV    uint64               // newest data version applied or noted; protected by mu
 	nextSID  uint64               // protected by mu
 	nextH    atomic.Uint64        // handle counter, unique across sessions
