@@ -57,16 +57,24 @@ func hello(ctx context.Context, meta *ring.Client) (proto.HelloResp, error) {
 	return r, nil
 }
 
+// attachRetry bounds how long attach tries again while io cannot reach
+// the metadata service.
+const attachRetry = 10 * time.Second
+
 // attach binds data to the metadata session of c. EAGAIN (io could not
 // reach the metadata service to check the session, as while the two
-// services are starting) is tried again until ctx is done.
+// services are starting) is tried again for up to attachRetry, or until
+// ctx is done.
 func attach(ctx context.Context, data *ring.Client, c *conn) error {
 	req := proto.AttachReq{Version: c.version, Session: c.session, Token: c.token}
 	comp, err := call(ctx, data, proto.OpAttach, 0, 0, 0, req.Append(nil), nil)
+	give := time.After(attachRetry)
 	for wait := 10 * time.Millisecond; errors.Is(err, syscall.EAGAIN); wait = min(2*wait, 250*time.Millisecond) {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%w (the IO service could not reach the metadata service to check this session: %v)", err, ctx.Err())
+		case <-give:
+			return fmt.Errorf("%w (the IO service could not reach the metadata service to check this session for %v)", err, attachRetry)
 		case <-time.After(wait):
 		}
 		comp, err = call(ctx, data, proto.OpAttach, 0, 0, 0, req.Append(nil), nil)

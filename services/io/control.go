@@ -296,7 +296,7 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.Stats.Grants.Add(-int64(len(dropped)))
 	s.Stats.GrantsDropped.Add(uint64(len(dropped)))
 	s.Stats.Resyncs.Add(1)
-	s.meta.resynced()
+	s.meta.resynced(s.opts.RequestTimeout)
 	s.resyncOnce.Do(func() { close(s.resynced) })
 	s.log.Info("resynchronised by the metadata service", "incarnation", r.Incarnation, "grants_dropped", len(dropped),
 		"allocated_below", r.AllocLimit)

@@ -427,7 +427,7 @@ type metaLink struct {
 	mu     sync.Mutex
 	used   bool               // a service session is configured; protected by mu
 	up     bool               // protected by mu
-	expect bool               // down, but a resync came since it went down; protected by mu
+	expect time.Time          // down, but a resync came since it went down: wait until then; protected by mu
 	upc    chan struct{}      // closed while up; protected by mu
 	ctx    context.Context    // protected by mu
 	cancel context.CancelFunc // protected by mu
@@ -452,7 +452,7 @@ func (l *metaLink) set(up bool) {
 		}
 		return
 	}
-	l.up, l.expect = up, false
+	l.up, l.expect = up, time.Time{}
 	if up {
 		l.ctx, l.cancel = context.WithCancel(context.Background())
 		close(l.upc)
@@ -462,12 +462,12 @@ func (l *metaLink) set(up bool) {
 }
 
 // resynced notes a resync: if the service session is not up yet, it is
-// about to be.
-func (l *metaLink) resynced() {
+// about to be, within wait (past that, requests fail at once again).
+func (l *metaLink) resynced(wait time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.used && !l.up {
-		l.expect = true
+		l.expect = time.Now().Add(wait)
 	}
 }
 
@@ -496,7 +496,8 @@ func (l *metaLink) context(ctx context.Context) (context.Context, error) {
 	}
 	expect, upc := l.expect, l.upc
 	l.mu.Unlock()
-	if !expect {
+	wait := time.Until(expect)
+	if wait <= 0 {
 		return nil, errMetadataDown
 	}
 	select {
@@ -504,6 +505,8 @@ func (l *metaLink) context(ctx context.Context) (context.Context, error) {
 		return l.context(ctx)
 	case <-ctx.Done():
 		return nil, fmt.Errorf("%w (waited for its service session: %w)", errMetadataDown, ctx.Err())
+	case <-time.After(wait):
+		return nil, fmt.Errorf("%w (its service session did not come up after the resync)", errMetadataDown)
 	}
 }
 
