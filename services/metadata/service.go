@@ -152,6 +152,7 @@ type Service struct {
 	revokes  *retrier             // revocations to send again
 	reclaim  *time.Timer          // ReleaseHeld after the grace; protected by mu
 	started  time.Time            // when Start began the grace; protected by mu
+	macs     sync.Pool            // keyed HMAC states for tickets (tickets.go)
 	reopened map[uint64]uint64    // handle of the last incarnation -> the session that reopened it by ticket; protected by mu
 	// The orphan scan runs once per start, after a resync.
 	orphanMu    sync.Mutex
