@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 
+	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/services/metadata/ns"
@@ -87,16 +88,7 @@ func TestControlMessagesValidated(t *testing.T) {
 	if err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("data directory %s: %v %v, want mode 0700", c.DataDir, fi.Mode(), err)
 	}
-	var ino uint64
-	{
-		out := make([]byte, proto.AttrSize)
-		comp := rawCall(t, raw.meta, proto.OpFStat, 0, handle, nil, out)
-		a, err := proto.DecodeAttr(out[:max(comp.Result, 0)])
-		if err != nil {
-			t.Fatal(err)
-		}
-		ino = a.Ino
-	}
+	ino := raw.fstat(t, handle).Ino
 	md, err := st.Connect(control.RoleMetadata, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -193,14 +185,37 @@ func TestControlMessagesValidated(t *testing.T) {
 	if st.Metadata.Stats.StaleReports.Load() != before+1 {
 		t.Errorf("a report older than the last one applied was not counted as stale")
 	}
-	out = make([]byte, proto.AttrSize)
-	comp = rawCall(t, raw.meta, proto.OpFStat, 0, handle, nil, out)
-	if a, err := proto.DecodeAttr(out[:max(comp.Result, 0)]); err != nil || a.Size != int64(len(wb)) {
-		t.Errorf("after a stale report the size is %d (%v), want %d", a.Size, err, len(wb))
+	if a := raw.fstat(t, handle); a.Size != int64(len(wb)) {
+		t.Errorf("after a stale report the size is %d, want %d", a.Size, len(wb))
 	}
 	if n := st.Metadata.Snapshot()["control_refused"]; n != uint64(6) {
 		t.Errorf("metadata control_refused = %v, want 6", n)
 	}
+}
+
+// memStack runs a stack on the mem backend for the test.
+func memStack(t *testing.T) (*config.Config, *stack.Stack) {
+	t.Helper()
+	c := stacktest.Config(t, "")
+	c.IO.Backend = "mem"
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	return c, st
+}
+
+// fstat is the attributes of handle of the raw session.
+func (s *rawSession) fstat(t *testing.T, handle uint64) proto.Attr {
+	t.Helper()
+	out := make([]byte, proto.AttrSize)
+	comp := rawCall(t, s.meta, proto.OpFStat, 0, handle, nil, out)
+	a, err := proto.DecodeAttr(out[:max(comp.Result, 0)])
+	if err != nil {
+		t.Fatalf("fstat: %+v %v", comp, err)
+	}
+	return a
 }
 
 // TestRevokeEndsItsGrant: versions order the messages of a file, but a
@@ -211,21 +226,10 @@ func TestControlMessagesValidated(t *testing.T) {
 // stale. (Checked against the file, the late revoke was refused and the
 // grant it was meant to end stayed at io: found in review.)
 func TestRevokeEndsItsGrant(t *testing.T) {
-	c := stacktest.Config(t, "")
-	c.IO.Backend = "mem"
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	c, st := memStack(t)
 	raw := rawDial(t, c)
 	handle := raw.open(t, "f")
-	out := make([]byte, proto.AttrSize)
-	comp := rawCall(t, raw.meta, proto.OpFStat, 0, handle, nil, out)
-	a, err := proto.DecodeAttr(out[:max(comp.Result, 0)])
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := raw.fstat(t, handle)
 	md, err := st.Connect(control.RoleMetadata, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -273,25 +277,14 @@ func TestRevokeEndsItsGrant(t *testing.T) {
 // data versions stay above the floor metadata gives at a resync, whatever
 // io's clock did (they are seeded from it).
 func TestDataVersions(t *testing.T) {
-	c := stacktest.Config(t, "")
-	c.IO.Backend = "mem"
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	c, st := memStack(t)
 	raw := rawDial(t, c)
 	handle := raw.open(t, "f")
 	wb := []byte("intact")
 	if comp := rawDo(t, raw.data, proto.OpWrite, handle, 0, wb, nil); comp.Result != int64(len(wb)) {
 		t.Fatalf("write: %+v", comp)
 	}
-	out := make([]byte, proto.AttrSize)
-	comp := rawCall(t, raw.meta, proto.OpFStat, 0, handle, nil, out)
-	a, err := proto.DecodeAttr(out[:max(comp.Result, 0)])
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := raw.fstat(t, handle)
 	if comp := rawDo(t, raw.meta, proto.OpClose, handle, 0, nil, nil); comp.Result != 0 {
 		t.Fatalf("close: %+v", comp)
 	}
