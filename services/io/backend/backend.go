@@ -27,7 +27,12 @@
 //	EIO     and others: whatever the storage reports
 package backend
 
-import "syscall"
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"syscall"
+)
 
 // Reporter is implemented by backends with counters worth showing in the
 // IO service's stats (weir status).
@@ -97,6 +102,39 @@ type Backend interface {
 	Close() error
 	// Name is the backend's short name: "file", "mem".
 	Name() string
+	// Identity returns the stack a store belongs to, as SetIdentity
+	// recorded it; ok is false when none is recorded (a new store, or one
+	// written before identities existed).
+	Identity() (id Identity, ok bool, err error)
+	// SetIdentity records, durably, that the store belongs to stack id;
+	// EEXIST if another identity is recorded (the same one is a no-op),
+	// EROFS on a read-only backend.
+	SetIdentity(id Identity) error
+}
+
+// Identity names a stack: the UUID its metadata service chose when its
+// namespace was created (the boot record's stack id). A store records the
+// identity of the one stack it belongs to, and the IO service serves it
+// only to that stack's metadata service, so that a new namespace never
+// reads an old namespace's blobs.
+type Identity [16]byte
+
+// String formats the identity as a UUID.
+func (id Identity) String() string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
+}
+
+// ParseIdentity reads what String wrote.
+func ParseIdentity(s string) (Identity, error) {
+	var id Identity
+	hexs := strings.ReplaceAll(s, "-", "")
+	if len(s) != 36 || len(hexs) != 32 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+		return id, fmt.Errorf("identity %q: not a UUID: %w", s, syscall.EINVAL)
+	}
+	if _, err := hex.Decode(id[:], []byte(hexs)); err != nil {
+		return id, fmt.Errorf("identity %q: %w", s, syscall.EINVAL)
+	}
+	return id, nil
 }
 
 // Blob is an open handle to one blob. Its methods are safe for concurrent

@@ -72,6 +72,7 @@ func Run(t *testing.T, f Factory) {
 		{"List", s.testList},
 		{"Sync", s.testSync},
 		{"Persistence", s.testPersistence},
+		{"Identity", s.testIdentity},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)
@@ -880,6 +881,43 @@ func (s *suite) testPersistence(t *testing.T) {
 }
 
 // checkState compares be's blobs, sizes and contents with state.
+// testIdentity: a new store has no identity; SetIdentity records one,
+// which Identity returns, again after a reopen (a backend that keeps
+// blobs across Reopen keeps it too); setting the same identity again is a
+// no-op, another one EEXIST; blobs do not see it (List).
+func (s *suite) testIdentity(t *testing.T) {
+	be := s.newBackend(t)
+	if _, ok, err := be.Identity(); err != nil || ok {
+		t.Fatalf("a new store: Identity() = ok %v, %v; want none", ok, err)
+	}
+	id := backend.Identity{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	other := id
+	other[15]++
+	if err := be.SetIdentity(id); err != nil {
+		t.Fatal(err)
+	}
+	create(t, be, 7).Close()
+	for round := range 2 {
+		if got, ok, err := be.Identity(); err != nil || !ok || got != id {
+			t.Fatalf("round %d: Identity() = %v %v %v, want %v", round, got, ok, err, id)
+		}
+		if err := be.SetIdentity(id); err != nil {
+			t.Errorf("round %d: SetIdentity of the same identity: %v", round, err)
+		}
+		wantErrno(t, be.SetIdentity(other), syscall.EEXIST, "SetIdentity of another identity")
+		if ids, err := be.List(); err != nil || len(ids) != 1 || ids[0] != 7 {
+			t.Errorf("round %d: List() = %v, %v; want [7]", round, ids, err)
+		}
+		if s.f.Reopen == nil {
+			break
+		}
+		be = s.reopen(t, be)
+		if ids, _ := be.List(); len(ids) == 0 {
+			break // this backend keeps nothing across Reopen
+		}
+	}
+}
+
 func checkState(t *testing.T, be backend.Backend, state map[backend.BlobID]*blobState) {
 	t.Helper()
 	ids, err := be.List()

@@ -194,6 +194,12 @@ func (f *Faulty) Sync() error {
 // Close closes the inner backend; it is never injected.
 func (f *Faulty) Close() error { return f.inner.Close() }
 
+// Identity returns the inner backend's identity.
+func (f *Faulty) Identity() (backend.Identity, bool, error) { return f.inner.Identity() }
+
+// SetIdentity records id in the inner backend.
+func (f *Faulty) SetIdentity(id backend.Identity) error { return f.inner.SetIdentity(id) }
+
 // blob wraps an inner Blob handle.
 type blob struct {
 	f     *Faulty      // immutable

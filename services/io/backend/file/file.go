@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"slices"
 	"strconv"
 	"sync"
@@ -226,6 +227,10 @@ func makeDir(dir string) error {
 }
 
 // checkFormat writes blobs/FORMAT on first use and checks it afterwards.
+// First use means a directory that is provably empty: a blob directory
+// without FORMAT but with anything else in it (blobs of an older layout,
+// files someone put there, a FORMAT lost by hand) is refused, not
+// formatted over; so is a FORMAT that cannot be read.
 func checkFormat(root string) error {
 	path := filepath.Join(root, "FORMAT")
 	got, err := os.ReadFile(path)
@@ -236,10 +241,29 @@ func checkFormat(root string) error {
 		return nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	ents, err := os.ReadDir(root)
+	if err != nil {
 		return err
 	}
+	for _, e := range ents {
+		switch e.Name() {
+		case "LOCK", "FORMAT.tmp":
+			continue
+		}
+		return fmt.Errorf("%s has no FORMAT file but holds %q: not an empty directory, so not formatted; "+
+			"if it is weir's and FORMAT was lost, restore it (%q), else point data_dir elsewhere: %w", root, e.Name(), formatV1, syscall.EEXIST)
+	}
+	return writeDurable(root, "FORMAT", []byte(formatV1))
+}
+
+// writeDurable writes data as root/name, atomically (a temporary file,
+// synced, renamed over it) and durably (the directory synced).
+func writeDurable(root, name string, data []byte) error {
+	path := filepath.Join(root, name)
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(formatV1), 0o600); err != nil {
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		return err
 	}
 	fd, err := openFile(tmp, unix.O_RDONLY, 0)
@@ -255,6 +279,55 @@ func checkFormat(root string) error {
 		return err
 	}
 	return fsyncDir(root)
+}
+
+// identityFile holds the identity of the stack the blobs belong to:
+// "weir-stack <uuid>\n".
+const identityFile = "IDENTITY"
+
+// Identity reads blobs/IDENTITY; ok is false while there is none.
+func (be *Backend) Identity() (backend.Identity, bool, error) {
+	if be.closed.Load() {
+		return backend.Identity{}, false, fmt.Errorf("backend file: identity: %w", syscall.EBADF)
+	}
+	path := filepath.Join(be.root, identityFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return backend.Identity{}, false, nil
+	}
+	if err != nil {
+		return backend.Identity{}, false, fmt.Errorf("backend file: read %s: %w", path, err)
+	}
+	s, ok := strings.CutPrefix(string(b), "weir-stack ")
+	s, nl := strings.CutSuffix(s, "\n")
+	id, err := backend.ParseIdentity(s)
+	if !ok || !nl || err != nil {
+		return backend.Identity{}, false, fmt.Errorf("backend file: %s holds %q, not \"weir-stack <uuid>\": %w", path, b, syscall.EINVAL)
+	}
+	return id, true, nil
+}
+
+// SetIdentity writes blobs/IDENTITY, durably; EEXIST if it names another
+// stack.
+func (be *Backend) SetIdentity(id backend.Identity) error {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if be.readOnly {
+		return fmt.Errorf("backend file: set identity: %w", errReadOnly)
+	}
+	cur, ok, err := be.Identity()
+	switch {
+	case err != nil:
+		return err
+	case ok && cur == id:
+		return nil
+	case ok:
+		return fmt.Errorf("backend file: set identity %s: %s belongs to stack %s: %w", id, be.root, cur, syscall.EEXIST)
+	}
+	if err := writeDurable(be.root, identityFile, []byte("weir-stack "+id.String()+"\n")); err != nil {
+		return fmt.Errorf("backend file: set identity: %w", err)
+	}
+	return nil
 }
 
 // probeDirect decides whether blob files under root can use O_DIRECT. why

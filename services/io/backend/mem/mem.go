@@ -24,6 +24,7 @@ type page = [pageSize]byte
 type Backend struct {
 	mu     sync.Mutex
 	blobs  map[backend.BlobID]*blob // protected by mu
+	id     *backend.Identity        // protected by mu
 	closed atomic.Bool              // written under mu, read anywhere
 }
 
@@ -148,6 +149,33 @@ func (m *Backend) Close() error {
 	}
 	m.closed.Store(true)
 	m.blobs = nil
+	return nil
+}
+
+// Identity returns the identity SetIdentity recorded.
+func (m *Backend) Identity() (backend.Identity, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed.Load() {
+		return backend.Identity{}, false, fmt.Errorf("backend mem: identity: %w", syscall.EBADF)
+	}
+	if m.id == nil {
+		return backend.Identity{}, false, nil
+	}
+	return *m.id, true, nil
+}
+
+// SetIdentity records id; EEXIST if another is recorded.
+func (m *Backend) SetIdentity(id backend.Identity) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	switch {
+	case m.closed.Load():
+		return fmt.Errorf("backend mem: set identity: %w", syscall.EBADF)
+	case m.id != nil && *m.id != id:
+		return fmt.Errorf("backend mem: set identity %s: the store belongs to %s: %w", id, *m.id, syscall.EEXIST)
+	}
+	m.id = &id
 	return nil
 }
 

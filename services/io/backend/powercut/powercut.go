@@ -146,6 +146,13 @@ func (b *Backend) Sync() error {
 // Close implements backend.Backend.
 func (b *Backend) Close() error { return b.inner.Close() }
 
+// Identity implements backend.Backend (not part of the model: an identity
+// is durable when SetIdentity returns).
+func (b *Backend) Identity() (backend.Identity, bool, error) { return b.inner.Identity() }
+
+// SetIdentity implements backend.Backend.
+func (b *Backend) SetIdentity(id backend.Identity) error { return b.inner.SetIdentity(id) }
+
 // blob records its bytes at every Sync.
 type blob struct {
 	backend.Blob

@@ -53,8 +53,18 @@ type Options struct {
 	// (tests); MemMB sizes its memory.
 	NoHuge bool
 	MemMB  int
-	// Format makes a new, empty blobstore even if the bdev holds one.
+	// Format makes a new, empty blobstore even if the bdev holds one or
+	// holds something else: it erases the device. Without it, New makes a
+	// blobstore only on a provably empty bdev (its first and last MiB read
+	// as zeros), and refuses every other bdev that holds no weir
+	// blobstore, and any bdev it cannot read, changing nothing on it.
 	Format bool
+	// ReadOnly loads the blobstore without writing to the device (weir
+	// check): every write the blobstore attempts fails before it reaches
+	// the bdev, so a blobstore that needs a recovery (it was not shut down
+	// cleanly) does not load; every change through the backend fails
+	// with EROFS.
+	ReadOnly bool
 	// Workers is the number of I/O workers, each a polling OS thread with
 	// its own SPDK thread and I/O channel (0: 1). One worker keeps many
 	// I/Os in flight; more spread them over cores.
@@ -90,7 +100,20 @@ var rt struct {
 	r    *spdkRuntime
 	err  error
 	live atomic.Pointer[spdkRuntime] // r once it started; for Halt
+	// env is the environment the process started SPDK with: a later New
+	// must ask for the same one (SPDK cannot be configured twice).
+	env envKey
 }
+
+// envKey is what of Options configures SPDK's environment, once per
+// process.
+type envKey struct {
+	config string
+	noHuge bool
+	memMB  int
+}
+
+func envOf(o Options) envKey { return envKey{config: string(o.ConfigJSON), noHuge: o.NoHuge, memMB: o.MemMB} }
 
 // Halt stops SPDK for the rest of the process: the metadata thread stops
 // polling for good and New fails from then on. Call it after every Backend
@@ -116,6 +139,7 @@ func Halt() error {
 // start brings SPDK up once per process.
 func start(opts Options) (*spdkRuntime, error) {
 	rt.once.Do(func() {
+		rt.env = envOf(opts)
 		r := &spdkRuntime{reqs: make(chan func(), 256), kick: make(chan struct{}, 1)}
 		addProcs(1)
 		r.workers.Store(&[]*worker{})
@@ -128,6 +152,11 @@ func start(opts Options) (*spdkRuntime, error) {
 		rt.r = r
 		rt.live.Store(r)
 	})
+	if rt.err == nil && envOf(opts) != rt.env {
+		return nil, fmt.Errorf("spdk: this process started SPDK with another configuration (JSON config, no-huge or memory size): "+
+			"SPDK's environment is set up once per process, so every backend of a process must use the same one, "+
+			"with its bdevs all in that JSON config: %w", syscall.EINVAL)
+	}
 	return rt.r, rt.err
 }
 
@@ -361,6 +390,11 @@ type Backend struct {
 	closed bool                              // protected by mu
 	gone   atomic.Bool                       // closed, for handles
 	strays []string                          // found at load; immutable after New
+	super  C.spdk_blob_id                    // the super blob (identity), 0 if none; protected by mu
+	// formatted: New made this blobstore; roWrote: C flag the read-only
+	// device sets when the blobstore tries to write (Options.ReadOnly).
+	formatted bool
+	roWrote   *C.int
 
 	bounceBytes atomic.Uint64 // payload bytes copied through bounce buffers
 	directBytes atomic.Uint64 // payload bytes moved with no copy (registered memory)
@@ -427,31 +461,78 @@ func New(opts Options) (*Backend, error) {
 
 // load runs on the metadata thread.
 func (be *Backend) load(opts Options) error {
+	if opts.Format && opts.ReadOnly {
+		return errors.New("spdk: a read-only backend cannot format its bdev")
+	}
 	name := C.CString(opts.Bdev)
 	defer freeCString(name)
-	var dev *C.struct_spdk_bs_dev
-	if rc := C.weir_bs_dev(name, &dev); rc != 0 {
-		return fmt.Errorf("spdk: open bdev %q: %w", opts.Bdev, syscall.Errno(-rc))
+	if opts.ReadOnly {
+		be.roWrote = newFlag()
+	}
+	openDev := func() (*C.struct_spdk_bs_dev, error) {
+		var dev *C.struct_spdk_bs_dev
+		if rc := C.weir_bs_dev(name, &dev); rc != 0 {
+			return nil, fmt.Errorf("spdk: open bdev %q: %w", opts.Bdev, syscall.Errno(-rc))
+		}
+		if opts.ReadOnly {
+			if dev = C.weir_ro_wrap(dev, be.roWrote); dev == nil {
+				return nil, fmt.Errorf("spdk: open bdev %q read-only: %w", opts.Bdev, syscall.ENOMEM)
+			}
+		}
+		return dev, nil
+	}
+	format := func() (*C.struct_spdk_blob_store, error) {
+		dev, err := openDev()
+		if err != nil {
+			return nil, err
+		}
+		_, bs, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_load(dev, 1, C.uint64_t(opts.ClusterSize), op) })
+		if err != nil {
+			return nil, fmt.Errorf("spdk: create a blobstore on %q: %w", opts.Bdev, err)
+		}
+		be.formatted = true
+		return bs, nil
 	}
 	var bs *C.struct_spdk_blob_store
-	err := errors.New("format requested")
-	if !opts.Format {
+	var err error
+	if opts.Format {
+		if bs, err = format(); err != nil {
+			return err
+		}
+	} else {
+		dev, err := openDev()
+		if err != nil {
+			return err
+		}
+		// A failed load releases dev.
 		_, bs, _, err = be.r.do(func(op *C.weir_op) { C.weir_bs_load(dev, 0, 0, op) })
-	}
-	if err != nil && opts.Format {
-		_, bs, _, err = be.r.do(func(op *C.weir_op) { C.weir_bs_load(dev, 1, C.uint64_t(opts.ClusterSize), op) })
-		if err != nil {
-			return fmt.Errorf("spdk: create a blobstore on %q: %w", opts.Bdev, err)
-		}
-	} else if err != nil {
-		// No blobstore on the bdev yet (or another kind): make one. The
-		// failed load released dev, so open it again.
-		if rc := C.weir_bs_dev(name, &dev); rc != 0 {
-			return fmt.Errorf("spdk: reopen bdev %q: %w", opts.Bdev, syscall.Errno(-rc))
-		}
-		_, bs, _, err = be.r.do(func(op *C.weir_op) { C.weir_bs_load(dev, 1, C.uint64_t(opts.ClusterSize), op) })
-		if err != nil {
-			return fmt.Errorf("spdk: create a blobstore on %q: %w", opts.Bdev, err)
+		switch {
+		case err == nil:
+		case opts.ReadOnly && *be.roWrote != 0:
+			return fmt.Errorf("spdk: the blobstore on %q was not shut down cleanly: loading it needs its recovery, "+
+				"which writes, and this is a read-only open (weir check); start the IO service once, which recovers it, then check: %w",
+				opts.Bdev, syscall.EROFS)
+		case errors.Is(err, syscall.EILSEQ) || errors.Is(err, syscall.ENXIO):
+			// No weir blobstore: a signature, version or checksum that
+			// does not match (EILSEQ), or another program's blobstore
+			// (ENXIO). Only an empty device is made one.
+			cause := err
+			empty, err := be.provablyEmpty(name)
+			switch {
+			case err != nil:
+				return fmt.Errorf("spdk: bdev %q holds no weir blobstore (%v), and reading it to see whether it is empty failed: %w; nothing was changed", opts.Bdev, cause, err)
+			case !empty:
+				return fmt.Errorf("spdk: bdev %q holds data that is not a weir blobstore (%v): weir makes a blobstore only on an empty device; "+
+					"nothing was changed. To erase the device and make a new store, run `weir format`: %w", opts.Bdev, cause, syscall.EEXIST)
+			case opts.ReadOnly:
+				return fmt.Errorf("spdk: bdev %q is empty: it holds no weir blobstore yet: %w", opts.Bdev, syscall.ENOENT)
+			}
+			if bs, err = format(); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("spdk: load the blobstore on %q: %w; nothing on the device was changed (a failed load is not taken for an empty device: "+
+				"check the device, `weir doctor`; `weir format` erases it)", opts.Bdev, err)
 		}
 	}
 	be.bs = bs
@@ -459,12 +540,14 @@ func (be *Backend) load(opts Options) error {
 	if be.ch == nil {
 		return errors.New("spdk: no I/O channel")
 	}
-	if rc := C.weir_flush_open(name, &be.flushDesc); rc != 0 {
-		return fmt.Errorf("spdk: open bdev %q for flushes: %w", opts.Bdev, syscall.Errno(-rc))
-	}
-	if C.weir_flush_supported(be.flushDesc) != 0 {
-		if be.flushCh = C.spdk_bdev_get_io_channel(be.flushDesc); be.flushCh == nil {
-			return errors.New("spdk: no bdev channel for flushes")
+	if !opts.ReadOnly {
+		if rc := C.weir_flush_open(name, &be.flushDesc); rc != 0 {
+			return fmt.Errorf("spdk: open bdev %q for flushes: %w", opts.Bdev, syscall.Errno(-rc))
+		}
+		if C.weir_flush_supported(be.flushDesc) != 0 {
+			if be.flushCh = C.spdk_bdev_get_io_channel(be.flushDesc); be.flushCh == nil {
+				return errors.New("spdk: no bdev channel for flushes")
+			}
 		}
 	}
 	be.ioUnit = int64(C.spdk_bs_get_io_unit_size(bs))
@@ -474,6 +557,15 @@ func (be *Backend) load(opts Options) error {
 		return errors.New("spdk: no DMA memory for the edge buffer")
 	}
 	be.edge = dmaSlice(ebuf, be.ioUnit)
+	// The super blob holds the store's identity (Identity).
+	super, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_get_super(bs, op) })
+	switch {
+	case err == nil:
+		be.super = C.spdk_blob_id(super)
+	case errors.Is(err, syscall.ENOENT):
+	default:
+		return fmt.Errorf("spdk: read the super blob id: %w", err)
+	}
 	// Index the blobs: iter_next closes the blob it is given. A blob
 	// without a valid weir.id, or claiming an id another blob claims, is
 	// a stray: not served, reported to weir check.
@@ -482,6 +574,7 @@ func (be *Backend) load(opts Options) error {
 		var v C.uint64_t
 		sid := C.spdk_blob_get_id(blob)
 		switch rc := C.weir_get_u64(blob, nameID, &v); {
+		case be.super != 0 && sid == be.super:
 		case rc != 0:
 			be.strays = append(be.strays, fmt.Sprintf("SPDK blob %#x has no valid weir.id xattr: %v", uint64(sid), syscall.Errno(-rc)))
 		case backend.CheckID(backend.BlobID(v)) != nil:
@@ -502,6 +595,138 @@ func (be *Backend) load(opts Options) error {
 	return nil
 }
 
+// emptyProbe is how much of each end of a device must read as zeros for it
+// to count as empty: 1 MiB covers the labels of partition tables (GPT keeps
+// a copy at the end), file systems, LVM, ZFS (labels at both ends) and
+// SPDK's own blobstore and lvol super blocks.
+const emptyProbe = 1 << 20
+
+// provablyEmpty reads the first and last emptyProbe bytes of bdev name and
+// reports whether they are all zeros. On the metadata thread.
+func (be *Backend) provablyEmpty(name *C.char) (bool, error) {
+	var desc *C.struct_spdk_bdev_desc
+	if rc := C.weir_bdev_open_ro(name, &desc); rc != 0 {
+		return false, fmt.Errorf("open: %w", syscall.Errno(-rc))
+	}
+	defer C.spdk_bdev_close(desc)
+	ch := C.spdk_bdev_get_io_channel(desc)
+	if ch == nil {
+		return false, errors.New("no I/O channel")
+	}
+	defer C.spdk_put_io_channel(ch)
+	size, block := int64(C.weir_bdev_size(desc)), int64(C.weir_bdev_block(desc))
+	n := min(alignDown(emptyProbe, block), size)
+	buf := dmaAlloc(max(n, block), 4096)
+	if buf == nil {
+		return false, syscall.ENOMEM
+	}
+	defer dmaFree(buf)
+	for _, off := range []int64{0, alignDown(size-n, block)} {
+		_, _, _, err := be.r.do(func(op *C.weir_op) {
+			C.weir_bdev_read(desc, ch, bufPtr(buf), C.uint64_t(off), C.uint64_t(n), op)
+		})
+		if err != nil {
+			return false, fmt.Errorf("read %d bytes at %d: %w", n, off, err)
+		}
+		for _, b := range buf[:n] {
+			if b != 0 {
+				return false, nil
+			}
+		}
+	}
+	return true, nil
+}
+
+// Formatted says whether New made a new blobstore (on an empty bdev, or
+// with Options.Format).
+func (be *Backend) Formatted() bool { return be.formatted }
+
+var nameStack = C.CString("weir.stack")
+
+// Identity reads the xattr weir.stack of the blobstore's super blob.
+func (be *Backend) Identity() (backend.Identity, bool, error) {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	if be.closed {
+		return backend.Identity{}, false, fmt.Errorf("backend spdk: identity: %w", syscall.EBADF)
+	}
+	if be.super == 0 {
+		return backend.Identity{}, false, nil
+	}
+	var id [16]byte
+	var err error
+	be.r.run(func() {
+		_, _, blob, oerr := be.r.do(func(op *C.weir_op) { C.weir_open(be.bs, C.uint64_t(be.super), op) })
+		if oerr != nil {
+			err = fmt.Errorf("open the super blob: %w", oerr)
+			return
+		}
+		if rc := getIdentityXattr(blob, nameStack, &id); rc != 0 {
+			err = fmt.Errorf("the super blob's weir.stack: %w", syscall.Errno(-rc))
+		}
+		_, _, _, cerr := be.r.do(func(op *C.weir_op) { C.weir_close(blob, op) })
+		err = errors.Join(err, cerr)
+	})
+	if err != nil {
+		return backend.Identity{}, false, fmt.Errorf("backend spdk: identity: %w", err)
+	}
+	return backend.Identity(id), true, nil
+}
+
+// SetIdentity makes a super blob with xattr weir.stack = id, durably;
+// EEXIST if the store has another identity.
+func (be *Backend) SetIdentity(id backend.Identity) error {
+	cur, ok, err := be.Identity()
+	switch {
+	case err != nil:
+		return err
+	case ok && cur == id:
+		return nil
+	case ok:
+		return fmt.Errorf("backend spdk: set identity %s: the store on bdev %q belongs to stack %s: %w", id, be.opts.Bdev, cur, syscall.EEXIST)
+	}
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	switch {
+	case be.closed:
+		return fmt.Errorf("backend spdk: set identity: %w", syscall.EBADF)
+	case be.opts.ReadOnly:
+		return fmt.Errorf("backend spdk: set identity: %w", syscall.EROFS)
+	}
+	raw := [16]byte(id)
+	be.r.run(func() {
+		var sid C.spdk_blob_id
+		if sid, err = be.newBlob(0); err != nil {
+			return
+		}
+		_, _, blob, oerr := be.r.do(func(op *C.weir_op) { C.weir_open(be.bs, C.uint64_t(sid), op) })
+		if oerr != nil {
+			err = oerr
+			return
+		}
+		if rc := setIdentityXattr(blob, nameStack, &raw); rc != 0 {
+			err = syscall.Errno(-rc)
+		}
+		if err == nil {
+			_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_sync_md(blob, op) })
+		}
+		_, _, _, cerr := be.r.do(func(op *C.weir_op) { C.weir_close(blob, op) })
+		if err = errors.Join(err, cerr); err != nil {
+			_, _, _, _ = be.r.do(func(op *C.weir_op) { C.weir_delete(be.bs, C.uint64_t(sid), op) })
+			return
+		}
+		// The super block names the super blob: written when this returns.
+		if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_set_super(be.bs, C.uint64_t(sid), op) }); err == nil {
+			be.super = sid
+			err = be.flushLocked()
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("backend spdk: set identity: %w", err)
+	}
+	return nil
+}
+
 func errorf(op string, id backend.BlobID, err error) error {
 	return fmt.Errorf("backend spdk: %s blob %d: %w", op, id, err)
 }
@@ -516,8 +741,11 @@ func (be *Backend) Create(id backend.BlobID) error {
 	}
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	if be.closed {
+	switch {
+	case be.closed:
 		return errorf("create", id, syscall.EBADF)
+	case be.opts.ReadOnly:
+		return errorf("create", id, syscall.EROFS)
 	}
 	if _, ok := be.ids[id]; ok {
 		return errorf("create", id, syscall.EEXIST)
@@ -606,8 +834,11 @@ func (be *Backend) Delete(id backend.BlobID) error {
 	}
 	be.mu.Lock()
 	defer be.mu.Unlock()
-	if be.closed {
+	switch {
+	case be.closed:
 		return errorf("delete", id, syscall.EBADF)
+	case be.opts.ReadOnly:
+		return errorf("delete", id, syscall.EROFS)
 	}
 	if be.open[id] != nil {
 		return errorf("delete", id, syscall.EBUSY)
@@ -649,6 +880,9 @@ func (be *Backend) Sync() error {
 	defer be.mu.Unlock()
 	if be.closed {
 		return fmt.Errorf("backend spdk: sync: %w", syscall.EBADF)
+	}
+	if be.opts.ReadOnly {
+		return nil
 	}
 	var err error
 	be.r.run(func() { err = be.flushLocked() })
@@ -720,11 +954,17 @@ func (be *Backend) Close() error {
 		}
 		be.bufs.free()
 		if be.bs != nil {
-			if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_unload(be.bs, op) }); err != nil {
+			// Read-only, the unload's writes fail (with EIO, which frees
+			// the blobstore all the same): the device stays as it was.
+			if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_unload(be.bs, op) }); err != nil && !be.opts.ReadOnly {
 				errs = append(errs, fmt.Errorf("unload blobstore: %w", err))
 			}
 		}
 	})
+	if be.roWrote != nil {
+		freeFlag(be.roWrote)
+		be.roWrote = nil
+	}
 	return errors.Join(errs...)
 }
 
@@ -798,6 +1038,17 @@ func (h *handle) usable(op string) error {
 	return nil
 }
 
+// writable is usable, and EROFS on a read-only backend.
+func (h *handle) writable(op string) error {
+	if err := h.usable(op); err != nil {
+		return err
+	}
+	if h.be.opts.ReadOnly {
+		return errorf(op, h.s.id, syscall.EROFS)
+	}
+	return nil
+}
+
 func alignDown(v, a int64) int64 { return v - v%a }
 func alignUp(v, a int64) int64   { return alignDown(v+a-1, a) }
 
@@ -853,7 +1104,7 @@ func (be *Backend) ensure(s *blobState, end int64) error {
 }
 
 func (h *handle) Truncate(size int64) error {
-	if err := h.usable("truncate"); err != nil {
+	if err := h.writable("truncate"); err != nil {
 		return err
 	}
 	if err := backend.CheckSize(size); err != nil {
@@ -927,6 +1178,9 @@ func (h *handle) Truncate(size int64) error {
 func (h *handle) Sync() error {
 	if err := h.usable("sync"); err != nil {
 		return err
+	}
+	if h.be.opts.ReadOnly {
+		return nil // nothing was written
 	}
 	var err error
 	h.be.r.run(func() {

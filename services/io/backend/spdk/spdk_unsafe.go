@@ -22,3 +22,28 @@ func freeOp(op *C.weir_op) { C.free(unsafe.Pointer(op)) }
 
 // freeCString releases a string made by C.CString.
 func freeCString(s *C.char) { C.free(unsafe.Pointer(s)) }
+
+// newFlag allocates a zeroed C int (freeFlag releases it).
+func newFlag() *C.int { return (*C.int)(C.calloc(1, C.size_t(unsafe.Sizeof(C.int(0))))) }
+
+func freeFlag(f *C.int) { C.free(unsafe.Pointer(f)) }
+
+// dmaAlloc allocates n bytes of zeroed DMA memory, aligned to align, as a
+// slice (nil without memory); dmaFree releases it.
+func dmaAlloc(n, align int64) []byte {
+	p := C.spdk_dma_zmalloc(C.size_t(n), C.size_t(align), nil)
+	if p == nil {
+		return nil
+	}
+	return dmaSlice(p, n)
+}
+
+// getIdentityXattr and setIdentityXattr move an identity through a blob
+// xattr.
+func getIdentityXattr(blob *C.struct_spdk_blob, name *C.char, id *[16]byte) C.int {
+	return C.weir_get_bytes(blob, name, unsafe.Pointer(&id[0]), 16)
+}
+
+func setIdentityXattr(blob *C.struct_spdk_blob, name *C.char, id *[16]byte) C.int {
+	return C.weir_set_bytes(blob, name, unsafe.Pointer(&id[0]), 16)
+}

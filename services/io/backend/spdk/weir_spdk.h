@@ -244,4 +244,169 @@ static inline int weir_set_u64(struct spdk_blob *b, const char *name, uint64_t v
 	return spdk_blob_set_xattr(b, name, &v, sizeof(v));
 }
 
+// Read-only blobstore device (weir check): reads go to the bdev's bs_dev,
+// and every write, unmap, zeroing, copy or flush fails with -EIO, before it
+// reaches the device. (-EIO rather than -EROFS: the blobstore's unload
+// writes the super block, and frees itself after a failed write only when
+// the error is -EIO.) *wrote (caller's memory, outliving the device) is
+// set when the blobstore tried to write.
+typedef struct {
+	struct spdk_bs_dev dev; // first: the blobstore sees only this
+	struct spdk_bs_dev *inner;
+	int *wrote;
+} weir_ro_dev;
+
+static inline weir_ro_dev *weir_ro_of(struct spdk_bs_dev *d) { return (weir_ro_dev *)d; }
+
+static inline struct spdk_io_channel *weir_ro_create_channel(struct spdk_bs_dev *d) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	return in->create_channel(in);
+}
+static inline void weir_ro_destroy_channel(struct spdk_bs_dev *d, struct spdk_io_channel *ch) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	in->destroy_channel(in, ch);
+}
+static inline void weir_ro_destroy(struct spdk_bs_dev *d) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	in->destroy(in);
+	free(d);
+}
+static inline void weir_ro_read(struct spdk_bs_dev *d, struct spdk_io_channel *ch, void *buf, uint64_t lba,
+				uint32_t n, struct spdk_bs_dev_cb_args *cb) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	in->read(in, ch, buf, lba, n, cb);
+}
+static inline void weir_ro_readv(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
+				 uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	in->readv(in, ch, iov, iovcnt, lba, n, cb);
+}
+static inline void weir_ro_readv_ext(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
+				     uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb,
+				     struct spdk_blob_ext_io_opts *o) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	in->readv_ext(in, ch, iov, iovcnt, lba, n, cb, o);
+}
+static inline void weir_ro_refuse(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct spdk_bs_dev_cb_args *cb) {
+	*weir_ro_of(d)->wrote = 1;
+	cb->cb_fn(ch, cb->cb_arg, -EIO);
+}
+static inline void weir_ro_write(struct spdk_bs_dev *d, struct spdk_io_channel *ch, void *buf, uint64_t lba,
+				 uint32_t n, struct spdk_bs_dev_cb_args *cb) { weir_ro_refuse(d, ch, cb); }
+static inline void weir_ro_writev(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
+				  uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb) { weir_ro_refuse(d, ch, cb); }
+static inline void weir_ro_writev_ext(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
+				      uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb,
+				      struct spdk_blob_ext_io_opts *o) { weir_ro_refuse(d, ch, cb); }
+static inline void weir_ro_flush(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct spdk_bs_dev_cb_args *cb) {
+	weir_ro_refuse(d, ch, cb);
+}
+static inline void weir_ro_range(struct spdk_bs_dev *d, struct spdk_io_channel *ch, uint64_t lba, uint64_t n,
+				 struct spdk_bs_dev_cb_args *cb) { weir_ro_refuse(d, ch, cb); }
+static inline void weir_ro_copy(struct spdk_bs_dev *d, struct spdk_io_channel *ch, uint64_t dst, uint64_t src,
+				uint64_t n, struct spdk_bs_dev_cb_args *cb) { weir_ro_refuse(d, ch, cb); }
+static inline struct spdk_bdev *weir_ro_base(struct spdk_bs_dev *d) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	return in->get_base_bdev ? in->get_base_bdev(in) : NULL;
+}
+static inline bool weir_ro_is_zeroes(struct spdk_bs_dev *d, uint64_t lba, uint64_t n) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	return in->is_zeroes(in, lba, n);
+}
+static inline bool weir_ro_is_range_valid(struct spdk_bs_dev *d, uint64_t lba, uint64_t n) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	return in->is_range_valid(in, lba, n);
+}
+static inline bool weir_ro_translate_lba(struct spdk_bs_dev *d, uint64_t lba, uint64_t *base) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	return in->translate_lba(in, lba, base);
+}
+static inline bool weir_ro_is_degraded(struct spdk_bs_dev *d) {
+	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+	return in->is_degraded(in);
+}
+
+// weir_ro_wrap returns a read-only device over inner (NULL without memory).
+static inline struct spdk_bs_dev *weir_ro_wrap(struct spdk_bs_dev *inner, int *wrote) {
+	weir_ro_dev *r = calloc(1, sizeof(*r));
+	if (r == NULL) {
+		inner->destroy(inner);
+		return NULL;
+	}
+	r->inner = inner;
+	r->wrote = wrote;
+	struct spdk_bs_dev *d = &r->dev;
+	d->create_channel = weir_ro_create_channel;
+	d->destroy_channel = weir_ro_destroy_channel;
+	d->destroy = weir_ro_destroy;
+	d->read = weir_ro_read;
+	d->readv = weir_ro_readv;
+	d->readv_ext = inner->readv_ext ? weir_ro_readv_ext : NULL;
+	d->write = weir_ro_write;
+	d->writev = weir_ro_writev;
+	d->writev_ext = inner->writev_ext ? weir_ro_writev_ext : NULL;
+	d->flush = weir_ro_flush;
+	d->write_zeroes = weir_ro_range;
+	d->unmap = weir_ro_range;
+	d->get_base_bdev = weir_ro_base;
+	d->is_zeroes = inner->is_zeroes ? weir_ro_is_zeroes : NULL;
+	d->is_range_valid = inner->is_range_valid ? weir_ro_is_range_valid : NULL;
+	d->translate_lba = inner->translate_lba ? weir_ro_translate_lba : NULL;
+	d->copy = inner->copy ? weir_ro_copy : NULL;
+	d->is_degraded = inner->is_degraded ? weir_ro_is_degraded : NULL;
+	d->blockcnt = inner->blockcnt;
+	d->blocklen = inner->blocklen;
+	d->phys_blocklen = inner->phys_blocklen;
+	return d;
+}
+
+// weir_bdev_read reads n bytes at byte offset off of the bdev into buf
+// (DMA memory), on the calling thread's channel ch.
+static inline void weir_bdev_read_done(struct spdk_bdev_io *io, bool ok, void *arg) {
+	spdk_bdev_free_io(io);
+	weir_done(arg, ok ? 0 : -EIO);
+}
+static inline void weir_bdev_read(struct spdk_bdev_desc *d, struct spdk_io_channel *ch, void *buf, uint64_t off,
+				  uint64_t n, weir_op *op) {
+	int rc = spdk_bdev_read(d, ch, buf, off, n, weir_bdev_read_done, op);
+	if (rc != 0) {
+		weir_done(op, rc);
+	}
+}
+static inline int weir_bdev_open_ro(const char *name, struct spdk_bdev_desc **desc) {
+	return spdk_bdev_open_ext(name, false, weir_bdev_event, NULL, desc);
+}
+static inline uint64_t weir_bdev_size(struct spdk_bdev_desc *d) {
+	struct spdk_bdev *b = spdk_bdev_desc_get_bdev(d);
+	return spdk_bdev_get_num_blocks(b) * spdk_bdev_get_block_size(b);
+}
+static inline uint32_t weir_bdev_block(struct spdk_bdev_desc *d) {
+	return spdk_bdev_get_block_size(spdk_bdev_desc_get_bdev(d));
+}
+
+// The super blob records the store's identity (xattr weir.stack).
+static inline void weir_set_super(struct spdk_blob_store *bs, uint64_t id, weir_op *op) {
+	spdk_bs_set_super(bs, id, weir_done, op);
+}
+static inline void weir_get_super(struct spdk_blob_store *bs, weir_op *op) { spdk_bs_get_super(bs, weir_done_id, op); }
+
+// weir_get_bytes reads an xattr of exactly n bytes; -ENOENT if missing,
+// -EINVAL if of another length.
+static inline int weir_get_bytes(struct spdk_blob *b, const char *name, void *v, size_t n) {
+	const void *val;
+	size_t len;
+	int rc = spdk_blob_get_xattr_value(b, name, &val, &len);
+	if (rc != 0) {
+		return rc;
+	}
+	if (len != n) {
+		return -EINVAL;
+	}
+	memcpy(v, val, n);
+	return 0;
+}
+static inline int weir_set_bytes(struct spdk_blob *b, const char *name, const void *v, size_t n) {
+	return spdk_blob_set_xattr(b, name, v, n);
+}
+
 #endif

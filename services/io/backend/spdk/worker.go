@@ -472,6 +472,9 @@ func (be *Backend) readPiece(s *blobState, p []byte, pc piece) error {
 }
 
 func (h *handle) WriteAt(p []byte, off int64) (int, error) {
+	if err := h.writable("write"); err != nil {
+		return 0, err
+	}
 	release, err := h.begin("write", p, off)
 	if err != nil || release == nil {
 		return 0, err
