@@ -113,7 +113,9 @@ type envKey struct {
 	memMB  int
 }
 
-func envOf(o Options) envKey { return envKey{config: string(o.ConfigJSON), noHuge: o.NoHuge, memMB: o.MemMB} }
+func envOf(o Options) envKey {
+	return envKey{config: string(o.ConfigJSON), noHuge: o.NoHuge, memMB: o.MemMB}
+}
 
 // Halt stops SPDK for the rest of the process: the metadata thread stops
 // polling for good and New fails from then on. Call it after every Backend
