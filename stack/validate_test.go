@@ -311,7 +311,7 @@ func TestDataVersions(t *testing.T) {
 	}
 	const floor = 1 << 62
 	inc := st.Metadata.Incarnation()
-	if got := send(t, md, sj.Resync, control.Resync{Incarnation: inc, AllocLimit: 1 << 20, DVFloor: floor}); got != "" {
+	if got := send(t, md, sj.Resync, control.Resync{Incarnation: inc, AllocLimit: 1 << 20, DVFloor: floor, Stack: control.FormatStack(st.Metadata.NS().StackID())}); got != "" {
 		t.Fatalf("resync: %q", got)
 	}
 	fresh := rawDial(t, c) // sessions attached before the resync are stale

@@ -2,10 +2,12 @@ package control
 
 import (
 	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"syscall"
 )
 
 // Control messages between services on NATS, JSON-encoded. They carry
@@ -142,6 +144,11 @@ type Grant struct {
 	Truncate bool     `json:"truncate,omitempty"` // O_TRUNC: empty the blob first
 	Sync     SyncMode `json:"sync,omitempty"`     // O_SYNC / O_DSYNC
 	Ver      uint64   `json:"ver"`                // the file's version of this change
+	// Fresh: the file was created since this metadata service started and
+	// was never granted, so it has no blob: io refuses the grant if it
+	// finds one (a blob of another namespace, or a bug), rather than
+	// serve its contents as the new file's.
+	Fresh bool `json:"fresh,omitempty"`
 }
 
 // Revoke ends a handle's grant, or with Handle 0 every grant of the
@@ -172,6 +179,13 @@ type Resync struct {
 	// DVFloor is the newest data version metadata has applied: io's data
 	// versions from now on are above it, whatever its clock did.
 	DVFloor uint64 `json:"dv_floor,omitempty"`
+	// Stack is the namespace's identity (a UUID, FormatStack): io serves
+	// only a store that records it, or claims a store that records none.
+	// Empty says the namespace holds no file and owes no blob delete: a
+	// store without an identity that holds blobs is then another
+	// namespace's, and refused.
+	Stack string `json:"stack"`
+	Empty bool   `json:"empty,omitempty"`
 }
 
 // ResyncReply answers Resync once every request in flight on a dropped
@@ -297,4 +311,23 @@ func Decode(data []byte, v any) error {
 		return errors.New("data after the message")
 	}
 	return nil
+}
+
+// FormatStack formats a stack identity (16 bytes, the metadata service's
+// stack id) as a UUID: xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx.
+func FormatStack(id [16]byte) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
+}
+
+// ParseStack reads what FormatStack wrote; the zero identity is refused.
+func ParseStack(s string) ([16]byte, error) {
+	var id [16]byte
+	hexs := strings.ReplaceAll(s, "-", "")
+	if len(s) != 36 || len(hexs) != 32 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
+		return id, fmt.Errorf("stack identity %q: not a UUID: %w", s, syscall.EINVAL)
+	}
+	if _, err := hex.Decode(id[:], []byte(hexs)); err != nil || id == ([16]byte{}) {
+		return id, fmt.Errorf("stack identity %q: not a UUID, or zero: %w", s, syscall.EINVAL)
+	}
+	return id, nil
 }

@@ -71,8 +71,14 @@ func (s *Service) onGrant(m *nats.Msg) {
 		s.host.Refuse(m, "stale_version", control.Ack{}, fmt.Sprintf("grant of blob %d at version %d: %d applied already", g.Blob, g.Ver, ob.ver))
 		return
 	}
-	ob, err := s.openBlobLocked(backend.BlobID(g.Blob), g.Ino)
+	ob, err := s.openBlobLocked(backend.BlobID(g.Blob), g.Ino, g.Fresh)
 	s.mu.Unlock()
+	if errors.Is(err, errAdoption) {
+		s.Stats.AdoptionsRefused.Add(1)
+		if s.Stats.AdoptionsRefused.Load() == 1 {
+			s.log.Error("a new file's blob exists already: refused to serve it as the new file's data", "blob", g.Blob, "error", err)
+		}
+	}
 	if err != nil {
 		control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
 		return
@@ -265,10 +271,20 @@ func (s *Service) onResync(m *nats.Msg) {
 		s.host.Refuse(m, "malformed", control.ResyncReply{}, err.Error())
 		return
 	}
-	if r.Incarnation == 0 || r.Incarnation > proto.MaxIncarnation || r.AllocLimit == 0 {
+	stack, err := control.ParseStack(r.Stack)
+	if r.Incarnation == 0 || r.Incarnation > proto.MaxIncarnation || r.AllocLimit == 0 || err != nil {
 		s.host.Refuse(m, "malformed", control.ResyncReply{}, fmt.Sprintf("resync %+v", r))
 		return
 	}
+	if err := s.checkStore(backend.Identity(stack), r.Empty); err != nil {
+		s.host.Refuse(m, "wrong_store", control.ResyncReply{}, err.Error())
+		if s.storeErr.CompareAndSwap(nil, &err) {
+			s.log.Error("refusing to serve the store", "error", err)
+		}
+		s.wrongOnce.Do(func() { close(s.wrongStore) })
+		return
+	}
+	s.storeErr.Store(nil)
 	if cur := s.inc.Load(); r.Incarnation < cur {
 		s.host.Refuse(m, "stale_incarnation", control.ResyncReply{}, fmt.Sprintf("resync for incarnation %d; serving %d", r.Incarnation, cur))
 		return

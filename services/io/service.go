@@ -71,6 +71,9 @@ type Stats struct {
 	StaleControl   atomic.Uint64 // grants and revokes not newer than the file's last: ignored
 	Deletes        atomic.Uint64
 	RevokesWaiting atomic.Int64 // revocations waiting for requests in flight
+	// AdoptionsRefused counts grants of new files whose blob existed
+	// already (control.Grant.Fresh): refused, not served.
+	AdoptionsRefused atomic.Uint64
 
 	// Zero-copy memory (backends that implement backend.MemRegistrar).
 	HugePageFallbacks     atomic.Uint64 // sessions given ordinary pages: no huge page region could be made
@@ -90,6 +93,7 @@ func (s *Service) Snapshot() map[string]any {
 		"resyncs": st.Resyncs.Load(), "grants_dropped": st.GrantsDropped.Load(),
 		"stale_control": st.StaleControl.Load(), "deletes": st.Deletes.Load(),
 		"revokes_waiting":         st.RevokesWaiting.Load(),
+		"adoptions_refused":       st.AdoptionsRefused.Load(),
 		"ring_hugepage_fallbacks": st.HugePageFallbacks.Load(),
 		"mem_register_failures":   st.MemRegisterFailures.Load(),
 		"mem_unregister_failures": st.MemUnregisterFailures.Load(),
@@ -123,6 +127,10 @@ func (s *Service) background(fn func()) bool {
 	}()
 	return true
 }
+
+// errAdoption is the error of a grant for a new file (control.Grant.Fresh)
+// whose blob exists: io does not serve another file's data as its own.
+var errAdoption = fmt.Errorf("refused to adopt an existing blob: %w", syscall.EIO)
 
 // maxDeletes bounds the blob deletes io runs at once (the metadata
 // service sends up to 8).
@@ -182,6 +190,15 @@ type Service struct {
 	allocLimit atomic.Uint64
 	resynced   chan struct{} // closed at the first resync
 	resyncOnce sync.Once
+	// The store's owner: claimed is the stack whose resync the store was
+	// checked for (nil until one was); storeErr is the refusal of the last
+	// resync from a stack the store does not belong to (nil again after a
+	// resync of the right one); wrongStore is closed at the first such
+	// refusal (Start then fails).
+	claimed    atomic.Pointer[backend.Identity]
+	storeErr   atomic.Pointer[error]
+	wrongStore chan struct{}
+	wrongOnce  sync.Once
 	// dv hands out data versions: every change of a blob takes the next.
 	// It starts at the clock so that a restarted service's versions are
 	// newer than its predecessor's.
@@ -235,12 +252,13 @@ func New(opts Options) (*Service, error) {
 	s := &Service{
 		opts: opts, log: opts.Logger, be: opts.Backend, host: h, subj: h.Subjects(),
 		reg: reg, newRegion: ring.Create,
-		blobs:    make(map[backend.BlobID]*openBlob),
-		deleting: make(map[backend.BlobID]struct{}),
-		delSem:   make(chan struct{}, maxDeletes),
-		grants:   make(map[uint64]map[uint64]*grant),
-		sessions: make(map[uint64]*session),
-		resynced: make(chan struct{}),
+		blobs:      make(map[backend.BlobID]*openBlob),
+		deleting:   make(map[backend.BlobID]struct{}),
+		delSem:     make(chan struct{}, maxDeletes),
+		grants:     make(map[uint64]map[uint64]*grant),
+		sessions:   make(map[uint64]*session),
+		resynced:   make(chan struct{}),
+		wrongStore: make(chan struct{}),
 	}
 	s.dv.Store(uint64(time.Now().UnixNano()))
 	s.creates.be = opts.Backend
@@ -274,6 +292,10 @@ func (s *Service) Start() error {
 		})
 		deadline := time.After(s.opts.RequestTimeout)
 		select {
+		case <-s.wrongStore:
+			err := *s.storeErr.Load()
+			_ = s.Shutdown(context.Background())
+			return fmt.Errorf("iosvc: %w", err)
 		case <-s.resynced:
 			select {
 			case <-s.meta.upChan():
@@ -329,6 +351,48 @@ func (s *Service) Health() error {
 	if p := s.syncFailure.Load(); p != nil {
 		return fmt.Errorf("iosvc: storage failed: %w", *p)
 	}
+	if p := s.storeErr.Load(); p != nil {
+		return fmt.Errorf("iosvc: %w", *p)
+	}
+	return nil
+}
+
+// checkStore makes sure the store belongs to the stack a resync came from:
+// it records that stack's identity, or claims a store that records none,
+// unless that store holds blobs and the stack's namespace is empty (they
+// are another namespace's). It remembers the stack it checked for, so a
+// later resync of the same stack costs nothing.
+func (s *Service) checkStore(stack backend.Identity, empty bool) error {
+	if c := s.claimed.Load(); c != nil && *c == stack {
+		return nil
+	}
+	what := func(format string, a ...any) error {
+		return fmt.Errorf("the %s store belongs to another stack: "+format+
+			"; point this IO service at the store of this namespace (io.backend, data_dir, io.spdk_bdev), "+
+			"or at a new data_dir for the store it has, or erase the store with `weir format`", append([]any{s.be.Name()}, a...)...)
+	}
+	id, ok, err := s.be.Identity()
+	switch {
+	case err != nil:
+		return fmt.Errorf("read the store's identity: %w", err)
+	case ok && id != stack:
+		return what("it records stack %s, and this namespace is stack %s", id, stack)
+	case !ok && empty:
+		ids, err := s.be.List()
+		if err != nil {
+			return fmt.Errorf("list the store: %w", err)
+		}
+		if len(ids) > 0 {
+			return what("it records no stack but holds %d blobs, and this namespace (stack %s) holds no file", len(ids), stack)
+		}
+		fallthrough
+	case !ok:
+		if err := s.be.SetIdentity(stack); err != nil {
+			return fmt.Errorf("record the store's identity: %w", err)
+		}
+		s.log.Info("store claimed for this namespace", "stack", stack.String(), "backend", s.be.Name())
+	}
+	s.claimed.Store(&stack)
 	return nil
 }
 
@@ -537,8 +601,11 @@ func (s *Service) reportLive(ctx context.Context, ino uint64, size, mtime int64,
 // openBlob returns the open blob for id, opening it if need be, with one
 // reference for the caller. A blob that does not exist yet is created on
 // its first write (lazyBlob). s.mu is held.
-func (s *Service) openBlobLocked(id backend.BlobID, ino uint64) (*openBlob, error) {
+func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*openBlob, error) {
 	if ob := s.blobs[id]; ob != nil {
+		if fresh {
+			return nil, fmt.Errorf("blob %d of a new file is open already: %w", id, errAdoption)
+		}
 		ob.refs++
 		return ob, nil
 	}
@@ -547,6 +614,10 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64) (*openBlob, erro
 	}
 	var b backend.Blob
 	b, err := s.be.Open(id)
+	if err == nil && fresh {
+		b.Close()
+		return nil, fmt.Errorf("blob %d of a new file exists already (a blob of another namespace, or a bug): %w", id, errAdoption)
+	}
 	if errors.Is(err, syscall.ENOENT) {
 		b, err = &lazyBlob{be: s.be, creates: &s.creates, id: id}, nil // created on first write
 	}

@@ -122,6 +122,50 @@ func (s *Service) staleForClosedLocked(ino ns.Ino, dv uint64) bool {
 	return false
 }
 
+// freshSet holds the regular files created since this service started
+// that were never granted (control.Grant.Fresh): one bit per inode number
+// from base, the first number of this start, so a million creates cost
+// 125 KB.
+type freshSet struct {
+	mu   sync.Mutex
+	base ns.Ino
+	bits []uint64 // protected by mu
+}
+
+func (f *freshSet) add(ino ns.Ino) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ino < f.base {
+		return
+	}
+	i := uint64(ino - f.base)
+	for uint64(len(f.bits)) <= i/64 {
+		f.bits = append(f.bits, 0)
+	}
+	f.bits[i/64] |= 1 << (i % 64)
+}
+
+func (f *freshSet) has(ino ns.Ino) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ino < f.base {
+		return false
+	}
+	i := uint64(ino - f.base)
+	return i/64 < uint64(len(f.bits)) && f.bits[i/64]&(1<<(i%64)) != 0
+}
+
+func (f *freshSet) drop(ino ns.Ino) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if ino < f.base {
+		return
+	}
+	if i := uint64(ino - f.base); i/64 < uint64(len(f.bits)) {
+		f.bits[i/64] &^= 1 << (i % 64)
+	}
+}
+
 // addWriter counts a write grant of epoch in (d = 1) or out (d = -1).
 func (s *Service) addWriter(f *openFile, epoch uint64, unpriv bool, d int) {
 	s.mu.Lock()
@@ -210,6 +254,7 @@ func (se *session) grant(h *handle) (int64, error) {
 	if err == nil {
 		g := *h.pending
 		g.Ver = s.version.Add(1)
+		g.Fresh = s.fresh.has(h.ino)
 		err = s.request(s.subj.Grant, g, &ack)
 		var ref *control.Refusal
 		if err != nil && !errors.As(err, &ref) && !errors.Is(err, errIODown) {
@@ -224,6 +269,7 @@ func (se *session) grant(h *handle) (int64, error) {
 		return 0, errnoOf(err)
 	}
 	s.Stats.Grants.Add(1)
+	s.fresh.drop(h.ino) // it may have a blob from now on
 	g := h.pending
 	h.pending, h.grantEpoch = nil, epoch
 	h.write, h.unpriv = g.Write, g.Write && se.cred.UID != 0

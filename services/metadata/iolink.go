@@ -306,7 +306,9 @@ func (s *Service) resyncIO(ctx context.Context) error {
 	s.mu.Lock()
 	floor := s.maxDV
 	s.mu.Unlock()
-	err := s.host.Request(ctx, s.subj.Resync, control.Resync{Incarnation: s.inc, AllocLimit: limit, DVFloor: floor}, &r)
+	msg := control.Resync{Incarnation: s.inc, AllocLimit: limit, DVFloor: floor,
+		Stack: control.FormatStack(s.ns.StackID()), Empty: s.ns.Empty()}
+	err := s.host.Request(ctx, s.subj.Resync, msg, &r)
 	if err == nil {
 		s.alloc.limit = limit
 	}

@@ -146,6 +146,7 @@ type Service struct {
 	nextSID  uint64               // protected by mu
 	nextH    atomic.Uint64        // handle counter, unique across sessions
 	version  atomic.Uint64        // version of the last grant or revoke (files.go)
+	fresh    freshSet             // files created in this start and never granted (files.go)
 	io       ioLink               // the IO service's session and resync
 	dels     *deleter             // blob deletes at the IO service
 	alloc    allocation           // blob ids io accepts grants for
@@ -198,6 +199,7 @@ func New(opts Options) (*Service, error) {
 		stop:     make(chan struct{}),
 	}
 	s.version.Store(uint64(s.inc) << proto.CounterBits)
+	s.fresh.base = ns.Ino(n.NextIno())
 	s.io.init()
 	s.dels = newDeleter(s)
 	s.revokes = newRetrier(s)

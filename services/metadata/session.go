@@ -252,6 +252,9 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 		return se.errno(syscall.ENFILE)
 	}
 	id := proto.MakeID(s.inc, n)
+	if created && a.Mode&syscall.S_IFMT == syscall.S_IFREG {
+		s.fresh.add(a.Ino)
+	}
 	h := &handle{ino: a.Ino, blob: a.Blob, flags: flags & ticketFlags, dir: a.IsDir()}
 	if a.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		h.file = s.openFileRef(a.Ino)

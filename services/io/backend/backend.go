@@ -28,10 +28,9 @@
 package backend
 
 import (
-	"encoding/hex"
-	"fmt"
-	"strings"
 	"syscall"
+
+	"github.com/weir-storage/weir/internal/control"
 )
 
 // Reporter is implemented by backends with counters worth showing in the
@@ -119,22 +118,13 @@ type Backend interface {
 // reads an old namespace's blobs.
 type Identity [16]byte
 
-// String formats the identity as a UUID.
-func (id Identity) String() string {
-	return fmt.Sprintf("%x-%x-%x-%x-%x", id[0:4], id[4:6], id[6:8], id[8:10], id[10:16])
-}
+// String formats the identity as a UUID (control.FormatStack).
+func (id Identity) String() string { return control.FormatStack(id) }
 
 // ParseIdentity reads what String wrote.
 func ParseIdentity(s string) (Identity, error) {
-	var id Identity
-	hexs := strings.ReplaceAll(s, "-", "")
-	if len(s) != 36 || len(hexs) != 32 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
-		return id, fmt.Errorf("identity %q: not a UUID: %w", s, syscall.EINVAL)
-	}
-	if _, err := hex.Decode(id[:], []byte(hexs)); err != nil {
-		return id, fmt.Errorf("identity %q: %w", s, syscall.EINVAL)
-	}
-	return id, nil
+	id, err := control.ParseStack(s)
+	return Identity(id), err
 }
 
 // Blob is an open handle to one blob. Its methods are safe for concurrent

@@ -463,6 +463,14 @@ func (n *NS) Incarnation() uint32 { return n.st.boot.incarnation }
 // StackID is the identity chosen when the namespace was created.
 func (n *NS) StackID() [16]byte { return n.st.boot.stackID }
 
+// Empty says that the namespace holds nothing but its root and owes no
+// blob deletes: no blob can be one of its files'.
+func (n *NS) Empty() bool {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	return len(n.st.inodes) == 1 && len(n.st.dead) == 0
+}
+
 // TicketKey is the secret the metadata service makes reopen tickets with,
 // chosen when the namespace was created and kept in its WAL and
 // checkpoints (which only the service user can read).

@@ -554,7 +554,7 @@ func (be *Backend) List() ([]backend.BlobID, error) {
 	for _, d := range top {
 		fan, err := strconv.ParseUint(d.Name(), 16, 8)
 		if !d.IsDir() || len(d.Name()) != 2 || err != nil || d.Name() != fmt.Sprintf("%02x", fan) {
-			if !d.IsDir() && (d.Name() == "FORMAT" || d.Name() == "LOCK" || d.Name() == ".direct-probe") {
+			if !d.IsDir() && (d.Name() == "FORMAT" || d.Name() == "LOCK" || d.Name() == ".direct-probe" || d.Name() == identityFile) {
 				continue
 			}
 			be.log.Warn("stray entry in blob directory", "path", filepath.Join(be.root, d.Name()))
