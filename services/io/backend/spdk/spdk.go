@@ -65,6 +65,8 @@ type Options struct {
 	// cleanly) does not load; every change through the backend fails
 	// with EROFS.
 	ReadOnly bool
+	// fault makes the device fail I/Os of the blobstore (tests).
+	fault loadFault
 	// Workers is the number of I/O workers, each a polling OS thread with
 	// its own SPDK thread and I/O channel (0: 1). One worker keeps many
 	// I/Os in flight; more spread them over cores.
@@ -393,10 +395,12 @@ type Backend struct {
 	gone   atomic.Bool                       // closed, for handles
 	strays []string                          // found at load; immutable after New
 	super  C.spdk_blob_id                    // the super blob (identity), 0 if none; protected by mu
-	// formatted: New made this blobstore; roWrote: C flag the read-only
-	// device sets when the blobstore tries to write (Options.ReadOnly).
+	// formatted: New made this blobstore; dev: the filter device the
+	// blobstore is loaded on (weir_filter_dev, owned by the blobstore);
+	// devState: its state, in C memory that outlives it.
 	formatted bool
-	roWrote   *C.int
+	dev       *C.struct_spdk_bs_dev
+	devState  *C.int
 
 	bounceBytes atomic.Uint64 // payload bytes copied through bounce buffers
 	directBytes atomic.Uint64 // payload bytes moved with no copy (registered memory)
@@ -461,31 +465,39 @@ func New(opts Options) (*Backend, error) {
 	return be, nil
 }
 
-// load runs on the metadata thread.
-func (be *Backend) load(opts Options) error {
+// load runs on the metadata thread. Every load goes through the filter
+// device (weir_filter_dev): what the blobstore writes while loading (the
+// recovery of a store not shut down cleanly) is held in memory and written
+// only once the whole load, index included, has succeeded; a failed load
+// writes nothing, not even at its unload, and a read-only load never
+// writes.
+func (be *Backend) load(opts Options) (err error) {
 	if opts.Format && opts.ReadOnly {
 		return errors.New("spdk: a read-only backend cannot format its bdev")
 	}
 	name := C.CString(opts.Bdev)
 	defer freeCString(name)
-	if opts.ReadOnly {
-		be.roWrote = newFlag()
-	}
-	openDev := func() (*C.struct_spdk_bs_dev, error) {
-		var dev *C.struct_spdk_bs_dev
+	be.devState = newDevState()
+	setDevState(be.devState, wFailRead, opts.fault.readAt)
+	setDevState(be.devState, wFailWrite, opts.fault.writeFrom)
+	var dev *C.struct_spdk_bs_dev
+	openDev := func(hold bool) error {
 		if rc := C.weir_bs_dev(name, &dev); rc != 0 {
-			return nil, fmt.Errorf("spdk: open bdev %q: %w", opts.Bdev, syscall.Errno(-rc))
+			return fmt.Errorf("spdk: open bdev %q: %w", opts.Bdev, syscall.Errno(-rc))
 		}
-		if opts.ReadOnly {
-			if dev = C.weir_ro_wrap(dev, be.roWrote); dev == nil {
-				return nil, fmt.Errorf("spdk: open bdev %q read-only: %w", opts.Bdev, syscall.ENOMEM)
-			}
+		if dev = C.weir_filter_wrap(dev, be.devState); dev == nil {
+			return fmt.Errorf("spdk: open bdev %q: %w", opts.Bdev, syscall.ENOMEM)
 		}
-		return dev, nil
+		setDevState(be.devState, wHold, boolInt(hold))
+		return nil
 	}
+	defer func() {
+		if err != nil && be.bs != nil {
+			be.release(true)
+		}
+	}()
 	format := func() (*C.struct_spdk_blob_store, error) {
-		dev, err := openDev()
-		if err != nil {
+		if err := openDev(false); err != nil {
 			return nil, err
 		}
 		_, bs, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_load(dev, 1, C.uint64_t(opts.ClusterSize), op) })
@@ -496,24 +508,18 @@ func (be *Backend) load(opts Options) error {
 		return bs, nil
 	}
 	var bs *C.struct_spdk_blob_store
-	var err error
 	if opts.Format {
 		if bs, err = format(); err != nil {
 			return err
 		}
 	} else {
-		dev, err := openDev()
-		if err != nil {
+		if err := openDev(true); err != nil {
 			return err
 		}
 		// A failed load releases dev.
 		_, bs, _, err = be.r.do(func(op *C.weir_op) { C.weir_bs_load(dev, 0, 0, op) })
 		switch {
 		case err == nil:
-		case opts.ReadOnly && *be.roWrote != 0:
-			return fmt.Errorf("spdk: the blobstore on %q was not shut down cleanly: loading it needs its recovery, "+
-				"which writes, and this is a read-only open (weir check); start the IO service once, which recovers it, then check: %w",
-				opts.Bdev, syscall.EROFS)
 		case errors.Is(err, syscall.EILSEQ) || errors.Is(err, syscall.ENXIO):
 			// No weir blobstore: a signature, version or checksum that
 			// does not match (EILSEQ), or another program's blobstore
@@ -537,6 +543,7 @@ func (be *Backend) load(opts Options) error {
 				"check the device, `weir doctor`; `weir format` erases it)", opts.Bdev, err)
 		}
 	}
+	be.dev = dev
 	be.bs = bs
 	be.ch = C.spdk_bs_alloc_io_channel(bs)
 	if be.ch == nil {
@@ -592,7 +599,26 @@ func (be *Backend) load(opts Options) error {
 		_, _, blob, err = be.r.do(func(op *C.weir_op) { C.weir_iter_next(bs, prev, op) })
 	}
 	if !errors.Is(err, syscall.ENOENT) {
-		return fmt.Errorf("spdk: list blobs: %w", err)
+		return fmt.Errorf("spdk: list blobs on %q: %w; nothing on the device was changed", opts.Bdev, err)
+	}
+	// SPDK's iterator skips a blob it cannot read: the filter counted.
+	if n := devStateAt(be.devState, wReadErrs); n > 0 {
+		return fmt.Errorf("spdk: load the blobstore on %q: %d read(s) of the device failed: %w; "+
+			"nothing on the device was changed (check the device, `weir doctor`)", opts.Bdev, n, syscall.EIO)
+	}
+	switch {
+	case opts.ReadOnly:
+		// The recovery (if any) stays in memory; nothing is written.
+		setDevState(be.devState, wFailWrite, 1)
+		setDevState(be.devState, wHold, 2)
+	default:
+		if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_filter_commit(dev, op) }); err != nil {
+			return fmt.Errorf("spdk: write the recovery of the blobstore on %q: %w "+
+				"(the device may be partly updated; the recovery is crash-safe and is redone at the next load)", opts.Bdev, err)
+		}
+		if opts.fault == (loadFault{}) {
+			C.weir_filter_quiet(dev)
+		}
 	}
 	return nil
 }
@@ -637,6 +663,29 @@ func (be *Backend) provablyEmpty(name *C.char) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// loadFault fails the readAt-th read the blobstore issues, and every write
+// from the writeFrom-th on (0: none), before they reach the device.
+type loadFault struct{ readAt, writeFrom int }
+
+// Indexes of the filter device's state (weir_spdk.h).
+const (
+	wReads     = C.W_READS
+	wWrites    = C.W_WRITES
+	wRefused   = C.W_REFUSED
+	wFailRead  = C.W_FAIL_READ
+	wFailWrite = C.W_FAIL_WRITE
+	wHold      = C.W_HOLD
+	wReadErrs  = C.W_READ_ERRORS
+	wStateLen  = C.WEIR_FILTER_STATE
+)
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // Formatted says whether New made a new blobstore (on an empty bdev, or
@@ -933,41 +982,58 @@ func (be *Backend) Close() error {
 	be.life.Unlock()
 	be.stopWorkers()
 	var errs []error
-	be.r.run(func() {
-		for _, s := range be.open {
-			if err := be.syncMDLocked(s); err != nil {
-				errs = append(errs, err)
-			}
-			if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_close(s.blob, op) }); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if be.ch != nil {
-			C.spdk_bs_free_io_channel(be.ch)
-		}
-		if be.flushCh != nil {
-			C.spdk_put_io_channel(be.flushCh)
-		}
-		if be.flushDesc != nil {
-			C.spdk_bdev_close(be.flushDesc)
-		}
-		if be.edge != nil {
-			dmaFree(be.edge)
-		}
-		be.bufs.free()
-		if be.bs != nil {
-			// Read-only, the unload's writes fail (with EIO, which frees
-			// the blobstore all the same): the device stays as it was.
-			if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_unload(be.bs, op) }); err != nil && !be.opts.ReadOnly {
-				errs = append(errs, fmt.Errorf("unload blobstore: %w", err))
-			}
-		}
-	})
-	if be.roWrote != nil {
-		freeFlag(be.roWrote)
-		be.roWrote = nil
+	be.r.run(func() { errs = be.release(be.opts.ReadOnly) })
+	if be.devState != nil {
+		freeDevState(be.devState)
+		be.devState = nil
 	}
 	return errors.Join(errs...)
+}
+
+// release syncs and closes the open blobs, frees the channels and buffers
+// and unloads the blobstore, on the metadata thread. discard (read-only, a
+// failed load) makes the unload's writes fail first (with EIO, which frees
+// the blobstore all the same): the device stays as it was.
+func (be *Backend) release(discard bool) []error {
+	var errs []error
+	for _, s := range be.open {
+		if err := be.syncMDLocked(s); err != nil {
+			errs = append(errs, err)
+		}
+		if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_close(s.blob, op) }); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if be.ch != nil {
+		C.spdk_bs_free_io_channel(be.ch)
+		be.ch = nil
+	}
+	if be.flushCh != nil {
+		C.spdk_put_io_channel(be.flushCh)
+		be.flushCh = nil
+	}
+	if be.flushDesc != nil {
+		C.spdk_bdev_close(be.flushDesc)
+		be.flushDesc = nil
+	}
+	if be.edge != nil {
+		dmaFree(be.edge)
+		be.edge = nil
+	}
+	be.bufs.free()
+	if be.bs != nil {
+		if discard {
+			setDevState(be.devState, wFailWrite, 1)
+			if devStateAt(be.devState, wHold) == 1 {
+				setDevState(be.devState, wHold, 2)
+			}
+		}
+		if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_unload(be.bs, op) }); err != nil && !discard {
+			errs = append(errs, fmt.Errorf("unload blobstore: %w", err))
+		}
+		be.bs, be.dev = nil, nil
+	}
+	return errs
 }
 
 // blobState is one open blob.

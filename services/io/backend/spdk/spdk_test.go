@@ -21,6 +21,9 @@ import (
 // sparse file that TestMain makes.
 var testConfig string
 
+// aioDisk is the file under Aio0.
+var aioDisk string
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "weir-spdk-test-")
 	if err != nil {
@@ -28,6 +31,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	disk := filepath.Join(dir, "aio.dat")
+	aioDisk = disk
 	if err := sparseFile(disk, 64<<20); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

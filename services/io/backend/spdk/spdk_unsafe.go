@@ -23,10 +23,17 @@ func freeOp(op *C.weir_op) { C.free(unsafe.Pointer(op)) }
 // freeCString releases a string made by C.CString.
 func freeCString(s *C.char) { C.free(unsafe.Pointer(s)) }
 
-// newFlag allocates a zeroed C int (freeFlag releases it).
-func newFlag() *C.int { return (*C.int)(C.calloc(1, C.size_t(unsafe.Sizeof(C.int(0))))) }
+// newDevState allocates the filter device's zeroed state (weir_filter_dev,
+// wStateLen ints); freeDevState releases it.
+func newDevState() *C.int { return (*C.int)(C.calloc(wStateLen, C.size_t(unsafe.Sizeof(C.int(0))))) }
 
-func freeFlag(f *C.int) { C.free(unsafe.Pointer(f)) }
+func freeDevState(p *C.int) { C.free(unsafe.Pointer(p)) }
+
+// devStateAt reads entry i of the filter device's state; setDevState sets
+// it (atomically: the device's threads read it).
+func devStateAt(p *C.int, i int) int { return int(C.weir_filter_at(p, C.int(i))) }
+
+func setDevState(p *C.int, i, v int) { C.weir_filter_set(p, C.int(i), C.int(v)) }
 
 // dmaAlloc allocates n bytes of zeroed DMA memory, aligned to align, as a
 // slice (nil without memory); dmaFree releases it.

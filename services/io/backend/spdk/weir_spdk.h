@@ -244,120 +244,484 @@ static inline int weir_set_u64(struct spdk_blob *b, const char *name, uint64_t v
 	return spdk_blob_set_xattr(b, name, &v, sizeof(v));
 }
 
-// Read-only blobstore device (weir check): reads go to the bdev's bs_dev,
-// and every write, unmap, zeroing, copy or flush fails with -EIO, before it
-// reaches the device. (-EIO rather than -EROFS: the blobstore's unload
-// writes the super block, and frees itself after a failed write only when
-// the error is -EIO.) *wrote (caller's memory, outliving the device) is
-// set when the blobstore tried to write.
+// The filter device: a blobstore device over the bdev's bs_dev, through
+// which every blobstore load goes, so that a failed load changes nothing.
+//
+// While it holds (state[W_HOLD] = 1), the writes, zeroings and unmaps the
+// blobstore issues (the recovery of a store not shut down cleanly) are
+// kept in memory, in order, and reads see them; weir_filter_commit writes
+// them to the device once the whole load has succeeded, and a failed load
+// drops them. Read-only (weir check), the load holds and nothing is ever
+// committed (W_HOLD 2: the held changes stay, every later write goes to the
+// W_FAIL_WRITE check, which refuses it). While holding, it counts the reads
+// that fail (W_READ_ERRORS): SPDK's blob iterator skips a blob it cannot
+// read, so the load asks the filter instead. It also counts the reads and device writes, and fails the
+// state[W_FAIL_READ]-th read and every device write from the
+// state[W_FAIL_WRITE]-th on with -EIO (tests; read-only and a failed load
+// set W_FAIL_WRITE to 1, so that the unload's writes fail: the blobstore
+// frees itself after a failed write only when the error is -EIO).
+//
+// state is the caller's (it outlives the device; WEIR_FILTER_STATE ints):
+enum {
+	W_READS,      // reads issued
+	W_WRITES,     // device writes issued
+	W_REFUSED,    // set once a device write was refused
+	W_FAIL_READ,  // the read to fail (0: none)
+	W_FAIL_WRITE, // the first device write to fail (0: none)
+	W_HOLD,       // 1: keep writes in memory; 2: keep the held ones, refuse more
+	W_READ_ERRORS, // reads that failed while holding
+	WEIR_FILTER_STATE
+};
+
+// weir_held is one held change: data (n blocks) or, if NULL, a zeroing
+// (unmap set: an unmap).
+typedef struct {
+	uint64_t lba, n;
+	uint8_t *data;
+	bool unmap;
+} weir_held;
+
 typedef struct {
 	struct spdk_bs_dev dev; // first: the blobstore sees only this
 	struct spdk_bs_dev *inner;
-	int *wrote;
-} weir_ro_dev;
+	int *state;
+	weir_held *held;
+	size_t nheld, capheld;
+	bool quiet; // set before the data path starts: count and fail nothing
+} weir_filter_dev;
 
-static inline weir_ro_dev *weir_ro_of(struct spdk_bs_dev *d) { return (weir_ro_dev *)d; }
+static inline weir_filter_dev *weir_filter_of(struct spdk_bs_dev *d) { return (weir_filter_dev *)d; }
+static inline int weir_filter_get(weir_filter_dev *f, int i) { return __atomic_load_n(&f->state[i], __ATOMIC_SEQ_CST); }
+static inline void weir_filter_set(int *state, int i, int v) { __atomic_store_n(&state[i], v, __ATOMIC_SEQ_CST); }
+static inline int weir_filter_at(int *state, int i) { return __atomic_load_n(&state[i], __ATOMIC_SEQ_CST); }
 
-static inline struct spdk_io_channel *weir_ro_create_channel(struct spdk_bs_dev *d) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+static inline void weir_filter_drop(weir_filter_dev *f) {
+	for (size_t i = 0; i < f->nheld; i++) {
+		free(f->held[i].data);
+	}
+	free(f->held);
+	f->held = NULL;
+	f->nheld = f->capheld = 0;
+}
+
+static inline struct spdk_io_channel *weir_filter_create_channel(struct spdk_bs_dev *d) {
+	struct spdk_bs_dev *in = weir_filter_of(d)->inner;
 	return in->create_channel(in);
 }
-static inline void weir_ro_destroy_channel(struct spdk_bs_dev *d, struct spdk_io_channel *ch) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+static inline void weir_filter_destroy_channel(struct spdk_bs_dev *d, struct spdk_io_channel *ch) {
+	struct spdk_bs_dev *in = weir_filter_of(d)->inner;
 	in->destroy_channel(in, ch);
 }
-static inline void weir_ro_destroy(struct spdk_bs_dev *d) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
-	in->destroy(in);
-	free(d);
+static inline void weir_filter_destroy(struct spdk_bs_dev *d) {
+	weir_filter_dev *f = weir_filter_of(d);
+	f->inner->destroy(f->inner);
+	weir_filter_drop(f);
+	free(f);
 }
-static inline void weir_ro_read(struct spdk_bs_dev *d, struct spdk_io_channel *ch, void *buf, uint64_t lba,
-				uint32_t n, struct spdk_bs_dev_cb_args *cb) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
-	in->read(in, ch, buf, lba, n, cb);
+// weir_filter_read_fails counts a read and says whether it is to fail.
+static inline int weir_filter_read_fails(weir_filter_dev *f) {
+	if (f->quiet) {
+		return 0;
+	}
+	return __atomic_add_fetch(&f->state[W_READS], 1, __ATOMIC_SEQ_CST) == weir_filter_get(f, W_FAIL_READ);
 }
-static inline void weir_ro_readv(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
-				 uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
-	in->readv(in, ch, iov, iovcnt, lba, n, cb);
+// weir_filter_write_fails counts a device write and says whether it is to
+// fail.
+static inline int weir_filter_write_fails(weir_filter_dev *f) {
+	if (f->quiet) {
+		return 0;
+	}
+	int n = __atomic_add_fetch(&f->state[W_WRITES], 1, __ATOMIC_SEQ_CST);
+	int from = weir_filter_get(f, W_FAIL_WRITE);
+	if (from > 0 && n >= from) {
+		weir_filter_set(f->state, W_REFUSED, 1);
+		return 1;
+	}
+	return 0;
 }
-static inline void weir_ro_readv_ext(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
-				     uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb,
-				     struct spdk_blob_ext_io_opts *o) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
-	in->readv_ext(in, ch, iov, iovcnt, lba, n, cb, o);
+static inline int weir_filter_holds(weir_filter_dev *f) { return f->quiet ? 0 : weir_filter_get(f, W_HOLD); }
+
+// weir_iov_put copies len bytes of src (zeros if NULL) into iov at byte off.
+static inline void weir_iov_put(struct iovec *iov, int iovcnt, uint64_t off, const uint8_t *src, uint64_t len) {
+	for (int i = 0; i < iovcnt && len > 0; i++) {
+		if (off >= iov[i].iov_len) {
+			off -= iov[i].iov_len;
+			continue;
+		}
+		uint64_t k = iov[i].iov_len - off < len ? iov[i].iov_len - off : len;
+		if (src != NULL) {
+			memcpy((uint8_t *)iov[i].iov_base + off, src, k);
+			src += k;
+		} else {
+			memset((uint8_t *)iov[i].iov_base + off, 0, k);
+		}
+		len -= k;
+		off = 0;
+	}
 }
-static inline void weir_ro_refuse(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct spdk_bs_dev_cb_args *cb) {
-	*weir_ro_of(d)->wrote = 1;
-	cb->cb_fn(ch, cb->cb_arg, -EIO);
+
+// weir_filter_hold keeps a change of n blocks at lba: data from iov, or a
+// zeroing/unmap if iov is NULL. 0 or -ENOMEM.
+static inline int weir_filter_hold(weir_filter_dev *f, uint64_t lba, uint64_t n, struct iovec *iov, int iovcnt,
+				   bool unmap) {
+	if (f->nheld == f->capheld) {
+		size_t c = f->capheld ? 2 * f->capheld : 16;
+		weir_held *h = realloc(f->held, c * sizeof(*h));
+		if (h == NULL) {
+			return -ENOMEM;
+		}
+		f->held = h;
+		f->capheld = c;
+	}
+	weir_held e = {.lba = lba, .n = n, .unmap = unmap};
+	if (iov != NULL) {
+		uint64_t len = n * f->dev.blocklen, off = 0;
+		if ((e.data = malloc(len)) == NULL) {
+			return -ENOMEM;
+		}
+		for (int i = 0; i < iovcnt && off < len; i++) {
+			uint64_t k = iov[i].iov_len < len - off ? iov[i].iov_len : len - off;
+			memcpy(e.data + off, iov[i].iov_base, k);
+			off += k;
+		}
+	}
+	f->held[f->nheld++] = e;
+	return 0;
 }
-static inline void weir_ro_write(struct spdk_bs_dev *d, struct spdk_io_channel *ch, void *buf, uint64_t lba,
-				 uint32_t n, struct spdk_bs_dev_cb_args *cb) { weir_ro_refuse(d, ch, cb); }
-static inline void weir_ro_writev(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
-				  uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb) { weir_ro_refuse(d, ch, cb); }
-static inline void weir_ro_writev_ext(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
-				      uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb,
-				      struct spdk_blob_ext_io_opts *o) { weir_ro_refuse(d, ch, cb); }
-static inline void weir_ro_flush(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct spdk_bs_dev_cb_args *cb) {
-	weir_ro_refuse(d, ch, cb);
+
+// weir_filter_overlaps says whether a held change meets [lba, lba+n).
+static inline bool weir_filter_overlaps(weir_filter_dev *f, uint64_t lba, uint64_t n) {
+	for (size_t i = 0; i < f->nheld; i++) {
+		if (f->held[i].lba < lba + n && lba < f->held[i].lba + f->held[i].n) {
+			return true;
+		}
+	}
+	return false;
 }
-static inline void weir_ro_range(struct spdk_bs_dev *d, struct spdk_io_channel *ch, uint64_t lba, uint64_t n,
-				 struct spdk_bs_dev_cb_args *cb) { weir_ro_refuse(d, ch, cb); }
-static inline void weir_ro_copy(struct spdk_bs_dev *d, struct spdk_io_channel *ch, uint64_t dst, uint64_t src,
-				uint64_t n, struct spdk_bs_dev_cb_args *cb) { weir_ro_refuse(d, ch, cb); }
-static inline struct spdk_bdev *weir_ro_base(struct spdk_bs_dev *d) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+
+// A read while holding: the device's data, then the held changes over it
+// in the order they were made; a failure is counted.
+typedef struct {
+	struct spdk_bs_dev_cb_args cb; // the inner read's
+	struct spdk_bs_dev_cb_args *orig;
+	weir_filter_dev *f;
+	uint64_t lba, n;
+	int iovcnt;
+	struct iovec iov[];
+} weir_held_read;
+
+static inline void weir_held_read_done(struct spdk_io_channel *ch, void *arg, int rc) {
+	weir_held_read *r = arg;
+	weir_filter_dev *f = r->f;
+	if (rc != 0) {
+		__atomic_add_fetch(&f->state[W_READ_ERRORS], 1, __ATOMIC_SEQ_CST);
+	}
+	uint64_t bl = f->dev.blocklen;
+	for (size_t i = 0; rc == 0 && i < f->nheld; i++) {
+		weir_held *e = &f->held[i];
+		uint64_t lo = e->lba > r->lba ? e->lba : r->lba;
+		uint64_t hi = e->lba + e->n < r->lba + r->n ? e->lba + e->n : r->lba + r->n;
+		if (lo < hi) {
+			weir_iov_put(r->iov, r->iovcnt, (lo - r->lba) * bl, e->data ? e->data + (lo - e->lba) * bl : NULL,
+				     (hi - lo) * bl);
+		}
+	}
+	struct spdk_bs_dev_cb_args *orig = r->orig;
+	free(r);
+	orig->cb_fn(ch, orig->cb_arg, rc);
+}
+
+static inline weir_held_read *weir_held_read_new(weir_filter_dev *f, struct spdk_bs_dev_cb_args *orig, uint64_t lba,
+						 uint64_t n, struct iovec *iov, int iovcnt) {
+	weir_held_read *r = malloc(sizeof(*r) + iovcnt * sizeof(struct iovec));
+	if (r == NULL) {
+		return NULL;
+	}
+	r->cb.cb_fn = weir_held_read_done;
+	r->cb.channel = orig->channel;
+	r->cb.cb_arg = r;
+	r->orig = orig;
+	r->f = f;
+	r->lba = lba;
+	r->n = n;
+	r->iovcnt = iovcnt;
+	memcpy(r->iov, iov, iovcnt * sizeof(struct iovec));
+	return r;
+}
+
+static inline void weir_filter_done(struct spdk_io_channel *ch, struct spdk_bs_dev_cb_args *cb, int rc) {
+	cb->cb_fn(ch, cb->cb_arg, rc);
+}
+
+// weir_filter_read_any reads through the filter: into buf if iov is NULL
+// (read), else into iov (readv, or readv_ext if use_ext). The iovec array
+// handed to the device must live until the read completes: a read while
+// holding passes its own copy.
+static inline void weir_filter_read_any(struct spdk_bs_dev *d, struct spdk_io_channel *ch, void *buf,
+					struct iovec *iov, int iovcnt, uint64_t lba, uint32_t n,
+					struct spdk_bs_dev_cb_args *cb, struct spdk_blob_ext_io_opts *ext, bool use_ext) {
+	weir_filter_dev *f = weir_filter_of(d);
+	struct spdk_bs_dev *in = f->inner;
+	if (weir_filter_read_fails(f)) {
+		if (weir_filter_holds(f)) {
+			__atomic_add_fetch(&f->state[W_READ_ERRORS], 1, __ATOMIC_SEQ_CST);
+		}
+		weir_filter_done(ch, cb, -EIO);
+		return;
+	}
+	if (weir_filter_holds(f)) {
+		struct iovec one = {.iov_base = buf, .iov_len = (size_t)n * d->blocklen};
+		weir_held_read *r = iov ? weir_held_read_new(f, cb, lba, n, iov, iovcnt)
+					: weir_held_read_new(f, cb, lba, n, &one, 1);
+		if (r == NULL) {
+			weir_filter_done(ch, cb, -ENOMEM);
+			return;
+		}
+		if (iov == NULL) {
+			in->read(in, ch, buf, lba, n, &r->cb);
+		} else if (use_ext) {
+			in->readv_ext(in, ch, r->iov, iovcnt, lba, n, &r->cb, ext);
+		} else {
+			in->readv(in, ch, r->iov, iovcnt, lba, n, &r->cb);
+		}
+		return;
+	}
+	if (iov == NULL) {
+		in->read(in, ch, buf, lba, n, cb);
+	} else if (use_ext) {
+		in->readv_ext(in, ch, iov, iovcnt, lba, n, cb, ext);
+	} else {
+		in->readv(in, ch, iov, iovcnt, lba, n, cb);
+	}
+}
+static inline void weir_filter_read(struct spdk_bs_dev *d, struct spdk_io_channel *ch, void *buf, uint64_t lba,
+				    uint32_t n, struct spdk_bs_dev_cb_args *cb) {
+	weir_filter_read_any(d, ch, buf, NULL, 0, lba, n, cb, NULL, false);
+}
+static inline void weir_filter_readv(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
+				     uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb) {
+	weir_filter_read_any(d, ch, NULL, iov, iovcnt, lba, n, cb, NULL, false);
+}
+static inline void weir_filter_readv_ext(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov,
+					 int iovcnt, uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb,
+					 struct spdk_blob_ext_io_opts *o) {
+	weir_filter_read_any(d, ch, NULL, iov, iovcnt, lba, n, cb, o, true);
+}
+
+// weir_filter_write_any writes through the filter: held (copied), or to
+// the device. Its data is buf if iov is NULL and buf is not (write), iov
+// (writev, or writev_ext if use_ext), or none: a zeroing (an unmap if
+// unmap is set).
+static inline void weir_filter_write_any(struct spdk_bs_dev *d, struct spdk_io_channel *ch, void *buf,
+					 struct iovec *iov, int iovcnt, uint64_t lba, uint64_t n,
+					 struct spdk_bs_dev_cb_args *cb, struct spdk_blob_ext_io_opts *ext, bool use_ext,
+					 bool unmap) {
+	weir_filter_dev *f = weir_filter_of(d);
+	struct spdk_bs_dev *in = f->inner;
+	if (weir_filter_holds(f) == 1) {
+		struct iovec one = {.iov_base = buf, .iov_len = (size_t)n * d->blocklen};
+		if (iov == NULL && buf != NULL) {
+			iov = &one;
+			iovcnt = 1;
+		}
+		weir_filter_done(ch, cb, weir_filter_hold(f, lba, n, iov, iovcnt, unmap));
+		return;
+	}
+	if (weir_filter_write_fails(f)) {
+		weir_filter_done(ch, cb, -EIO);
+		return;
+	}
+	if (buf != NULL) {
+		in->write(in, ch, buf, lba, (uint32_t)n, cb);
+	} else if (iov == NULL) {
+		if (unmap) {
+			in->unmap(in, ch, lba, n, cb);
+		} else {
+			in->write_zeroes(in, ch, lba, n, cb);
+		}
+	} else if (use_ext) {
+		in->writev_ext(in, ch, iov, iovcnt, lba, (uint32_t)n, cb, ext);
+	} else {
+		in->writev(in, ch, iov, iovcnt, lba, (uint32_t)n, cb);
+	}
+}
+static inline void weir_filter_write(struct spdk_bs_dev *d, struct spdk_io_channel *ch, void *buf, uint64_t lba,
+				     uint32_t n, struct spdk_bs_dev_cb_args *cb) {
+	weir_filter_write_any(d, ch, buf, NULL, 0, lba, n, cb, NULL, false, false);
+}
+static inline void weir_filter_writev(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov, int iovcnt,
+				      uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb) {
+	weir_filter_write_any(d, ch, NULL, iov, iovcnt, lba, n, cb, NULL, false, false);
+}
+static inline void weir_filter_writev_ext(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct iovec *iov,
+					  int iovcnt, uint64_t lba, uint32_t n, struct spdk_bs_dev_cb_args *cb,
+					  struct spdk_blob_ext_io_opts *o) {
+	weir_filter_write_any(d, ch, NULL, iov, iovcnt, lba, n, cb, o, true, false);
+}
+static inline void weir_filter_write_zeroes(struct spdk_bs_dev *d, struct spdk_io_channel *ch, uint64_t lba,
+					    uint64_t n, struct spdk_bs_dev_cb_args *cb) {
+	weir_filter_write_any(d, ch, NULL, NULL, 0, lba, n, cb, NULL, false, false);
+}
+static inline void weir_filter_unmap(struct spdk_bs_dev *d, struct spdk_io_channel *ch, uint64_t lba, uint64_t n,
+				     struct spdk_bs_dev_cb_args *cb) {
+	weir_filter_write_any(d, ch, NULL, NULL, 0, lba, n, cb, NULL, false, true);
+}
+static inline void weir_filter_flush(struct spdk_bs_dev *d, struct spdk_io_channel *ch, struct spdk_bs_dev_cb_args *cb) {
+	weir_filter_dev *f = weir_filter_of(d);
+	struct spdk_bs_dev *in = f->inner;
+	if (weir_filter_holds(f) == 1) { // the commit flushes
+		weir_filter_done(ch, cb, 0);
+		return;
+	}
+	if (weir_filter_write_fails(f)) {
+		weir_filter_done(ch, cb, -EIO);
+		return;
+	}
+	in->flush(in, ch, cb);
+}
+static inline void weir_filter_copy(struct spdk_bs_dev *d, struct spdk_io_channel *ch, uint64_t dst, uint64_t src,
+				    uint64_t n, struct spdk_bs_dev_cb_args *cb) {
+	weir_filter_dev *f = weir_filter_of(d);
+	struct spdk_bs_dev *in = f->inner;
+	if (weir_filter_holds(f) == 1 || weir_filter_write_fails(f)) { // no load copies
+		weir_filter_done(ch, cb, -EIO);
+		return;
+	}
+	in->copy(in, ch, dst, src, n, cb);
+}
+static inline struct spdk_bdev *weir_filter_base(struct spdk_bs_dev *d) {
+	struct spdk_bs_dev *in = weir_filter_of(d)->inner;
 	return in->get_base_bdev ? in->get_base_bdev(in) : NULL;
 }
-static inline bool weir_ro_is_zeroes(struct spdk_bs_dev *d, uint64_t lba, uint64_t n) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
-	return in->is_zeroes(in, lba, n);
+static inline bool weir_filter_is_zeroes(struct spdk_bs_dev *d, uint64_t lba, uint64_t n) {
+	weir_filter_dev *f = weir_filter_of(d);
+	if (weir_filter_holds(f) && weir_filter_overlaps(f, lba, n)) {
+		return false;
+	}
+	return f->inner->is_zeroes(f->inner, lba, n);
 }
-static inline bool weir_ro_is_range_valid(struct spdk_bs_dev *d, uint64_t lba, uint64_t n) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+static inline bool weir_filter_is_range_valid(struct spdk_bs_dev *d, uint64_t lba, uint64_t n) {
+	struct spdk_bs_dev *in = weir_filter_of(d)->inner;
 	return in->is_range_valid(in, lba, n);
 }
-static inline bool weir_ro_translate_lba(struct spdk_bs_dev *d, uint64_t lba, uint64_t *base) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+static inline bool weir_filter_translate_lba(struct spdk_bs_dev *d, uint64_t lba, uint64_t *base) {
+	struct spdk_bs_dev *in = weir_filter_of(d)->inner;
 	return in->translate_lba(in, lba, base);
 }
-static inline bool weir_ro_is_degraded(struct spdk_bs_dev *d) {
-	struct spdk_bs_dev *in = weir_ro_of(d)->inner;
+static inline bool weir_filter_is_degraded(struct spdk_bs_dev *d) {
+	struct spdk_bs_dev *in = weir_filter_of(d)->inner;
 	return in->is_degraded(in);
 }
 
-// weir_ro_wrap returns a read-only device over inner (NULL without memory).
-static inline struct spdk_bs_dev *weir_ro_wrap(struct spdk_bs_dev *inner, int *wrote) {
-	weir_ro_dev *r = calloc(1, sizeof(*r));
-	if (r == NULL) {
+// weir_filter_wrap returns a filter device over inner, or NULL without
+// memory (inner is then destroyed).
+static inline struct spdk_bs_dev *weir_filter_wrap(struct spdk_bs_dev *inner, int *state) {
+	weir_filter_dev *f = calloc(1, sizeof(*f));
+	if (f == NULL) {
 		inner->destroy(inner);
 		return NULL;
 	}
-	r->inner = inner;
-	r->wrote = wrote;
-	struct spdk_bs_dev *d = &r->dev;
-	d->create_channel = weir_ro_create_channel;
-	d->destroy_channel = weir_ro_destroy_channel;
-	d->destroy = weir_ro_destroy;
-	d->read = weir_ro_read;
-	d->readv = weir_ro_readv;
-	d->readv_ext = inner->readv_ext ? weir_ro_readv_ext : NULL;
-	d->write = weir_ro_write;
-	d->writev = weir_ro_writev;
-	d->writev_ext = inner->writev_ext ? weir_ro_writev_ext : NULL;
-	d->flush = weir_ro_flush;
-	d->write_zeroes = weir_ro_range;
-	d->unmap = weir_ro_range;
-	d->get_base_bdev = weir_ro_base;
-	d->is_zeroes = inner->is_zeroes ? weir_ro_is_zeroes : NULL;
-	d->is_range_valid = inner->is_range_valid ? weir_ro_is_range_valid : NULL;
-	d->translate_lba = inner->translate_lba ? weir_ro_translate_lba : NULL;
-	d->copy = inner->copy ? weir_ro_copy : NULL;
-	d->is_degraded = inner->is_degraded ? weir_ro_is_degraded : NULL;
+	f->inner = inner;
+	f->state = state;
+	struct spdk_bs_dev *d = &f->dev;
+	d->create_channel = weir_filter_create_channel;
+	d->destroy_channel = weir_filter_destroy_channel;
+	d->destroy = weir_filter_destroy;
+	d->read = weir_filter_read;
+	d->readv = weir_filter_readv;
+	d->readv_ext = inner->readv_ext ? weir_filter_readv_ext : NULL;
+	d->write = weir_filter_write;
+	d->writev = weir_filter_writev;
+	d->writev_ext = inner->writev_ext ? weir_filter_writev_ext : NULL;
+	d->flush = inner->flush ? weir_filter_flush : NULL;
+	d->write_zeroes = inner->write_zeroes ? weir_filter_write_zeroes : NULL;
+	d->unmap = inner->unmap ? weir_filter_unmap : NULL;
+	d->get_base_bdev = weir_filter_base;
+	d->is_zeroes = inner->is_zeroes ? weir_filter_is_zeroes : NULL;
+	d->is_range_valid = inner->is_range_valid ? weir_filter_is_range_valid : NULL;
+	d->translate_lba = inner->translate_lba ? weir_filter_translate_lba : NULL;
+	d->copy = inner->copy ? weir_filter_copy : NULL;
+	d->is_degraded = inner->is_degraded ? weir_filter_is_degraded : NULL;
 	d->blockcnt = inner->blockcnt;
 	d->blocklen = inner->blocklen;
 	d->phys_blocklen = inner->phys_blocklen;
 	return d;
+}
+
+// weir_filter_quiet makes d a plain pass-through from now on (the data
+// path of a backend loaded without faults).
+static inline void weir_filter_quiet(struct spdk_bs_dev *d) { weir_filter_of(d)->quiet = true; }
+
+// weir_filter_commit writes the held changes to the device in order, then
+// flushes, and stops holding; op completes with the first error. On the
+// metadata thread, with no blobstore I/O in flight.
+typedef struct {
+	weir_filter_dev *f;
+	struct spdk_io_channel *ch;
+	size_t next;
+	bool flushed;
+	weir_op *op;
+	struct spdk_bs_dev_cb_args cb;
+} weir_commit;
+
+static inline void weir_commit_finish(weir_commit *c, int rc) {
+	weir_filter_dev *f = c->f;
+	f->inner->destroy_channel(f->inner, c->ch);
+	if (rc == 0) {
+		weir_filter_drop(f);
+		weir_filter_set(f->state, W_HOLD, 0);
+	}
+	weir_op *op = c->op;
+	free(c);
+	weir_done(op, rc);
+}
+static inline void weir_commit_next(struct spdk_io_channel *ch, void *arg, int rc) {
+	weir_commit *c = arg;
+	weir_filter_dev *f = c->f;
+	struct spdk_bs_dev *in = f->inner;
+	if (rc != 0 || c->flushed || (c->next == 0 && f->nheld == 0)) {
+		weir_commit_finish(c, rc);
+		return;
+	}
+	if (weir_filter_write_fails(f)) {
+		weir_commit_finish(c, -EIO);
+		return;
+	}
+	if (c->next == f->nheld) {
+		c->flushed = true;
+		if (in->flush == NULL) {
+			weir_commit_finish(c, 0);
+			return;
+		}
+		in->flush(in, c->ch, &c->cb);
+		return;
+	}
+	weir_held *e = &f->held[c->next++];
+	if (e->data != NULL) {
+		in->write(in, c->ch, e->data, e->lba, (uint32_t)e->n, &c->cb);
+	} else if (e->unmap) {
+		in->unmap(in, c->ch, e->lba, e->n, &c->cb);
+	} else {
+		in->write_zeroes(in, c->ch, e->lba, e->n, &c->cb);
+	}
+}
+static inline void weir_filter_commit(struct spdk_bs_dev *d, weir_op *op) {
+	weir_commit *c = calloc(1, sizeof(*c));
+	if (c == NULL) {
+		weir_done(op, -ENOMEM);
+		return;
+	}
+	c->f = weir_filter_of(d);
+	c->op = op;
+	if ((c->ch = c->f->inner->create_channel(c->f->inner)) == NULL) {
+		free(c);
+		weir_done(op, -ENOMEM);
+		return;
+	}
+	c->cb.cb_fn = weir_commit_next;
+	c->cb.channel = c->ch;
+	c->cb.cb_arg = c;
+	weir_commit_next(c->ch, c, 0);
 }
 
 // weir_bdev_read reads n bytes at byte offset off of the bdev into buf
