@@ -10,7 +10,7 @@ import (
 )
 
 // spdkBackend: this binary has no SPDK backend.
-func spdkBackend(*config.Config) (backend.Backend, error) {
+func spdkBackend(*config.Config, spdkMode) (backend.Backend, error) {
 	return nil, errors.New(`io.backend = "spdk" needs a weir built with the spdk tag (make spdk)`)
 }
 

@@ -12,14 +12,15 @@ import (
 )
 
 // spdkBackend opens the SPDK Blobstore backend (this binary was built with
-// the spdk tag).
-func spdkBackend(c *config.Config) (backend.Backend, error) {
+// the spdk tag) in mode m.
+func spdkBackend(c *config.Config, m spdkMode) (backend.Backend, error) {
 	json, err := os.ReadFile(c.IO.SPDKConfig)
 	if err != nil {
 		return nil, fmt.Errorf("spdk backend: read io.spdk_config: %w", err)
 	}
 	return spdk.New(spdk.Options{ConfigJSON: json, Bdev: c.IO.SPDKBdev,
-		NoHuge: c.IO.SPDKNoHuge, MemMB: c.IO.SPDKMemMB, Workers: c.IO.SPDKWorkers, ClusterSize: uint64(c.IO.SPDKClusterSize)})
+		NoHuge: c.IO.SPDKNoHuge, MemMB: c.IO.SPDKMemMB, Workers: c.IO.SPDKWorkers, ClusterSize: uint64(c.IO.SPDKClusterSize),
+		ReadOnly: m == spdkReadOnly, Format: m == spdkFormat})
 }
 
 // HaltBackends stops SPDK for the rest of the process (spdk.Halt): call it

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/mem"
 	"github.com/weir-storage/weir/stack"
+	"github.com/weir-storage/weir/stack/fsck"
 	"github.com/weir-storage/weir/stack/stacktest"
 )
 
@@ -157,5 +159,73 @@ func TestNewFileNeverAdoptsABlob(t *testing.T) {
 	}
 	if n := st.IO.Snapshot()["adoptions_refused"]; n != uint64(1) {
 		t.Errorf("adoptions_refused = %v, want 1", n)
+	}
+}
+
+// TestFormatErasesTheStack (file backend): weir format refuses a running
+// stack, and on a stopped one erases the namespace and the store; the next
+// start makes a new namespace, which claims the empty store. weir check
+// reports a new namespace over an old store (wrong-store) before it.
+func TestFormatErasesTheStack(t *testing.T) {
+	c := stacktest.Config(t, "")
+	writeSecret(t, c)
+	meta := filepath.Join(c.DataDir, "meta")
+	if err := os.Rename(meta, filepath.Join(t.TempDir(), "meta-a")); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := stack.Start(c, hclog.NewNullLogger()); err == nil { // makes the new namespace
+		st.Shutdown(context.Background())
+		t.Fatal("a new namespace over another's store started")
+	}
+	be, err := stack.BackendReadOnly(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := fsck.Check(c, be, fsck.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.OK() || !slices.ContainsFunc(r.Problems, func(p fsck.Problem) bool { return p.Kind == "wrong-store" }) {
+		t.Fatalf("weir check of a new namespace over another's store: %+v, want a wrong-store problem", r.Problems)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	os.RemoveAll(meta)
+	// A running stack (over an empty namespace and no store) is not erased.
+	c2 := stacktest.Config(t, "")
+	st, err := stack.Start(c2, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Format(c2, hclog.NewNullLogger()); err == nil || !strings.Contains(err.Error(), "stop weir first") {
+		t.Errorf("format of a running stack: %v, want a refusal", err)
+	}
+	st.Shutdown(ctx)
+
+	if err := stack.Format(c, hclog.NewNullLogger()); err != nil {
+		t.Fatal(err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(c.DataDir, "blobs")); len(ents) != 1 || ents[0].Name() != "LOCK" {
+		t.Fatalf("the store after format holds %v", ents)
+	}
+	st, err = stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatalf("start after format: %v", err)
+	}
+	defer st.Shutdown(context.Background())
+	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: c.Metadata.Socket, IOSocket: c.IO.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	if _, err := fsys.ReadFile("secret"); !errors.Is(err, syscall.ENOENT) {
+		t.Fatalf("secret after format: %v, want ENOENT", err)
+	}
+	if err := fsys.WriteFile("after", []byte("new"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(c.DataDir, "blobs", "IDENTITY")); err != nil || !strings.Contains(string(b), "weir-stack ") {
+		t.Errorf("the new namespace did not claim the store: %q %v", b, err)
 	}
 }

@@ -104,11 +104,21 @@ func Backend(c *config.Config, log hclog.Logger) (backend.Backend, error) {
 }
 
 // BackendReadOnly opens the configured backend of a stopped service for
-// an offline check, changing nothing: the file backend opens read-only.
-// (The SPDK backend has no read-only mode yet: it opens as usual.)
+// an offline check, changing nothing: the file backend opens read-only,
+// the SPDK backend loads without writing (an unclean blobstore's recovery
+// stays in memory).
 func BackendReadOnly(c *config.Config, log hclog.Logger) (backend.Backend, error) {
 	return openBackend(c, log, true)
 }
+
+// spdkMode is how spdkBackend opens the blobstore.
+type spdkMode int
+
+const (
+	spdkNormal   spdkMode = iota
+	spdkReadOnly          // weir check: nothing is written
+	spdkFormat            // weir format: a new, empty blobstore
+)
 
 func openBackend(c *config.Config, log hclog.Logger, readOnly bool) (backend.Backend, error) {
 	switch c.IO.Backend {
@@ -127,7 +137,11 @@ func openBackend(c *config.Config, log hclog.Logger, readOnly bool) (backend.Bac
 		}
 		return file.New(file.Options{Dir: c.DataDir, Direct: d, ReadOnly: readOnly, Logger: log.Named("backend")})
 	case "spdk":
-		return spdkBackend(c)
+		m := spdkNormal
+		if readOnly {
+			m = spdkReadOnly
+		}
+		return spdkBackend(c, m)
 	default:
 		return nil, fmt.Errorf("unknown backend %q", c.IO.Backend)
 	}

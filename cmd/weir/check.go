@@ -39,6 +39,9 @@ func cmdCheck(args []string) int {
 		return 2
 	}
 	r, err := fsck.Check(cfg, be, fsck.Options{Repair: *repair, Logger: log})
+	if herr := stack.HaltBackends(); herr != nil && err == nil {
+		err = herr
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "weir check: %v\n", err)
 		return 2

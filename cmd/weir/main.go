@@ -7,6 +7,7 @@
 //	                                                 exit 1 if one is missing, hung or unhealthy
 //	weir doctor   [--json] [--hugemem SIZE]          what the SPDK backend needs on this host, and the fixes
 //	weir check    [--json] [--repair] [--data DIR]   fsck of a stopped data directory (read-only unless --repair)
+//	weir format   --yes [--config FILE] [--data DIR]  erase a stopped stack: namespace and store (SPDK: a new blobstore)
 //	weir nats-config [--config FILE] [--data DIR]    the nats-server authorization an external server needs
 //	weir metadata [--config FILE] --nats-url URL    run the metadata service (what weir up starts)
 //	weir io       [--config FILE] --nats-url URL    run the IO service (what weir up starts)
@@ -36,6 +37,7 @@ var commands = map[string]command{
 	"demo":        {"bring weir up, run a workload, restart, check the data, stop", cmdDemo},
 	"status":      {"print every service's health and counters; exit 1 if one is missing or unhealthy", cmdStatus},
 	"check":       {"check a stopped data directory (read-only; --repair fixes what it can)", cmdCheck},
+	"format":      {"erase a stopped stack: its namespace and its store (every file is lost; needs --yes)", cmdFormat},
 	"doctor":      {"check what the SPDK backend needs on this host and print the fix for each problem", cmdDoctor},
 	"nats-config": {"print the authorization block an external nats-server needs for this stack", cmdNATSConfig},
 }

@@ -122,6 +122,31 @@ func Check(cfg *config.Config, be backend.Backend, o Options) (*Report, error) {
 	return r, nil
 }
 
+// identityProblems reports a store that is not this namespace's by the
+// IO service's rule (services/io checkStore): a store recording another
+// stack is refused; one recording none is claimed at the next start,
+// unless it holds blobs and the namespace is empty (a new namespace over
+// an old store).
+func identityProblems(r *Report, n *ns.NS, be backend.Backend, blobs int) {
+	mine := backend.Identity(n.StackID())
+	id, ok, err := be.Identity()
+	switch {
+	case err != nil:
+		r.Problems = append(r.Problems, Problem{Kind: "store-identity", Detail: fmt.Sprintf("reading the stack the store belongs to: %v", err)})
+	case ok && id != mine:
+		r.Problems = append(r.Problems, Problem{Kind: "wrong-store", Detail: fmt.Sprintf(
+			"the store belongs to stack %s, this namespace is stack %s: the IO service refuses to serve it; "+
+				"point it at this namespace's store, or erase both with `weir format`", id, mine)})
+	case !ok && blobs > 0 && n.Empty():
+		r.Problems = append(r.Problems, Problem{Kind: "wrong-store", Detail: fmt.Sprintf(
+			"the store holds %d blobs and records no stack, and this namespace (stack %s) is new and empty: "+
+				"the IO service refuses to serve another namespace's blobs; point it at this namespace's store, or erase both with `weir format`", blobs, mine)})
+	case !ok:
+		r.Problems = append(r.Problems, Problem{Kind: "unclaimed-store", Note: true, Detail: fmt.Sprintf(
+			"the store records no stack yet: the next start of the IO service claims it for this namespace (stack %s)", mine)})
+	}
+}
+
 func check(r *Report, n *ns.NS, be backend.Backend) error {
 	if err := n.Check(); err != nil {
 		r.Problems = append(r.Problems, Problem{Kind: "namespace", Detail: err.Error()})
@@ -133,6 +158,7 @@ func check(r *Report, n *ns.NS, be backend.Backend) error {
 		return fmt.Errorf("list blobs: %w", err)
 	}
 	r.Blobs = len(blobs)
+	identityProblems(r, n, be, len(blobs))
 	if a, ok := be.(backend.Auditor); ok {
 		for _, s := range a.Strays() {
 			r.Problems = append(r.Problems, Problem{Kind: "stray-object", Detail: s})
