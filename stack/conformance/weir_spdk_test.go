@@ -7,12 +7,18 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/stack"
 )
 
 // TestConformanceWeirSPDK runs the suite against weir on the SPDK backend:
 // a malloc bdev, SPDK on ordinary memory (no huge pages needed). Restart
-// cases unload and load the blobstore on the same bdev.
+// cases unload and load the blobstore on the same bdev. The bdev lives as
+// long as the process: a second run (-count=3) is a new namespace over the
+// previous run's store, which the IO service refuses (wrong_store) unless
+// the operator erases it, so each run starts with weir format.
 func TestConformanceWeirSPDK(t *testing.T) {
 	dir := t.TempDir()
 	spdkConfig := filepath.Join(dir, "spdk.json")
@@ -28,5 +34,8 @@ func TestConformanceWeirSPDK(t *testing.T) {
 		c.IO.SPDKBdev = "Malloc0"
 		c.IO.SPDKNoHuge = true
 		c.IO.SPDKMemMB = 1024
+		if err := stack.Format(c, hclog.NewNullLogger()); err != nil {
+			t.Fatal(err)
+		}
 	})
 }

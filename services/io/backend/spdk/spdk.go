@@ -33,7 +33,7 @@ import (
 )
 
 /*
-#cgo pkg-config: spdk_blob_bdev spdk_blob spdk_bdev spdk_env_dpdk spdk_init spdk_thread spdk_event_bdev spdk_bdev_malloc spdk_bdev_aio spdk_syslibs
+#cgo pkg-config: spdk_blob_bdev spdk_blob spdk_bdev spdk_env_dpdk spdk_init spdk_thread spdk_event_bdev spdk_bdev_malloc spdk_bdev_aio spdk_bdev_error spdk_syslibs
 #cgo LDFLAGS: -Wl,--no-as-needed
 #include "weir_spdk.h"
 */
