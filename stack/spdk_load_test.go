@@ -191,7 +191,9 @@ func writeFiles(t *testing.T, fsys *client.FS, from, n int) {
 	}
 }
 
-func fileData(i int) []byte { return bytes.Repeat([]byte(fmt.Sprintf("file %d, fsynced. ", i)), 500+i*997) }
+func fileData(i int) []byte {
+	return bytes.Repeat([]byte(fmt.Sprintf("file %d, fsynced. ", i)), 500+i*997)
+}
 
 func readFiles(t *testing.T, fsys *client.FS, n int) {
 	t.Helper()
