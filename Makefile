@@ -68,7 +68,7 @@ spdk: spdk-check
 test-spdk: spdk-check
 	$(SPDK_ENV) $(GO) vet -tags spdk ./...
 	$(SPDK_ENV) $(GO) test -tags spdk -count=1 ./services/io/backend/spdk
-	$(SPDK_ENV) $(GO) test -tags spdk -count=1 -run SPDK ./stack/conformance ./stack
+	$(SPDK_ENV) $(GO) test -tags spdk -count=1 -run SPDK ./stack/conformance ./stack ./internal/doctor
 
 test: test-unit fuzz-short
 

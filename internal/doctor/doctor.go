@@ -155,6 +155,9 @@ type Host struct {
 	// PkgConfig is the pkg-config program, a name looked up in PATH or a
 	// path.
 	PkgConfig string
+	// Ldd is the ldd program (a name looked up in PATH or a path), which
+	// lists what a shared library needs and whether it resolves.
+	Ldd string
 	// Getrlimit reads a resource limit; unix.Getrlimit on a real host.
 	Getrlimit func(resource int, rlim *unix.Rlimit) error
 	// SPDKDirs are SPDK source trees to look in when pkg-config does not
@@ -168,6 +171,7 @@ func DefaultHost() Host {
 		Proc:      "/proc",
 		Sys:       "/sys",
 		PkgConfig: "pkg-config",
+		Ldd:       "ldd",
 		Getrlimit: unix.Getrlimit,
 		SPDKDirs:  []string{"/opt/spdk", "/usr/local/src/spdk", "/usr/src/spdk", "/root/spdk"},
 	}
@@ -186,6 +190,9 @@ func Run(ctx context.Context, h Host, o Options) Report {
 	}
 	if h.PkgConfig == "" {
 		h.PkgConfig = d.PkgConfig
+	}
+	if h.Ldd == "" {
+		h.Ldd = d.Ldd
 	}
 	if h.Getrlimit == nil {
 		h.Getrlimit = d.Getrlimit

@@ -25,6 +25,7 @@ type fixture struct {
 	rlErr error
 	spdk  []string // Host.SPDKDirs
 	pkgcf string   // Host.PkgConfig
+	ldd   string   // Host.Ldd
 }
 
 const (
@@ -48,8 +49,19 @@ func newFixture(t *testing.T) *fixture {
 	f.mkdir("sys/module/vfio_pci")
 	f.mkdir("sys/bus/pci/devices")
 	f.pciDev("0000:00:1f.2", "0x010601", "ahci", 0) // a SATA controller: not NVMe
-	f.pkgConfig(map[string]string{"spdk_blob": "24.09", "spdk_bdev": "24.09", "spdk_env_dpdk": "24.09", "spdk_event": "24.09"})
+	f.spdkInstall("opt/spdk", "26", "5", "0")
+	f.pkgConfig(allModules("opt/spdk"))
+	f.fakeLdd()
 	return f
+}
+
+// allModules maps every module weir links to prefix.
+func allModules(prefix string) map[string]string {
+	m := map[string]string{}
+	for _, n := range spdkModules {
+		m[n] = prefix
+	}
+	return m
 }
 
 func (f *fixture) path(rel string) string { return filepath.Join(f.root, rel) }
@@ -125,19 +137,63 @@ func (f *fixture) pciDev(bdf, class, driver string, numa int) {
 	}
 }
 
-// pkgConfig installs a fake pkg-config that knows the given modules.
-func (f *fixture) pkgConfig(versions map[string]string) {
+// pkgConfig installs a fake pkg-config that knows the given modules, each
+// installed in a prefix under the root (as spdkInstall makes one): it
+// answers --libs-only-l, --libs-only-L and --cflags-only-I as SPDK's .pc
+// files make pkg-config answer (each module's own library first, then
+// what it requires; spdk_syslibs names system libraries only).
+func (f *fixture) pkgConfig(prefixes map[string]string) {
 	var b strings.Builder
-	b.WriteString("#!/bin/sh\n[ \"$1\" = --modversion ] || exit 2\ncase \"$2\" in\n")
-	for m, v := range versions {
-		fmt.Fprintf(&b, "%s) echo %s ;;\n", m, v)
+	b.WriteString("#!/bin/sh\nm=\"$2\"\ncase \"$m\" in\n")
+	for m, p := range prefixes {
+		fmt.Fprintf(&b, "%s) p=%s ;;\n", m, f.path(p))
 	}
-	b.WriteString("*) echo \"Package $2 was not found in the pkg-config search path.\" >&2; exit 1 ;;\nesac\n")
+	b.WriteString("*) echo \"Package $m was not found in the pkg-config search path.\" >&2; exit 1 ;;\nesac\n")
+	b.WriteString("case \"$1\" in\n")
+	b.WriteString("--libs-only-l) if [ \"$m\" = spdk_syslibs ]; then echo \"-luuid -lnuma\"; else echo \"-l$m -lspdk_log\"; fi ;;\n")
+	b.WriteString("--libs-only-L) echo \"-L$p/lib \" ;;\n")
+	b.WriteString("--cflags-only-I) [ \"$m\" = spdk_syslibs ] || echo \"-I$p/include \" ;;\n")
+	b.WriteString("*) exit 2 ;;\nesac\n")
 	f.write("bin/pkg-config", b.String())
 	if err := os.Chmod(f.path("bin/pkg-config"), 0o755); err != nil {
 		f.t.Fatal(err)
 	}
 	f.pkgcf = f.path("bin/pkg-config")
+}
+
+// spdkInstall makes an SPDK installation in prefix (under the root): the
+// release's spdk/version.h, as SPDK writes it, and a shared library per
+// module.
+func (f *fixture) spdkInstall(prefix, major, minor, patch string) {
+	f.write(prefix+"/include/spdk/version.h", fmt.Sprintf(`#ifndef SPDK_VERSION_H
+#define SPDK_VERSION_H
+#define SPDK_VERSION_MAJOR	%s
+#define SPDK_VERSION_MINOR	%s
+#define SPDK_VERSION_PATCH	%s
+#define SPDK_VERSION_SUFFIX	""
+#define SPDK_VERSION_NUM(major, minor, patch) \\
+	(((major) * 100 + (minor)) * 100 + (patch))
+#endif
+`, major, minor, patch))
+	for _, m := range spdkModules {
+		if m != "spdk_syslibs" {
+			f.write(prefix+"/lib/lib"+m+".so", "ELF")
+		}
+	}
+}
+
+// fakeLdd installs an ldd that resolves everything but what a library's
+// contents name after "NEEDS ".
+func (f *fixture) fakeLdd() {
+	f.write("bin/ldd", `#!/bin/sh
+echo "	linux-vdso.so.1 (0x00007ffc00000000)"
+echo "	libspdk_log.so.9.0 => $LD_LIBRARY_PATH/libspdk_log.so.9.0 (0x00007f0000000000)"
+sed -n 's/^NEEDS \(.*\)/	\1 => not found/p' "$1"
+`)
+	if err := os.Chmod(f.path("bin/ldd"), 0o755); err != nil {
+		f.t.Fatal(err)
+	}
+	f.ldd = f.path("bin/ldd")
 }
 
 func (f *fixture) host() Host {
@@ -146,6 +202,7 @@ func (f *fixture) host() Host {
 		Sys:       f.path("sys"),
 		Root:      f.root,
 		PkgConfig: f.pkgcf,
+		Ldd:       f.ldd,
 		Getrlimit: func(resource int, rl *unix.Rlimit) error {
 			if resource != unix.RLIMIT_MEMLOCK {
 				f.t.Errorf("Getrlimit(%d), want RLIMIT_MEMLOCK", resource)

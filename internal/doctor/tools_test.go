@@ -2,6 +2,9 @@ package doctor
 
 import (
 	"context"
+	"os"
+	"os/exec"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -11,7 +14,59 @@ func TestSPDKLibraries(t *testing.T) {
 		f := newFixture(t)
 		c := f.check("spdk libraries")
 		wantStatus(t, c, OK)
-		wantText(t, "found", c.Found, "spdk_blob 24.09", "spdk_event 24.09")
+		wantText(t, "found", c.Found, "SPDK v26.05 in "+f.path("opt/spdk/lib"), "11 modules", "10 shared libraries load")
+	})
+	t.Run("another release", func(t *testing.T) {
+		f := newFixture(t)
+		f.spdkInstall("opt/spdk", "24", "9", "1")
+		c := f.check("spdk libraries")
+		wantStatus(t, c, Warn)
+		wantText(t, "found", c.Found, "SPDK v24.09.1")
+		wantText(t, "details", strings.Join(c.Details, "\n"), "tested against SPDK "+TestedSPDK)
+	})
+	t.Run("no version.h", func(t *testing.T) {
+		f := newFixture(t)
+		f.remove("opt/spdk/include/spdk/version.h")
+		c := f.check("spdk libraries")
+		wantStatus(t, c, Warn)
+		wantText(t, "details", strings.Join(c.Details, "\n"), "cannot tell the SPDK release")
+	})
+	t.Run("a library does not load", func(t *testing.T) {
+		f := newFixture(t)
+		f.write("opt/spdk/lib/libspdk_bdev_aio.so", "NEEDS libaio.so.1\n")
+		c := f.check("spdk libraries")
+		wantStatus(t, c, Fail)
+		wantText(t, "details", strings.Join(c.Details, "\n"), "libspdk_bdev_aio.so needs libaio.so.1 => not found")
+	})
+	t.Run("static only", func(t *testing.T) {
+		f := newFixture(t)
+		for _, m := range spdkModules {
+			if m != "spdk_syslibs" {
+				f.remove("opt/spdk/lib/lib" + m + ".so")
+				f.write("opt/spdk/lib/lib"+m+".a", "!<arch>")
+			}
+		}
+		c := f.check("spdk libraries")
+		wantStatus(t, c, OK)
+		wantText(t, "found", c.Found, "10 static libraries")
+	})
+	t.Run("library missing", func(t *testing.T) {
+		f := newFixture(t)
+		f.remove("opt/spdk/lib/libspdk_blob.so")
+		c := f.check("spdk libraries")
+		wantStatus(t, c, Fail)
+		wantText(t, "details", strings.Join(c.Details, "\n"), "neither libspdk_blob.so nor libspdk_blob.a")
+	})
+	t.Run("two installations", func(t *testing.T) {
+		f := newFixture(t)
+		f.spdkInstall("usr/local", "26", "5", "0")
+		mods := allModules("opt/spdk")
+		mods["spdk_env_dpdk"] = "usr/local"
+		f.pkgConfig(mods)
+		c := f.check("spdk libraries")
+		wantStatus(t, c, Fail)
+		wantText(t, "found", c.Found, "2 installations")
+		wantText(t, "details", strings.Join(c.Details, "\n"), f.path("usr/local/lib")+": spdk_env_dpdk")
 	})
 	t.Run("pkg-config missing", func(t *testing.T) {
 		f := newFixture(t)
@@ -26,19 +81,19 @@ func TestSPDKLibraries(t *testing.T) {
 		r := f.run(0)
 		c := find(t, r, "spdk libraries")
 		wantStatus(t, c, Fail)
-		wantText(t, "found", c.Found, "spdk_blob, spdk_bdev, spdk_env_dpdk, spdk_event")
-		wantText(t, "details", strings.Join(c.Details, "\n"), "Package spdk_blob was not found")
-		wantFix(t, c, "export PKG_CONFIG_PATH=<spdk>/build/lib/pkgconfig:<spdk>/dpdk/build/lib/pkgconfig", "README")
+		wantText(t, "found", c.Found, strings.Join(spdkModules, ", "))
+		wantText(t, "details", strings.Join(c.Details, "\n"), "Package spdk_blob_bdev was not found")
+		wantFix(t, c, "export PKG_CONFIG_PATH=<prefix>/lib/pkgconfig", "README")
 		if !r.Failed() {
 			t.Fatal("Failed() = false")
 		}
 	})
 	t.Run("some", func(t *testing.T) {
 		f := newFixture(t)
-		f.pkgConfig(map[string]string{"spdk_blob": "24.09", "spdk_bdev": "24.09"})
+		f.pkgConfig(map[string]string{"spdk_blob": "opt/spdk", "spdk_bdev": "opt/spdk"})
 		c := f.check("spdk libraries")
 		wantStatus(t, c, Fail)
-		wantText(t, "found", c.Found, "does not find spdk_env_dpdk, spdk_event (found spdk_blob 24.09, spdk_bdev 24.09)")
+		wantText(t, "found", c.Found, "does not find spdk_blob_bdev, spdk_env_dpdk", "(found spdk_blob, spdk_bdev)")
 	})
 	t.Run("absent but built nearby", func(t *testing.T) {
 		f := newFixture(t)
@@ -52,10 +107,15 @@ func TestSPDKLibraries(t *testing.T) {
 		wantFix(t, c, "export PKG_CONFIG_PATH="+d+"/build/lib/pkgconfig:"+d+"/dpdk/build/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}")
 		wantNoFix(t, c, "<spdk>")
 	})
-	t.Run("mixed versions", func(t *testing.T) {
+	t.Run("absent but installed nearby", func(t *testing.T) {
 		f := newFixture(t)
-		f.pkgConfig(map[string]string{"spdk_blob": "24.09", "spdk_bdev": "24.09", "spdk_env_dpdk": "23.01", "spdk_event": "24.09"})
-		wantStatus(t, f.check("spdk libraries"), Warn)
+		f.pkgConfig(nil)
+		f.write("opt/spdk/lib/pkgconfig/spdk_blob.pc", "Name: spdk_blob\n")
+		f.spdk = []string{f.path("nowhere"), f.path("opt/spdk")}
+		c := f.check("spdk libraries")
+		wantStatus(t, c, Fail)
+		d := f.path("opt/spdk")
+		wantFix(t, c, "export PKG_CONFIG_PATH="+d+"/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}", "make spdk SPDK_PREFIX="+d)
 	})
 	t.Run("cancelled", func(t *testing.T) {
 		f := newFixture(t)
@@ -66,6 +126,33 @@ func TestSPDKLibraries(t *testing.T) {
 		wantStatus(t, c, Fail)
 		wantText(t, "details", strings.Join(c.Details, "\n"), "context canceled")
 	})
+}
+
+// TestSPDKLibrariesInstalled runs the check against the SPDK installed on
+// this host, as pkg-config finds it (PKG_CONFIG_PATH, or /opt/spdk as the
+// Makefile's SPDK_PREFIX): the real .pc files (whose Version fields are
+// per-library ABI versions), the real spdk/version.h and the real ldd.
+func TestSPDKLibrariesInstalled(t *testing.T) {
+	if _, err := exec.LookPath("pkg-config"); err != nil {
+		t.Skip("pkg-config is not installed: cannot look for SPDK")
+	}
+	if os.Getenv("PKG_CONFIG_PATH") == "" && isDir("/opt/spdk/lib/pkgconfig") {
+		t.Setenv("PKG_CONFIG_PATH", "/opt/spdk/lib/pkgconfig")
+	}
+	if err := exec.Command("pkg-config", "--exists", "spdk_blob").Run(); err != nil {
+		t.Skip("SPDK is not installed: pkg-config finds no spdk_blob (install SPDK into /opt/spdk or set PKG_CONFIG_PATH)")
+	}
+	c := newProbe(DefaultHost(), Options{}).checkSPDK(context.Background())
+	t.Logf("%s: %s %s %q", c.Name, c.Status, c.Found, c.Details)
+	if c.Status == Fail {
+		t.Fatalf("the installed SPDK fails the check: %s; %q", c.Found, c.Details)
+	}
+	if !regexp.MustCompile(`^SPDK v\d+\.\d\d`).MatchString(c.Found) {
+		t.Errorf("found %q names no release", c.Found)
+	}
+	if strings.Contains(c.Found, "release unknown") {
+		t.Errorf("found %q: the release was not read from spdk/version.h", c.Found)
+	}
 }
 
 func TestPrivileges(t *testing.T) {
