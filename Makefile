@@ -27,7 +27,7 @@ help:
 	@echo "up               run weir in the foreground on DATA (default ./weir-data) until Ctrl-C"
 	@echo "build            compile every package and command"
 	@echo "spdk             build everything with the SPDK backend (needs an installed SPDK)"
-	@echo "test-spdk        backend suite, conformance suite and kill -9 restart on SPDK Blobstore"
+	@echo "test-spdk        backend suite, conformance suite (3 runs in one process), load faults, identity and kill -9 restart on SPDK Blobstore"
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
 	@echo "fuzz             each fuzzer for FUZZTIME (default 12000000x, about 5 min each)"
 	@echo "crash-loop       CRASH_ROUNDS (500) power cuts under both services, then 20 runs of the WAL kill -9 test"
@@ -68,7 +68,8 @@ spdk: spdk-check
 test-spdk: spdk-check
 	$(SPDK_ENV) $(GO) vet -tags spdk ./...
 	$(SPDK_ENV) $(GO) test -tags spdk -count=1 ./services/io/backend/spdk
-	$(SPDK_ENV) $(GO) test -tags spdk -count=1 -run SPDK ./stack/conformance ./stack ./internal/doctor
+	$(SPDK_ENV) $(GO) test -tags spdk -count=3 -run SPDK ./stack/conformance
+	$(SPDK_ENV) $(GO) test -tags spdk -count=1 -run SPDK ./stack ./internal/doctor
 
 test: test-unit fuzz-short
 

@@ -14,9 +14,16 @@
 //   - spdk-malloc: the SPDK backend on a malloc bdev (memory, no device: the
 //     software path only).
 //
+// With -spdk-config FILE (an SPDK JSON config, e.g. one attaching an NVMe
+// controller) and -spdk-bdev NAME, the device rows run on that bdev
+// instead, named spdk-dev and weir-spdk-dev; the malloc rows run on
+// -spdk-malloc-bdev if the config has one, and are n/a otherwise. The
+// benchmark formats the bdev (everything on it is lost), so it also needs
+// -spdk-erase. One process runs one SPDK configuration.
+//
 // The spdk rows need the spdk build tag (`make bench-backend` adds it when
 // `make spdk-check` passes); without it they read "n/a". SPDK runs with
-// DPDK's --no-huge unless -hugepages is given.
+// DPDK's --no-huge unless -hugepages is given (an NVMe bdev needs it).
 //
 // Workloads: 4 KiB random read and write at queue depth 1 (one goroutine)
 // and at queue depth -qd (that many goroutines on one Blob), and 128 KiB
@@ -29,6 +36,7 @@
 //
 //	go run [-tags spdk] ./bench/backend [-quick] [-out bench/results] [-dir PARENT]
 //	    [-file-mib 256] [-window 3s] [-warmup 300ms] [-qd 32] [-hugepages]
+//	    [-spdk-config FILE -spdk-bdev NAME [-spdk-malloc-bdev NAME] -spdk-erase]
 package main
 
 import (
@@ -59,6 +67,12 @@ type settings struct {
 	HugePages bool          `json:"hugepages"`
 	// SPDKWorkers is the SPDK backend's I/O worker count.
 	SPDKWorkers int `json:"spdk_workers"`
+	// SPDKConfig is the operator's SPDK JSON config ("": the built-in
+	// aio and malloc bdevs); SPDKBdev the device bdev in it and
+	// SPDKMallocBdev its malloc bdev ("": none).
+	SPDKConfig     string `json:"spdk_config,omitempty"`
+	SPDKBdev       string `json:"spdk_bdev,omitempty"`
+	SPDKMallocBdev string `json:"spdk_malloc_bdev,omitempty"`
 }
 
 type options struct {
@@ -104,6 +118,10 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.IntVar(&cfg.s.QD, "qd", 32, "goroutines (queue depth) of the high-queue-depth rows")
 	fs.BoolVar(&cfg.s.HugePages, "hugepages", false, "run SPDK on huge pages (default: DPDK --no-huge)")
 	fs.IntVar(&cfg.s.SPDKWorkers, "spdk-workers", 1, "I/O workers of the SPDK backend")
+	fs.StringVar(&cfg.s.SPDKConfig, "spdk-config", "", "SPDK JSON config to run the spdk rows on (default: a built-in aio bdev over a file and a malloc bdev)")
+	fs.StringVar(&cfg.s.SPDKBdev, "spdk-bdev", "", "with -spdk-config: the bdev of the device rows (spdk-dev, weir-spdk-dev), e.g. Nvme0n1")
+	fs.StringVar(&cfg.s.SPDKMallocBdev, "spdk-malloc-bdev", "", "with -spdk-config: a malloc bdev in it for the no-device rows (default: those rows are n/a)")
+	erase := fs.Bool("spdk-erase", false, "with -spdk-config: allow the benchmark to format -spdk-bdev and -spdk-malloc-bdev (everything on them is lost)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -133,6 +151,12 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		return cfg, errors.New("-qd must be at least 1")
 	case cfg.s.SPDKWorkers < 1:
 		return cfg, errors.New("-spdk-workers must be at least 1")
+	case cfg.s.SPDKConfig == "" && (cfg.s.SPDKBdev != "" || cfg.s.SPDKMallocBdev != "" || *erase):
+		return cfg, errors.New("-spdk-bdev, -spdk-malloc-bdev and -spdk-erase go with -spdk-config")
+	case cfg.s.SPDKConfig != "" && cfg.s.SPDKBdev == "":
+		return cfg, errors.New("-spdk-config needs -spdk-bdev: the bdev of the device rows")
+	case cfg.s.SPDKConfig != "" && !*erase:
+		return cfg, fmt.Errorf("the benchmark formats bdev %q of %s: everything on it is lost; pass -spdk-erase to run it", cfg.s.SPDKBdev, cfg.s.SPDKConfig)
 	}
 	cfg.s.FileBytes = int64(*fileMiB) * mib
 	return cfg, nil

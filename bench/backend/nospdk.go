@@ -11,7 +11,8 @@ const noSPDK = "n/a: built without the spdk tag"
 func spdkPhases(dir string, s settings) []func() []target {
 	return []func() []target{func() []target {
 		var ts []target
-		for _, n := range []string{targetSPDKAio, targetSPDKMalloc, targetSPDKMallocCGO, targetWeirSPDKAio, targetWeirSPDKMalloc} {
+		dev, weirDev := devTargets(s)
+		for _, n := range []string{dev, targetSPDKMalloc, targetSPDKMallocCGO, weirDev, targetWeirSPDKMalloc} {
 			ts = append(ts, target{name: n, na: noSPDK})
 		}
 		return ts

@@ -70,6 +70,7 @@ func ptr(v float64) *float64 { return &v }
 
 // derive fills the overhead and layer tables.
 func (r *Report) derive(out string) {
+	dev, weirDev := devTargets(r.Settings)
 	diff := func(wl, a, b string) *float64 {
 		x, y := r.row(wl, a), r.row(wl, b)
 		if x == nil || y == nil {
@@ -92,8 +93,8 @@ func (r *Report) derive(out string) {
 			RawP50us:      p50(wl.Name, targetRaw),
 			FileMinusRaw:  diff(wl.Name, targetFile, targetRaw),
 			WeirFileMinus: diff(wl.Name, targetWeirFile, targetFile),
-			AioMinusRaw:   diff(wl.Name, targetSPDKAio, targetRaw),
-			WeirAioMinus:  diff(wl.Name, targetWeirSPDKAio, targetSPDKAio),
+			AioMinusRaw:   diff(wl.Name, dev, targetRaw),
+			WeirAioMinus:  diff(wl.Name, weirDev, dev),
 			MallocP50us:   p50(wl.Name, targetSPDKMalloc),
 			WeirMallocMin: diff(wl.Name, targetWeirSPDKMalloc, targetSPDKMalloc),
 			CGOMinusQueue: diff(wl.Name, targetSPDKMallocCGO, targetSPDKMalloc),
@@ -168,9 +169,20 @@ func (r *Report) markdown() string {
 	if r.Settings.HugePages {
 		huge = "huge pages"
 	}
-	p("- Targets: raw = `pread`/`pwrite` on an O_DIRECT file (the floor); file = `backend/file` (O_DIRECT); spdk-aio = `backend/spdk` on an `aio` bdev over a sparse file on the same file system (block_size 4096); spdk-malloc = `backend/spdk` on a `malloc` bdev (no device); spdk-malloc-cgocb = the same with each completion delivered by a cgo callback instead of the worker's C completion queue; weir-* = the whole data path, in this process: Go client → ring → IO service (adaptive poller) → that backend, on one file of the same size (embedded NATS and the metadata service run too). SPDK: one environment (%s), %d I/O worker(s); backends are used at the interface with Go-heap buffers (every byte bounced), weir's rings are huge-page regions registered with SPDK where huge pages are on (aligned payloads go straight from the arena).\n", huge, r.Settings.SPDKWorkers)
+	dev, weirDev := devTargets(r.Settings)
+	devWhat := "spdk-aio = `backend/spdk` on an `aio` bdev over a sparse file on the same file system (block_size 4096); spdk-malloc = `backend/spdk` on a `malloc` bdev (no device)"
+	if r.Settings.SPDKConfig != "" {
+		devWhat = fmt.Sprintf("spdk-dev = `backend/spdk` on bdev `%s` of the SPDK config %s (formatted by the run); spdk-malloc = `backend/spdk` on ", r.Settings.SPDKBdev, r.Settings.SPDKConfig)
+		if r.Settings.SPDKMallocBdev != "" {
+			devWhat += fmt.Sprintf("its malloc bdev `%s` (no device)", r.Settings.SPDKMallocBdev)
+		} else {
+			devWhat += "a malloc bdev (n/a: -spdk-malloc-bdev not given)"
+		}
+	}
+	p("- Targets: raw = `pread`/`pwrite` on an O_DIRECT file (the floor); file = `backend/file` (O_DIRECT); %s;", devWhat)
+	p(" spdk-malloc-cgocb = the same with each completion delivered by a cgo callback instead of the worker's C completion queue; weir-* = the whole data path, in this process: Go client → ring → IO service (adaptive poller) → that backend, on one file of the same size (embedded NATS and the metadata service run too). SPDK: one environment (%s), %d I/O worker(s); backends are used at the interface with Go-heap buffers (every byte bounced), weir's rings are huge-page regions registered with SPDK where huge pages are on (aligned payloads go straight from the arena).\n", huge, r.Settings.SPDKWorkers)
 	p("- Data: %s MiB per target, written in full with 1 MiB writes (and synced) before the rows (kernel targets %s s; SPDK start, blobstore format and fill %s s). Buffers are page aligned. Nothing is fsynced during the rows; the file system is synced (syncfs) before each row.\n", benchutil.Fnum(float64(r.Settings.FileBytes)/mib), benchutil.Fnum(r.PrepSec), benchutil.Fnum(r.SPDKPrepSec))
-	p("- Order: phases, each closing its targets before the next: raw, file, weir-file; spdk-aio, spdk-malloc; spdk-malloc-cgocb; weir-spdk-aio, weir-spdk-malloc (SPDK's pollers spin while they have work, and would slow kernel rows beside them on a small machine; the polling cores are part of every spdk row).\n")
+	p("- Order: phases, each closing its targets before the next: raw, file, weir-file; %s, spdk-malloc; spdk-malloc-cgocb; %s, weir-spdk-malloc (SPDK's pollers spin while they have work, and would slow kernel rows beside them on a small machine; the polling cores are part of every spdk row).\n", dev, weirDev)
 	p("- Rows: random offsets are 4 KiB aligned and uniform, the same sequence on every target; QD%d is %d goroutines on one handle (weir: one client session), each with one IO outstanding; sequential rows walk the file from offset 0 (wrapping). %s warm-up, then a %s window per row. Latency: wall time of each IO, log-linear histogram (0.8 %% buckets). MB/s is 10^6 bytes/s.\n\n",
 		r.Settings.QD, r.Settings.QD, r.Settings.Warmup, r.Settings.Window)
 
@@ -188,7 +200,7 @@ func (r *Report) markdown() string {
 		}
 	}
 	p("\n### Software overhead per IO (µs of p50, QD1, differences of rows of this run)\n\n")
-	p("| Workload | raw p50 | file − raw | weir-file − file | spdk-aio − raw | weir-spdk-aio − spdk-aio | spdk-malloc p50 | weir-spdk-malloc − spdk-malloc | cgo callback − C queue |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	p("| Workload | raw p50 | file − raw | weir-file − file | %s − raw | %s − %s | spdk-malloc p50 | weir-spdk-malloc − spdk-malloc | cgo callback − C queue |\n|---|--:|--:|--:|--:|--:|--:|--:|--:|\n", dev, weirDev, dev)
 	for _, o := range r.Overhead {
 		p("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", o.Workload, us(o.RawP50us), us(o.FileMinusRaw), us(o.WeirFileMinus),
 			us(o.AioMinusRaw), us(o.WeirAioMinus), us(o.MallocP50us), us(o.WeirMallocMin), us(o.CGOMinusQueue))

@@ -31,28 +31,44 @@ func spdkMemMB(size int64, huge bool) int {
 }
 
 // spdkPhases are the SPDK targets, in three phases on the same two bdevs
-// (an aio bdev over a sparse file on the file system under test, and a
-// malloc bdev) of one SPDK environment (one per process): the backend at
-// its interface; the backend with cgo-callback completions (malloc only);
-// weir on the backend. Each phase's backends delete their blob and unload
-// their blobstore when the phase ends, so the next starts on an empty one.
+// of one SPDK environment (one per process): by default an aio bdev over a
+// sparse file on the file system under test and a malloc bdev; with
+// -spdk-config, the operator's device bdev and (if named) malloc bdev. The
+// phases: the backend at its interface; the backend with cgo-callback
+// completions (malloc only); weir on the backend. Each phase's backends
+// delete their blob and unload their blobstore when the phase ends; the
+// interface phases format their bdev (Format), and weir's IO service
+// claims the empty blobstore the phase before left.
 func spdkPhases(dir string, s settings) []func() []target {
-	disk := filepath.Join(dir, "aio.dat")
-	bdevBytes := s.FileBytes + bdevSlack
-	cfg := fmt.Sprintf(`{"subsystems": [{"subsystem": "bdev", "config": [
+	devName, weirDevName := devTargets(s)
+	cfgPath, devBdev, mallocBdev := s.SPDKConfig, s.SPDKBdev, s.SPDKMallocBdev
+	var cfg []byte
+	var prep error
+	if cfgPath == "" {
+		disk := filepath.Join(dir, "aio.dat")
+		bdevBytes := s.FileBytes + bdevSlack
+		cfg = []byte(fmt.Sprintf(`{"subsystems": [{"subsystem": "bdev", "config": [
   {"method": "bdev_aio_create", "params": {"name": "Aio0", "filename": %q, "block_size": 4096}},
   {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": %d, "block_size": 4096}}
-]}]}`, disk, bdevBytes/4096)
-	cfgPath := filepath.Join(dir, "spdk.json")
-	prep := errors.Join(sparseFile(disk, bdevBytes), os.WriteFile(cfgPath, []byte(cfg), 0o644))
+]}]}`, disk, bdevBytes/4096))
+		cfgPath, devBdev, mallocBdev = filepath.Join(dir, "spdk.json"), "Aio0", "Malloc0"
+		prep = errors.Join(sparseFile(disk, bdevBytes), os.WriteFile(cfgPath, cfg, 0o644))
+	} else if cfg, prep = os.ReadFile(cfgPath); prep != nil {
+		prep = fmt.Errorf("-spdk-config: %w", prep)
+	}
+	noMalloc := "n/a: -spdk-config without -spdk-malloc-bdev"
 	opts := func(bdev string) spdk.Options {
-		return spdk.Options{ConfigJSON: []byte(cfg), Bdev: bdev, NoHuge: !s.HugePages,
+		return spdk.Options{ConfigJSON: cfg, Bdev: bdev, NoHuge: !s.HugePages,
 			MemMB: spdkMemMB(s.FileBytes, s.HugePages), Format: true, Workers: s.SPDKWorkers}
 	}
 	at := func(name string, o spdk.Options) target {
 		t := target{name: name}
 		if prep != nil {
 			t.err = prep.Error()
+			return t
+		}
+		if o.Bdev == "" {
+			t.na = noMalloc
 			return t
 		}
 		be, err := spdk.New(o)
@@ -74,6 +90,9 @@ func spdkPhases(dir string, s settings) []func() []target {
 		if prep != nil {
 			return target{name: name, err: prep.Error()}
 		}
+		if bdev == "" {
+			return target{name: name, na: noMalloc}
+		}
 		return newWeir(dir, name, s.FileBytes, func(c *config.Config) {
 			c.IO.Backend, c.IO.SPDKConfig, c.IO.SPDKBdev = "spdk", cfgPath, bdev
 			c.IO.SPDKNoHuge, c.IO.SPDKMemMB = !s.HugePages, spdkMemMB(s.FileBytes, s.HugePages)
@@ -82,15 +101,15 @@ func spdkPhases(dir string, s settings) []func() []target {
 	}
 	return []func() []target{
 		func() []target {
-			return []target{at(targetSPDKAio, opts("Aio0")), at(targetSPDKMalloc, opts("Malloc0"))}
+			return []target{at(devName, opts(devBdev)), at(targetSPDKMalloc, opts(mallocBdev))}
 		},
 		func() []target {
-			o := opts("Malloc0")
+			o := opts(mallocBdev)
 			o.CGOCallbacks = true
 			return []target{at(targetSPDKMallocCGO, o)}
 		},
 		func() []target {
-			return []target{weir(targetWeirSPDKAio, "Aio0"), weir(targetWeirSPDKMalloc, "Malloc0")}
+			return []target{weir(weirDevName, devBdev), weir(targetWeirSPDKMalloc, mallocBdev)}
 		},
 	}
 }

@@ -21,7 +21,18 @@ const (
 	targetSPDKMallocCGO  = "spdk-malloc-cgocb"
 	targetWeirSPDKAio    = "weir-spdk-aio"
 	targetWeirSPDKMalloc = "weir-spdk-malloc"
+	targetSPDKDev        = "spdk-dev" // the -spdk-config bdev, in place of spdk-aio
+	targetWeirSPDKDev    = "weir-spdk-dev"
 )
+
+// devTargets are the names of the SPDK device rows of s: on the built-in
+// aio bdev, or on the bdev of -spdk-config.
+func devTargets(s settings) (spdkDev, weirDev string) {
+	if s.SPDKConfig != "" {
+		return targetSPDKDev, targetWeirSPDKDev
+	}
+	return targetSPDKAio, targetWeirSPDKAio
+}
 
 // device is what a row drives: backend.Blob has these two methods.
 type device interface {

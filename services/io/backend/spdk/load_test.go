@@ -252,3 +252,36 @@ func TestReadOnlyLoadWritesNothing(t *testing.T) {
 		sameDisk(t, img, "a read-only load")
 	}
 }
+
+// TestSecondConfigurationIsAnError: SPDK's environment is set up once per
+// process; a backend asking for another configuration (another JSON
+// config, no-huge setting or memory size) is refused with EINVAL instead
+// of silently getting the first one's bdevs (finding 4 of issue 12).
+func TestSecondConfigurationIsAnError(t *testing.T) {
+	be, err := New(options(true)) // the process's configuration
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	other := []func(*Options){
+		func(o *Options) {
+			o.ConfigJSON = []byte(`{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_malloc_create", "params": {"name": "Malloc1", "num_blocks": 4096, "block_size": 4096}}]}]}`)
+			o.Bdev = "Malloc1"
+		},
+		func(o *Options) { o.NoHuge = !o.NoHuge },
+		func(o *Options) { o.MemMB += 512 },
+	}
+	for i, change := range other {
+		o := options(false)
+		change(&o)
+		be2, err := New(o)
+		if err == nil {
+			be2.Close()
+			t.Fatalf("change %d: a second SPDK configuration in one process was accepted", i)
+		}
+		if !errors.Is(err, syscall.EINVAL) || !strings.Contains(err.Error(), "another configuration") {
+			t.Errorf("change %d: %v, want EINVAL saying the process runs another configuration", i, err)
+		}
+	}
+}
