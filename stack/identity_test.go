@@ -229,3 +229,88 @@ func TestFormatErasesTheStack(t *testing.T) {
 		t.Errorf("the new namespace did not claim the store: %q %v", b, err)
 	}
 }
+
+// TestFileStoreFailedOpenChangesNothing (file backend): a store whose
+// FORMAT label is lost or unreadable, or whose IDENTITY label is
+// unreadable or damaged, is not served and not rewritten: the services do
+// not start, the error names the cause, and weir check's read-only open
+// changes nothing either; with the label back, the file is there.
+func TestFileStoreFailedOpenChangesNothing(t *testing.T) {
+	c := stacktest.Config(t, "")
+	writeSecret(t, c)
+	blobs := filepath.Join(c.DataDir, "blobs")
+	label := func(name string) string { return filepath.Join(blobs, name) }
+	read := func(name string) []byte {
+		b, err := os.ReadFile(label(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	format, identity := read("FORMAT"), read("IDENTITY")
+	asDir := func(name string) func() {
+		return func() {
+			if err := os.Remove(label(name)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(label(name), 0o700); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	restore := func(name string, b []byte) func() {
+		return func() {
+			if err := os.RemoveAll(label(name)); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(label(name), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, k := range []struct {
+		name        string
+		break_, fix func()
+		want        string
+	}{
+		{"FORMAT lost", func() { os.Remove(label("FORMAT")) }, restore("FORMAT", format), "has no FORMAT file"},
+		{"FORMAT unreadable", asDir("FORMAT"), restore("FORMAT", format), "is a directory"},
+		{"IDENTITY unreadable", asDir("IDENTITY"), restore("IDENTITY", identity), "is a directory"},
+		{"IDENTITY damaged", restore("IDENTITY", []byte("weir-stack nonsense\n")), restore("IDENTITY", identity), "not \"weir-stack <uuid>\""},
+	} {
+		k.break_()
+		before := dataDigest(t, blobs)
+		st, err := stack.Start(c, hclog.NewNullLogger())
+		if err == nil {
+			st.Shutdown(context.Background())
+			t.Fatalf("%s: the stack started", k.name)
+		}
+		if !strings.Contains(err.Error(), k.want) {
+			t.Errorf("%s: error %q does not say %q", k.name, err, k.want)
+		}
+		if be, err := stack.BackendReadOnly(c, hclog.NewNullLogger()); err == nil {
+			if r, err := fsck.Check(c, be, fsck.Options{}); err == nil && r.OK() {
+				t.Errorf("%s: weir check finds the store consistent", k.name)
+			}
+		}
+		if after := dataDigest(t, blobs); !maps.Equal(before, after) {
+			t.Errorf("%s: the store changed", k.name)
+		}
+		k.fix()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatalf("with the labels back: %v", err)
+	}
+	defer st.Shutdown(context.Background())
+	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: c.Metadata.Socket, IOSocket: c.IO.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	if b, err := fsys.ReadFile("secret"); err != nil || string(b) != "user A's secret data" {
+		t.Fatalf("secret reads %q, %v", b, err)
+	}
+}
