@@ -14,6 +14,9 @@ func spdkBackend(*config.Config, spdkMode) (backend.Backend, error) {
 	return nil, errors.New(`io.backend = "spdk" needs a weir built with the spdk tag (make spdk)`)
 }
 
+// spdkBuilt says this binary has the SPDK backend.
+const spdkBuilt = false
+
 // HaltBackends does nothing: no backend of this binary needs stopping
 // before the process exits.
 func HaltBackends() error { return nil }

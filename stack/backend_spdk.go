@@ -18,10 +18,16 @@ func spdkBackend(c *config.Config, m spdkMode) (backend.Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spdk backend: read io.spdk_config: %w", err)
 	}
-	return spdk.New(spdk.Options{ConfigJSON: json, Bdev: c.IO.SPDKBdev,
+	if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("spdk backend: %w", err)
+	}
+	return spdk.New(spdk.Options{ConfigJSON: json, Bdev: c.IO.SPDKBdev, LockFile: spdkLockFile(c),
 		NoHuge: c.IO.SPDKNoHuge, MemMB: c.IO.SPDKMemMB, Workers: c.IO.SPDKWorkers, ClusterSize: uint64(c.IO.SPDKClusterSize),
 		ReadOnly: m == spdkReadOnly, Format: m == spdkFormat})
 }
+
+// spdkBuilt says this binary has the SPDK backend.
+const spdkBuilt = true
 
 // HaltBackends stops SPDK for the rest of the process (spdk.Halt): call it
 // after the IO service shut down, right before the process exits.

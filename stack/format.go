@@ -38,6 +38,25 @@ func Format(c *config.Config, log hclog.Logger) error {
 	if _, err := FormatPlan(c); err != nil {
 		return err
 	}
+	// What could stop the store's format is checked before the namespace
+	// goes: the binary has SPDK, its config reads, no process holds the
+	// blobstore.
+	if c.IO.Backend == "spdk" {
+		if !spdkBuilt {
+			return errors.New(`format: io.backend = "spdk" needs a weir built with the spdk tag (make spdk); nothing was changed`)
+		}
+		if _, err := os.ReadFile(c.IO.SPDKConfig); err != nil {
+			return fmt.Errorf("format: read io.spdk_config: %w; nothing was changed", err)
+		}
+		if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+			return fmt.Errorf("format: %w", err)
+		}
+		probe, err := vfs.OS{}.Lock(spdkLockFile(c))
+		if err != nil {
+			return fmt.Errorf("format: the store is in use (stop weir first): %w; nothing was changed", err)
+		}
+		probe.Close()
+	}
 	meta := filepath.Join(c.DataDir, "meta")
 	if err := os.MkdirAll(meta, 0o700); err != nil {
 		return fmt.Errorf("format: %w", err)
@@ -81,6 +100,10 @@ func Format(c *config.Config, log hclog.Logger) error {
 	}
 	return vfs.OS{}.SyncDir(c.DataDir)
 }
+
+// spdkLockFile is the file an SPDK backend of c's data directory holds
+// flocked while its blobstore is loaded (spdk.Options.LockFile).
+func spdkLockFile(c *config.Config) string { return filepath.Join(c.DataDir, "spdk.LOCK") }
 
 // emptyDir removes everything in dir but keep, and syncs dir.
 func emptyDir(dir, keep string) error {

@@ -188,6 +188,17 @@ func TestFormatErasesTheStack(t *testing.T) {
 	if r.OK() || !slices.ContainsFunc(r.Problems, func(p fsck.Problem) bool { return p.Kind == "wrong-store" }) {
 		t.Fatalf("weir check of a new namespace over another's store: %+v, want a wrong-store problem", r.Problems)
 	}
+	// --repair would take every blob of the other namespace for an orphan.
+	before := dataDigest(t, filepath.Join(c.DataDir, "blobs"))
+	if be, err = stack.Backend(c, hclog.NewNullLogger()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := fsck.Check(c, be, fsck.Options{Repair: true}); err == nil || !strings.Contains(err.Error(), "--repair refused") {
+		t.Fatalf("weir check --repair over another namespace's store: %v, want a refusal", err)
+	}
+	if after := dataDigest(t, filepath.Join(c.DataDir, "blobs")); !maps.Equal(before, after) {
+		t.Fatal("weir check --repair changed another namespace's store")
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -147,6 +147,11 @@ func TestSPDKLibrariesInstalled(t *testing.T) {
 	if c.Status == Fail {
 		t.Fatalf("the installed SPDK fails the check: %s; %q", c.Found, c.Details)
 	}
+	// The release weir is tested with passes without a warning (the old
+	// check warned on every real install).
+	if strings.HasPrefix(c.Found, "SPDK "+TestedSPDK+" ") && c.Status != OK {
+		t.Errorf("SPDK %s, the tested release, gets %s: %q", TestedSPDK, c.Status, c.Details)
+	}
 	if !regexp.MustCompile(`^SPDK v\d+\.\d\d`).MatchString(c.Found) {
 		t.Errorf("found %q names no release", c.Found)
 	}

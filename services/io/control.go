@@ -74,10 +74,7 @@ func (s *Service) onGrant(m *nats.Msg) {
 	ob, err := s.openBlobLocked(backend.BlobID(g.Blob), g.Ino, g.Fresh)
 	s.mu.Unlock()
 	if errors.Is(err, errAdoption) {
-		s.Stats.AdoptionsRefused.Add(1)
-		if s.Stats.AdoptionsRefused.Load() == 1 {
-			s.log.Error("a new file's blob exists already: refused to serve it as the new file's data", "blob", g.Blob, "error", err)
-		}
+		s.adoptionRefused(backend.BlobID(g.Blob), err)
 	}
 	if err != nil {
 		control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
@@ -276,6 +273,11 @@ func (s *Service) onResync(m *nats.Msg) {
 		s.host.Refuse(m, "malformed", control.ResyncReply{}, fmt.Sprintf("resync %+v", r))
 		return
 	}
+	if cur := s.inc.Load(); r.Incarnation < cur {
+		s.host.Refuse(m, "stale_incarnation", control.ResyncReply{}, fmt.Sprintf("resync for incarnation %d; serving %d", r.Incarnation, cur))
+		return
+	}
+	// A stale resync claims nothing: the store is checked after.
 	if err := s.checkStore(backend.Identity(stack), r.Empty); err != nil {
 		s.host.Refuse(m, "wrong_store", control.ResyncReply{}, err.Error())
 		if s.storeErr.CompareAndSwap(nil, &err) {
@@ -285,10 +287,6 @@ func (s *Service) onResync(m *nats.Msg) {
 		return
 	}
 	s.storeErr.Store(nil)
-	if cur := s.inc.Load(); r.Incarnation < cur {
-		s.host.Refuse(m, "stale_incarnation", control.ResyncReply{}, fmt.Sprintf("resync for incarnation %d; serving %d", r.Incarnation, cur))
-		return
-	}
 	s.mu.Lock()
 	var dropped []*grant
 	for _, hs := range s.grants {

@@ -20,6 +20,7 @@ type lazyBlob struct {
 	be      backend.Backend
 	creates *createSync // told of the create, so that the next fsync makes it durable
 	id      backend.BlobID
+	adopted func(backend.BlobID, error) // told of a create that found the blob existing (nil: nobody)
 	mu      sync.Mutex                  // serialises materialize
 	b       atomic.Pointer[backendBlob] // nil until materialized
 }
@@ -43,7 +44,17 @@ func (l *lazyBlob) materialize() (backend.Blob, error) {
 	if b := l.real(); b != nil {
 		return b, nil
 	}
-	if err := l.be.Create(l.id); err != nil && !errors.Is(err, syscall.EEXIST) {
+	// The blob did not exist when the file was opened, and io alone
+	// creates blobs, one lazy blob per id at a time: one that exists now
+	// is not this file's (another process on the store, or a bug), and is
+	// not taken for its data.
+	if err := l.be.Create(l.id); errors.Is(err, syscall.EEXIST) {
+		err = fmt.Errorf("create blob %d: it exists already: %w", l.id, errAdoption)
+		if l.adopted != nil {
+			l.adopted(l.id, err)
+		}
+		return nil, err
+	} else if err != nil {
 		return nil, err
 	}
 	if l.creates != nil {

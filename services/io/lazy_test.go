@@ -46,3 +46,33 @@ func TestLazyBlob(t *testing.T) {
 	}
 	l2.Close()
 }
+
+// TestLazyBlobNeverAdopts: a blob that appears under the id of a lazy blob
+// before its first write (another process on the store, or a bug) is not
+// taken for the file's data: the write fails with EIO, is reported, and
+// the blob's bytes are untouched.
+func TestLazyBlobNeverAdopts(t *testing.T) {
+	be := mem.New()
+	defer be.Close()
+	var reported []backend.BlobID
+	l := &lazyBlob{be: be, id: 9, adopted: func(id backend.BlobID, err error) { reported = append(reported, id) }}
+	if err := be.Create(9); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := be.Open(9)
+	b.WriteAt([]byte("someone else's"), 0)
+	b.Close()
+	if _, err := l.WriteAt([]byte("mine"), 0); !errors.Is(err, errAdoption) || !errors.Is(err, syscall.EIO) {
+		t.Fatalf("first write over an existing blob: %v, want EIO (errAdoption)", err)
+	}
+	if len(reported) != 1 || reported[0] != 9 {
+		t.Fatalf("reported %v, want [9]", reported)
+	}
+	b, _ = be.Open(9)
+	got := make([]byte, 14)
+	b.ReadAt(got, 0)
+	b.Close()
+	if string(got) != "someone else's" {
+		t.Fatalf("the existing blob now holds %q", got)
+	}
+}

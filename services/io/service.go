@@ -603,8 +603,11 @@ func (s *Service) reportLive(ctx context.Context, ino uint64, size, mtime int64,
 // its first write (lazyBlob). s.mu is held.
 func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*openBlob, error) {
 	if ob := s.blobs[id]; ob != nil {
-		if fresh {
-			return nil, fmt.Errorf("blob %d of a new file is open already: %w", id, errAdoption)
+		// Open for this very file (an earlier grant of it, e.g. one that
+		// timed out at metadata after io applied it), the blob is the
+		// file's own; open for another inode, it is not.
+		if fresh && ob.ino != ino {
+			return nil, fmt.Errorf("blob %d of new file %d is open already for inode %d: %w", id, ino, ob.ino, errAdoption)
 		}
 		ob.refs++
 		return ob, nil
@@ -619,7 +622,7 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*op
 		return nil, fmt.Errorf("blob %d of a new file exists already (a blob of another namespace, or a bug): %w", id, errAdoption)
 	}
 	if errors.Is(err, syscall.ENOENT) {
-		b, err = &lazyBlob{be: s.be, creates: &s.creates, id: id}, nil // created on first write
+		b, err = &lazyBlob{be: s.be, creates: &s.creates, id: id, adopted: s.adoptionRefused}, nil // created on first write
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open blob %d: %w", id, err)
@@ -628,6 +631,14 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*op
 	ob.dv.Store(s.dv.Add(1)) // newer than any report of this blob so far
 	s.blobs[id] = ob
 	return ob, nil
+}
+
+// adoptionRefused counts (and logs the first) refusal to serve an existing
+// blob as a new file's.
+func (s *Service) adoptionRefused(id backend.BlobID, err error) {
+	if s.Stats.AdoptionsRefused.Add(1) == 1 {
+		s.log.Error("a new file's blob exists already: refused to serve it as the new file's data", "blob", id, "error", err)
+	}
 }
 
 // releaseBlob drops a reference; the last one closes the blob.

@@ -259,8 +259,10 @@ func (se *session) grant(h *handle) (int64, error) {
 		var ref *control.Refusal
 		if err != nil && !errors.As(err, &ref) && !errors.Is(err, errIODown) {
 			// No answer: the grant may have reached io anyway. Revoke it,
-			// so that it cannot outlive this failure.
+			// so that it cannot outlive this failure; and the file may
+			// have a blob from now on.
 			s.revokes.add(control.Revoke{Session: g.Session, Handle: g.Handle, Blob: g.Blob, Ver: s.version.Add(1)}, epoch)
+			s.fresh.drop(h.ino)
 		}
 	}
 	if err != nil {

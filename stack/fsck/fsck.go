@@ -111,6 +111,19 @@ func Check(cfg *config.Config, be backend.Backend, o Options) (*Report, error) {
 	defer n.Close()
 	r := &Report{}
 	if o.Repair {
+		// Every blob of another namespace's store would look orphaned:
+		// repair only this namespace's store.
+		blobs, err := be.List()
+		if err != nil {
+			return nil, fmt.Errorf("list blobs: %w", err)
+		}
+		var ir Report
+		identityProblems(&ir, n, be, len(blobs))
+		for _, p := range ir.Problems {
+			if !p.Note {
+				return nil, fmt.Errorf("--repair refused, nothing was changed: %s: %s", p.Kind, p.Detail)
+			}
+		}
 		r.Repaired, err = repair(n, be)
 		if err != nil {
 			return r, err

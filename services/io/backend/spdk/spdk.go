@@ -22,12 +22,15 @@ package spdk
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -60,11 +63,17 @@ type Options struct {
 	// blobstore, and any bdev it cannot read, changing nothing on it.
 	Format bool
 	// ReadOnly loads the blobstore without writing to the device (weir
-	// check): every write the blobstore attempts fails before it reaches
-	// the bdev, so a blobstore that needs a recovery (it was not shut down
-	// cleanly) does not load; every change through the backend fails
-	// with EROFS.
+	// check): the recovery of a blobstore that was not shut down cleanly
+	// stays in memory (the filter device holds its writes and never
+	// writes them), every later write is refused before it reaches the
+	// bdev, and every change through the backend fails with EROFS.
 	ReadOnly bool
+	// LockFile, if set, is flock(2)ed exclusively from New to Close, so
+	// that two processes of one data directory (an IO service, weir check,
+	// weir format) never load the blobstore at once: the second gets
+	// EBUSY. (SPDK itself keeps two processes off one PCIe device, not off
+	// one aio file.)
+	LockFile string
 	// fault makes the device fail I/Os of the blobstore (tests).
 	fault loadFault
 	// Workers is the number of I/O workers, each a polling OS thread with
@@ -399,6 +408,7 @@ type Backend struct {
 	// blobstore is loaded on (weir_filter_dev, owned by the blobstore);
 	// devState: its state, in C memory that outlives it.
 	formatted bool
+	lock      *os.File // Options.LockFile, flocked; nil without
 	dev       *C.struct_spdk_bs_dev
 	devState  *C.int
 
@@ -446,8 +456,19 @@ func New(opts Options) (*Backend, error) {
 		return nil, errors.New("spdk: halted (Halt was called: the process is exiting)")
 	}
 	be := &Backend{r: r, opts: opts, ids: map[backend.BlobID]C.spdk_blob_id{}, open: map[backend.BlobID]*blobState{}}
+	if opts.LockFile != "" {
+		if be.lock, err = lockFile(opts.LockFile); err != nil {
+			return nil, err
+		}
+	}
 	r.run(func() { err = be.load(opts) })
 	if err != nil {
+		if be.devState != nil {
+			freeDevState(be.devState)
+		}
+		if be.lock != nil {
+			be.lock.Close()
+		}
 		return nil, err
 	}
 	be.bufs.unit = be.ioUnit
@@ -493,7 +514,9 @@ func (be *Backend) load(opts Options) (err error) {
 	}
 	defer func() {
 		if err != nil && be.bs != nil {
-			be.release(true)
+			if rerr := errors.Join(be.release(true)...); rerr != nil {
+				err = fmt.Errorf("%w (and releasing the blobstore: %v)", err, rerr)
+			}
 		}
 	}()
 	format := func() (*C.struct_spdk_blob_store, error) {
@@ -665,6 +688,22 @@ func (be *Backend) provablyEmpty(name *C.char) (bool, error) {
 	return true, nil
 }
 
+// lockFile opens (creating) and flocks path exclusively.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("spdk: lock %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			err = syscall.EBUSY
+		}
+		return nil, fmt.Errorf("spdk: the blobstore of this data directory is in use (an IO service, weir check or weir format holds %s): %w", path, err)
+	}
+	return f, nil
+}
+
 // loadFault fails the readAt-th read the blobstore issues, and every write
 // from the writeFrom-th on (0: none), before they reach the device.
 type loadFault struct{ readAt, writeFrom int }
@@ -750,9 +789,11 @@ func (be *Backend) SetIdentity(id backend.Identity) error {
 		if sid, err = be.newBlob(0); err != nil {
 			return
 		}
+		drop := func() { _, _, _, _ = be.r.do(func(op *C.weir_op) { C.weir_delete(be.bs, C.uint64_t(sid), op) }) }
 		_, _, blob, oerr := be.r.do(func(op *C.weir_op) { C.weir_open(be.bs, C.uint64_t(sid), op) })
 		if oerr != nil {
 			err = oerr
+			drop()
 			return
 		}
 		if rc := setIdentityXattr(blob, nameStack, &raw); rc != 0 {
@@ -763,14 +804,16 @@ func (be *Backend) SetIdentity(id backend.Identity) error {
 		}
 		_, _, _, cerr := be.r.do(func(op *C.weir_op) { C.weir_close(blob, op) })
 		if err = errors.Join(err, cerr); err != nil {
-			_, _, _, _ = be.r.do(func(op *C.weir_op) { C.weir_delete(be.bs, C.uint64_t(sid), op) })
+			drop()
 			return
 		}
 		// The super block names the super blob: written when this returns.
-		if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_set_super(be.bs, C.uint64_t(sid), op) }); err == nil {
-			be.super = sid
-			err = be.flushLocked()
+		if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_set_super(be.bs, C.uint64_t(sid), op) }); err != nil {
+			drop()
+			return
 		}
+		be.super = sid
+		err = be.flushLocked()
 	})
 	if err != nil {
 		return fmt.Errorf("backend spdk: set identity: %w", err)
@@ -987,6 +1030,10 @@ func (be *Backend) Close() error {
 		freeDevState(be.devState)
 		be.devState = nil
 	}
+	if be.lock != nil {
+		errs = append(errs, be.lock.Close())
+		be.lock = nil
+	}
 	return errors.Join(errs...)
 }
 
@@ -1028,7 +1075,9 @@ func (be *Backend) release(discard bool) []error {
 				setDevState(be.devState, wHold, 2)
 			}
 		}
-		if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_unload(be.bs, op) }); err != nil && !discard {
+		// Discarding, the unload's writes fail with EIO (expected); any
+		// other error (EBUSY: a blob still open) is reported.
+		if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_bs_unload(be.bs, op) }); err != nil && !(discard && errors.Is(err, syscall.EIO)) {
 			errs = append(errs, fmt.Errorf("unload blobstore: %w", err))
 		}
 		be.bs, be.dev = nil, nil
