@@ -53,7 +53,7 @@ build:
 # The SPDK backend builds only with the spdk tag, against an SPDK found by
 # pkg-config: in SPDK_PREFIX (default /opt/spdk) or on PKG_CONFIG_PATH.
 SPDK_PREFIX ?= /opt/spdk
-SPDK_PC     := spdk_blob spdk_blob_bdev spdk_bdev spdk_env_dpdk spdk_init spdk_thread spdk_event_bdev spdk_bdev_malloc spdk_bdev_aio spdk_bdev_error spdk_syslibs
+SPDK_PC     := spdk_blob spdk_blob_bdev spdk_bdev spdk_env_dpdk spdk_init spdk_thread spdk_event_bdev spdk_bdev_malloc spdk_bdev_aio spdk_bdev_error spdk_bdev_nvme spdk_syslibs
 SPDK_ENV     = PKG_CONFIG_PATH="$(SPDK_PREFIX)/lib/pkgconfig:$$PKG_CONFIG_PATH" CGO_LDFLAGS="-Wl,-rpath,$(SPDK_PREFIX)/lib"
 
 spdk-check:

@@ -309,6 +309,17 @@ func TestSPDKStoreBelongsToOneNamespace(t *testing.T) {
 	if err := fsys.WriteFile("secret", []byte("user A's secret data"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// While its IO service runs, the store is neither formatted nor
+	// checked (DATA/spdk.LOCK).
+	if code, out := h.weir("format", "--yes", "--config", aPath); code != 1 || !strings.Contains(out, "in use") {
+		t.Errorf("weir format of a running stack: exit %d, want 1 and in use:\n%s", code, out)
+	}
+	if code, out := h.weir("check", "--config", aPath); code != 2 || !strings.Contains(out, "in use") {
+		t.Errorf("weir check of a running stack: exit %d, want 2 and in use:\n%s", code, out)
+	}
+	if b, err := fsys.ReadFile("secret"); err != nil || string(b) != "user A's secret data" {
+		t.Fatalf("after weir format was refused: %q, %v", b, err)
+	}
 	fsys.Close()
 	s.Stop()
 

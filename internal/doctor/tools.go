@@ -16,7 +16,7 @@ import (
 // #cgo pkg-config line of services/io/backend/spdk and SPDK_PC in the
 // Makefile name the same.
 var spdkModules = []string{"spdk_blob_bdev", "spdk_blob", "spdk_bdev", "spdk_env_dpdk", "spdk_init", "spdk_thread",
-	"spdk_event_bdev", "spdk_bdev_malloc", "spdk_bdev_aio", "spdk_bdev_error", "spdk_syslibs"}
+	"spdk_event_bdev", "spdk_bdev_malloc", "spdk_bdev_aio", "spdk_bdev_error", "spdk_bdev_nvme", "spdk_syslibs"}
 
 // TestedSPDK is the SPDK release weir's SPDK backend is built and tested
 // against (README: supported releases).

@@ -14,7 +14,7 @@ func TestSPDKLibraries(t *testing.T) {
 		f := newFixture(t)
 		c := f.check("spdk libraries")
 		wantStatus(t, c, OK)
-		wantText(t, "found", c.Found, "SPDK v26.05 in "+f.path("opt/spdk/lib"), "11 modules", "10 shared libraries load")
+		wantText(t, "found", c.Found, "SPDK v26.05 in "+f.path("opt/spdk/lib"), "12 modules", "11 shared libraries load")
 	})
 	t.Run("another release", func(t *testing.T) {
 		f := newFixture(t)
@@ -48,7 +48,7 @@ func TestSPDKLibraries(t *testing.T) {
 		}
 		c := f.check("spdk libraries")
 		wantStatus(t, c, OK)
-		wantText(t, "found", c.Found, "10 static libraries")
+		wantText(t, "found", c.Found, "11 static libraries")
 	})
 	t.Run("library missing", func(t *testing.T) {
 		f := newFixture(t)

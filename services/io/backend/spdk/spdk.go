@@ -20,11 +20,13 @@
 package spdk
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -36,7 +38,7 @@ import (
 )
 
 /*
-#cgo pkg-config: spdk_blob_bdev spdk_blob spdk_bdev spdk_env_dpdk spdk_init spdk_thread spdk_event_bdev spdk_bdev_malloc spdk_bdev_aio spdk_bdev_error spdk_syslibs
+#cgo pkg-config: spdk_blob_bdev spdk_blob spdk_bdev spdk_env_dpdk spdk_init spdk_thread spdk_event_bdev spdk_bdev_malloc spdk_bdev_aio spdk_bdev_error spdk_bdev_nvme spdk_syslibs
 #cgo LDFLAGS: -Wl,--no-as-needed
 #include "weir_spdk.h"
 */
@@ -173,6 +175,34 @@ func start(opts Options) (*spdkRuntime, error) {
 	return rt.r, rt.err
 }
 
+// usesPCI says whether an SPDK JSON config attaches a PCIe NVMe controller
+// (bdev_nvme_attach_controller with trtype PCIe), the one thing that needs
+// DPDK to scan and drive PCI devices; otherwise PCI stays off (no device
+// is touched, and no IOMMU or uio/vfio binding is needed).
+func usesPCI(configJSON []byte) bool {
+	var cfg struct {
+		Subsystems []struct {
+			Config []struct {
+				Method string `json:"method"`
+				Params struct {
+					Trtype string `json:"trtype"`
+				} `json:"params"`
+			} `json:"config"`
+		} `json:"subsystems"`
+	}
+	if json.Unmarshal(configJSON, &cfg) != nil {
+		return false // SPDK reports the bad config
+	}
+	for _, ss := range cfg.Subsystems {
+		for _, c := range ss.Config {
+			if c.Method == "bdev_nvme_attach_controller" && strings.EqualFold(c.Params.Trtype, "pcie") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // loop owns the metadata thread: it runs submitted functions and polls.
 func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 	runtime.LockOSThread()
@@ -180,7 +210,11 @@ func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 	if opts.NoHuge {
 		noHuge = 1
 	}
-	if rc := C.weir_env_init(noHuge, C.int(opts.MemMB), &r.md); rc != 0 {
+	pci := C.int(0)
+	if usesPCI(opts.ConfigJSON) {
+		pci = 1
+	}
+	if rc := C.weir_env_init(noHuge, C.int(opts.MemMB), pci, &r.md); rc != 0 {
 		ready <- fmt.Errorf("spdk: start the environment: %w", syscall.Errno(-rc))
 		return
 	}

@@ -58,13 +58,14 @@ static inline void weir_done_blob(void *arg, struct spdk_blob *b, int rc) { weir
 
 // weir_env_init starts the SPDK environment and returns the metadata
 // thread, owned by the calling OS thread. no_huge runs on ordinary memory
-// (tests on hosts without huge pages); mem_mb sizes it.
-static inline int weir_env_init(int no_huge, int mem_mb, struct spdk_thread **md) {
+// (tests on hosts without huge pages); mem_mb sizes it; pci lets DPDK
+// scan and drive PCI devices (a config attaching a PCIe NVMe controller).
+static inline int weir_env_init(int no_huge, int mem_mb, int pci, struct spdk_thread **md) {
 	struct spdk_env_opts opts;
 	opts.opts_size = sizeof(opts);
 	spdk_env_opts_init(&opts);
 	opts.name = "weir-io";
-	opts.no_pci = true;
+	opts.no_pci = !pci;
 	if (no_huge) {
 		opts.no_huge = true;
 	}
@@ -297,7 +298,7 @@ static inline int weir_filter_at(int *state, int i) { return __atomic_load_n(&st
 
 static inline void weir_filter_drop(weir_filter_dev *f) {
 	for (size_t i = 0; i < f->nheld; i++) {
-		free(f->held[i].data);
+		spdk_dma_free(f->held[i].data);
 	}
 	free(f->held);
 	f->held = NULL;
@@ -376,7 +377,9 @@ static inline int weir_filter_hold(weir_filter_dev *f, uint64_t lba, uint64_t n,
 	weir_held e = {.lba = lba, .n = n, .unmap = unmap};
 	if (iov != NULL) {
 		uint64_t len = n * f->dev.blocklen, off = 0;
-		if ((e.data = malloc(len)) == NULL) {
+		// DMA memory: the commit hands it to the device (a PCIe NVMe
+		// device reads it by physical address).
+		if ((e.data = spdk_dma_malloc(len, 4096, NULL)) == NULL) {
 			return -ENOMEM;
 		}
 		for (int i = 0; i < iovcnt && off < len; i++) {
