@@ -535,6 +535,7 @@ func (be *Backend) load(opts Options) (err error) {
 	be.devState = newDevState()
 	setDevState(be.devState, wFailRead, opts.fault.readAt)
 	setDevState(be.devState, wFailWrite, opts.fault.writeFrom)
+	setDevState(be.devState, wFailWriteAt, opts.fault.writeAt)
 	var dev *C.struct_spdk_bs_dev
 	openDev := func(hold bool) error {
 		if rc := C.weir_bs_dev(name, &dev); rc != 0 {
@@ -669,9 +670,13 @@ func (be *Backend) load(opts Options) (err error) {
 		setDevState(be.devState, wFailWrite, 1)
 		setDevState(be.devState, wHold, 2)
 	default:
-		if _, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_filter_commit(dev, op) }); err != nil {
-			return fmt.Errorf("spdk: write the recovery of the blobstore on %q: %w "+
-				"(the device may be partly updated; the recovery is crash-safe and is redone at the next load)", opts.Bdev, err)
+		if partly, _, _, err := be.r.do(func(op *C.weir_op) { C.weir_filter_commit(dev, op) }); err != nil {
+			if partly != 0 {
+				return fmt.Errorf("spdk: write the recovery of the blobstore on %q: %w; putting back what it overwrote failed too, "+
+					"so the device may be partly updated (the recovery is crash-safe and is redone at the next load)", opts.Bdev, err)
+			}
+			return fmt.Errorf("spdk: write the recovery of the blobstore on %q: %w; nothing on the device was changed "+
+				"(what the recovery overwrote was put back)", opts.Bdev, err)
 		}
 		if opts.fault == (loadFault{}) {
 			C.weir_filter_quiet(dev)
@@ -738,20 +743,22 @@ func lockFile(path string) (*os.File, error) {
 	return f, nil
 }
 
-// loadFault fails the readAt-th read the blobstore issues, and every write
-// from the writeFrom-th on (0: none), before they reach the device.
-type loadFault struct{ readAt, writeFrom int }
+// loadFault fails the readAt-th read the blobstore issues, the writeAt-th
+// device write, and every device write from the writeFrom-th on (0:
+// none), before they reach the device.
+type loadFault struct{ readAt, writeAt, writeFrom int }
 
 // Indexes of the filter device's state (weir_spdk.h).
 const (
-	wReads     = C.W_READS
-	wWrites    = C.W_WRITES
-	wRefused   = C.W_REFUSED
-	wFailRead  = C.W_FAIL_READ
-	wFailWrite = C.W_FAIL_WRITE
-	wHold      = C.W_HOLD
-	wReadErrs  = C.W_READ_ERRORS
-	wStateLen  = C.WEIR_FILTER_STATE
+	wReads       = C.W_READS
+	wWrites      = C.W_WRITES
+	wRefused     = C.W_REFUSED
+	wFailRead    = C.W_FAIL_READ
+	wFailWrite   = C.W_FAIL_WRITE
+	wFailWriteAt = C.W_FAIL_WRITE_AT
+	wHold        = C.W_HOLD
+	wReadErrs    = C.W_READ_ERRORS
+	wStateLen    = C.WEIR_FILTER_STATE
 )
 
 func boolInt(b bool) int {

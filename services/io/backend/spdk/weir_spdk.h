@@ -269,6 +269,7 @@ enum {
 	W_REFUSED,    // set once a device write was refused
 	W_FAIL_READ,  // the read to fail (0: none)
 	W_FAIL_WRITE, // the first device write to fail (0: none)
+	W_FAIL_WRITE_AT, // the one device write to fail (0: none)
 	W_HOLD,       // 1: keep writes in memory; 2: keep the held ones, refuse more
 	W_READ_ERRORS, // reads that failed while holding
 	WEIR_FILTER_STATE
@@ -333,8 +334,8 @@ static inline int weir_filter_write_fails(weir_filter_dev *f) {
 		return 0;
 	}
 	int n = __atomic_add_fetch(&f->state[W_WRITES], 1, __ATOMIC_SEQ_CST);
-	int from = weir_filter_get(f, W_FAIL_WRITE);
-	if (from > 0 && n >= from) {
+	int from = weir_filter_get(f, W_FAIL_WRITE), at = weir_filter_get(f, W_FAIL_WRITE_AT);
+	if ((from > 0 && n >= from) || n == at) {
 		weir_filter_set(f->state, W_REFUSED, 1);
 		return 1;
 	}
@@ -655,14 +656,25 @@ static inline struct spdk_bs_dev *weir_filter_wrap(struct spdk_bs_dev *inner, in
 // path of a backend loaded without faults).
 static inline void weir_filter_quiet(struct spdk_bs_dev *d) { weir_filter_of(d)->quiet = true; }
 
-// weir_filter_commit writes the held changes to the device in order, then
-// flushes, and stops holding; op completes with the first error. On the
-// metadata thread, with no blobstore I/O in flight.
+// weir_filter_commit writes the held changes to the device and stops
+// holding. First it reads what each change overwrites (a failed read:
+// nothing was written); then it writes the changes in order and flushes.
+// If a write or the flush fails, it writes back what it read, newest
+// first, and flushes, so that the device is as it was unless the device
+// fails those writes too; op completes with the first error, and op->id
+// is 1 if the restore did not complete. On the metadata thread, with no
+// blobstore I/O in flight.
+enum { WC_SAVE, WC_WRITE, WC_FLUSH, WC_RESTORE, WC_RESTORE_FLUSH };
+
 typedef struct {
 	weir_filter_dev *f;
 	struct spdk_io_channel *ch;
-	size_t next;
-	bool flushed;
+	int phase;
+	size_t next;      // WC_SAVE, WC_WRITE: the next change
+	long restore;     // WC_RESTORE: the next change to put back (down to 0)
+	int rc0;          // the failure being undone
+	bool restore_failed;
+	uint8_t **orig; // what each change overwrites (DMA memory)
 	weir_op *op;
 	struct spdk_bs_dev_cb_args cb;
 } weir_commit;
@@ -670,53 +682,145 @@ typedef struct {
 static inline void weir_commit_finish(weir_commit *c, int rc) {
 	weir_filter_dev *f = c->f;
 	f->inner->destroy_channel(f->inner, c->ch);
+	for (size_t i = 0; c->orig != NULL && i < f->nheld; i++) {
+		spdk_dma_free(c->orig[i]);
+	}
+	free(c->orig);
 	if (rc == 0) {
 		weir_filter_drop(f);
 		weir_filter_set(f->state, W_HOLD, 0);
 	}
 	weir_op *op = c->op;
+	op->id = c->restore_failed ? 1 : 0;
 	free(c);
 	weir_done(op, rc);
 }
+
+// weir_commit_undo puts back changes last down to 0 after failure rc.
+static inline void weir_commit_next(struct spdk_io_channel *ch, void *arg, int rc);
+static inline void weir_commit_undo(weir_commit *c, int rc, long last) {
+	c->phase = WC_RESTORE;
+	c->rc0 = rc;
+	c->restore = last;
+	weir_commit_next(c->ch, c, 0);
+}
+
 static inline void weir_commit_next(struct spdk_io_channel *ch, void *arg, int rc) {
 	weir_commit *c = arg;
 	weir_filter_dev *f = c->f;
 	struct spdk_bs_dev *in = f->inner;
-	if (rc != 0 || c->flushed || (c->next == 0 && f->nheld == 0)) {
-		weir_commit_finish(c, rc);
-		return;
-	}
-	if (weir_filter_write_fails(f)) {
-		weir_commit_finish(c, -EIO);
-		return;
-	}
-	if (c->next == f->nheld) {
-		c->flushed = true;
+	uint64_t bl = f->dev.blocklen;
+	switch (c->phase) {
+	case WC_SAVE:
+		if (rc != 0) {
+			weir_commit_finish(c, rc);
+			return;
+		}
+		if (c->next < f->nheld) {
+			weir_held *e = &f->held[c->next];
+			if ((c->orig[c->next] = spdk_dma_malloc(e->n * bl, 4096, NULL)) == NULL) {
+				weir_commit_finish(c, -ENOMEM);
+				return;
+			}
+			if (weir_filter_read_fails(f)) {
+				weir_commit_finish(c, -EIO);
+				return;
+			}
+			in->read(in, c->ch, c->orig[c->next++], e->lba, (uint32_t)e->n, &c->cb);
+			return;
+		}
+		c->phase = WC_WRITE;
+		c->next = 0;
+		/* fall through */
+	case WC_WRITE:
+		if (rc != 0) {
+			weir_commit_undo(c, rc, (long)c->next - 1);
+			return;
+		}
+		if (c->next < f->nheld) {
+			if (weir_filter_write_fails(f)) {
+				weir_commit_undo(c, -EIO, (long)c->next - 1);
+				return;
+			}
+			weir_held *e = &f->held[c->next++];
+			if (e->data != NULL) {
+				in->write(in, c->ch, e->data, e->lba, (uint32_t)e->n, &c->cb);
+			} else if (e->unmap) {
+				in->unmap(in, c->ch, e->lba, e->n, &c->cb);
+			} else {
+				in->write_zeroes(in, c->ch, e->lba, e->n, &c->cb);
+			}
+			return;
+		}
+		c->phase = WC_FLUSH;
 		if (in->flush == NULL) {
 			weir_commit_finish(c, 0);
 			return;
 		}
+		if (weir_filter_write_fails(f)) {
+			weir_commit_undo(c, -EIO, (long)f->nheld - 1);
+			return;
+		}
 		in->flush(in, c->ch, &c->cb);
 		return;
-	}
-	weir_held *e = &f->held[c->next++];
-	if (e->data != NULL) {
-		in->write(in, c->ch, e->data, e->lba, (uint32_t)e->n, &c->cb);
-	} else if (e->unmap) {
-		in->unmap(in, c->ch, e->lba, e->n, &c->cb);
-	} else {
-		in->write_zeroes(in, c->ch, e->lba, e->n, &c->cb);
+	case WC_FLUSH:
+		if (rc != 0) {
+			weir_commit_undo(c, rc, (long)f->nheld - 1);
+			return;
+		}
+		weir_commit_finish(c, 0);
+		return;
+	case WC_RESTORE:
+		if (rc != 0) {
+			c->restore_failed = true;
+		}
+		while (c->restore >= 0) {
+			long i = c->restore--;
+			if (weir_filter_write_fails(f)) {
+				c->restore_failed = true;
+				continue;
+			}
+			in->write(in, c->ch, c->orig[i], f->held[i].lba, (uint32_t)f->held[i].n, &c->cb);
+			return;
+		}
+		c->phase = WC_RESTORE_FLUSH;
+		if (in->flush == NULL) {
+			weir_commit_finish(c, c->rc0);
+			return;
+		}
+		if (weir_filter_write_fails(f)) {
+			c->restore_failed = true;
+			weir_commit_finish(c, c->rc0);
+			return;
+		}
+		in->flush(in, c->ch, &c->cb);
+		return;
+	default: // WC_RESTORE_FLUSH
+		if (rc != 0) {
+			c->restore_failed = true;
+		}
+		weir_commit_finish(c, c->rc0);
 	}
 }
+
 static inline void weir_filter_commit(struct spdk_bs_dev *d, weir_op *op) {
+	weir_filter_dev *f = weir_filter_of(d);
+	if (f->nheld == 0) { // nothing held (a clean load): nothing to write
+		weir_filter_set(f->state, W_HOLD, 0);
+		op->id = 0;
+		weir_done(op, 0);
+		return;
+	}
 	weir_commit *c = calloc(1, sizeof(*c));
-	if (c == NULL) {
+	if (c == NULL || (c->orig = calloc(f->nheld, sizeof(*c->orig))) == NULL) {
+		free(c);
 		weir_done(op, -ENOMEM);
 		return;
 	}
-	c->f = weir_filter_of(d);
+	c->f = f;
 	c->op = op;
-	if ((c->ch = c->f->inner->create_channel(c->f->inner)) == NULL) {
+	if ((c->ch = f->inner->create_channel(f->inner)) == NULL) {
+		free(c->orig);
 		free(c);
 		weir_done(op, -ENOMEM);
 		return;
