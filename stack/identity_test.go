@@ -46,6 +46,27 @@ func writeSecret(t *testing.T, c *config.Config) {
 	}
 }
 
+// checkSecret runs a stack on c and checks that secret reads back what
+// writeSecret wrote.
+func checkSecret(t *testing.T, c *config.Config, when string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatalf("%s: %v", when, err)
+	}
+	defer st.Shutdown(context.Background())
+	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: c.Metadata.Socket, IOSocket: c.IO.Socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	if b, err := fsys.ReadFile("secret"); err != nil || string(b) != "user A's secret data" {
+		t.Fatalf("%s: secret reads %q, %v", when, b, err)
+	}
+}
+
 // TestStoreBelongsToOneNamespace (file backend): a store records the stack
 // it belongs to, and the IO service refuses to serve it to another
 // namespace's metadata service, with a message that says what to do,
@@ -92,21 +113,7 @@ func TestStoreBelongsToOneNamespace(t *testing.T) {
 	if err := os.Rename(saved, meta); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatalf("the store's own namespace: %v", err)
-	}
-	defer st.Shutdown(context.Background())
-	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: c.Metadata.Socket, IOSocket: c.IO.Socket})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fsys.Close()
-	if b, err := fsys.ReadFile("secret"); err != nil || string(b) != "user A's secret data" {
-		t.Fatalf("the owner reads %q, %v", b, err)
-	}
+	checkSecret(t, c, "the store's own namespace")
 	if b, err := os.ReadFile(filepath.Join(blobs, "IDENTITY")); err != nil || !strings.Contains(string(b), "weir-stack ") {
 		t.Errorf("the store was not claimed: %q %v", b, err)
 	}
@@ -309,19 +316,5 @@ func TestFileStoreFailedOpenChangesNothing(t *testing.T) {
 		}
 		k.fix()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatalf("with the labels back: %v", err)
-	}
-	defer st.Shutdown(context.Background())
-	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: c.Metadata.Socket, IOSocket: c.IO.Socket})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fsys.Close()
-	if b, err := fsys.ReadFile("secret"); err != nil || string(b) != "user A's secret data" {
-		t.Fatalf("secret reads %q, %v", b, err)
-	}
+	checkSecret(t, c, "with the labels back")
 }

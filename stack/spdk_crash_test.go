@@ -26,16 +26,8 @@ import (
 // blobstore loads (dirty-shutdown recovery) and every file synced before
 // the kill reads back exactly.
 func TestSPDKKillAndRestart(t *testing.T) {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("the go tool is not on PATH: cannot build the weir binary")
-	}
+	exe := spdkWeir(t)
 	dir := t.TempDir()
-	exe := filepath.Join(dir, "weir")
-	build := exec.Command(gobin, "build", "-tags", "spdk", "-o", exe, "github.com/weir-storage/weir/cmd/weir")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags spdk: %v\n%s", err, out)
-	}
 	disk := filepath.Join(dir, "disk.img")
 	if err := os.WriteFile(disk, nil, 0o600); err != nil {
 		t.Fatal(err)
