@@ -14,6 +14,11 @@ func spdkBackend(*config.Config, spdkMode) (backend.Backend, error) {
 	return nil, errors.New(`io.backend = "spdk" needs a weir built with the spdk tag (make spdk)`)
 }
 
+// spdkCheckFree: this binary has no SPDK backend.
+func spdkCheckFree(*config.Config) error {
+	return errors.New(`io.backend = "spdk" needs a weir built with the spdk tag (make spdk)`)
+}
+
 // spdkBuilt says this binary has the SPDK backend.
 const spdkBuilt = false
 

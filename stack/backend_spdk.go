@@ -26,6 +26,17 @@ func spdkBackend(c *config.Config, m spdkMode) (backend.Backend, error) {
 		ReadOnly: m == spdkReadOnly, Format: m == spdkFormat})
 }
 
+// spdkCheckFree says whether the blobstore of c could be loaded now: no
+// other process holds its data directory's lock or the file under its
+// aio bdev.
+func spdkCheckFree(c *config.Config) error {
+	json, err := os.ReadFile(c.IO.SPDKConfig)
+	if err != nil {
+		return fmt.Errorf("read io.spdk_config: %w", err)
+	}
+	return spdk.CheckFree(spdk.Options{ConfigJSON: json, Bdev: c.IO.SPDKBdev, LockFile: spdkLockFile(c)})
+}
+
 // spdkBuilt says this binary has the SPDK backend.
 const spdkBuilt = true
 

@@ -51,11 +51,9 @@ func Format(c *config.Config, log hclog.Logger) error {
 		if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 			return fmt.Errorf("format: %w", err)
 		}
-		probe, err := vfs.OS{}.Lock(spdkLockFile(c))
-		if err != nil {
+		if err := spdkCheckFree(c); err != nil {
 			return fmt.Errorf("format: the store is in use (stop weir first): %w; nothing was changed", err)
 		}
-		probe.Close()
 	}
 	meta := filepath.Join(c.DataDir, "meta")
 	if err := os.MkdirAll(meta, 0o700); err != nil {

@@ -196,7 +196,7 @@ func TestFormatErasesTheStack(t *testing.T) {
 		t.Fatalf("weir check of a new namespace over another's store: %+v, want a wrong-store problem", r.Problems)
 	}
 	// --repair would take every blob of the other namespace for an orphan.
-	before := dataDigest(t, filepath.Join(c.DataDir, "blobs"))
+	before, beforeNS := dataDigest(t, filepath.Join(c.DataDir, "blobs")), dataDigest(t, meta)
 	if be, err = stack.Backend(c, hclog.NewNullLogger()); err != nil {
 		t.Fatal(err)
 	}
@@ -205,6 +205,9 @@ func TestFormatErasesTheStack(t *testing.T) {
 	}
 	if after := dataDigest(t, filepath.Join(c.DataDir, "blobs")); !maps.Equal(before, after) {
 		t.Fatal("weir check --repair changed another namespace's store")
+	}
+	if after := dataDigest(t, meta); !maps.Equal(beforeNS, after) {
+		t.Fatal("the refused weir check --repair changed the namespace")
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

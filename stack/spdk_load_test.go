@@ -309,13 +309,21 @@ func TestSPDKStoreBelongsToOneNamespace(t *testing.T) {
 	if err := fsys.WriteFile("secret", []byte("user A's secret data"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// While its IO service runs, the store is neither formatted nor
-	// checked (DATA/spdk.LOCK).
-	if code, out := h.weir("format", "--yes", "--config", aPath); code != 1 || !strings.Contains(out, "in use") {
-		t.Errorf("weir format of a running stack: exit %d, want 1 and in use:\n%s", code, out)
-	}
+	// While its IO service runs, the store is neither formatted, nor
+	// checked, nor loaded by another process: not through A's data
+	// directory (DATA/spdk.LOCK), nor through B's (the aio file's lock).
 	if code, out := h.weir("check", "--config", aPath); code != 2 || !strings.Contains(out, "in use") {
 		t.Errorf("weir check of a running stack: exit %d, want 2 and in use:\n%s", code, out)
+	}
+	if code, out := h.weir("check", "--config", bPath); code != 2 || !strings.Contains(out, "the file under bdev") {
+		t.Errorf("weir check of another data directory over the running stack's bdev: exit %d, want 2 and in use:\n%s", code, out)
+	}
+	if code, out := h.weir("format", "--yes", "--config", bPath); code != 1 || !strings.Contains(out, "the file under bdev") {
+		t.Errorf("weir format of another data directory over the running stack's bdev: exit %d, want 1 and in use:\n%s", code, out)
+	}
+	if sb, err := h.up(bPath, bCfg); err == nil {
+		sb.Stop()
+		t.Error("a second IO service loaded the running stack's blobstore")
 	}
 	if b, err := fsys.ReadFile("secret"); err != nil || string(b) != "user A's secret data" {
 		t.Fatalf("after weir format was refused: %q, %v", b, err)

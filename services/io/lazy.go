@@ -21,6 +21,7 @@ type lazyBlob struct {
 	creates *createSync // told of the create, so that the next fsync makes it durable
 	id      backend.BlobID
 	adopted func(backend.BlobID, error) // told of a create that found the blob existing (nil: nobody)
+	created bool                        // this lazy blob's Create succeeded; protected by mu
 	mu      sync.Mutex                  // serialises materialize
 	b       atomic.Pointer[backendBlob] // nil until materialized
 }
@@ -48,17 +49,22 @@ func (l *lazyBlob) materialize() (backend.Blob, error) {
 	// creates blobs, one lazy blob per id at a time: one that exists now
 	// is not this file's (another process on the store, or a bug), and is
 	// not taken for its data.
-	if err := l.be.Create(l.id); errors.Is(err, syscall.EEXIST) {
-		err = fmt.Errorf("create blob %d: it exists already: %w", l.id, errAdoption)
-		if l.adopted != nil {
-			l.adopted(l.id, err)
+	// (An earlier call whose Create succeeded and whose Open failed made
+	// the blob itself: it only opens.)
+	if !l.created {
+		if err := l.be.Create(l.id); errors.Is(err, syscall.EEXIST) {
+			err = fmt.Errorf("create blob %d: it exists already: %w", l.id, errAdoption)
+			if l.adopted != nil {
+				l.adopted(l.id, err)
+			}
+			return nil, err
+		} else if err != nil {
+			return nil, err
 		}
-		return nil, err
-	} else if err != nil {
-		return nil, err
-	}
-	if l.creates != nil {
-		l.creates.created()
+		l.created = true
+		if l.creates != nil {
+			l.creates.created()
+		}
 	}
 	b, err := l.be.Open(l.id)
 	if err != nil {

@@ -104,6 +104,14 @@ func Check(cfg *config.Config, be backend.Backend, o Options) (*Report, error) {
 	nso.Dir = filepath.Join(cfg.DataDir, "meta")
 	nso.Logger = o.Logger
 	nso.ReadOnly = !o.Repair
+	if o.Repair {
+		// Every blob of another namespace's store would look orphaned:
+		// repair only this namespace's store, which a read-only open of
+		// the namespace tells before anything is written.
+		if err := checkOwnStore(nso, be); err != nil {
+			return nil, err
+		}
+	}
 	n, err := ns.Open(nso)
 	if err != nil {
 		return nil, fmt.Errorf("open namespace: %w", err)
@@ -111,19 +119,6 @@ func Check(cfg *config.Config, be backend.Backend, o Options) (*Report, error) {
 	defer n.Close()
 	r := &Report{}
 	if o.Repair {
-		// Every blob of another namespace's store would look orphaned:
-		// repair only this namespace's store.
-		blobs, err := be.List()
-		if err != nil {
-			return nil, fmt.Errorf("list blobs: %w", err)
-		}
-		var ir Report
-		identityProblems(&ir, n, be, len(blobs))
-		for _, p := range ir.Problems {
-			if !p.Note {
-				return nil, fmt.Errorf("--repair refused, nothing was changed: %s: %s", p.Kind, p.Detail)
-			}
-		}
 		r.Repaired, err = repair(n, be)
 		if err != nil {
 			return r, err
@@ -133,6 +128,28 @@ func Check(cfg *config.Config, be backend.Backend, o Options) (*Report, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// checkOwnStore refuses a repair of a store that is not the namespace's.
+func checkOwnStore(nso ns.Options, be backend.Backend) error {
+	nso.ReadOnly = true
+	n, err := ns.Open(nso)
+	if err != nil {
+		return fmt.Errorf("open namespace: %w", err)
+	}
+	defer n.Close()
+	blobs, err := be.List()
+	if err != nil {
+		return fmt.Errorf("list blobs: %w", err)
+	}
+	var r Report
+	identityProblems(&r, n, be, len(blobs))
+	for _, p := range r.Problems {
+		if !p.Note {
+			return fmt.Errorf("--repair refused, nothing was changed: %s: %s", p.Kind, p.Detail)
+		}
+	}
+	return nil
 }
 
 // identityProblems reports a store that is not this namespace's by the

@@ -202,6 +202,14 @@ func TestFailedLoadChangesNothing(t *testing.T) {
 					t.Fatalf("write %d of %d of the recovery failed; the load's error is %v, want EIO and nothing changed", k, writes, err)
 				}
 				sameDisk(t, c.img, fmt.Sprintf("a load whose write %d failed", k))
+				// The same write reaches the device, and then the device
+				// reports it failed: it is put back too.
+				putDisk(t, c.img)
+				_, err = New(faulty(loadFault{landedAt: k}))
+				if !errors.Is(err, syscall.EIO) || !strings.Contains(err.Error(), "nothing on the device was changed") {
+					t.Fatalf("write %d of %d of the recovery landed and failed; the load's error is %v, want EIO and nothing changed", k, writes, err)
+				}
+				sameDisk(t, c.img, fmt.Sprintf("a load whose write %d landed and failed", k))
 			}
 			// The device fails every write from the k-th on: the first
 			// leaves the device as it was; a later one cannot be put back,
@@ -215,6 +223,9 @@ func TestFailedLoadChangesNothing(t *testing.T) {
 				if k == 1 {
 					sameDisk(t, c.img, "a load whose writes all failed")
 					continue
+				}
+				if !strings.Contains(err.Error(), "partly updated") {
+					t.Fatalf("writes from %d on failed, and nothing could be put back; the error does not say so: %v", k, err)
 				}
 				be, err := New(aioOptions(false))
 				if err != nil {

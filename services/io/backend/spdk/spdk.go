@@ -73,8 +73,9 @@ type Options struct {
 	// LockFile, if set, is flock(2)ed exclusively from New to Close, so
 	// that two processes of one data directory (an IO service, weir check,
 	// weir format) never load the blobstore at once: the second gets
-	// EBUSY. (SPDK itself keeps two processes off one PCIe device, not off
-	// one aio file.)
+	// EBUSY. The file under an aio bdev is flocked too (lockAll), which
+	// keeps processes of different data directories off one aio file;
+	// SPDK itself keeps two processes off one PCIe device.
 	LockFile string
 	// fault makes the device fail I/Os of the blobstore (tests).
 	fault loadFault
@@ -442,7 +443,7 @@ type Backend struct {
 	// blobstore is loaded on (weir_filter_dev, owned by the blobstore);
 	// devState: its state, in C memory that outlives it.
 	formatted bool
-	lock      *os.File // Options.LockFile, flocked; nil without
+	locks     []*os.File // Options.LockFile and the bdev's backing file, flocked (lockAll)
 	dev       *C.struct_spdk_bs_dev
 	devState  *C.int
 
@@ -482,27 +483,32 @@ var (
 // New loads the blobstore on opts.Bdev, or creates it if the bdev holds
 // none, indexes its blobs and starts the I/O workers.
 func New(opts Options) (*Backend, error) {
-	r, err := start(opts)
+	// The locks come first: a second process must not even attach the
+	// devices of the config while another loads the blobstore.
+	locks, err := lockAll(opts)
 	if err != nil {
 		return nil, err
 	}
-	if r.halted.Load() {
-		return nil, errors.New("spdk: halted (Halt was called: the process is exiting)")
-	}
-	be := &Backend{r: r, opts: opts, ids: map[backend.BlobID]C.spdk_blob_id{}, open: map[backend.BlobID]*blobState{}}
-	if opts.LockFile != "" {
-		if be.lock, err = lockFile(opts.LockFile); err != nil {
-			return nil, err
+	unlock := func() {
+		for _, l := range locks {
+			l.Close()
 		}
 	}
+	r, err := start(opts)
+	if err == nil && r.halted.Load() {
+		err = errors.New("spdk: halted (Halt was called: the process is exiting)")
+	}
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	be := &Backend{r: r, opts: opts, ids: map[backend.BlobID]C.spdk_blob_id{}, open: map[backend.BlobID]*blobState{}, locks: locks}
 	r.run(func() { err = be.load(opts) })
 	if err != nil {
 		if be.devState != nil {
 			freeDevState(be.devState)
 		}
-		if be.lock != nil {
-			be.lock.Close()
-		}
+		unlock()
 		return nil, err
 	}
 	be.bufs.unit = be.ioUnit
@@ -536,6 +542,7 @@ func (be *Backend) load(opts Options) (err error) {
 	setDevState(be.devState, wFailRead, opts.fault.readAt)
 	setDevState(be.devState, wFailWrite, opts.fault.writeFrom)
 	setDevState(be.devState, wFailWriteAt, opts.fault.writeAt)
+	setDevState(be.devState, wFailLandedAt, opts.fault.landedAt)
 	var dev *C.struct_spdk_bs_dev
 	openDev := func(hold bool) error {
 		if rc := C.weir_bs_dev(name, &dev); rc != 0 {
@@ -727,38 +734,117 @@ func (be *Backend) provablyEmpty(name *C.char) (bool, error) {
 	return true, nil
 }
 
-// lockFile opens (creating) and flocks path exclusively.
-func lockFile(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("spdk: lock %s: %w", path, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			err = syscall.EBUSY
+// lockAll flocks, exclusively, Options.LockFile (created if missing) and
+// the file under the bdev if it is an aio bdev (directly or under an
+// error bdev), so that no two processes load one blobstore, whatever
+// their data directories: the second gets EBUSY. (SPDK keeps two
+// processes off one PCIe device itself.)
+func lockAll(opts Options) ([]*os.File, error) {
+	var locks []*os.File
+	lock := func(path string, create bool, what string) error {
+		flag := os.O_RDONLY
+		if create {
+			flag = os.O_RDWR | os.O_CREATE
 		}
-		return nil, fmt.Errorf("spdk: the blobstore of this data directory is in use (an IO service, weir check or weir format holds %s): %w", path, err)
+		f, err := os.OpenFile(path, flag, 0o600)
+		if err != nil {
+			return fmt.Errorf("spdk: lock %s: %w", path, err)
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				err = syscall.EBUSY
+			}
+			return fmt.Errorf("spdk: %s is in use (an IO service, weir check or weir format holds %s): %w", what, path, err)
+		}
+		locks = append(locks, f)
+		return nil
 	}
-	return f, nil
+	var err error
+	if opts.LockFile != "" {
+		err = lock(opts.LockFile, true, "the blobstore of this data directory")
+	}
+	if file := aioFile(opts.ConfigJSON, opts.Bdev); err == nil && file != "" {
+		err = lock(file, false, fmt.Sprintf("the file under bdev %q", opts.Bdev))
+	}
+	if err != nil {
+		for _, l := range locks {
+			l.Close()
+		}
+		return nil, err
+	}
+	return locks, nil
+}
+
+// CheckFree says whether New could take opts' locks now, taking and
+// releasing them (weir format asks before it erases anything).
+func CheckFree(opts Options) error {
+	locks, err := lockAll(opts)
+	for _, l := range locks {
+		l.Close()
+	}
+	return err
+}
+
+// aioFile returns the file under bdev in an SPDK JSON config: the filename
+// of its bdev_aio_create, or of its base's if it is an error bdev
+// (bdev_error_create names it "EE_" + base_name); "" for other bdevs.
+func aioFile(configJSON []byte, bdev string) string {
+	var cfg struct {
+		Subsystems []struct {
+			Config []struct {
+				Method string `json:"method"`
+				Params struct {
+					Name     string `json:"name"`
+					Filename string `json:"filename"`
+					BaseName string `json:"base_name"`
+				} `json:"params"`
+			} `json:"config"`
+		} `json:"subsystems"`
+	}
+	if json.Unmarshal(configJSON, &cfg) != nil {
+		return ""
+	}
+	files, bases := map[string]string{}, map[string]string{}
+	for _, ss := range cfg.Subsystems {
+		for _, c := range ss.Config {
+			switch c.Method {
+			case "bdev_aio_create":
+				files[c.Params.Name] = c.Params.Filename
+			case "bdev_error_create":
+				bases["EE_"+c.Params.BaseName] = c.Params.BaseName
+			}
+		}
+	}
+	for range 4 { // error bdevs over error bdevs, a few deep
+		if f, ok := files[bdev]; ok {
+			return f
+		}
+		if bdev = bases[bdev]; bdev == "" {
+			return ""
+		}
+	}
+	return ""
 }
 
 // loadFault fails the readAt-th read the blobstore issues, the writeAt-th
-// device write, and every device write from the writeFrom-th on (0:
-// none), before they reach the device.
-type loadFault struct{ readAt, writeAt, writeFrom int }
+// device write, and every device write from the writeFrom-th on, before
+// they reach the device; and reports the landedAt-th device write of a
+// commit failed after it reached the device (0: none).
+type loadFault struct{ readAt, writeAt, writeFrom, landedAt int }
 
 // Indexes of the filter device's state (weir_spdk.h).
 const (
-	wReads       = C.W_READS
-	wWrites      = C.W_WRITES
-	wRefused     = C.W_REFUSED
-	wFailRead    = C.W_FAIL_READ
-	wFailWrite   = C.W_FAIL_WRITE
-	wFailWriteAt = C.W_FAIL_WRITE_AT
-	wHold        = C.W_HOLD
-	wReadErrs    = C.W_READ_ERRORS
-	wStateLen    = C.WEIR_FILTER_STATE
+	wReads        = C.W_READS
+	wWrites       = C.W_WRITES
+	wRefused      = C.W_REFUSED
+	wFailRead     = C.W_FAIL_READ
+	wFailWrite    = C.W_FAIL_WRITE
+	wFailWriteAt  = C.W_FAIL_WRITE_AT
+	wFailLandedAt = C.W_FAIL_LANDED_AT
+	wHold         = C.W_HOLD
+	wReadErrs     = C.W_READ_ERRORS
+	wStateLen     = C.WEIR_FILTER_STATE
 )
 
 func boolInt(b bool) int {
@@ -827,7 +913,7 @@ func (be *Backend) SetIdentity(id backend.Identity) error {
 	raw := [16]byte(id)
 	be.r.run(func() {
 		var sid C.spdk_blob_id
-		if sid, err = be.newBlob(0); err != nil {
+		if sid, err = be.newBlob(0); err != nil { // it deletes what it made
 			return
 		}
 		drop := func() { _, _, _, _ = be.r.do(func(op *C.weir_op) { C.weir_delete(be.bs, C.uint64_t(sid), op) }) }
@@ -849,12 +935,14 @@ func (be *Backend) SetIdentity(id backend.Identity) error {
 			return
 		}
 		// The super block names the super blob: written when this returns.
-		if _, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_set_super(be.bs, C.uint64_t(sid), op) }); err != nil {
-			drop()
-			return
-		}
+		// set_super names the blob in memory before it writes the super
+		// block; failed, the unload writes it all the same: the blob
+		// stays, as the store's identity.
+		_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_set_super(be.bs, C.uint64_t(sid), op) })
 		be.super = sid
-		err = be.flushLocked()
+		if err == nil {
+			err = be.flushLocked()
+		}
 	})
 	if err != nil {
 		return fmt.Errorf("backend spdk: set identity: %w", err)
@@ -906,9 +994,13 @@ func (be *Backend) newBlob(tag uint64) (C.spdk_blob_id, error) {
 	if err != nil {
 		return 0, err
 	}
+	drop := func(err error) (C.spdk_blob_id, error) {
+		_, _, _, _ = be.r.do(func(op *C.weir_op) { C.weir_delete(be.bs, C.uint64_t(sid), op) })
+		return 0, err
+	}
 	_, _, blob, err := be.r.do(func(op *C.weir_op) { C.weir_open(be.bs, C.uint64_t(sid), op) })
 	if err != nil {
-		return 0, err
+		return drop(err)
 	}
 	if tag != 0 {
 		if rc := C.weir_set_u64(blob, nameID, C.uint64_t(tag)); rc != 0 {
@@ -921,7 +1013,10 @@ func (be *Backend) newBlob(tag uint64) (C.spdk_blob_id, error) {
 		_, _, _, err = be.r.do(func(op *C.weir_op) { C.weir_sync_md(blob, op) })
 	}
 	_, _, _, cerr := be.r.do(func(op *C.weir_op) { C.weir_close(blob, op) })
-	return C.spdk_blob_id(sid), errors.Join(err, cerr)
+	if err = errors.Join(err, cerr); err != nil {
+		return drop(err)
+	}
+	return C.spdk_blob_id(sid), nil
 }
 
 // Open opens blob id; handles of one blob share its state.
@@ -1071,10 +1166,10 @@ func (be *Backend) Close() error {
 		freeDevState(be.devState)
 		be.devState = nil
 	}
-	if be.lock != nil {
-		errs = append(errs, be.lock.Close())
-		be.lock = nil
+	for _, l := range be.locks {
+		errs = append(errs, l.Close())
 	}
+	be.locks = nil
 	return errors.Join(errs...)
 }
 

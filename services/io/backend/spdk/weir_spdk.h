@@ -270,6 +270,7 @@ enum {
 	W_FAIL_READ,  // the read to fail (0: none)
 	W_FAIL_WRITE, // the first device write to fail (0: none)
 	W_FAIL_WRITE_AT, // the one device write to fail (0: none)
+	W_FAIL_LANDED_AT, // the one commit write reported failed after it reached the device (0: none)
 	W_HOLD,       // 1: keep writes in memory; 2: keep the held ones, refuse more
 	W_READ_ERRORS, // reads that failed while holding
 	WEIR_FILTER_STATE
@@ -672,6 +673,7 @@ typedef struct {
 	int phase;
 	size_t next;      // WC_SAVE, WC_WRITE: the next change
 	long restore;     // WC_RESTORE: the next change to put back (down to 0)
+	bool landed_fail; // report the write in flight failed (W_FAIL_LANDED_AT)
 	int rc0;          // the failure being undone
 	bool restore_failed;
 	uint8_t **orig; // what each change overwrites (DMA memory)
@@ -710,6 +712,10 @@ static inline void weir_commit_next(struct spdk_io_channel *ch, void *arg, int r
 	weir_filter_dev *f = c->f;
 	struct spdk_bs_dev *in = f->inner;
 	uint64_t bl = f->dev.blocklen;
+	if (c->landed_fail && rc == 0) { // the write reached the device; say it failed
+		rc = -EIO;
+	}
+	c->landed_fail = false;
 	switch (c->phase) {
 	case WC_SAVE:
 		if (rc != 0) {
@@ -742,6 +748,7 @@ static inline void weir_commit_next(struct spdk_io_channel *ch, void *arg, int r
 				weir_commit_undo(c, -EIO, (long)c->next - 1);
 				return;
 			}
+			c->landed_fail = weir_filter_get(f, W_WRITES) == weir_filter_get(f, W_FAIL_LANDED_AT);
 			weir_held *e = &f->held[c->next++];
 			if (e->data != NULL) {
 				in->write(in, c->ch, e->data, e->lba, (uint32_t)e->n, &c->cb);
@@ -761,6 +768,7 @@ static inline void weir_commit_next(struct spdk_io_channel *ch, void *arg, int r
 			weir_commit_undo(c, -EIO, (long)f->nheld - 1);
 			return;
 		}
+		c->landed_fail = weir_filter_get(f, W_WRITES) == weir_filter_get(f, W_FAIL_LANDED_AT);
 		in->flush(in, c->ch, &c->cb);
 		return;
 	case WC_FLUSH:
