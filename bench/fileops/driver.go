@@ -38,6 +38,7 @@ const (
 	opStat      = "stat"            // stat them, in a shuffled order
 	opUnlink    = "unlink"          // remove them, in another shuffled order
 	opRemove    = "remove"          // close and remove File
+	opOpen      = "open"            // open the existing File (another driver prepared it) and keep it open
 )
 
 // request is one workload for a driver.
@@ -229,6 +230,14 @@ func (d *driver) do(q request) (r result) {
 		r, err = d.seqWrite(q)
 	case opSeqRead:
 		r, err = d.seqRead(q)
+	case opOpen:
+		var f dataFile
+		if f, err = d.t.OpenFile(q.File, os.O_RDWR, 0); err == nil {
+			if old := d.files[q.File]; old != nil {
+				old.Close()
+			}
+			d.files[q.File] = f
+		}
 	case opMkdir:
 		err = d.t.MkdirAll(q.File)
 	case opCreate, opStat, opUnlink:

@@ -14,7 +14,11 @@
 //   - create (O_CREATE|O_EXCL, then close), stat and unlink of -files files
 //     in one directory (weir and os only);
 //   - sequential 1 MiB writes (then one fsync, timed apart) and reads of a
-//     -seq-mib file.
+//     -seq-mib file;
+//   - the cache rows (issue 9): 4 KiB random and 1 MiB sequential reads of
+//     a -rand-mib file, warm (just written) and cold (after dropping the
+//     kernel's caches: root only), and two processes on one file, one
+//     writing at random while the other reads.
 //
 // The program prints Markdown tables and writes them to <out>/fileops.md,
 // with a JSON copy (fileops.json) and latency CDF plots (fileops-*.png).
@@ -118,7 +122,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&cfg.wait, "wait", "adaptive", "weir wait mode (services and client): adaptive or busy-poll")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the run directory (data, configuration) instead of removing it")
 	fs.BoolVar(&cfg.verbose, "v", false, "copy the services' log to stderr")
-	only := fs.String("only", "", "comma-separated families to run: random, metadata, sequential (default: all)")
+	only := fs.String("only", "", "comma-separated families to run: random, metadata, sequential, cache (default: all)")
 	quick := fs.Bool("quick", false, "small sizes and short windows (64 MiB files, 2,000 files, 500 ms windows, 200 fsyncs) unless given explicitly")
 	randMiB := fs.Int("rand-mib", 256, "size of the random-I/O file per target, MiB")
 	seqMiB := fs.Int("seq-mib", 512, "size of the sequential file per target, MiB")

@@ -24,6 +24,8 @@ func plotName(family string) string {
 		return "fileops-metadata.png"
 	case famSeq:
 		return "fileops-sequential.png"
+	case famCache:
+		return "fileops-cache.png"
 	}
 	return ""
 }

@@ -362,6 +362,10 @@ func (r *report) markdown() string {
 		"reuses memory the VM has touched before (on the reference VM, growing the page cache into never-touched memory was about 10× slower "+
 		"than reusing memory, most likely the hypervisor backing guest memory on first touch).\n",
 		s.SeqSize/mib)
+	fmt.Fprintf(&b, "- Cache (the rows of issue 9's page cache): a %d MiB file per target, written in full (1 MiB writes, fsync). Warm: read right after, so in the kernel's page cache for os. "+
+		"Cold: after `echo 3 > /proc/sys/vm/drop_caches` (root only; the rows are n/a otherwise) before each target, and only a sixteenth of the file's blocks read at random, so that the row does not warm the cache much. "+
+		"weir has no cache of its own yet: its cold and warm rows are the same path. Two processes: a second driver process of the target opens the file; one writes 4 KiB blocks at random while the other reads, for the same window; "+
+		"their service CPU is the services' for both processes' ops.\n", s.RandSize/mib)
 	b.WriteString("- Durability: no row's writes are followed by fsync except the write + fsync rows and the final fsync column. " +
 		"os buffered writes end in the page cache, and its buffered reads of files it has just written come from the page cache.\n")
 	fmt.Fprintf(&b, "- Latency: wall time of each op in a log-linear histogram (buckets 0.8 %% wide); p99.9 only for rows with ≥ %s ops. "+
@@ -440,7 +444,7 @@ func (r *report) disturbed() string {
 // "other CPU" includes the kernel threads that do the work (journal
 // commits, writeback, block I/O completion).
 func writes(row *Row) bool {
-	return row.Workload != wlRead && row.Workload != wlStat
+	return !readOnly[row.Workload]
 }
 
 // write puts fileops.md, fileops.json and the plots in dir.

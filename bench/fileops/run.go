@@ -20,12 +20,13 @@ const (
 	famRandom = "4 KiB random, queue depth 1"
 	famMeta   = "metadata, one directory"
 	famSeq    = "sequential 1 MiB"
+	famCache  = "cache: warm and cold reads, two processes on one file"
 )
 
-var families = []string{famRandom, famMeta, famSeq}
+var families = []string{famRandom, famMeta, famSeq, famCache}
 
 // familyFlag maps the names -only takes to the families.
-var familyFlag = map[string]string{"random": famRandom, "metadata": famMeta, "sequential": famSeq}
+var familyFlag = map[string]string{"random": famRandom, "metadata": famMeta, "sequential": famSeq, "cache": famCache}
 
 // Workload names within their family.
 const (
@@ -37,14 +38,27 @@ const (
 	wlUnlink    = "unlink"
 	wlSeqWrite  = "write (fsync once at the end)"
 	wlSeqRead   = "read"
+	// The cache family (issue 9: the rows the page cache is measured by).
+	wlWarmRand  = "warm 4 KiB random read"
+	wlColdRand  = "cold 4 KiB random read"
+	wlColdSeq   = "cold 1 MiB sequential read"
+	wlWarmSeq   = "warm 1 MiB sequential read"
+	wlTwoReader = "two processes: 4 KiB random read, the other writing"
+	wlTwoWriter = "two processes: 4 KiB random write, the other reading"
 )
+
+// readOnly are the workloads that change nothing and run alone (their
+// "other CPU" is disturbance, not work done for them; the two-process
+// reader's includes the writer's).
+var readOnly = map[string]bool{wlRead: true, wlStat: true, wlWarmRand: true, wlColdRand: true, wlColdSeq: true, wlWarmSeq: true}
 
 // Names of the files and directory each target works on.
 const (
-	randFile = "rand.dat"
-	seqFile  = "seq.dat"
-	metaDir  = "meta"
-	seed     = 42
+	randFile  = "rand.dat"
+	seqFile   = "seq.dat"
+	cacheFile = "cache.dat"
+	metaDir   = "meta"
+	seed      = 42
 )
 
 // run brings weir up, runs every workload on every target and builds the
@@ -103,7 +117,7 @@ func run(ctx context.Context, cfg options, logger *log.Logger) (rep *report, err
 	// The embedded NATS server runs in this process, which otherwise only
 	// waits for the drivers: its CPU time counts as weir's.
 	r := &runner{ctx: ctx, rep: rep, logger: logger, services: append(slices.Clone(servicePIDs), os.Getpid()),
-		drivers: map[string]*driverProc{}, na: map[string]string{}, dir: parent}
+		drivers: map[string]*driverProc{}, driverArgs: map[string][]string{}, na: map[string]string{}, dir: parent}
 	defer r.stopDrivers()
 	for _, t := range allTargets {
 		var args []string
@@ -118,6 +132,7 @@ func run(ctx context.Context, cfg options, logger *log.Logger) (rep *report, err
 			return nil, err
 		}
 		r.drivers[t] = d
+		r.driverArgs[t] = args
 	}
 
 	if err := r.workloads(cfg.s, cfg.only); err != nil {
@@ -148,6 +163,8 @@ type runner struct {
 	logger   *log.Logger
 	services []int
 	drivers  map[string]*driverProc
+	// driverArgs start another driver of a target (two-process rows).
+	driverArgs map[string][]string
 	// dir is the parent of every target's files; syncfs on it before each
 	// row writes back what earlier rows left dirty, so that writeback does
 	// not land in the next row's window.
@@ -184,7 +201,12 @@ func (r *runner) workloads(s settings, only []string) error {
 		}
 	}
 	if run(famSeq) {
-		return r.sequential(s)
+		if err := r.sequential(s); err != nil {
+			return err
+		}
+	}
+	if run(famCache) {
+		return r.cache(s)
 	}
 	return nil
 }
@@ -265,6 +287,135 @@ func (r *runner) sequential(s settings) error {
 	return nil
 }
 
+// cache runs the rows the page cache (issue 9) is measured by, on a file
+// of s.RandSize prepared per target: 4 KiB random reads of the file just
+// written (warm: in the kernel's page cache for os) and after every cache
+// was dropped (cold: echo 3 > /proc/sys/vm/drop_caches, which needs root;
+// a bounded number of reads, a sixteenth of the file's blocks, so that the
+// row itself does not warm the cache much); a 1 MiB sequential read of the
+// whole file cold, then again warm; and two processes on the file at once,
+// one writing 4 KiB blocks at random while the other reads them (a second
+// driver process per target).
+func (r *runner) cache(s settings) error {
+	for _, t := range dataTargets {
+		if err := r.prepare(t, request{Op: opPrepare, File: cacheFile, Size: s.RandSize}); err != nil {
+			return err
+		}
+	}
+	random := request{File: cacheFile, Size: s.RandSize, Block: randBlock, Warmup: s.Warmup, Window: s.Window, Seed: seed, Op: opRandRead}
+	cold := with(random, func(q *request) { q.Warmup, q.MaxOps = 0, int(s.RandSize/randBlock/16) })
+	seq := request{File: cacheFile, Size: s.RandSize, Block: seqBlock, Op: opSeqRead}
+	for _, step := range []struct {
+		wl   string
+		q    request
+		drop bool
+	}{
+		{wlWarmRand, random, false},
+		{wlColdRand, cold, true},
+		{wlColdSeq, seq, true},
+		{wlWarmSeq, seq, false},
+	} {
+		for _, t := range dataTargets {
+			if step.drop {
+				if err := dropCaches(r.dir); err != nil {
+					r.naRow(famCache, step.wl, t, step.q, err.Error())
+					continue
+				}
+			}
+			if err := r.row(famCache, step.wl, t, step.q); err != nil {
+				return err
+			}
+		}
+	}
+	for _, t := range dataTargets {
+		if err := r.twoProcesses(t, with(random, func(q *request) { q.Op = opRandWrite }), random); err != nil {
+			return err
+		}
+	}
+	for _, t := range dataTargets {
+		if err := r.prepare(t, request{Op: opRemove, File: cacheFile}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// twoProcesses runs write on target t's driver and, at the same time, read
+// on a second driver process of t that opens the same file.
+func (r *runner) twoProcesses(t string, write, read request) error {
+	if why := r.na[t+"/"+write.File]; why != "" {
+		r.naRow(famCache, wlTwoWriter, t, write, why)
+		r.naRow(famCache, wlTwoReader, t, read, why)
+		return nil
+	}
+	d := r.drivers[t]
+	if d == nil {
+		r.naRow(famCache, wlTwoWriter, t, write, t+" driver is gone")
+		r.naRow(famCache, wlTwoReader, t, read, t+" driver is gone")
+		return nil
+	}
+	second, err := startDriver(t, r.driverArgs[t], os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := second.stop(); err != nil {
+			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("second %s driver: %v", t, err))
+		}
+	}()
+	if res, err := second.call(request{Op: opOpen, File: read.File}); err != nil || res.Error != "" || res.NA != "" {
+		why := fmt.Sprintf("the second process cannot open the file: %v %s%s", err, res.Error, res.NA)
+		r.naRow(famCache, wlTwoWriter, t, write, why)
+		r.naRow(famCache, wlTwoReader, t, read, why)
+		return nil
+	}
+	if err := syncFS(r.dir); err != nil {
+		r.rep.Warnings = append(r.rep.Warnings, err.Error())
+	}
+	if t == targetWeir {
+		write.Services, read.Services = r.services, r.services
+	}
+	var wres, rres result
+	var werr, rerr error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rres, rerr = second.call(read)
+	}()
+	wres, werr = d.call(write)
+	<-done
+	for _, x := range []struct {
+		wl  string
+		q   request
+		res result
+		err error
+	}{{wlTwoWriter, write, wres, werr}, {wlTwoReader, read, rres, rerr}} {
+		if x.err != nil {
+			x.res = result{Error: x.err.Error()}
+		}
+		r.record(newRow(famCache, x.wl, t, x.q, x.res))
+	}
+	return nil
+}
+
+// naRow records a row that could not run, and why.
+func (r *runner) naRow(family, wl, t string, q request, why string) {
+	r.record(newRow(family, wl, t, q, result{NA: why}))
+}
+
+// dropCaches writes back what is dirty under dir and drops the kernel's
+// page cache, dentries and inodes (root only). weir has no cache of its
+// own yet (issue 9), so a cold weir read is every read.
+func dropCaches(dir string) error {
+	if err := syncFS(dir); err != nil {
+		return err
+	}
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("3\n"), 0); err != nil {
+		return fmt.Errorf("a cold row needs the kernel's caches dropped, which needs root: %w", err)
+	}
+	return nil
+}
+
 func with(q request, f func(*request)) request {
 	f(&q)
 	return q
@@ -335,18 +486,22 @@ func (r *runner) row(family, wl, t string, q request) error {
 			r.na[t+"/"+q.File] = res.NA
 		}
 	}
-	row := newRow(family, wl, t, q, res)
+	r.record(newRow(family, wl, t, q, res))
+	return nil
+}
+
+// record adds a row to the report and logs it.
+func (r *runner) record(row Row) {
 	r.rep.Rows = append(r.rep.Rows, row)
 	switch {
 	case row.Error != "":
-		r.logger.Printf("%-28s %-30s %-9s error: %s", family, wl, t, strings.ReplaceAll(row.Error, "\n", "; "))
+		r.logger.Printf("%-28s %-30s %-9s error: %s", row.Family, row.Workload, row.Target, strings.ReplaceAll(row.Error, "\n", "; "))
 	case row.NA != "":
-		r.logger.Printf("%-28s %-30s %-9s n/a: %s", family, wl, t, row.NA)
+		r.logger.Printf("%-28s %-30s %-9s n/a: %s", row.Family, row.Workload, row.Target, row.NA)
 	default:
-		r.logger.Printf("%-28s %-30s %-9s %7d ops %10.0f ops/s  p50 %8.1f µs  p99 %8.1f µs", family, wl, t,
+		r.logger.Printf("%-28s %-30s %-9s %7d ops %10.0f ops/s  p50 %8.1f µs  p99 %8.1f µs", row.Family, row.Workload, row.Target,
 			row.Ops, row.OpsPerSec, row.P50us, row.P99us)
 	}
-	return nil
 }
 
 // syncFS writes back every dirty page and inode of the file system holding
