@@ -1,0 +1,9 @@
+//go:build !amd64 || race
+
+package cache
+
+// copyOut copies len(dst) bytes at off into dst with atomic loads: on a
+// weakly ordered host a plain copy's loads could be reordered after the
+// state word's second load, and under the race detector the seqlock's
+// intended race would be reported.
+func (r *Region) copyOut(dst []byte, off uint64) { r.copyAtomic(dst, off) }

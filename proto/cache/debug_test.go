@@ -1,0 +1,5 @@
+package cache
+
+import "runtime/debug"
+
+func debugSetPanicOnFault() { debug.SetPanicOnFault(true) }

@@ -1,0 +1,66 @@
+package cache
+
+// Every raw access to the shared mapping lives here. Offsets come from the
+// checked accessors of region.go.
+//
+// The service stores page bytes with 8-byte atomic stores (copyIn). A
+// reader's copy races with the service's transitions by design (the seqlock
+// of ReadPage detects it), and its loads must not be reordered after the
+// state word's second load: on amd64 without the race detector it is a
+// plain copy (copy_amd64.go: TSO keeps loads in order), elsewhere a copy of
+// 8-byte atomic loads (copyAtomic).
+
+import (
+	"encoding/binary"
+	"sync/atomic"
+	"unsafe"
+)
+
+func (r *Region) word32(off uint64) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
+func (r *Region) word64(off uint64) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
+
+func (r *Region) load32(off uint64) uint32     { return atomic.LoadUint32(r.word32(off)) }
+func (r *Region) store32(off uint64, v uint32) { atomic.StoreUint32(r.word32(off), v) }
+func (r *Region) cas32(off uint64, o, n uint32) bool {
+	return atomic.CompareAndSwapUint32(r.word32(off), o, n)
+}
+func (r *Region) load64(off uint64) uint64     { return atomic.LoadUint64(r.word64(off)) }
+func (r *Region) store64(off uint64, v uint64) { atomic.StoreUint64(r.word64(off), v) }
+func (r *Region) add64(off uint64, d uint64)   { atomic.AddUint64(r.word64(off), d) }
+
+// copyAtomic copies len(dst) bytes at off into dst with aligned 8-byte
+// atomic loads (the words at the edges are loaded whole): the copy for
+// weakly ordered hosts and for the race detector, which would otherwise
+// see the seqlock's intended race.
+func (r *Region) copyAtomic(dst []byte, off uint64) {
+	for len(dst) > 0 && off&7 != 0 {
+		var w [8]byte
+		base := off &^ 7
+		binary.LittleEndian.PutUint64(w[:], r.load64(base))
+		n := copy(dst, w[off-base:])
+		dst, off = dst[n:], off+uint64(n)
+	}
+	for len(dst) >= 8 {
+		binary.LittleEndian.PutUint64(dst, r.load64(off))
+		dst, off = dst[8:], off+8
+	}
+	if len(dst) > 0 {
+		var w [8]byte
+		binary.LittleEndian.PutUint64(w[:], r.load64(off))
+		copy(dst, w[:])
+	}
+}
+
+// copyIn stores src at off with aligned 8-byte atomic stores; a word at an
+// edge is loaded, merged and stored (the caller holds the page busy, so
+// nothing else writes it).
+func (r *Region) copyIn(off uint64, src []byte) {
+	var w [8]byte
+	for len(src) > 0 {
+		base := off &^ 7
+		binary.LittleEndian.PutUint64(w[:], r.load64(base))
+		n := copy(w[off-base:], src)
+		r.store64(base, binary.LittleEndian.Uint64(w[:]))
+		src, off = src[n:], off+uint64(n)
+	}
+}
