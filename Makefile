@@ -12,7 +12,7 @@ RESULTS   ?= bench/results
 # package:target for every fuzzer in the tree (ring ABI decoding, the
 # request protocol's bodies, the metadata WAL and checkpoints).
 FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:FuzzServerSlot \
-	./proto:FuzzBodies \
+	./proto:FuzzBodies ./proto/cache:FuzzAttach \
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
 	./internal/wal:FuzzScanSegment
 # Only in `make fuzz`: it builds a whole stack with fuzzing instrumentation
