@@ -45,14 +45,12 @@ func Format(c *config.Config, log hclog.Logger) error {
 		if !spdkBuilt {
 			return errors.New(`format: io.backend = "spdk" needs a weir built with the spdk tag (make spdk); nothing was changed`)
 		}
-		if _, err := os.ReadFile(c.IO.SPDKConfig); err != nil {
-			return fmt.Errorf("format: read io.spdk_config: %w; nothing was changed", err)
-		}
 		if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 			return fmt.Errorf("format: %w", err)
 		}
+		// It reads the config, and takes and releases the locks.
 		if err := spdkCheckFree(c); err != nil {
-			return fmt.Errorf("format: the store is in use (stop weir first): %w; nothing was changed", err)
+			return fmt.Errorf("format: %w; nothing was changed (a store in use: stop weir first)", err)
 		}
 	}
 	meta := filepath.Join(c.DataDir, "meta")

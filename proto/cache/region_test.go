@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -491,7 +492,7 @@ func peerReader() int {
 	// Go turns into a panic this process recovers from.
 	faulted := func() (f bool) {
 		defer func() { f = recover() != nil }()
-		debugSetPanicOnFault()
+		debug.SetPanicOnFault(true)
 		mem[pageOff(0)] = 1
 		return false
 	}()

@@ -181,27 +181,42 @@ func start(opts Options) (*spdkRuntime, error) {
 // DPDK to scan and drive PCI devices; otherwise PCI stays off (no device
 // is touched, and no IOMMU or uio/vfio binding is needed).
 func usesPCI(configJSON []byte) bool {
-	var cfg struct {
-		Subsystems []struct {
-			Config []struct {
-				Method string `json:"method"`
-				Params struct {
-					Trtype string `json:"trtype"`
-				} `json:"params"`
-			} `json:"config"`
-		} `json:"subsystems"`
-	}
-	if json.Unmarshal(configJSON, &cfg) != nil {
-		return false // SPDK reports the bad config
-	}
-	for _, ss := range cfg.Subsystems {
-		for _, c := range ss.Config {
-			if c.Method == "bdev_nvme_attach_controller" && strings.EqualFold(c.Params.Trtype, "pcie") {
-				return true
-			}
+	for _, c := range configCalls(configJSON) {
+		if c.Method == "bdev_nvme_attach_controller" && strings.EqualFold(c.Params.Trtype, "pcie") {
+			return true
 		}
 	}
 	return false
+}
+
+// configCall is one method call of an SPDK JSON config, with the params
+// this package looks at.
+type configCall struct {
+	Method string `json:"method"`
+	Params struct {
+		Name     string `json:"name"`
+		Filename string `json:"filename"`  // bdev_aio_create
+		BaseName string `json:"base_name"` // bdev_error_create
+		Trtype   string `json:"trtype"`    // bdev_nvme_attach_controller
+	} `json:"params"`
+}
+
+// configCalls lists the calls of an SPDK JSON config, every subsystem's in
+// order; none for a config that does not parse (SPDK reports it).
+func configCalls(configJSON []byte) []configCall {
+	var cfg struct {
+		Subsystems []struct {
+			Config []configCall `json:"config"`
+		} `json:"subsystems"`
+	}
+	if json.Unmarshal(configJSON, &cfg) != nil {
+		return nil
+	}
+	var calls []configCall
+	for _, ss := range cfg.Subsystems {
+		calls = append(calls, ss.Config...)
+	}
+	return calls
 }
 
 // loop owns the metadata thread: it runs submitted functions and polls.
@@ -790,30 +805,13 @@ func CheckFree(opts Options) error {
 // of its bdev_aio_create, or of its base's if it is an error bdev
 // (bdev_error_create names it "EE_" + base_name); "" for other bdevs.
 func aioFile(configJSON []byte, bdev string) string {
-	var cfg struct {
-		Subsystems []struct {
-			Config []struct {
-				Method string `json:"method"`
-				Params struct {
-					Name     string `json:"name"`
-					Filename string `json:"filename"`
-					BaseName string `json:"base_name"`
-				} `json:"params"`
-			} `json:"config"`
-		} `json:"subsystems"`
-	}
-	if json.Unmarshal(configJSON, &cfg) != nil {
-		return ""
-	}
 	files, bases := map[string]string{}, map[string]string{}
-	for _, ss := range cfg.Subsystems {
-		for _, c := range ss.Config {
-			switch c.Method {
-			case "bdev_aio_create":
-				files[c.Params.Name] = c.Params.Filename
-			case "bdev_error_create":
-				bases["EE_"+c.Params.BaseName] = c.Params.BaseName
-			}
+	for _, c := range configCalls(configJSON) {
+		switch c.Method {
+		case "bdev_aio_create":
+			files[c.Params.Name] = c.Params.Filename
+		case "bdev_error_create":
+			bases["EE_"+c.Params.BaseName] = c.Params.BaseName
 		}
 	}
 	for range 4 { // error bdevs over error bdevs, a few deep
@@ -837,7 +835,6 @@ type loadFault struct{ readAt, writeAt, writeFrom, landedAt int }
 const (
 	wReads        = C.W_READS
 	wWrites       = C.W_WRITES
-	wRefused      = C.W_REFUSED
 	wFailRead     = C.W_FAIL_READ
 	wFailWrite    = C.W_FAIL_WRITE
 	wFailWriteAt  = C.W_FAIL_WRITE_AT

@@ -266,7 +266,6 @@ static inline int weir_set_u64(struct spdk_blob *b, const char *name, uint64_t v
 enum {
 	W_READS,      // reads issued
 	W_WRITES,     // device writes issued
-	W_REFUSED,    // set once a device write was refused
 	W_FAIL_READ,  // the read to fail (0: none)
 	W_FAIL_WRITE, // the first device write to fail (0: none)
 	W_FAIL_WRITE_AT, // the one device write to fail (0: none)
@@ -337,7 +336,6 @@ static inline int weir_filter_write_fails(weir_filter_dev *f) {
 	int n = __atomic_add_fetch(&f->state[W_WRITES], 1, __ATOMIC_SEQ_CST);
 	int from = weir_filter_get(f, W_FAIL_WRITE), at = weir_filter_get(f, W_FAIL_WRITE_AT);
 	if ((from > 0 && n >= from) || n == at) {
-		weir_filter_set(f->state, W_REFUSED, 1);
 		return 1;
 	}
 	return 0;

@@ -1,5 +1,0 @@
-package cache
-
-import "runtime/debug"
-
-func debugSetPanicOnFault() { debug.SetPanicOnFault(true) }
