@@ -74,6 +74,7 @@ type Client struct {
 	doneErr   atomic.Pointer[error]
 	reaperWG  sync.WaitGroup
 	onClose   func() // handshake layer's clean-up; set before use
+	files     *files // what the server passed on the socket; nil without one
 	closeOnce sync.Once
 
 	Stats ClientStats

@@ -20,8 +20,9 @@ import (
 //	                  with the region's memfd in SCM_RIGHTS
 //	client -> server  ack:   16 bytes {u64 ackMagic, u32 ABIVersion, u32 0}
 //
-// After the ack neither side writes to the socket again; it stays open so
-// that its EOF tells each side the other has gone. A pidfd of the peer (from
+// After the ack the client never writes to the socket again, and the
+// server writes only file messages (files.go); it stays open so that its
+// EOF tells each side the other has gone. A pidfd of the peer (from
 // SO_PEERCRED) covers a peer whose socket outlives it in a forked child.
 
 const (
@@ -188,9 +189,11 @@ func parseRights(oob []byte) ([]int, error) {
 }
 
 // watchPeer calls gone once when conn reaches EOF or an error, when the
-// peer sends anything after the handshake, or when the process pid exits.
-// The returned stop ends the watch without calling gone and closes conn.
-func watchPeer(conn *net.UnixConn, pid int32, gone func()) (stop func()) {
+// peer sends anything after the handshake (a server) or anything but file
+// messages (a client, with fs non-nil: they go to fs), or when the process
+// pid exits. The returned stop ends the watch without calling gone and
+// closes conn.
+func watchPeer(conn *net.UnixConn, pid int32, gone func(), fs *files) (stop func()) {
 	var (
 		mu      sync.Mutex
 		stopped bool
@@ -206,8 +209,13 @@ func watchPeer(conn *net.UnixConn, pid int32, gone func()) (stop func()) {
 		gone()
 	}
 	go func() {
-		var b [1]byte
-		_, _ = conn.Read(b[:]) // any byte, EOF or error ends the session
+		if fs != nil {
+			err := readFiles(conn, fs)
+			fs.end(fmt.Errorf("%w (%v)", errSocketRead, err))
+		} else {
+			var b [1]byte
+			_, _ = conn.Read(b[:]) // any byte, EOF or error ends the session
+		}
 		fire()
 	}()
 	var pidf *os.File
@@ -293,7 +301,9 @@ func (l *Listener) Close() error { return l.l.Close() }
 type ServerConn struct {
 	Cred *unix.Ucred
 	*ServerSession
-	stop func()
+	stop   func()
+	conn   *net.UnixConn
+	sendMu sync.Mutex // serialises SendFile
 }
 
 // Accept waits for a client and runs the handshake. ctx bounds only the
@@ -339,8 +349,8 @@ func NewServerConnRegion(ctx context.Context, conn *net.UnixConn, r *Region, h H
 }
 
 func newServerConn(conn *net.UnixConn, r *Region, cred *unix.Ucred, h Handler, mode WaitMode) *ServerConn {
-	sc := &ServerConn{Cred: cred, ServerSession: NewServerSession(r, h, mode)}
-	sc.stop = watchPeer(conn, cred.Pid, sc.ServerSession.PeerGone)
+	sc := &ServerConn{Cred: cred, ServerSession: NewServerSession(r, h, mode), conn: conn}
+	sc.stop = watchPeer(conn, cred.Pid, sc.ServerSession.PeerGone, nil)
 	return sc
 }
 
@@ -381,7 +391,8 @@ func NewClientConn(ctx context.Context, conn *net.UnixConn, opts ClientOptions) 
 		return nil, err
 	}
 	c := NewClient(r, opts)
-	c.onClose = watchPeer(conn, cred.Pid, c.PeerGone)
+	c.files = newFiles()
+	c.onClose = watchPeer(conn, cred.Pid, c.PeerGone, c.files)
 	return c, nil
 }
 
