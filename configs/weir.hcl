@@ -130,6 +130,17 @@ io {
   # How session pollers wait for requests: adaptive spins briefly then
   # sleeps on the doorbell; busy-poll never sleeps (a pinned core each).
   wait_mode = "adaptive"
+
+  # The page cache in shared memory (docs/cache-abi.md): at most this many
+  # bytes of file pages stay resident across all open files (the least
+  # recently filled, not recently used clean pages are evicted past it).
+  # 0 turns the cache off: every read and write goes to the device.
+  cache_size = "1GiB"
+
+  # The largest window a sequential reader's cache misses fill ahead of
+  # what it asked (it starts at 16KiB and doubles per sequential miss);
+  # random access resets it. 0 turns readahead off.
+  readahead = "512KiB"
 }
 
 # Shape of the shared-memory rings created for each client session.

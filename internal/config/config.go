@@ -119,6 +119,14 @@ type IO struct {
 	// blobstore keeps the size it was made with.
 	SPDKClusterSize Size
 	WaitMode        string // wait_mode: adaptive|busy-poll, default adaptive
+	// cache_size: the page cache in shared memory (docs/cache-abi.md):
+	// the most file pages io keeps resident across all open files; 0
+	// turns the cache off (every read and write goes to the device).
+	// Default 1GiB.
+	CacheSize Size
+	// readahead: the largest window a sequential reader's misses fill
+	// ahead of what it asked; 0 turns readahead off. Default 512KiB.
+	Readahead Size
 }
 
 // Ring sizes the shared-memory rings a service creates for each session.
@@ -146,6 +154,10 @@ const (
 	DefaultSQEntries       = 256
 	DefaultArenaSize       = 8 * MiB
 	DefaultBlockSize       = 4 * KiB
+	DefaultCacheSize       = 1 * GiB
+	DefaultReadahead       = 512 * KiB
+	// MaxReadahead bounds io.readahead.
+	MaxReadahead = 64 * MiB
 )
 
 // Allowed values of the enumerated settings, in the order error messages
@@ -182,6 +194,8 @@ func Default() *Config {
 			Direct:      DefaultDirect,
 			WaitMode:    DefaultWaitMode,
 			SPDKWorkers: 1,
+			CacheSize:   DefaultCacheSize,
+			Readahead:   DefaultReadahead,
 		},
 		Ring: Ring{
 			SQEntries: DefaultSQEntries,

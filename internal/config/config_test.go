@@ -39,7 +39,7 @@ func TestDefault(t *testing.T) {
 		},
 		IO: IO{
 			Socket: "/run/weir/io.sock", Backend: "file", Direct: "auto",
-			WaitMode: "adaptive", SPDKWorkers: 1,
+			WaitMode: "adaptive", SPDKWorkers: 1, CacheSize: DefaultCacheSize, Readahead: DefaultReadahead,
 		},
 		Ring:    Ring{SQEntries: 256, ArenaSize: 8 << 20, BlockSize: 4096},
 		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true},
@@ -83,6 +83,8 @@ io {
   backend   = "mem"
   direct    = "off"
   wait_mode = "busy-poll"
+  cache_size = "64MiB"
+  readahead  = 0
 }
 ring {
   sq_entries = 1024
@@ -110,7 +112,7 @@ ring {
 		},
 		IO: IO{
 			Socket: filepath.Join(dir, "io.sock"), Backend: "mem", Direct: "off",
-			WaitMode: "busy-poll", SPDKWorkers: 1,
+			WaitMode: "busy-poll", SPDKWorkers: 1, CacheSize: 64 * MiB,
 		},
 		Ring: Ring{SQEntries: 1024, ArenaSize: 64 * MiB, BlockSize: 64 * KiB},
 	}
@@ -201,6 +203,8 @@ func TestLoadErrors(t *testing.T) {
 		{"arena too big", "ring {\n  arena_size = \"4GiB\"\n}\n", `bad.hcl:2: ring.arena_size: 4GiB: must be below 4GiB`},
 		{"arena one block", "ring {\n  block_size = \"1MiB\"\n  arena_size = \"1MiB\"\n}\n", `bad.hcl:3: ring.arena_size: 1MiB: must hold at least two blocks of 1MiB`},
 		{"arena unit", "ring {\n  arena_size = \"8MB\"\n}\n", `bad.hcl:2: ring.arena_size: size "8MB": unknown unit "MB"`},
+		{"cache unaligned", "io {\n  cache_size = 5000\n}\n", `bad.hcl:2: io.cache_size: 5000B: want a multiple of 4KiB (0 turns the cache off)`},
+		{"readahead too big", "io {\n  readahead = \"1GiB\"\n}\n", `bad.hcl:2: io.readahead: 1GiB: want a multiple of 4KiB up to 64MiB (0 turns readahead off)`},
 		{"null", "log_format = null\n", `bad.hcl:1: log_format: must not be null`},
 		{"empty path", "data_dir = \"\"\n", `bad.hcl:1: data_dir: must not be empty`},
 		{"same sockets", "io {\n  socket = \"/s\"\n}\nmetadata {\n  socket = \"/s\"\n}\n", `bad.hcl:2: io.socket: "/s" is also metadata.socket`},

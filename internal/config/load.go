@@ -113,6 +113,8 @@ type (
 		SPDKWorkers *hcl.Attribute `hcl:"spdk_workers,optional"`
 
 		SPDKClusterSize *hcl.Attribute `hcl:"spdk_cluster_size,optional"`
+		CacheSize       *hcl.Attribute `hcl:"cache_size,optional"`
+		Readahead       *hcl.Attribute `hcl:"readahead,optional"`
 	}
 	ringBlock struct {
 		SQEntries *hcl.Attribute `hcl:"sq_entries,optional"`
@@ -207,6 +209,8 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.int("io.spdk_mem_mb", b.SPDKMemMB, &c.IO.SPDKMemMB)
 		d.int("io.spdk_workers", b.SPDKWorkers, &c.IO.SPDKWorkers)
 		d.size("io.spdk_cluster_size", b.SPDKClusterSize, &c.IO.SPDKClusterSize)
+		d.size("io.cache_size", b.CacheSize, &c.IO.CacheSize)
+		d.size("io.readahead", b.Readahead, &c.IO.Readahead)
 	}
 	if b := fc.Ring; b != nil {
 		d.int("ring.sq_entries", b.SQEntries, &c.Ring.SQEntries)

@@ -126,6 +126,12 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	if cs := c.IO.SPDKClusterSize; cs != 0 && (cs < 64*KiB || !isPow2(uint64(cs))) {
 		bad(at("io.spdk_cluster_size"), "io.spdk_cluster_size", "%s: want 0 or a power of two of at least 64KiB", cs)
 	}
+	if c.IO.CacheSize%(4*KiB) != 0 {
+		bad(at("io.cache_size"), "io.cache_size", "%s: want a multiple of 4KiB (0 turns the cache off)", c.IO.CacheSize)
+	}
+	if ra := c.IO.Readahead; ra%(4*KiB) != 0 || ra > MaxReadahead {
+		bad(at("io.readahead"), "io.readahead", "%s: want a multiple of 4KiB up to %s (0 turns readahead off)", ra, Size(MaxReadahead))
+	}
 	if c.IO.SPDKWorkers < 1 || c.IO.SPDKWorkers > 64 {
 		bad(at("io.spdk_workers"), "io.spdk_workers", "%d: want 1 to 64", c.IO.SPDKWorkers)
 	}
