@@ -41,6 +41,7 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_TRUNCATE", uint64(OpTruncate)),
 		cheader.Def("WEIR_OP_SYNC", uint64(OpSync)),
 		cheader.Def("WEIR_OP_GETATTR", uint64(OpGetAttr)),
+		cheader.Def("WEIR_OP_CACHE_MAP", uint64(OpCacheMap)),
 	}
 }
 

@@ -126,6 +126,9 @@
 //	OpTruncate  Handle, Offset = new size           -
 //	OpSync      Handle, Arg = SyncData (fdatasync) or 0 (fsync)
 //	OpGetAttr   Handle; out: i64 size, i64 mtime, u8 changed
+//	OpCacheMap  Handle (a readable one); result 0, Aux = tag: the file's
+//	            cache region (docs/cache-abi.md), a read-only memfd, comes
+//	            on the session socket with that tag (ring.Client.ReceiveFile)
 //
 // Every decoder here reads untrusted bytes: it never reads past its input
 // and reports a short body as EINVAL. Services validate every decoded

@@ -54,6 +54,7 @@ const (
 	OpTruncate uint8 = 0x43
 	OpSync     uint8 = 0x44
 	OpGetAttr  uint8 = 0x45
+	OpCacheMap uint8 = 0x46
 )
 
 // Opcode ranges of the two services; both lie above the ring's own

@@ -1,6 +1,9 @@
 package cache
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // Region is one mapping of a cache region. The service formats it and owns
 // every transition; a client attaches to it and reads. Its methods take
@@ -54,6 +57,18 @@ func Attach(mem []byte) (*Region, error) {
 	}
 	mapped := (uint64(len(mem)) - HeaderSize) / ChunkSize
 	r.pages = min(c/ChunkBytes, mapped) * ChunkPages
+	return r, nil
+}
+
+// Extend is the service's Attach of a larger mapping it made of its own
+// region, before it grows the region into it: the result covers the whole
+// mapping, so that Grow can raise the capacity to it.
+func Extend(mem []byte) (*Region, error) {
+	r, err := Attach(mem)
+	if err != nil {
+		return nil, err
+	}
+	r.pages = (uint64(len(mem)) - HeaderSize) / ChunkSize * ChunkPages
 	return r, nil
 }
 
@@ -163,26 +178,37 @@ func (r *Region) SetFields(f Fields) {
 
 // Begin makes page p busy for a transition by the service (a fill, an
 // update, an eviction) and returns the busy word, which Publish or Drop
-// take. It fails while the page is busy already or pinned by a writer.
+// take. It fails with ErrBusy while the page is busy already or pinned by
+// a writer, and with ErrInvalid on a malformed word.
 func (r *Region) Begin(p uint64) (Word, error) {
+	b, _, err := r.BeginKind(p)
+	return b, err
+}
+
+// BeginKind is Begin that also returns the page's kind before it became
+// busy (absent or resident).
+func (r *Region) BeginKind(p uint64) (Word, Kind, error) {
 	if p >= r.pages {
-		return 0, errRange
+		return 0, 0, errRange
 	}
 	so := stateOff(p)
 	for {
 		w := Word(r.load32(so))
 		if err := w.Valid(); err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		if w.Kind() == KindBusy || w.Pins() != 0 {
-			return w, fmt.Errorf("cache region: page %d is busy (%#x)", p, uint32(w))
+			return w, 0, fmt.Errorf("%w: page %d (%#x)", ErrBusy, p, uint32(w))
 		}
 		b := w.next(KindBusy, w.Dirty())
 		if r.cas32(so, uint32(w), uint32(b)) {
-			return b, nil
+			return b, w.Kind(), nil
 		}
 	}
 }
+
+// ErrBusy is Begin's error for a page in another transition or pinned.
+var ErrBusy = errors.New("cache region: page is busy")
 
 // Publish ends a transition begun with Begin: page p is resident (dirty if
 // its bytes are not written home).
@@ -220,3 +246,14 @@ func (r *Region) WritePage(p uint64, off int, src []byte) error {
 // service to fill it by reading the device into the mapping, or to punch
 // it out of the memfd).
 func PageOffset(p uint64) uint64 { return pageOff(p) }
+
+// Data returns the data of pages [p, p+n) as one slice of the mapping, for
+// the service to fill them straight from the device; the run must lie in
+// one chunk (a chunk's state page separates it from the next).
+func (r *Region) Data(p uint64, n int) ([]byte, error) {
+	if n <= 0 || p >= r.pages || uint64(n) > r.pages-p || p/ChunkPages != (p+uint64(n)-1)/ChunkPages {
+		return nil, errRange
+	}
+	o := pageOff(p)
+	return r.mem[o : o+uint64(n)*PageSize : o+uint64(n)*PageSize], nil
+}

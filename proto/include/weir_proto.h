@@ -125,6 +125,7 @@
 #define WEIR_OP_TRUNCATE 0x43u
 #define WEIR_OP_SYNC 0x44u
 #define WEIR_OP_GETATTR 0x45u
+#define WEIR_OP_CACHE_MAP 0x46u /* result 0, aux = tag: the read-only cache region memfd arrives on the session socket */
 
 #define WEIR_WRITE_APPEND 1u
 #define WEIR_SYNC_DATA 1u
