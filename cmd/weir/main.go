@@ -9,6 +9,7 @@
 //	weir check    [--json] [--repair] [--data DIR]   fsck of a stopped data directory (read-only unless --repair)
 //	weir format   --yes [--config FILE] [--data DIR]  erase a stopped stack: namespace and store (SPDK: a new blobstore)
 //	weir nats-config [--config FILE] [--data DIR]    the nats-server authorization an external server needs
+//	weir drop-caches [--config FILE] [--data DIR]    empty the IO service's page cache (cold-read measurements)
 //	weir metadata [--config FILE] --nats-url URL    run the metadata service (what weir up starts)
 //	weir io       [--config FILE] --nats-url URL    run the IO service (what weir up starts)
 //
@@ -40,6 +41,7 @@ var commands = map[string]command{
 	"format":      {"erase a stopped stack: its namespace and its store (every file is lost; needs --yes)", cmdFormat},
 	"doctor":      {"check what the SPDK backend needs on this host and print the fix for each problem", cmdDoctor},
 	"nats-config": {"print the authorization block an external nats-server needs for this stack", cmdNATSConfig},
+	"drop-caches": {"evict every clean page of the IO service's page cache (as drop_caches does the kernel's)", cmdDropCaches},
 }
 
 // Every service of the registry is a command that runs it in this

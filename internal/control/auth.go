@@ -94,7 +94,7 @@ func PermissionsOf(namespace string, r Role) Permissions {
 	case RoleIO:
 		return Permissions{
 			Publish:   []string{s.Session, s.SetLive},
-			Subscribe: append([]string{s.IO, inbox}, service("io")...),
+			Subscribe: append([]string{s.IO, inbox, namespace + ".io.*." + DropCacheEndpoint}, service("io")...),
 			Responses: true,
 		}
 	case RoleJournal, RoleVerifier:
@@ -105,7 +105,8 @@ func PermissionsOf(namespace string, r Role) Permissions {
 	case RoleCLI:
 		return Permissions{
 			Publish: []string{"$SRV.PING", "$SRV.INFO", "$SRV.STATS",
-				namespace + ".*.*." + HealthEndpoint, namespace + ".*.*." + StatsEndpoint},
+				namespace + ".*.*." + HealthEndpoint, namespace + ".*.*." + StatsEndpoint,
+				namespace + ".io.*." + DropCacheEndpoint},
 			Subscribe: []string{inbox},
 		}
 	}

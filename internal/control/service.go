@@ -18,6 +18,10 @@ const ServicePrefix = "weir-"
 const (
 	HealthEndpoint = "health"
 	StatsEndpoint  = "stats"
+	// DropCacheEndpoint (the IO service's) evicts every clean page of its
+	// page cache, as `echo 3 > /proc/sys/vm/drop_caches` does the
+	// kernel's: `weir drop-caches`, and benchmarks of cold reads.
+	DropCacheEndpoint = "drop-cache"
 )
 
 // ServiceInfo names a service. Name is "weir-<short>" with short made of
@@ -27,6 +31,9 @@ const (
 type ServiceInfo struct {
 	Name, Version, Description string
 	Namespace                  string
+	// Endpoints are more endpoints of the service's group, by name: each
+	// replies the JSON of what its function returns, or the error.
+	Endpoints map[string]func() (any, error)
 }
 
 // NamespaceKey is the micro service metadata key that holds the NATS
@@ -95,6 +102,19 @@ func Register(nc *nats.Conn, info ServiceInfo, healthFn func() error, statsFn fu
 			}
 			_ = req.Respond(b)
 		}), micro.WithEndpointSubject(id+"."+StatsEndpoint))
+	}
+	for name, fn := range info.Endpoints {
+		if err != nil {
+			break
+		}
+		err = g.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
+			v, err := fn()
+			if err != nil {
+				_ = req.Error("500", name+": "+err.Error(), nil)
+				return
+			}
+			_ = req.RespondJSON(v)
+		}), micro.WithEndpointSubject(id+"."+name))
 	}
 	if err != nil {
 		_ = svc.Stop()

@@ -280,3 +280,34 @@ func counters(stats map[string]any) string {
 	walk("", stats)
 	return strings.Join(parts, " ")
 }
+
+// Call discovers the instances of service (a "weir-" name) in namespace
+// and sends each an empty request on its endpoint, returning the replies
+// by instance id. No instance within discoverMax is an error.
+func Call(ctx context.Context, nc *nats.Conn, namespace, service, endpoint string) (map[string]any, error) {
+	infos, err := discover(ctx, nc, cmp.Or(namespace, DefaultNamespace), []string{service})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]any{}
+	for _, info := range infos {
+		if info.Name != service {
+			continue
+		}
+		subj := ""
+		for _, e := range info.Endpoints {
+			if e.Name == endpoint {
+				subj = e.Subject
+			}
+		}
+		var v any
+		if err := request(ctx, nc, subj, &v); err != nil {
+			return out, fmt.Errorf("%s %s: %w", service, info.ID, err)
+		}
+		out[info.ID] = v
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s: no instance answered within %v", service, discoverMax)
+	}
+	return out, nil
+}

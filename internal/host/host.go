@@ -49,6 +49,9 @@ type Options struct {
 	Logger      hclog.Logger
 	// RequestTimeout bounds each control request the service sends; 0 = 5s.
 	RequestTimeout time.Duration
+	// Endpoints are the service's own endpoints besides health and stats
+	// (control.ServiceInfo.Endpoints).
+	Endpoints map[string]func() (any, error)
 }
 
 // DefaultRequestTimeout bounds a control request when Options leave it 0.
@@ -185,6 +188,7 @@ func (h *Host) start(health func() error, stats func() map[string]any) error {
 	}
 	ctl, err := control.Register(nc, control.ServiceInfo{
 		Name: h.opts.Name, Version: h.opts.Version, Namespace: h.opts.Namespace, Description: h.opts.Description,
+		Endpoints: h.opts.Endpoints,
 	}, func() error {
 		if err := h.Health(); err != nil {
 			return err
