@@ -86,6 +86,9 @@ type FS struct {
 
 	// Recoveries counts the times the sessions were re-established.
 	Recoveries atomic.Uint64
+	// CacheHits counts reads served from cache regions alone (no round
+	// trip); CacheMisses reads that had to ask the IO service for part.
+	CacheHits, CacheMisses atomic.Uint64
 }
 
 var (

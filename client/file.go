@@ -41,6 +41,14 @@ type File struct {
 	synced    uint64 // the file is dirty while they differ
 	lost      error  // writes lost with an IO service that died: the next Sync returns it, once
 
+	// The cache region's mapping (cache.go): fcache is the mapping of
+	// generation fcache.gen; noCache is 1 + the generation in which
+	// mapping failed (the file reads through the ring there).
+	cmu       sync.Mutex
+	fcache    *fileCache // protected by cmu
+	noCache   uint64     // protected by cmu
+	ringReads atomic.Int32
+
 	mu       sync.Mutex // protects off, dirAfter, dirDone
 	off      int64
 	dirAfter string
@@ -301,6 +309,12 @@ func (fl *File) Close() error {
 	f.filesMu.Lock()
 	delete(f.files, fl)
 	f.filesMu.Unlock()
+	fl.cmu.Lock()
+	if fl.fcache != nil {
+		fl.fcache.unmap()
+		fl.fcache = nil
+	}
+	fl.cmu.Unlock()
 	c := f.current()
 	fl.hmu.Lock()
 	h, gen, gone := fl.handle, fl.gen, fl.gone
@@ -327,6 +341,15 @@ func (fl *File) readAt(p []byte, off int64) (int, error) {
 	if fl.dir {
 		return 0, syscall.EISDIR
 	}
+	if n, err, ok := fl.readCached(p, off); ok {
+		return n, err
+	}
+	return fl.readRing(p, off)
+}
+
+// readRing reads into p at off through the ring, in requests of at most
+// one chunk.
+func (fl *File) readRing(p []byte, off int64) (int, error) {
 	n := 0
 	for n < len(p) {
 		c := fl.fs.current()

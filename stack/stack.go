@@ -160,6 +160,8 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 		Ring:           RingConfig(c),
 		WaitMode:       waitMode(c),
 		Logger:         log,
+		CacheSize:      int64(c.IO.CacheSize),
+		Readahead:      int64(c.IO.Readahead),
 	}
 }
 

@@ -364,7 +364,7 @@ func (r *report) markdown() string {
 		s.SeqSize/mib)
 	fmt.Fprintf(&b, "- Cache (the rows of issue 9's page cache): a %d MiB file per target, written in full (1 MiB writes, fsync). Warm: read right after, so in the kernel's page cache for os. "+
 		"Cold: after `echo 3 > /proc/sys/vm/drop_caches` (root only; the rows are n/a otherwise) before each target, and only a sixteenth of the file's blocks read at random, so that the row does not warm the cache much. "+
-		"weir has no cache of its own yet: its cold and warm rows are the same path. Two processes: a second driver process of the target opens the file; one writes 4 KiB blocks at random while the other reads, for the same window; "+
+		"weir's cold rows also empty its page cache first (`weir drop-caches`). Two processes: a second driver process of the target opens the file; one writes 4 KiB blocks at random while the other reads, for the same window; "+
 		"their service CPU is the services' for both processes' ops.\n", s.RandSize/mib)
 	b.WriteString("- Durability: no row's writes are followed by fsync except the write + fsync rows and the final fsync column. " +
 		"os buffered writes end in the page cache, and its buffered reads of files it has just written come from the page cache.\n")

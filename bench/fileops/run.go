@@ -6,6 +6,7 @@ import (
 	"io"
 	"log"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -117,7 +118,14 @@ func run(ctx context.Context, cfg options, logger *log.Logger) (rep *report, err
 	// The embedded NATS server runs in this process, which otherwise only
 	// waits for the drivers: its CPU time counts as weir's.
 	r := &runner{ctx: ctx, rep: rep, logger: logger, services: append(slices.Clone(servicePIDs), os.Getpid()),
-		drivers: map[string]*driverProc{}, driverArgs: map[string][]string{}, na: map[string]string{}, dir: parent}
+		drivers: map[string]*driverProc{}, driverArgs: map[string][]string{}, na: map[string]string{}, dir: parent,
+		dropWeir: func() error {
+			out, err := exec.Command(exe, "drop-caches", "--config", w.cfgPath).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("weir drop-caches: %w: %s", err, out)
+			}
+			return nil
+		}}
 	defer r.stopDrivers()
 	for _, t := range allTargets {
 		var args []string
@@ -172,6 +180,8 @@ type runner struct {
 	// na remembers "target/file" pairs a target could not create (O_DIRECT
 	// refused), so the workloads that use the file are n/a too.
 	na map[string]string
+	// dropWeir empties the IO service's page cache (weir drop-caches).
+	dropWeir func() error
 }
 
 func (r *runner) stopDrivers() {
@@ -317,7 +327,11 @@ func (r *runner) cache(s settings) error {
 	} {
 		for _, t := range dataTargets {
 			if step.drop {
-				if err := dropCaches(r.dir); err != nil {
+				err := dropCaches(r.dir)
+				if err == nil && t == targetWeir {
+					err = r.dropWeir()
+				}
+				if err != nil {
 					r.naRow(famCache, step.wl, t, step.q, err.Error())
 					continue
 				}
@@ -404,8 +418,10 @@ func (r *runner) naRow(family, wl, t string, q request, why string) {
 }
 
 // dropCaches writes back what is dirty under dir and drops the kernel's
-// page cache, dentries and inodes (root only). weir has no cache of its
-// own yet (issue 9), so a cold weir read is every read.
+// page cache, dentries and inodes (root only). A cold weir row also
+// empties weir's own cache (runner.dropWeir): the file backend's blobs
+// are files under dir, read with O_DIRECT, so the kernel's cache holds
+// none of them.
 func dropCaches(dir string) error {
 	if err := syncFS(dir); err != nil {
 		return err

@@ -83,7 +83,7 @@ func (s *Service) onGrant(m *nats.Msg) {
 	// The handle is not in the table yet, so no request can use it while
 	// the blob is emptied; the next control message waits (ordered).
 	if g.Truncate {
-		if err := ob.b.Truncate(0); err != nil {
+		if err := s.truncateBlob(ob, 0); err != nil {
 			s.releaseBlob(ob)
 			control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
 			return
@@ -237,6 +237,7 @@ func (s *Service) onDelete(m *nats.Msg) {
 	}
 	// Off the ordered subscription: deleting a large file can take long,
 	// and grants and revokes must not wait for it.
+	s.dropRegion(id)
 	if !s.background(func() {
 		err := s.be.Delete(id)
 		<-s.delSem

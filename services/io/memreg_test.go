@@ -224,11 +224,19 @@ type ioEnv struct {
 }
 
 // startIO runs the services; newRegion, when not nil, replaces how the IO
-// service creates session regions.
+// service creates session regions. The page cache is off: these tests
+// count what reaches the backend (cachedIO turns it on).
 func startIO(t *testing.T, be backend.Backend, newRegion func(ring.Config) (*ring.Region, error)) *ioEnv {
+	t.Helper()
+	return startIOWith(t, be, newRegion, func(c *config.Config) { c.IO.CacheSize = 0 })
+}
+
+// startIOWith is startIO with the configuration changed by edit.
+func startIOWith(t *testing.T, be backend.Backend, newRegion func(ring.Config) (*ring.Region, error), edit func(*config.Config)) *ioEnv {
 	t.Helper()
 	c := stacktest.Config(t, "")
 	c.Ring.ArenaSize = 1 << 20 // with the queues, one 2 MiB huge page
+	edit(c)
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
 	}

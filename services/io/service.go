@@ -48,6 +48,10 @@ type Options struct {
 	// Version is the version the service reports on NATS; "" means
 	// "0.0.0-dev".
 	Version string
+	// CacheSize bounds the page cache in shared memory (bytes of resident
+	// file pages across all open files); 0 turns it off. Readahead is the
+	// largest window a sequential reader's misses fill ahead (bytes).
+	CacheSize, Readahead int64
 }
 
 // Stats are the service's counters, reported on NATS.
@@ -74,6 +78,9 @@ type Stats struct {
 	// AdoptionsRefused counts grants of new files whose blob existed
 	// already (control.Grant.Fresh): refused, not served.
 	AdoptionsRefused atomic.Uint64
+	// RegionFailures counts cache regions that could not be made: those
+	// files are served without the cache.
+	RegionFailures atomic.Uint64
 
 	// Zero-copy memory (backends that implement backend.MemRegistrar).
 	HugePageFallbacks     atomic.Uint64 // sessions given ordinary pages: no huge page region could be made
@@ -101,6 +108,23 @@ func (s *Service) Snapshot() map[string]any {
 		"metadata_incarnation":    s.inc.Load(),
 		"metadata_connected":      s.peer != nil && s.peer.Up(),
 	}
+	if pc := s.pc; pc != nil {
+		m["cache_limit_pages"] = pc.limit
+		m["cache_resident_pages"] = pc.resident.Load()
+		m["cache_regions"] = pc.Regions.Load()
+		m["cache_maps"] = pc.Maps.Load()
+		m["cache_hits"] = pc.Hits.Load()
+		m["cache_misses"] = pc.Misses.Load()
+		m["cache_fills"] = pc.Fills.Load()
+		m["cache_filled_pages"] = pc.FilledPages.Load()
+		m["cache_readahead_pages"] = pc.ReadaheadPages.Load()
+		m["cache_evictions"] = pc.Evictions.Load()
+		m["cache_bypassed_pages"] = pc.Bypassed.Load()
+		m["cache_write_allocated_pages"] = pc.WriteAllocated.Load()
+		m["cache_write_updated_pages"] = pc.WriteUpdated.Load()
+		m["cache_memory_bytes"] = s.cacheMemory()
+	}
+	m["cache_region_failures"] = st.RegionFailures.Load()
 	if r, ok := s.be.(backend.Reporter); ok {
 		for k, v := range r.Counters() {
 			m[k] = v
@@ -149,6 +173,18 @@ type openBlob struct {
 
 	refs int    // grants + in-flight requests; protected by Service.mu
 	ver  uint64 // version of the last grant or revoke applied; protected by Service.mu
+
+	// The blob's cache region, made at its first read (regionOf), or
+	// kept from an earlier opening (openBlobLocked); nil while there is
+	// none or the cache is off.
+	rmu    sync.Mutex
+	reg    *region // protected by rmu; read without it through cached
+	cached atomic.Pointer[region]
+	rfail  bool // making the region failed: the blob goes uncached; protected by rmu
+	// rgate: a write or truncate of the blob while it has no region holds
+	// it shared; making the region takes it exclusive, so that no fill
+	// can read the device under a change the region does not know of.
+	rgate sync.RWMutex
 }
 
 // grant is a session's handle on a blob, as the metadata service granted
@@ -163,6 +199,12 @@ type grant struct {
 	active  int           // requests in flight; protected by Service.mu
 	revoked bool          // protected by Service.mu
 	drained chan struct{} // closed once revoked and active is 0
+
+	// The sequential read detector (readahead): where the last read
+	// ended and the readahead window it got, in pages. Racing reads of
+	// one handle only blur it.
+	raNext atomic.Int64
+	raWin  atomic.Int32
 }
 
 // Service is the IO service.
@@ -220,6 +262,15 @@ type Service struct {
 	syncFailure atomic.Pointer[error]
 	// creates makes blob creates durable at the fsync that needs them.
 	creates createSync
+	// pc is the page cache; nil when Options.CacheSize is 0.
+	pc *pageCache
+	// regions are the blobs' cache regions, open or not: a region
+	// outlives its blob's closing (its pages stay cached, as the kernel's
+	// do after close) until the blob is deleted or maxIdleRegions newer
+	// idle ones push it out. idle lists those of closed blobs, least
+	// recently closed first. Both protected by mu.
+	regions map[backend.BlobID]*region
+	idle    []*region
 	bg      sync.WaitGroup // revocations waiting, live reports after a resync, deletes, blob listings
 	// stopping: Shutdown waits for bg; nothing more may start (protected by mu).
 	stopping bool
@@ -238,9 +289,13 @@ func New(opts Options) (*Service, error) {
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = host.DefaultRequestTimeout
 	}
+	var s *Service
 	h, err := host.New(host.Options{
 		Name: ServiceName, Description: "blob storage and the data path", Version: opts.Version,
 		Namespace: opts.NATSNamespace, NATS: opts.NATS, Logger: opts.Logger, RequestTimeout: opts.RequestTimeout,
+		Endpoints: map[string]func() (any, error){
+			control.DropCacheEndpoint: func() (any, error) { return s.DropCache(), nil },
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("iosvc: %w", err)
@@ -249,7 +304,7 @@ func New(opts Options) (*Service, error) {
 	if reg != nil && reg.HugePages() {
 		opts.Ring.HugePages = true
 	}
-	s := &Service{
+	s = &Service{
 		opts: opts, log: opts.Logger, be: opts.Backend, host: h, subj: h.Subjects(),
 		reg: reg, newRegion: ring.Create,
 		blobs:      make(map[backend.BlobID]*openBlob),
@@ -257,11 +312,15 @@ func New(opts Options) (*Service, error) {
 		delSem:     make(chan struct{}, maxDeletes),
 		grants:     make(map[uint64]map[uint64]*grant),
 		sessions:   make(map[uint64]*session),
+		regions:    make(map[backend.BlobID]*region),
 		resynced:   make(chan struct{}),
 		wrongStore: make(chan struct{}),
 	}
 	s.dv.Store(uint64(time.Now().UnixNano()))
 	s.creates.be = opts.Backend
+	if opts.CacheSize > 0 {
+		s.pc = newPageCache(opts.CacheSize, opts.Readahead)
+	}
 	return s, nil
 }
 
@@ -447,6 +506,13 @@ func (s *Service) Shutdown(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("close blob %d: %w", ob.id, err))
 		}
 	}
+	s.mu.Lock()
+	regions := s.regions
+	s.regions, s.idle = map[backend.BlobID]*region{}, nil
+	s.mu.Unlock()
+	for _, r := range regions {
+		r.close()
+	}
 	if s.peer != nil {
 		s.peer.Close()
 	}
@@ -471,11 +537,177 @@ func (ob *openBlob) live() (size, mtime int64, dv uint64) {
 	return size, mtime, dv
 }
 
-// touch records a change of the blob; call it after the change.
+// touch records a change of the blob; call it after the change. The cache
+// region's field group follows.
 func (s *Service) touch(ob *openBlob) {
 	ob.mtime.Store(time.Now().UnixNano())
 	ob.wrote.Store(true)
 	ob.dv.Store(s.dv.Add(1))
+	if r := ob.cached.Load(); r != nil {
+		r.setFields(ob.live())
+	}
+}
+
+// regionOf returns the blob's cache region, making it at the first call;
+// nil when the cache is off or the region could not be made (counted in
+// cache_region_failures and logged once: the blob is served uncached).
+func (s *Service) regionOf(ob *openBlob) *region {
+	if r := ob.cached.Load(); r != nil || s.pc == nil {
+		return r
+	}
+	ob.rmu.Lock()
+	defer ob.rmu.Unlock()
+	if ob.reg != nil || ob.rfail {
+		return ob.reg
+	}
+	ob.rgate.Lock()
+	defer ob.rgate.Unlock()
+	r, err := s.pc.newRegion(ob.id, ob.ino, ob.b.Size())
+	if err != nil {
+		ob.rfail = true
+		if s.Stats.RegionFailures.Add(1) == 1 {
+			s.log.Warn("cannot make a cache region: the file is served without the cache (later failures are counted in cache_region_failures)",
+				"blob", ob.id, "error", err)
+		}
+		return nil
+	}
+	r.setFields(ob.live())
+	s.mu.Lock()
+	old := s.regions[ob.id]
+	s.regions[ob.id] = r
+	ob.reg = r
+	ob.cached.Store(r)
+	s.mu.Unlock()
+	if old != nil {
+		// An idle region that openBlobLocked did not take: it would have
+		// (nothing else makes one), but never leave two.
+		s.mu.Lock()
+		s.unidleLocked(old)
+		s.mu.Unlock()
+		old.close()
+	}
+	return r
+}
+
+// cachedGated returns the blob's region, or nil holding rgate shared until
+// unlock is called: no region is made meanwhile.
+func (ob *openBlob) cachedGated() (r *region, unlock func()) {
+	if r := ob.cached.Load(); r != nil {
+		return r, func() {}
+	}
+	ob.rgate.RLock()
+	if r := ob.cached.Load(); r != nil {
+		ob.rgate.RUnlock()
+		return r, func() {}
+	}
+	return nil, ob.rgate.RUnlock
+}
+
+// maxIdleRegions bounds the regions of closed blobs kept (each holds a
+// memfd and its mappings; their pages count against the cache size).
+const maxIdleRegions = 1024
+
+// idleRegionLocked keeps the region of a blob that closed, and returns
+// the idle region pushed out past maxIdleRegions, for the caller to close
+// after it released s.mu. s.mu is held.
+func (s *Service) idleRegionLocked(r *region) *region {
+	if s.regions[r.id] != r {
+		return nil
+	}
+	s.idle = append(s.idle, r)
+	if len(s.idle) <= maxIdleRegions {
+		return nil
+	}
+	old := s.idle[0]
+	s.idle = s.idle[1:]
+	delete(s.regions, old.id)
+	return old
+}
+
+// unidleLocked takes r off the idle list: its blob is open again. s.mu is
+// held.
+func (s *Service) unidleLocked(r *region) {
+	for i, x := range s.idle {
+		if x == r {
+			s.idle = append(s.idle[:i], s.idle[i+1:]...)
+			return
+		}
+	}
+}
+
+// dropRegion closes the region of a blob that is not open (being
+// deleted).
+func (s *Service) dropRegion(id backend.BlobID) {
+	s.mu.Lock()
+	r := s.regions[id]
+	if r != nil {
+		delete(s.regions, id)
+		s.unidleLocked(r)
+	}
+	s.mu.Unlock()
+	if r != nil {
+		r.close()
+	}
+}
+
+// DropCacheResult is what DropCache did.
+type DropCacheResult struct {
+	Evicted  int64 `json:"evicted_pages"`
+	Resident int64 `json:"resident_pages"` // left: busy in a transition meanwhile
+}
+
+// DropCache evicts every clean page that is not busy from every region,
+// as drop_caches does the kernel's page cache.
+func (s *Service) DropCache() DropCacheResult {
+	if s.pc == nil {
+		return DropCacheResult{}
+	}
+	s.mu.Lock()
+	rs := make([]*region, 0, len(s.regions))
+	for _, r := range s.regions {
+		rs = append(rs, r)
+	}
+	s.mu.Unlock()
+	var n int64
+	for _, r := range rs {
+		n += r.dropAll()
+	}
+	s.pc.Evictions.Add(uint64(n))
+	return DropCacheResult{Evicted: n, Resident: s.pc.resident.Load()}
+}
+
+// cacheMemory sums the memory the open regions hold.
+func (s *Service) cacheMemory() int64 {
+	s.mu.Lock()
+	rs := make([]*region, 0, len(s.regions))
+	for _, r := range s.regions {
+		rs = append(rs, r)
+	}
+	s.mu.Unlock()
+	var n int64
+	for _, r := range rs {
+		n += r.memoryBytes()
+	}
+	return n
+}
+
+// truncateBlob truncates the blob and drops its cached pages past the new
+// size; no fill or write of the region runs meanwhile.
+func (s *Service) truncateBlob(ob *openBlob, size int64) error {
+	r, unlock := ob.cachedGated()
+	defer unlock()
+	if r != nil {
+		r.life.RLock()
+		defer r.life.RUnlock()
+		r.trunc.Lock()
+		defer r.trunc.Unlock()
+		if err := ob.b.Truncate(size); err != nil {
+			return err
+		}
+		r.truncated(size)
+		return nil
+	}
+	return ob.b.Truncate(size)
 }
 
 // metaLink follows the service session with the metadata service: while
@@ -629,6 +861,15 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*op
 	}
 	ob := &openBlob{id: id, ino: ino, b: b, refs: 1}
 	ob.dv.Store(s.dv.Add(1)) // newer than any report of this blob so far
+	if r := s.regions[id]; r != nil {
+		// Cached from when it was open before: nothing changed the blob
+		// since (every change goes through an open blob; a delete drops
+		// the region).
+		s.unidleLocked(r)
+		ob.reg = r
+		ob.cached.Store(r)
+		r.setFields(ob.live())
+	}
 	s.blobs[id] = ob
 	return ob, nil
 }
@@ -649,7 +890,14 @@ func (s *Service) releaseBlob(ob *openBlob) {
 	if last {
 		delete(s.blobs, ob.id)
 	}
+	var drop *region
+	if last && ob.reg != nil {
+		drop = s.idleRegionLocked(ob.reg)
+	}
 	s.mu.Unlock()
+	if drop != nil {
+		drop.close()
+	}
 	if last {
 		if err := ob.b.Close(); err != nil {
 			s.log.Warn("close blob", "blob", ob.id, "error", err)

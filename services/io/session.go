@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/hashicorp/go-hclog"
@@ -14,6 +15,7 @@ import (
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/host"
 	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/proto/cache"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -34,6 +36,8 @@ type session struct {
 	// again.
 	resync uint64
 	mem    []byte // the region as registered with the backend; nil if not registered
+	sc     *ring.ServerConn
+	tags   atomic.Uint64 // tags of the files passed on the socket (OpCacheMap)
 }
 
 var _ host.Drainer = (*session)(nil)
@@ -48,6 +52,7 @@ func (s *session) Handler() ring.Handler { return s.mux }
 
 func (s *session) Started(sc *ring.ServerConn) error {
 	s.cred = sc.Cred
+	s.sc = sc
 	s.svc.Stats.Sessions.Add(1)
 	s.registerMem(sc.Region())
 	return nil
@@ -132,6 +137,7 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpTruncate, s.truncate)
 	s.mux.Handle(proto.OpSync, s.sync)
 	s.mux.Handle(proto.OpGetAttr, s.getattr)
+	s.mux.Handle(proto.OpCacheMap, s.cacheMap)
 }
 
 var errEOF = io.EOF
@@ -278,9 +284,13 @@ func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
 		return fail(syscall.EINVAL)
 	}
 	off := int64(q.Offset)
-	if off >= g.blob.b.Size() {
+	size := g.blob.b.Size()
+	if off >= size {
 		s.svc.Stats.Reads.Add(1)
 		return 0, 0
+	}
+	if r := s.svc.regionOf(g.blob); r != nil && off < cache.MaxCapacity {
+		return s.readCached(g, r, q, off, size)
 	}
 	var n int64
 	for i := 0; i < len(q.Segs); {
@@ -298,6 +308,52 @@ func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
 	s.svc.Stats.Reads.Add(1)
 	s.svc.Stats.BytesRead.Add(uint64(n))
 	return n, 0
+}
+
+// readCached is read through the blob's cache region: the bytes up to the
+// file's size, from resident pages, filling the missing ones with
+// readahead.
+func (s *session) readCached(g *grant, r *region, q *ring.Request, off, size int64) (int64, uint64) {
+	ra := g.readahead(off, int64(q.Length), s.svc.pc.readahead)
+	var n int64
+	for i := 0; i < len(q.Segs) && off+n < size; {
+		var run []byte
+		run, i = q.Run(i)
+		run = run[:min(int64(len(run)), size-(off+n))]
+		m, err := r.read(g.blob.b, run, off+n, size, ra)
+		n += int64(m)
+		if err != nil {
+			if n > 0 {
+				break
+			}
+			return fail(errno(err))
+		}
+		if m < len(run) {
+			break
+		}
+	}
+	s.svc.Stats.Reads.Add(1)
+	s.svc.Stats.BytesRead.Add(uint64(n))
+	return n, 0
+}
+
+// readahead is the window (pages) a read of n bytes at off gets: a read
+// that starts where the last one ended, or inside the window that one read
+// ahead (the client read those pages from its mapping), is sequential and
+// doubles the window from 4 pages up to max; any other resets it.
+func (g *grant) readahead(off, n int64, maxPages int) int {
+	if maxPages <= 0 {
+		return 0
+	}
+	prev := g.raNext.Swap(off + n)
+	win := int(g.raWin.Load())
+	if off < prev || off > prev+int64(win)*cache.PageSize {
+		g.raWin.Store(0)
+		return 0
+	}
+	win = min(max(2*win, 4), maxPages)
+	g.raWin.Store(int32(win))
+	return win
 }
 
 // write serves a write with the grant use returned and ends it. A write
@@ -328,18 +384,57 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 			return fail(errno(err))
 		}
 	}
+	// A cached file's pages in the range stay busy from before the device
+	// write until the cache holds the new bytes: no fill can publish older
+	// ones, no reader sees a page half updated.
+	var (
+		cr      *region
+		lr      *lockedRange
+		runs    [][]byte
+		oldSize int64
+	)
+	if s.svc.pc != nil && q.Length > 0 {
+		s.svc.regionOf(ob) // a file written is cached as it is written
+	}
+	r, ungate := ob.cachedGated()
+	defer ungate()
+	if r != nil && q.Length > 0 && off < cache.MaxCapacity {
+		r.life.RLock()
+		defer r.life.RUnlock()
+		r.trunc.RLock()
+		defer r.trunc.RUnlock()
+		p1 := min((uint64(off)+uint64(q.Length)+cache.PageSize-1)/cache.PageSize, cache.MaxCapacity/cache.PageSize)
+		var err error
+		if lr, err = r.lock(uint64(off)/cache.PageSize, p1); err != nil {
+			return fail(errno(err))
+		}
+		// The size as of now that the pages are ours: every write that put
+		// bytes in them is done, so bytes of theirs lie below it (written
+		// caches a page only where the rest reads zeros).
+		oldSize = ob.b.Size()
+		cr = r
+	}
 	var n int64
 	for i := 0; i < len(q.Segs); {
 		var run []byte
 		run, i = q.Run(i)
 		m, err := ob.b.WriteAt(run, off+n)
 		n += int64(m)
+		if cr != nil {
+			runs = append(runs, run)
+		}
 		if err != nil {
 			if n > 0 {
 				break // report the partial write, as write(2) does
 			}
+			if lr != nil {
+				lr.release()
+			}
 			return fail(errno(err))
 		}
+	}
+	if lr != nil {
+		cr.written(lr, runs, off, n, oldSize)
 	}
 	if n > 0 {
 		s.svc.touch(ob)
@@ -366,7 +461,7 @@ func (s *session) truncate(q *ring.Request) (int64, uint64) {
 	if int64(q.Offset) < 0 {
 		return fail(syscall.EINVAL)
 	}
-	if err := g.blob.b.Truncate(int64(q.Offset)); err != nil {
+	if err := s.svc.truncateBlob(g.blob, int64(q.Offset)); err != nil {
 		return fail(errno(err))
 	}
 	s.svc.touch(g.blob)
@@ -439,6 +534,31 @@ func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
 // answers ESTALE (the client re-establishes itself and syncs again), a
 // write with O_SYNC EIO (it happened; the size is not durable).
 const errMetadataUnreachable = syscall.EHOSTUNREACH
+
+// cacheMap passes the handle's cache region to the client: a read-only
+// memfd on the session socket, tagged with the completion's Aux. A handle
+// that cannot read gets EBADF; without the cache, EOPNOTSUPP (the client
+// reads through the ring); a client that leaves its socket unread, EAGAIN.
+func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
+	g, e := s.use(q, accRead)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.done(g)
+	r := s.svc.regionOf(g.blob)
+	if r == nil {
+		return fail(syscall.EOPNOTSUPP)
+	}
+	tag := s.tags.Add(1)
+	if err := s.sc.SendFile(tag, r.ro); err != nil {
+		if errors.Is(err, ring.ErrSocketFull) {
+			return fail(syscall.EAGAIN)
+		}
+		return fail(syscall.EIO)
+	}
+	s.svc.pc.Maps.Add(1)
+	return 0, tag
+}
 
 func (s *session) getattr(q *ring.Request) (int64, uint64) {
 	g, e := s.use(q, accAny)

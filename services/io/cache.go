@@ -1,0 +1,743 @@
+package iosvc
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/proto/cache"
+	"github.com/weir-storage/weir/services/io/backend"
+)
+
+// The page cache in shared memory (docs/cache-abi.md). Each open blob that
+// is read gets a region: a memfd holding a header (the live size, mtime
+// and data version) and the file's pages at their offsets, sparse. io
+// fills pages on a miss, with readahead; serves reads from resident pages;
+// keeps them coherent with every write, which goes to the device first
+// (write-through: nothing is lost that a write returned); and evicts clean
+// pages past Options.CacheSize. Clients map the region read-only
+// (OpCacheMap) and read resident pages without a round trip.
+//
+// Who changes what: only io changes state words, the field group and page
+// bytes (clients map read-only). A page's state word doubles as its lock:
+// Begin makes it busy, Publish or Drop ends the transition. Fills and
+// evictions never wait for a busy page (they skip it); writes and
+// truncates wait, taking pages in ascending order, so no wait cycle can
+// form. io keeps its own copy of which pages are resident (res), so that
+// it never trusts the mapping for its accounting.
+
+// pageCache counts every region's resident pages against the limit and
+// evicts in CLOCK order: pages queue in the order they were filled; a page
+// io served a read from since it was queued (ref) gets a second pass.
+// Reads that clients serve themselves from the mapping are not seen, so a
+// page only clients read ages as in FIFO order.
+type pageCache struct {
+	limit     int64 // pages; 0: the cache is off
+	readahead int   // pages: the largest readahead window
+
+	resident atomic.Int64 // pages resident in all regions
+
+	mu    sync.Mutex // protects queue, head; taken after region.bmu never
+	queue []pageRef
+	head  int
+
+	Fills, FilledPages, ReadaheadPages atomic.Uint64
+	Hits, Misses, Evictions, Bypassed  atomic.Uint64
+	Regions                            atomic.Int64
+	Maps                               atomic.Uint64 // regions passed to clients
+	WriteAllocated, WriteUpdated       atomic.Uint64 // pages a write stored into the cache
+}
+
+type pageRef struct {
+	r *region
+	p uint64
+}
+
+func newPageCache(limitBytes, readaheadBytes int64) *pageCache {
+	return &pageCache{limit: limitBytes / cache.PageSize, readahead: int(readaheadBytes / cache.PageSize)}
+}
+
+func (pc *pageCache) enabled() bool { return pc != nil && pc.limit > 0 }
+
+// added queues pages [p0, p0+n) of r, which were just made resident, and
+// evicts past the limit.
+func (pc *pageCache) added(r *region, p0 uint64, n int) {
+	pc.mu.Lock()
+	for i := range n {
+		pc.queue = append(pc.queue, pageRef{r, p0 + uint64(i)})
+	}
+	pc.mu.Unlock()
+	pc.resident.Add(int64(n))
+	pc.reclaim()
+}
+
+// reclaim evicts pages until the resident count is within the limit, or
+// no page can be evicted (all busy: they are io's transitions in flight,
+// each about to end).
+func (pc *pageCache) reclaim() {
+	for tries := 0; pc.resident.Load() > pc.limit; tries++ {
+		pc.mu.Lock()
+		if pc.head >= len(pc.queue) || tries > 2*len(pc.queue) {
+			pc.mu.Unlock()
+			return
+		}
+		ref := pc.queue[pc.head]
+		pc.queue[pc.head] = pageRef{}
+		pc.head++
+		if pc.head > 1024 && pc.head > len(pc.queue)/2 {
+			pc.queue = append(pc.queue[:0], pc.queue[pc.head:]...)
+			pc.head = 0
+		}
+		pc.mu.Unlock()
+		switch ref.r.evict(ref.p) {
+		case evictRequeue:
+			pc.mu.Lock()
+			pc.queue = append(pc.queue, ref)
+			pc.mu.Unlock()
+		case evictDone:
+			pc.Evictions.Add(1)
+		}
+	}
+}
+
+// region is one open blob's cache region.
+type region struct {
+	pc  *pageCache
+	id  backend.BlobID
+	ino uint64
+	fd  *os.File // the memfd, read-write: io's
+	ro  *os.File // a read-only description of it: the clients'
+
+	// life: page work takes it shared; close takes it exclusive, so the
+	// mappings stay mapped while anything uses them.
+	life   sync.RWMutex
+	closed bool // protected by life
+
+	// trunc: fills and writes take it shared, truncate exclusive, so that
+	// no fill publishes bytes from before a truncate.
+	trunc sync.RWMutex
+
+	growMu sync.Mutex
+	cur    atomic.Pointer[cache.Region]
+	maps   [][]byte // every mapping made; protected by growMu
+
+	fieldsMu sync.Mutex // serialises SetFields (one writer at a time)
+
+	bmu  sync.Mutex // protects res, ref, nres
+	res  []uint64   // bit per page: resident (io's own record)
+	ref  []uint64   // bit per page: io served a read from it since it was queued
+	nres int64
+
+	raBusy atomic.Bool // an asynchronous readahead is running
+}
+
+// regionCapacity is the capacity a new region gets for a file of size
+// bytes: room to grow before the first remap.
+func regionCapacity(size int64) uint64 {
+	return max(uint64(64<<20), 2*uint64(max(size, 0)))
+}
+
+// newRegion makes the region of a blob of the given size.
+func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*region, error) {
+	fd, err := unix.MemfdCreate(fmt.Sprintf("weir-cache-%d", ino), unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("cache region of file %d: memfd_create: %w", ino, err)
+	}
+	f := os.NewFile(uintptr(fd), "weir-cache")
+	// The clients' description is opened read-only, so that their
+	// mmap(PROT_WRITE) and mprotect(PROT_WRITE) fail. Then the inode's
+	// mode drops to 0: nobody reopens it through /proc read-write (only
+	// a process with CAP_DAC_OVERRIDE could, and such a process can
+	// write into io's memory anyway).
+	ro, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err == nil {
+		err = unix.Fchmod(fd, 0)
+	}
+	if err != nil {
+		f.Close()
+		if ro != nil {
+			ro.Close()
+		}
+		return nil, fmt.Errorf("cache region of file %d: read-only description: %w", ino, err)
+	}
+	r := &region{pc: pc, id: id, ino: ino, fd: f, ro: ro}
+	capa := regionCapacity(size)
+	if capa > cache.MaxCapacity {
+		capa = cache.MaxCapacity
+	}
+	mem, err := r.mapSize(capa)
+	if err != nil {
+		r.closeFiles()
+		return nil, err
+	}
+	cr, err := cache.Format(mem, ino, capa)
+	if err != nil {
+		unix.Munmap(mem)
+		r.closeFiles()
+		return nil, err
+	}
+	r.maps = append(r.maps, mem)
+	r.cur.Store(cr)
+	pc.Regions.Add(1)
+	return r, nil
+}
+
+func (r *region) closeFiles() {
+	r.fd.Close()
+	r.ro.Close()
+}
+
+// mapSize sizes the memfd for capa bytes of file and maps all of it.
+func (r *region) mapSize(capa uint64) ([]byte, error) {
+	size, err := cache.Size(capa)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.fd.Truncate(int64(size)); err != nil {
+		return nil, fmt.Errorf("cache region of file %d: size the memfd: %w", r.ino, err)
+	}
+	mem, err := unix.Mmap(int(r.fd.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("cache region of file %d: mmap %d bytes: %w", r.ino, size, err)
+	}
+	return mem, nil
+}
+
+// covering returns a mapping that covers page p (of a file position below
+// cache.MaxCapacity), growing the region if it does not. The old mappings
+// stay mapped until close, so a reader holding one is never cut off.
+func (r *region) covering(p uint64) (*cache.Region, error) {
+	cr := r.cur.Load()
+	if p < cr.Pages() {
+		return cr, nil
+	}
+	r.growMu.Lock()
+	defer r.growMu.Unlock()
+	if cr = r.cur.Load(); p < cr.Pages() {
+		return cr, nil
+	}
+	need := (p + 1) * cache.PageSize
+	if need > cache.MaxCapacity {
+		return nil, fmt.Errorf("cache region: page %d is past the largest region: %w", p, syscall.EFBIG)
+	}
+	capa := min(max(2*cr.Capacity(), need), cache.MaxCapacity)
+	mem, err := r.mapSize(capa)
+	if err != nil {
+		return nil, err
+	}
+	ncr, err := cache.Extend(mem)
+	if err == nil {
+		err = ncr.Grow(capa)
+	}
+	if err != nil {
+		unix.Munmap(mem)
+		return nil, err
+	}
+	r.maps = append(r.maps, mem)
+	r.cur.Store(ncr)
+	return ncr, nil
+}
+
+// close drops every page from the count and unmaps the region. Clients
+// keep what they mapped (the memfd lives while they hold it), and no
+// longer see changes: they ask io again, which has no region for a closed
+// blob until it is opened again.
+func (r *region) close() {
+	r.life.Lock()
+	defer r.life.Unlock()
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.bmu.Lock()
+	n := r.nres
+	r.nres = 0
+	r.res, r.ref = nil, nil
+	r.bmu.Unlock()
+	r.pc.resident.Add(-n)
+	r.growMu.Lock()
+	for _, m := range r.maps {
+		unix.Munmap(m)
+	}
+	r.maps = nil
+	r.growMu.Unlock()
+	r.closeFiles()
+	r.pc.Regions.Add(-1)
+}
+
+// Bits of res and ref; bmu is held.
+func bitGet(b []uint64, p uint64) bool { return p/64 < uint64(len(b)) && b[p/64]&(1<<(p%64)) != 0 }
+
+func bitSet(b *[]uint64, p uint64) {
+	for p/64 >= uint64(len(*b)) {
+		*b = append(*b, make([]uint64, max(len(*b), 16))...)
+	}
+	(*b)[p/64] |= 1 << (p % 64)
+}
+
+func bitClear(b []uint64, p uint64) {
+	if p/64 < uint64(len(b)) {
+		b[p/64] &^= 1 << (p % 64)
+	}
+}
+
+func (r *region) markResident(p0 uint64, n int) {
+	r.bmu.Lock()
+	added := 0
+	for i := range uint64(n) {
+		if !bitGet(r.res, p0+i) {
+			bitSet(&r.res, p0+i)
+			added++
+		}
+	}
+	r.nres += int64(added)
+	r.bmu.Unlock()
+	if added > 0 {
+		r.pc.added(r, p0, n)
+	}
+}
+
+func (r *region) markAbsent(p uint64) {
+	r.bmu.Lock()
+	was := bitGet(r.res, p)
+	bitClear(r.res, p)
+	bitClear(r.ref, p)
+	if was {
+		r.nres--
+	}
+	r.bmu.Unlock()
+	if was {
+		r.pc.resident.Add(-1)
+	}
+}
+
+func (r *region) touched(p0, p1 uint64) {
+	r.bmu.Lock()
+	for p := p0; p < p1; p++ {
+		if bitGet(r.res, p) {
+			bitSet(&r.ref, p)
+		}
+	}
+	r.bmu.Unlock()
+}
+
+// residentFrom lists the resident pages at or past p, ascending.
+func (r *region) residentFrom(p uint64) []uint64 {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	var out []uint64
+	for w := p / 64; w < uint64(len(r.res)); w++ {
+		for b := r.res[w]; b != 0; b &= b - 1 {
+			q := w*64 + uint64(trailingZeros(b))
+			if q >= p {
+				out = append(out, q)
+			}
+		}
+	}
+	return out
+}
+
+func trailingZeros(x uint64) int {
+	n := 0
+	for x&1 == 0 {
+		x >>= 1
+		n++
+	}
+	return n
+}
+
+// punch frees page p's memory (it reads as zeros afterwards).
+func (r *region) punch(p uint64) error {
+	return unix.Fallocate(int(r.fd.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+		int64(cache.PageOffset(p)), cache.PageSize)
+}
+
+type evictResult int
+
+const (
+	evictGone    evictResult = iota // not resident any more (or the region closed): forget it
+	evictRequeue                    // busy, or referenced: another pass
+	evictDone
+)
+
+// evict takes page p out of the cache unless it is busy or was read since
+// it was queued (which clears that and gives it another pass).
+func (r *region) evict(p uint64) evictResult {
+	if !r.life.TryRLock() {
+		return evictRequeue // closing, or a close waits: the close frees it
+	}
+	defer r.life.RUnlock()
+	if r.closed {
+		return evictGone
+	}
+	r.bmu.Lock()
+	if !bitGet(r.res, p) {
+		r.bmu.Unlock()
+		return evictGone
+	}
+	if bitGet(r.ref, p) {
+		bitClear(r.ref, p)
+		r.bmu.Unlock()
+		return evictRequeue
+	}
+	r.bmu.Unlock()
+	cr := r.cur.Load()
+	busy, err := cr.Begin(p)
+	if err != nil {
+		return evictRequeue
+	}
+	if err := r.punch(p); err != nil {
+		// The memory stays; the page stays resident and correct.
+		_ = cr.Publish(p, busy, false)
+		return evictRequeue
+	}
+	r.markAbsent(p)
+	_ = cr.Drop(p, busy)
+	return evictDone
+}
+
+// dropAll evicts every resident page that is not busy, whether read
+// recently or not, and returns how many.
+func (r *region) dropAll() int64 {
+	var n int64
+	for _, p := range r.residentFrom(0) {
+		r.bmu.Lock()
+		bitClear(r.ref, p)
+		r.bmu.Unlock()
+		if r.evict(p) == evictDone {
+			n++
+		}
+	}
+	return n
+}
+
+// lockPage makes page p busy for a write or a truncate, waiting while it
+// is busy (io's own fills, evictions and writes, each bounded). It returns
+// the busy word and the kind the page had.
+func lockPage(cr *cache.Region, p uint64) (cache.Word, cache.Kind, error) {
+	for i := 0; ; i++ {
+		busy, was, err := cr.BeginKind(p)
+		if err == nil || !errors.Is(err, cache.ErrBusy) {
+			return busy, was, err
+		}
+		if i < 64 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+}
+
+// fill makes pages [p0, p1) resident where they are absent, reading the
+// device straight into the region, run by run (a run ends at a chunk's end
+// or at a page that is not absent). size is the file's size: bytes past it
+// read as zeros. It returns the number of pages it filled.
+func (r *region) fill(b backend.Blob, p0, p1 uint64, size int64) (int, error) {
+	if p1 <= p0 {
+		return 0, nil
+	}
+	cr, err := r.covering(p1 - 1)
+	if err != nil {
+		return 0, err
+	}
+	filled := 0
+	for p := p0; p < p1; {
+		// Take a run of absent pages.
+		var busy []cache.Word
+		end := min(p1, (p/cache.ChunkPages+1)*cache.ChunkPages)
+		for q := p; q < end; q++ {
+			w, was, err := cr.BeginKind(q)
+			if err != nil {
+				break
+			}
+			if was != cache.KindAbsent {
+				_ = cr.Publish(q, w, w.Dirty())
+				break
+			}
+			busy = append(busy, w)
+		}
+		if len(busy) == 0 {
+			p++
+			continue
+		}
+		data, _ := cr.Data(p, len(busy))
+		off := int64(p) * cache.PageSize
+		want := min(int64(len(data)), max(size-off, 0))
+		n, err := 0, error(nil)
+		if want > 0 {
+			n, err = b.ReadAt(data[:want], off)
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+		}
+		if err != nil {
+			for i, w := range busy {
+				_ = r.punch(p + uint64(i))
+				_ = cr.Drop(p+uint64(i), w)
+			}
+			return filled, err
+		}
+		clear(data[n:]) // a hole, unless a page was filled and dropped partly
+		for i, w := range busy {
+			_ = cr.Publish(p+uint64(i), w, false)
+		}
+		r.markResident(p, len(busy))
+		r.pc.Fills.Add(1)
+		r.pc.FilledPages.Add(uint64(len(busy)))
+		filled += len(busy)
+		p += uint64(len(busy))
+	}
+	return filled, nil
+}
+
+// copyOut copies file bytes at off into dst from the region, waiting
+// (boundedly) for pages that are busy in a transition of io's: a fill in
+// flight ends in the device's time. It returns how many bytes it copied.
+func (r *region) copyOut(cr *cache.Region, dst []byte, off int64) int {
+	n := 0
+	for tries := 0; n < len(dst) && tries < 2000; tries++ {
+		m := cr.ReadAt(dst[n:], uint64(off)+uint64(n))
+		n += m
+		if n == len(dst) {
+			break
+		}
+		p := (uint64(off) + uint64(n)) / cache.PageSize
+		w, err := cr.State(p)
+		if err != nil || w.Kind() != cache.KindBusy {
+			break // absent (evicted meanwhile): the caller fills or reads the device
+		}
+		if m == 0 {
+			if tries < 64 {
+				runtime.Gosched()
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
+		}
+	}
+	return n
+}
+
+// read serves a read of dst at off (inside the file of size bytes) from
+// the cache, filling what is missing plus ra readahead pages. Pages that
+// stay out of the cache (a fill failed, the page was evicted at once) are
+// read from the device.
+func (r *region) read(b backend.Blob, dst []byte, off, size int64, ra int) (int, error) {
+	r.life.RLock()
+	defer r.life.RUnlock()
+	if r.closed {
+		return b.ReadAt(dst, off)
+	}
+	p0 := uint64(off) / cache.PageSize
+	pEnd := (uint64(off) + uint64(len(dst)) + cache.PageSize - 1) / cache.PageSize
+	cr, err := r.covering(pEnd - 1)
+	if err != nil {
+		return b.ReadAt(dst, off)
+	}
+	n := cr.ReadAt(dst, uint64(off))
+	if n == len(dst) {
+		r.pc.Hits.Add(1)
+		r.touched(p0, pEnd)
+		return n, nil
+	}
+	r.pc.Misses.Add(1)
+	sizePages := (uint64(size) + cache.PageSize - 1) / cache.PageSize
+	fillEnd := min(pEnd+uint64(ra), max(sizePages, pEnd))
+	r.trunc.RLock()
+	filled, ferr := r.fill(b, (uint64(off)+uint64(n))/cache.PageSize, fillEnd, size)
+	r.trunc.RUnlock()
+	if ferr != nil && filled == 0 {
+		return n, ferr
+	}
+	if filled > int(pEnd-p0) {
+		r.pc.ReadaheadPages.Add(uint64(filled - int(pEnd-p0)))
+	}
+	cr = r.cur.Load()
+	for n < len(dst) {
+		n += r.copyOut(cr, dst[n:], off+int64(n))
+		if n == len(dst) {
+			break
+		}
+		// Not in the cache: this page from the device.
+		pe := min(len(dst), n+int(cache.PageSize-(uint64(off)+uint64(n))%cache.PageSize))
+		r.pc.Bypassed.Add(1)
+		m, err := b.ReadAt(dst[n:pe], off+int64(n))
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// lockedRange is pages a write or truncate holds busy.
+type lockedRange struct {
+	cr   *cache.Region
+	p0   uint64
+	busy []cache.Word
+	was  []cache.Kind
+}
+
+// lock makes pages [p0, p1) busy, in ascending order.
+func (r *region) lock(p0, p1 uint64) (*lockedRange, error) {
+	cr, err := r.covering(p1 - 1)
+	if err != nil {
+		return nil, err
+	}
+	lr := &lockedRange{cr: cr, p0: p0}
+	for p := p0; p < p1; p++ {
+		w, k, err := lockPage(cr, p)
+		if err != nil {
+			lr.release()
+			return nil, err
+		}
+		lr.busy, lr.was = append(lr.busy, w), append(lr.was, k)
+	}
+	return lr, nil
+}
+
+// release ends every transition unchanged: resident pages stay resident,
+// absent ones absent.
+func (lr *lockedRange) release() {
+	for i, w := range lr.busy {
+		p := lr.p0 + uint64(i)
+		if lr.was[i] == cache.KindResident {
+			_ = lr.cr.Publish(p, w, false)
+		} else {
+			_ = lr.cr.Drop(p, w)
+		}
+	}
+	lr.busy = nil
+}
+
+// written updates the locked pages after a write of the bytes src (a list
+// of runs; n bytes of them were written) at off: resident pages take the
+// new bytes; absent pages are cached too when nothing else of the page
+// holds file bytes from before (the write covers it, or the rest lies past
+// the old size, where the file reads zeros); the others stay absent.
+func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64) {
+	cur := runCursor{runs: src}
+	var allocated []uint64
+	for i, w := range lr.busy {
+		p := lr.p0 + uint64(i)
+		ps, pe := int64(p)*cache.PageSize, int64(p+1)*cache.PageSize
+		ws, we := max(ps, off), min(pe, off+n)
+		resident := lr.was[i] == cache.KindResident
+		switch {
+		case ws >= we: // the write stopped short of this page
+		case resident || ((ws == ps || ps >= oldSize) && (we == pe || we >= oldSize)):
+			cur.each(we-ws, func(b []byte, at int64) { _ = lr.cr.WritePage(p, int(ws-ps+at), b) })
+			if resident {
+				r.pc.WriteUpdated.Add(1)
+			} else {
+				r.pc.WriteAllocated.Add(1)
+				allocated = append(allocated, p)
+				resident = true
+			}
+		default:
+			cur.each(we-ws, func([]byte, int64) {})
+		}
+		if resident {
+			_ = lr.cr.Publish(p, w, false)
+		} else {
+			_ = lr.cr.Drop(p, w)
+		}
+	}
+	lr.busy = nil
+	for _, p := range allocated {
+		r.markResident(p, 1)
+	}
+}
+
+// runCursor walks a list of byte runs.
+type runCursor struct {
+	runs [][]byte
+	ri   int // the run at the cursor
+	ro   int // the byte in it
+}
+
+// each calls fn on the next k bytes, run by run, with each piece's offset
+// from the cursor, and moves the cursor past them.
+func (c *runCursor) each(k int64, fn func(b []byte, at int64)) {
+	var at int64
+	for k > 0 && c.ri < len(c.runs) {
+		run := c.runs[c.ri][c.ro:]
+		step := min(int64(len(run)), k)
+		fn(run[:step], at)
+		at += step
+		k -= step
+		c.ro += int(step)
+		if c.ro == len(c.runs[c.ri]) {
+			c.ri, c.ro = c.ri+1, 0
+		}
+	}
+}
+
+// truncated drops the pages past a new size (under trunc, with the
+// backend truncated already) and zeroes the tail of the last one.
+func (r *region) truncated(size int64) {
+	cr := r.cur.Load()
+	first := (uint64(size) + cache.PageSize - 1) / cache.PageSize
+	if tail := size % cache.PageSize; tail != 0 {
+		p := uint64(size) / cache.PageSize
+		if p < cr.Pages() {
+			if w, k, err := lockPage(cr, p); err == nil {
+				if k == cache.KindResident {
+					zero := make([]byte, cache.PageSize-tail)
+					_ = cr.WritePage(p, int(tail), zero)
+					_ = cr.Publish(p, w, false)
+				} else {
+					_ = cr.Drop(p, w)
+				}
+			}
+		}
+	}
+	for _, p := range r.residentFrom(first) {
+		if p >= cr.Pages() {
+			break
+		}
+		w, _, err := lockPage(cr, p)
+		if err != nil {
+			continue
+		}
+		_ = r.punch(p)
+		r.markAbsent(p)
+		_ = cr.Drop(p, w)
+	}
+	cr.NewGeneration()
+}
+
+// setFields publishes the blob's live size, mtime and data version in the
+// region's field group.
+func (r *region) setFields(size, mtime int64, dv uint64) {
+	r.life.RLock()
+	defer r.life.RUnlock()
+	if r.closed {
+		return
+	}
+	r.fieldsMu.Lock()
+	r.cur.Load().SetFields(cache.Fields{Size: uint64(max(size, 0)), Mtime: mtime, Ctime: mtime, DataVersion: dv})
+	r.fieldsMu.Unlock()
+}
+
+// memoryBytes is the memory the memfd holds (its allocated blocks): what
+// the region costs, whoever faulted the pages in.
+func (r *region) memoryBytes() int64 {
+	r.life.RLock()
+	defer r.life.RUnlock()
+	if r.closed {
+		return 0
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(r.fd.Fd()), &st) != nil {
+		return 0
+	}
+	return st.Blocks * 512
+}

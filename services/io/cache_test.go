@@ -1,0 +1,92 @@
+package iosvc_test
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/weir-storage/weir/internal/config"
+)
+
+// cachedIO runs the services on the file backend with the page cache on.
+func cachedIO(t *testing.T, edit func(*config.Config)) *ioEnv {
+	t.Helper()
+	return startIOWith(t, nil, nil, func(c *config.Config) {
+		c.IO.CacheSize = 64 << 20
+		c.IO.Direct = "on"
+		if edit != nil {
+			edit(c)
+		}
+	})
+}
+
+func TestCacheReadsWhatWasWritten(t *testing.T) {
+	e := cachedIO(t, nil)
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rng := rand.New(rand.NewPCG(1, 2))
+	want := make([]byte, 3<<20+1234)
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	if _, err := f.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 4 {
+		got := make([]byte, len(want))
+		if _, err := f.ReadAt(got, 0); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("round %d: read differs from what was written", round)
+		}
+	}
+	t.Logf("stats %v", e.io.Snapshot())
+}
+
+// A file that grows past its region's first capacity (64 MiB) gets the
+// region grown: the pages past it are cached and read back.
+func TestCacheRegionGrows(t *testing.T) {
+	e := cachedIO(t, func(c *config.Config) { c.IO.CacheSize = 256 << 20 })
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	block := make([]byte, 1<<20)
+	const n = 150
+	for i := range n {
+		for j := range block {
+			block[j] = byte(i + j/4096)
+		}
+		if _, err := f.WriteAt(block, int64(i)<<20); err != nil {
+			t.Fatalf("write of MiB %d: %v", i, err)
+		}
+	}
+	got := make([]byte, 1<<20)
+	for _, i := range []int{0, 63, 64, 65, 127, 128, 149} {
+		for range 3 {
+			if _, err := f.ReadAt(got, int64(i)<<20); err != nil {
+				t.Fatalf("read of MiB %d: %v", i, err)
+			}
+			for j := range block {
+				block[j] = byte(i + j/4096)
+			}
+			if !bytes.Equal(got, block) {
+				t.Fatalf("MiB %d reads other bytes", i)
+			}
+		}
+	}
+	st := e.io.Snapshot()
+	if st["cache_resident_pages"].(int64) < n*256 {
+		t.Errorf("resident pages %v after writing %d MiB: writes are not cached", st["cache_resident_pages"], n)
+	}
+	t.Logf("cache: %v resident pages, %v hits, %v misses", st["cache_resident_pages"], st["cache_hits"], st["cache_misses"])
+}
