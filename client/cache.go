@@ -194,10 +194,49 @@ func (fl *File) readCached(p []byte, off int64) (n int, err error, ok bool) {
 	if !ok || err != nil || n == len(p) {
 		if ok {
 			fl.fs.CacheHits.Add(1)
+			fl.readahead(fc, off, n)
 		}
 		return n, err, ok
 	}
 	fl.fs.CacheMisses.Add(1)
 	m, err := fl.readRing(p[n:], off+int64(n))
+	fl.readahead(fc, off, n+m)
 	return n + m, err, true
+}
+
+// maxHint bounds the bytes one readahead hint asks for (the service's
+// bound too).
+const maxHint = 8 << 20
+
+// readahead keeps a sequential reader ahead of the device: after a read of
+// n bytes at off that continues the last one, if the page one more such
+// read ahead is not resident, it asks the service (on a goroutine, one at a
+// time per file) to fill the next two reads' worth.
+func (fl *File) readahead(fc *fileCache, off int64, n int) {
+	prev := fl.seqEnd.Swap(off + int64(n))
+	if prev != off || n == 0 || fc.resident(off+2*int64(n)) || !fl.hinting.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer fl.hinting.Store(false)
+		_ = fl.dataOp(true, func(c *conn, h uint64) error {
+			_, err := call(bgctx, c.data, proto.OpReadahead, uint32(min(2*n, maxHint)), h, uint64(off+int64(n)), nil, nil)
+			return err
+		})
+	}()
+}
+
+// resident reports whether the page holding file byte off is resident, or
+// lies at or past the end of the file (nothing to read ahead).
+func (fc *fileCache) resident(off int64) bool {
+	fc.mu.RLock()
+	defer fc.mu.RUnlock()
+	if fc.cr == nil {
+		return true
+	}
+	if f, ok := fc.cr.Fields(); !ok || off >= int64(f.Size) {
+		return true
+	}
+	w, err := fc.cr.State(uint64(off) / cache.PageSize)
+	return err != nil || w.Kind() != cache.KindAbsent
 }

@@ -48,6 +48,8 @@ type File struct {
 	fcache    *fileCache // protected by cmu
 	noCache   uint64     // protected by cmu
 	ringReads atomic.Int32
+	seqEnd    atomic.Int64 // where the last cached read ended (readahead)
+	hinting   atomic.Bool  // a readahead hint is in flight
 
 	mu       sync.Mutex // protects off, dirAfter, dirDone
 	off      int64

@@ -42,6 +42,7 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_SYNC", uint64(OpSync)),
 		cheader.Def("WEIR_OP_GETATTR", uint64(OpGetAttr)),
 		cheader.Def("WEIR_OP_CACHE_MAP", uint64(OpCacheMap)),
+		cheader.Def("WEIR_OP_READAHEAD", uint64(OpReadahead)),
 	}
 }
 

@@ -129,6 +129,9 @@
 //	OpCacheMap  Handle (a readable one); result 0, Aux = tag: the file's
 //	            cache region (docs/cache-abi.md), a read-only memfd, comes
 //	            on the session socket with that tag (ring.Client.ReceiveFile)
+//	OpReadahead Handle (a readable one), Offset, Arg = bytes (at most 8 MiB):
+//	            the service starts filling them into the cache and answers 0
+//	            at once
 //
 // Every decoder here reads untrusted bytes: it never reads past its input
 // and reports a short body as EINVAL. Services validate every decoded

@@ -48,13 +48,14 @@ const (
 	OpFChtimes uint8 = 0x21
 	OpReopen   uint8 = 0x22
 
-	OpAttach   uint8 = 0x40
-	OpRead     uint8 = 0x41
-	OpWrite    uint8 = 0x42
-	OpTruncate uint8 = 0x43
-	OpSync     uint8 = 0x44
-	OpGetAttr  uint8 = 0x45
-	OpCacheMap uint8 = 0x46
+	OpAttach    uint8 = 0x40
+	OpRead      uint8 = 0x41
+	OpWrite     uint8 = 0x42
+	OpTruncate  uint8 = 0x43
+	OpSync      uint8 = 0x44
+	OpGetAttr   uint8 = 0x45
+	OpCacheMap  uint8 = 0x46
+	OpReadahead uint8 = 0x47
 )
 
 // Opcode ranges of the two services; both lie above the ring's own

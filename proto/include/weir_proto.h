@@ -126,6 +126,7 @@
 #define WEIR_OP_SYNC 0x44u
 #define WEIR_OP_GETATTR 0x45u
 #define WEIR_OP_CACHE_MAP 0x46u /* result 0, aux = tag: the read-only cache region memfd arrives on the session socket */
+#define WEIR_OP_READAHEAD 0x47u /* offset, arg = bytes: fill them into the cache in the background; answers 0 at once */
 
 #define WEIR_WRITE_APPEND 1u
 #define WEIR_SYNC_DATA 1u

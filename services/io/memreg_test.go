@@ -226,13 +226,13 @@ type ioEnv struct {
 // startIO runs the services; newRegion, when not nil, replaces how the IO
 // service creates session regions. The page cache is off: these tests
 // count what reaches the backend (cachedIO turns it on).
-func startIO(t *testing.T, be backend.Backend, newRegion func(ring.Config) (*ring.Region, error)) *ioEnv {
+func startIO(t testing.TB, be backend.Backend, newRegion func(ring.Config) (*ring.Region, error)) *ioEnv {
 	t.Helper()
 	return startIOWith(t, be, newRegion, func(c *config.Config) { c.IO.CacheSize = 0 })
 }
 
 // startIOWith is startIO with the configuration changed by edit.
-func startIOWith(t *testing.T, be backend.Backend, newRegion func(ring.Config) (*ring.Region, error), edit func(*config.Config)) *ioEnv {
+func startIOWith(t testing.TB, be backend.Backend, newRegion func(ring.Config) (*ring.Region, error), edit func(*config.Config)) *ioEnv {
 	t.Helper()
 	c := stacktest.Config(t, "")
 	c.Ring.ArenaSize = 1 << 20 // with the queues, one 2 MiB huge page
@@ -260,7 +260,7 @@ func startIOWith(t *testing.T, be backend.Backend, newRegion func(ring.Config) (
 	return &ioEnv{cfg: c, st: st, io: st.IO, logs: logs}
 }
 
-func (e *ioEnv) dial(t *testing.T) *client.FS {
+func (e *ioEnv) dial(t testing.TB) *client.FS {
 	t.Helper()
 	// No recovery: these tests stop the IO service under the client and
 	// want its calls to fail, not to wait for a service that stays down.

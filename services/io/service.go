@@ -116,6 +116,7 @@ func (s *Service) Snapshot() map[string]any {
 		m["cache_hits"] = pc.Hits.Load()
 		m["cache_misses"] = pc.Misses.Load()
 		m["cache_fills"] = pc.Fills.Load()
+		m["cache_fill_ns"] = pc.FillNanos.Load()
 		m["cache_filled_pages"] = pc.FilledPages.Load()
 		m["cache_readahead_pages"] = pc.ReadaheadPages.Load()
 		m["cache_evictions"] = pc.Evictions.Load()
@@ -482,6 +483,9 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	s.stopping = true // no more background work: bg.Add must not race Wait
 	s.mu.Unlock()
 	s.bg.Wait()
+	if s.pc != nil {
+		s.pc.bg.Wait() // readaheads read blobs closed below
+	}
 	var errs []error
 	s.mu.Lock()
 	blobs := make([]*openBlob, 0, len(s.blobs))

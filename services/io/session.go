@@ -138,6 +138,7 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpSync, s.sync)
 	s.mux.Handle(proto.OpGetAttr, s.getattr)
 	s.mux.Handle(proto.OpCacheMap, s.cacheMap)
+	s.mux.Handle(proto.OpReadahead, s.readaheadHint)
 }
 
 var errEOF = io.EOF
@@ -558,6 +559,33 @@ func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
 	}
 	s.svc.pc.Maps.Add(1)
 	return 0, tag
+}
+
+// maxReadaheadHint bounds the bytes one OpReadahead asks for.
+const maxReadaheadHint = 8 << 20
+
+// readaheadHint starts filling Arg bytes of the file at Offset (at most
+// maxReadaheadHint, inside the file) on a goroutine and answers at once:
+// a client reading sequentially from its mapping asks for what it will
+// read next. Nothing to do (no cache, past the end, one running) is 0 too.
+func (s *session) readaheadHint(q *ring.Request) (int64, uint64) {
+	g, e := s.use(q, accRead)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.done(g)
+	off := int64(q.Offset)
+	if off < 0 || q.Arg == 0 {
+		return fail(syscall.EINVAL)
+	}
+	r := s.svc.regionOf(g.blob)
+	size := g.blob.b.Size()
+	if r == nil || off >= size || off >= cache.MaxCapacity {
+		return 0, 0
+	}
+	end := min(off+int64(min(q.Arg, maxReadaheadHint)), size, cache.MaxCapacity)
+	r.readaheadAsync(g.blob.b, uint64(off)/cache.PageSize, (uint64(end)+cache.PageSize-1)/cache.PageSize, size)
+	return 0, 0
 }
 
 func (s *session) getattr(q *ring.Request) (int64, uint64) {
