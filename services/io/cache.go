@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/bits"
 	"os"
 	"runtime"
 	"slices"
@@ -47,6 +48,13 @@ type pageCache struct {
 
 	resident atomic.Int64   // pages resident in all regions
 	bg       sync.WaitGroup // asynchronous readaheads in flight
+	// dirty counts the pages that wait to be written home; a write that
+	// would take it past dirtyLimit goes to the device at once
+	// (write-through: the writer pays the device, as the kernel throttles
+	// a writer past dirty_ratio), and past half of it the flusher is kicked.
+	dirty      atomic.Int64
+	dirtyLimit int64
+	kick       chan struct{} // wakes the flusher
 
 	mu    sync.Mutex // protects queue, head; taken after region.bmu never
 	queue []pageRef
@@ -58,6 +66,8 @@ type pageCache struct {
 	Maps                               atomic.Uint64 // regions passed to clients
 	WriteAllocated, WriteUpdated       atomic.Uint64 // pages a write stored into the cache
 	FillNanos                          atomic.Uint64 // time in the device reads of fills
+	WritebackPages, WritebackErrors    atomic.Uint64
+	WriteThroughs                      atomic.Uint64 // writes sent to the device at once (dirty limit, uncachable)
 }
 
 type pageRef struct {
@@ -66,7 +76,22 @@ type pageRef struct {
 }
 
 func newPageCache(limitBytes, readaheadBytes int64) *pageCache {
-	return &pageCache{limit: limitBytes / cache.PageSize, readahead: int(readaheadBytes / cache.PageSize)}
+	limit := limitBytes / cache.PageSize
+	return &pageCache{limit: limit, readahead: int(readaheadBytes / cache.PageSize),
+		dirtyLimit: max(limit/4, 1), kick: make(chan struct{}, 1)}
+}
+
+// admitDirty reports whether n more dirty pages fit under the dirty limit,
+// and kicks the flusher past half of it.
+func (pc *pageCache) admitDirty(n int64) bool {
+	d := pc.dirty.Load()
+	if d+n > pc.dirtyLimit/2 {
+		select {
+		case pc.kick <- struct{}{}:
+		default:
+		}
+	}
+	return d+n <= pc.dirtyLimit
 }
 
 func (pc *pageCache) enabled() bool { return pc != nil && pc.limit > 0 }
@@ -159,10 +184,14 @@ type region struct {
 
 	fieldsMu sync.Mutex // serialises SetFields (one writer at a time)
 
-	bmu  sync.Mutex // protects res, ref, nres
-	res  []uint64   // bit per page: resident (io's own record)
-	ref  []uint64   // bit per page: io served a read from it since it was queued
-	nres int64
+	bmu    sync.Mutex // protects res, ref, dirty, nres, ndirty
+	res    []uint64   // bit per page: resident (io's own record)
+	ref    []uint64   // bit per page: io served a read from it since it was queued
+	dirty  []uint64   // bit per page: resident bytes the device has not (write-back)
+	nres   int64
+	ndirty int64
+
+	wbMu sync.Mutex // one write-back of the region at a time
 
 	raBusy atomic.Bool // an asynchronous readahead is running
 }
@@ -312,9 +341,12 @@ func (r *region) close() {
 	r.bmu.Lock()
 	n := r.nres
 	r.nres = 0
-	r.res, r.ref = nil, nil
+	nd := r.ndirty
+	r.ndirty = 0
+	r.res, r.ref, r.dirty = nil, nil, nil
 	r.bmu.Unlock()
 	r.pc.resident.Add(-n)
+	r.pc.dirty.Add(-nd)
 	r.growMu.Lock()
 	for _, m := range r.maps {
 		unix.Munmap(m)
@@ -359,16 +391,140 @@ func (r *region) markResident(p0 uint64, n int) {
 
 func (r *region) markAbsent(p uint64) {
 	r.bmu.Lock()
-	was := bitGet(r.res, p)
+	was, dirty := bitGet(r.res, p), bitGet(r.dirty, p)
 	bitClear(r.res, p)
 	bitClear(r.ref, p)
+	bitClear(r.dirty, p)
 	if was {
 		r.nres--
+	}
+	if dirty {
+		r.ndirty--
 	}
 	r.bmu.Unlock()
 	if was {
 		r.pc.resident.Add(-1)
 	}
+	if dirty {
+		r.pc.dirty.Add(-1)
+	}
+}
+
+// markDirty records that page p (resident, busy with the caller) holds
+// bytes the device has not.
+func (r *region) markDirty(p uint64) {
+	r.bmu.Lock()
+	added := !bitGet(r.dirty, p)
+	if added {
+		bitSet(&r.dirty, p)
+		r.ndirty++
+	}
+	r.bmu.Unlock()
+	if added {
+		r.pc.dirty.Add(1)
+	}
+}
+
+func (r *region) clearDirty(p uint64) {
+	r.bmu.Lock()
+	was := bitGet(r.dirty, p)
+	bitClear(r.dirty, p)
+	if was {
+		r.ndirty--
+	}
+	r.bmu.Unlock()
+	if was {
+		r.pc.dirty.Add(-1)
+	}
+}
+
+// hasDirty reports whether any page waits to be written home.
+func (r *region) hasDirty() bool {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	return r.ndirty > 0
+}
+
+// dirtyPages lists the dirty pages, ascending: the file's dirty set.
+func (r *region) dirtyPages() []uint64 {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	return bitList(r.dirty, 0)
+}
+
+// maxFlushRun bounds the pages one write-back write carries (1 MiB).
+const maxFlushRun = 256
+
+// flush writes the dirty pages home through b, the file of size bytes
+// (size() is read per run: a write may extend it meanwhile), in runs of
+// adjacent pages (one chunk, at most maxFlushRun), each one device write
+// made straight from the region while its pages are busy: nothing changes
+// them, and no fill or eviction can interleave. Pages busy in another
+// transition are left for the next flush, unless wait. A page whose write
+// fails stays dirty. It returns the pages written and the first error.
+func (r *region) flush(b backend.Blob, size func() int64, wait bool) (int, error) {
+	r.wbMu.Lock()
+	defer r.wbMu.Unlock()
+	r.life.RLock()
+	defer r.life.RUnlock()
+	if r.closed {
+		return 0, nil
+	}
+	r.trunc.RLock()
+	defer r.trunc.RUnlock()
+	cr := r.cur.Load()
+	pages := r.dirtyPages()
+	written := 0
+	var first error
+	for len(pages) > 0 {
+		n := 1
+		for n < len(pages) && n < maxFlushRun && pages[n] == pages[n-1]+1 && pages[n]/cache.ChunkPages == pages[0]/cache.ChunkPages {
+			n++
+		}
+		run := pages[:n]
+		var busy []cache.Word
+		for _, p := range run {
+			var w cache.Word
+			var err error
+			if wait {
+				w, _, err = lockPage(cr, p)
+			} else {
+				w, err = cr.Begin(p)
+			}
+			if err != nil {
+				break
+			}
+			busy = append(busy, w)
+		}
+		if len(busy) == 0 {
+			pages = pages[1:] // busy: the next flush
+			continue
+		}
+		pages = pages[len(busy):]
+		off := int64(run[0]) * cache.PageSize
+		want := min(int64(len(busy))*cache.PageSize, size()-off)
+		var err error
+		if want > 0 {
+			data, _ := cr.Data(run[0], len(busy))
+			_, err = b.WriteAt(data[:want], off)
+		}
+		for i, w := range busy {
+			if err == nil {
+				r.clearDirty(run[i])
+			}
+			_ = cr.Publish(run[i], w, err != nil)
+		}
+		if err != nil {
+			r.pc.WritebackErrors.Add(1)
+			if first == nil {
+				first = fmt.Errorf("write back pages %d-%d of file %d: %w", run[0], run[len(busy)-1], r.ino, err)
+			}
+			continue
+		}
+		written += len(busy)
+	}
+	r.pc.WritebackPages.Add(uint64(written))
+	return written, first
 }
 
 func (r *region) touched(p0, p1 uint64) {
@@ -385,25 +541,20 @@ func (r *region) touched(p0, p1 uint64) {
 func (r *region) residentFrom(p uint64) []uint64 {
 	r.bmu.Lock()
 	defer r.bmu.Unlock()
+	return bitList(r.res, p)
+}
+
+// bitList lists the set bits of b at or past p, ascending.
+func bitList(b []uint64, p uint64) []uint64 {
 	var out []uint64
-	for w := p / 64; w < uint64(len(r.res)); w++ {
-		for b := r.res[w]; b != 0; b &= b - 1 {
-			q := w*64 + uint64(trailingZeros(b))
-			if q >= p {
+	for w := p / 64; w < uint64(len(b)); w++ {
+		for x := b[w]; x != 0; x &= x - 1 {
+			if q := w*64 + uint64(bits.TrailingZeros64(x)); q >= p {
 				out = append(out, q)
 			}
 		}
 	}
 	return out
-}
-
-func trailingZeros(x uint64) int {
-	n := 0
-	for x&1 == 0 {
-		x >>= 1
-		n++
-	}
-	return n
 }
 
 // punch frees the memory of pages [p, p+n), which lie in one chunk (they
@@ -433,7 +584,7 @@ func (r *region) evict(pages []uint64) (done int, requeue []uint64) {
 	cr := r.cur.Load()
 	for _, p := range pages {
 		r.bmu.Lock()
-		res, ref := bitGet(r.res, p), bitGet(r.ref, p)
+		res, ref, dirty := bitGet(r.res, p), bitGet(r.ref, p), bitGet(r.dirty, p)
 		if ref {
 			bitClear(r.ref, p)
 		}
@@ -441,12 +592,15 @@ func (r *region) evict(pages []uint64) (done int, requeue []uint64) {
 		switch {
 		case !res:
 			continue
-		case ref:
+		case ref || dirty: // dirty: not before it is written home
 			requeue = append(requeue, p)
 			continue
 		}
 		busy, err := cr.Begin(p)
-		if err != nil {
+		if err != nil || busy.Dirty() {
+			if err == nil {
+				_ = cr.Publish(p, busy, true)
+			}
 			requeue = append(requeue, p)
 			continue
 		}
@@ -461,7 +615,7 @@ func (r *region) evict(pages []uint64) (done int, requeue []uint64) {
 		if err := r.punch(vs[i].p, j-i); err != nil {
 			// The memory stays; the pages stay resident and correct.
 			for _, v := range vs[i:j] {
-				_ = cr.Publish(v.p, v.busy, false)
+				_ = cr.Publish(v.p, v.busy, v.busy.Dirty())
 				requeue = append(requeue, v.p)
 			}
 		} else {
@@ -682,7 +836,7 @@ func (lr *lockedRange) release() {
 	for i, w := range lr.busy {
 		p := lr.p0 + uint64(i)
 		if lr.was[i] == cache.KindResident {
-			_ = lr.cr.Publish(p, w, false)
+			_ = lr.cr.Publish(p, w, w.Dirty())
 		} else {
 			_ = lr.cr.Drop(p, w)
 		}
@@ -695,7 +849,11 @@ func (lr *lockedRange) release() {
 // new bytes; absent pages are cached too when nothing else of the page
 // holds file bytes from before (the write covers it, or the rest lies past
 // the old size, where the file reads zeros); the others stay absent.
-func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64) {
+//
+// With dirty (write-back: the device has not seen the write), every page
+// the write covers is cached (the caller checked cachable) and dirty;
+// otherwise (write-through) a page keeps the dirtiness it had.
+func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64, dirty bool) {
 	cur := runCursor{runs: src}
 	var allocated []uint64
 	for i, w := range lr.busy {
@@ -717,9 +875,13 @@ func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64) {
 		default:
 			cur.each(we-ws, func([]byte, int64) {})
 		}
-		if resident {
-			_ = lr.cr.Publish(p, w, false)
-		} else {
+		switch {
+		case resident && dirty && ws < we:
+			r.markDirty(p)
+			_ = lr.cr.Publish(p, w, true)
+		case resident:
+			_ = lr.cr.Publish(p, w, w.Dirty())
+		default:
 			_ = lr.cr.Drop(p, w)
 		}
 	}
@@ -727,6 +889,25 @@ func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64) {
 	for _, p := range allocated {
 		r.markResident(p, 1)
 	}
+}
+
+// cachable reports whether written would cache every page a write of n
+// bytes at off covers (each is resident, or the write leaves nothing of it
+// that holds file bytes from before): then the write can stay in the
+// cache, dirty, without the device.
+func (lr *lockedRange) cachable(off, n, oldSize int64) bool {
+	for i := range lr.busy {
+		p := lr.p0 + uint64(i)
+		ps, pe := int64(p)*cache.PageSize, int64(p+1)*cache.PageSize
+		ws, we := max(ps, off), min(pe, off+n)
+		if ws >= we || lr.was[i] == cache.KindResident {
+			continue
+		}
+		if !((ws == ps || ps >= oldSize) && (we == pe || we >= oldSize)) {
+			return false
+		}
+	}
+	return true
 }
 
 // runCursor walks a list of byte runs.
@@ -765,7 +946,7 @@ func (r *region) truncated(size int64) {
 				if k == cache.KindResident {
 					zero := make([]byte, cache.PageSize-tail)
 					_ = cr.WritePage(p, int(tail), zero)
-					_ = cr.Publish(p, w, false)
+					_ = cr.Publish(p, w, w.Dirty())
 				} else {
 					_ = cr.Drop(p, w)
 				}

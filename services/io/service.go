@@ -124,6 +124,11 @@ func (s *Service) Snapshot() map[string]any {
 		m["cache_write_allocated_pages"] = pc.WriteAllocated.Load()
 		m["cache_write_updated_pages"] = pc.WriteUpdated.Load()
 		m["cache_memory_bytes"] = s.cacheMemory()
+		m["cache_dirty_pages"] = pc.dirty.Load()
+		m["cache_dirty_limit_pages"] = pc.dirtyLimit
+		m["cache_writeback_pages"] = pc.WritebackPages.Load()
+		m["cache_writeback_errors"] = pc.WritebackErrors.Load()
+		m["cache_write_throughs"] = pc.WriteThroughs.Load()
 	}
 	m["cache_region_failures"] = st.RegionFailures.Load()
 	if r, ok := s.be.(backend.Reporter); ok {
@@ -168,6 +173,9 @@ type openBlob struct {
 	b   backend.Blob
 
 	appendMu sync.Mutex   // serialises O_APPEND writes (offset = size)
+	// size is the file's size: the backend's, or past it by the writes
+	// that wait in the cache to be written home (write-back).
+	size atomic.Int64
 	mtime    atomic.Int64 // Unix ns of the last change through this service
 	wrote    atomic.Bool  // changed since it was opened here
 	dv       atomic.Uint64
@@ -263,8 +271,10 @@ type Service struct {
 	syncFailure atomic.Pointer[error]
 	// creates makes blob creates durable at the fsync that needs them.
 	creates createSync
-	// pc is the page cache; nil when Options.CacheSize is 0.
-	pc *pageCache
+	// pc is the page cache; nil when Options.CacheSize is 0. The flusher
+	// writes its dirty pages home until flushStop closes (flushDone).
+	pc                   *pageCache
+	flushStop, flushDone chan struct{}
 	// regions are the blobs' cache regions, open or not: a region
 	// outlives its blob's closing (its pages stay cached, as the kernel's
 	// do after close) until the blob is deleted or maxIdleRegions newer
@@ -321,6 +331,8 @@ func New(opts Options) (*Service, error) {
 	s.creates.be = opts.Backend
 	if opts.CacheSize > 0 {
 		s.pc = newPageCache(opts.CacheSize, opts.Readahead)
+		s.flushStop, s.flushDone = make(chan struct{}), make(chan struct{})
+		go s.flusher(s.flushStop, s.flushDone)
 	}
 	return s, nil
 }
@@ -484,6 +496,8 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	s.bg.Wait()
 	if s.pc != nil {
+		close(s.flushStop)
+		<-s.flushDone
 		s.pc.bg.Wait() // readaheads read blobs closed below
 	}
 	var errs []error
@@ -497,6 +511,10 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	s.mu.Unlock()
 	for _, ob := range blobs {
 		size, mtime, dv := ob.live()
+		if err := s.flushBlob(ob, true); err != nil {
+			s.syncFailed(err)
+			errs = append(errs, err)
+		}
 		if err := ob.b.Sync(); err != nil {
 			err = fmt.Errorf("sync blob %d: %w", ob.id, err)
 			s.syncFailed(err)
@@ -537,8 +555,21 @@ func (s *Service) Shutdown(ctx context.Context) error {
 func (ob *openBlob) live() (size, mtime int64, dv uint64) {
 	dv = ob.dv.Load()
 	mtime = ob.mtime.Load()
-	size = ob.b.Size()
+	size = ob.logical()
 	return size, mtime, dv
+}
+
+// logical is the file's size (see openBlob.size).
+func (ob *openBlob) logical() int64 { return ob.size.Load() }
+
+// extend raises the size to end if it is smaller.
+func (ob *openBlob) extend(end int64) {
+	for {
+		s := ob.size.Load()
+		if end <= s || ob.size.CompareAndSwap(s, end) {
+			return
+		}
+	}
 }
 
 // touch records a change of the blob; call it after the change. The cache
@@ -566,7 +597,7 @@ func (s *Service) regionOf(ob *openBlob) *region {
 	}
 	ob.rgate.Lock()
 	defer ob.rgate.Unlock()
-	r, err := s.pc.newRegion(ob.id, ob.ino, ob.b.Size())
+	r, err := s.pc.newRegion(ob.id, ob.ino, ob.logical())
 	if err != nil {
 		ob.rfail = true
 		if s.Stats.RegionFailures.Add(1) == 1 {
@@ -709,9 +740,79 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 			return err
 		}
 		r.truncated(size)
+		ob.size.Store(size)
 		return nil
 	}
-	return ob.b.Truncate(size)
+	if err := ob.b.Truncate(size); err != nil {
+		return err
+	}
+	ob.size.Store(size)
+	return nil
+}
+
+// flushBlob writes the blob's dirty pages home (waiting for pages busy
+// meanwhile with wait), and makes the backend as long as the file: the
+// last dirty pages may lie past what was written (a hole at the end).
+// The caller holds a reference.
+func (s *Service) flushBlob(ob *openBlob, wait bool) error {
+	r := ob.cached.Load()
+	if r == nil {
+		return nil
+	}
+	if _, err := r.flush(ob.b, ob.logical, wait); err != nil {
+		return err
+	}
+	if !wait {
+		return nil
+	}
+	r.trunc.RLock()
+	defer r.trunc.RUnlock()
+	if size := ob.logical(); ob.b.Size() < size {
+		if err := ob.b.Truncate(size); err != nil {
+			return fmt.Errorf("extend blob %d to its size %d: %w", ob.id, size, err)
+		}
+	}
+	return nil
+}
+
+// flushAll writes back every open blob's dirty pages.
+func (s *Service) flushAll(wait bool) {
+	s.mu.Lock()
+	var obs []*openBlob
+	for _, ob := range s.blobs {
+		if r := ob.cached.Load(); r != nil && r.hasDirty() {
+			ob.refs++
+			obs = append(obs, ob)
+		}
+	}
+	s.mu.Unlock()
+	for _, ob := range obs {
+		if err := s.flushBlob(ob, wait); err != nil {
+			s.log.Warn("write-back failed: the pages stay dirty and are tried again", "blob", ob.id, "error", err)
+		}
+		s.releaseBlob(ob)
+	}
+}
+
+// flushInterval is how often the flusher writes back what is dirty (a
+// write reaches home within about this, unless fsync asks sooner); it also
+// runs as soon as half the dirty limit is reached.
+const flushInterval = time.Second
+
+// flusher writes dirty pages home in the background until stop closes.
+func (s *Service) flusher(stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(flushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		case <-s.pc.kick:
+		}
+		s.flushAll(false)
+	}
 }
 
 // metaLink follows the service session with the metadata service: while
@@ -864,6 +965,7 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*op
 		return nil, fmt.Errorf("open blob %d: %w", id, err)
 	}
 	ob := &openBlob{id: id, ino: ino, b: b, refs: 1}
+	ob.size.Store(b.Size())
 	ob.dv.Store(s.dv.Add(1)) // newer than any report of this blob so far
 	if r := s.regions[id]; r != nil {
 		// Cached from when it was open before: nothing changed the blob
@@ -889,6 +991,18 @@ func (s *Service) adoptionRefused(id backend.BlobID, err error) {
 // releaseBlob drops a reference; the last one closes the blob.
 func (s *Service) releaseBlob(ob *openBlob) {
 	s.mu.Lock()
+	// The last reference writes the blob's dirty pages home first (with
+	// the reference held, so the blob stays open for it): a closed blob's
+	// region keeps clean pages only.
+	for ob.refs == 1 && ob.reg != nil && ob.reg.hasDirty() {
+		s.mu.Unlock()
+		if err := s.flushBlob(ob, true); err != nil {
+			s.log.Error("write-back at close failed: the pages stay dirty in the cache, and are lost if io stops", "blob", ob.id, "error", err)
+			s.mu.Lock()
+			break
+		}
+		s.mu.Lock()
+	}
 	ob.refs--
 	last := ob.refs == 0
 	if last {

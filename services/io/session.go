@@ -285,7 +285,7 @@ func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
 		return fail(syscall.EINVAL)
 	}
 	off := int64(q.Offset)
-	size := g.blob.b.Size()
+	size := g.blob.logical()
 	if off >= size {
 		s.svc.Stats.Reads.Add(1)
 		return 0, 0
@@ -373,7 +373,7 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 	case proto.WriteAppend:
 		ob.appendMu.Lock()
 		defer ob.appendMu.Unlock()
-		off = ob.b.Size()
+		off = ob.logical()
 	default:
 		return fail(syscall.EINVAL)
 	}
@@ -404,16 +404,41 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 		defer r.life.RUnlock()
 		r.trunc.RLock()
 		defer r.trunc.RUnlock()
+		p0 := uint64(off) / cache.PageSize
 		p1 := min((uint64(off)+uint64(q.Length)+cache.PageSize-1)/cache.PageSize, cache.MaxCapacity/cache.PageSize)
+		// A write that covers part of a page holding file bytes that are
+		// not cached has that page filled first, so that the write can
+		// stay in the cache (never a whole-page read for aligned writes).
+		if size := ob.logical(); off%cache.PageSize != 0 && int64(p0)*cache.PageSize < size {
+			_, _ = r.fill(ob.b, p0, p0+1, size)
+		}
+		if end := off + int64(q.Length); end%cache.PageSize != 0 && p1-1 != p0 && int64(p1-1)*cache.PageSize < ob.logical() {
+			_, _ = r.fill(ob.b, p1-1, p1, ob.logical())
+		}
 		var err error
-		if lr, err = r.lock(uint64(off)/cache.PageSize, p1); err != nil {
+		if lr, err = r.lock(p0, p1); err != nil {
 			return fail(errno(err))
 		}
 		// The size as of now that the pages are ours: every write that put
 		// bytes in them is done, so bytes of theirs lie below it (written
 		// caches a page only where the rest reads zeros).
-		oldSize = ob.b.Size()
+		oldSize = ob.logical()
 		cr = r
+		if p1*cache.PageSize >= uint64(off)+uint64(q.Length) && lr.cachable(off, int64(q.Length), oldSize) &&
+			s.svc.pc.admitDirty(int64(len(lr.busy))) {
+			// Write-back: the bytes stay in the cache, dirty, and the
+			// flusher (or an fsync) writes them home.
+			for i := 0; i < len(q.Segs); {
+				var run []byte
+				run, i = q.Run(i)
+				runs = append(runs, run)
+			}
+			n := int64(q.Length)
+			r.written(lr, runs, off, n, oldSize, true)
+			ob.extend(off + n)
+			return s.wrote(g, ob, n, off)
+		}
+		s.svc.pc.WriteThroughs.Add(1)
 	}
 	var n int64
 	for i := 0; i < len(q.Segs); {
@@ -435,8 +460,17 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 		}
 	}
 	if lr != nil {
-		cr.written(lr, runs, off, n, oldSize)
+		cr.written(lr, runs, off, n, oldSize, false)
 	}
+	if n > 0 {
+		ob.extend(off + n)
+	}
+	return s.wrote(g, ob, n, off)
+}
+
+// wrote ends a write of n bytes at off: the change is recorded, and with
+// O_SYNC or O_DSYNC made durable.
+func (s *session) wrote(g *grant, ob *openBlob, n, off int64) (int64, uint64) {
 	if n > 0 {
 		s.svc.touch(ob)
 	}
@@ -508,6 +542,10 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 // size synced, never one that writes racing the sync made larger.
 func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
 	size, mtime, dv := ob.live()
+	if err := svc.flushBlob(ob, true); err != nil {
+		svc.log.Error("fsync: write-back failed; the pages stay dirty", "blob", ob.id, "error", err)
+		return errno(err)
+	}
 	if err := ob.b.Sync(); err != nil {
 		svc.syncFailed(fmt.Errorf("sync blob %d: %w", ob.id, err))
 		return errno(err)
@@ -579,7 +617,7 @@ func (s *session) readaheadHint(q *ring.Request) (int64, uint64) {
 		return fail(syscall.EINVAL)
 	}
 	r := s.svc.regionOf(g.blob)
-	size := g.blob.b.Size()
+	size := g.blob.logical()
 	if r == nil || off >= size || off >= cache.MaxCapacity {
 		return 0, 0
 	}
