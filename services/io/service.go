@@ -129,6 +129,7 @@ func (s *Service) Snapshot() map[string]any {
 		m["cache_writeback_pages"] = pc.WritebackPages.Load()
 		m["cache_writeback_errors"] = pc.WritebackErrors.Load()
 		m["cache_write_throughs"] = pc.WriteThroughs.Load()
+		m["cache_page_failures"] = pc.PageFailures.Load()
 	}
 	m["cache_region_failures"] = st.RegionFailures.Load()
 	if r, ok := s.be.(backend.Reporter); ok {
@@ -797,7 +798,7 @@ func (s *Service) flushAll(wait bool) {
 // flushInterval is how often the flusher writes back what is dirty (a
 // write reaches home within about this, unless fsync asks sooner); it also
 // runs as soon as half the dirty limit is reached.
-const flushInterval = time.Second
+const flushInterval = 5 * time.Second
 
 // flusher writes dirty pages home in the background until stop closes.
 func (s *Service) flusher(stop <-chan struct{}, done chan<- struct{}) {

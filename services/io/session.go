@@ -410,10 +410,10 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 		// not cached has that page filled first, so that the write can
 		// stay in the cache (never a whole-page read for aligned writes).
 		if size := ob.logical(); off%cache.PageSize != 0 && int64(p0)*cache.PageSize < size {
-			_, _ = r.fill(ob.b, p0, p0+1, size)
+			_, _ = r.fill(ob.b, p0, p0+1, size, nil)
 		}
 		if end := off + int64(q.Length); end%cache.PageSize != 0 && p1-1 != p0 && int64(p1-1)*cache.PageSize < ob.logical() {
-			_, _ = r.fill(ob.b, p1-1, p1, ob.logical())
+			_, _ = r.fill(ob.b, p1-1, p1, ob.logical(), nil)
 		}
 		var err error
 		if lr, err = r.lock(p0, p1); err != nil {
@@ -434,7 +434,21 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 				runs = append(runs, run)
 			}
 			n := int64(q.Length)
-			r.written(lr, runs, off, n, oldSize, true)
+			if r.written(lr, runs, off, n, oldSize, true) {
+				// A page could not be cached: the device takes the write.
+				var done int64
+				for _, run := range runs {
+					m, err := ob.b.WriteAt(run, off+done)
+					done += int64(m)
+					if err != nil {
+						if done > 0 {
+							break
+						}
+						return fail(errno(err))
+					}
+				}
+				n = done
+			}
 			ob.extend(off + n)
 			return s.wrote(g, ob, n, off)
 		}
