@@ -743,9 +743,19 @@ func (r *region) fill(b backend.Blob, p0, p1 uint64, size int64, sink func(data 
 // bounceSize is the bounce buffers' size: the most one fill reads at once.
 const bounceSize = 1 << 20
 
-// bounces are page-aligned buffers (O_DIRECT) whose pages are faulted in
-// once, when made.
-var bounces = sync.Pool{New: func() any {
+// bounces keeps up to maxBounces page-aligned buffers (O_DIRECT) whose
+// pages were faulted in when they were made (a sync.Pool would drop them
+// at each GC, and each new one costs an mmap and 256 page faults).
+var bounces = make(chan *[]byte, maxBounces)
+
+const maxBounces = 16
+
+func getBounce() *[]byte {
+	select {
+	case b := <-bounces:
+		return b
+	default:
+	}
 	b, err := unix.Mmap(-1, 0, bounceSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	if err != nil {
 		b = make([]byte, bounceSize) // Go memory: the backend bounces it again if it must
@@ -754,10 +764,15 @@ var bounces = sync.Pool{New: func() any {
 		b[i] = 0
 	}
 	return &b
-}}
+}
 
-func getBounce() *[]byte  { return bounces.Get().(*[]byte) }
-func putBounce(b *[]byte) { bounces.Put(b) }
+func putBounce(b *[]byte) {
+	select {
+	case bounces <- b:
+	default:
+		_ = unix.Munmap(*b) // Go memory (an mmap that failed) fails here, harmlessly
+	}
+}
 
 // pwriteFull writes all of p to fd at off.
 func pwriteFull(fd int, p []byte, off int64) error {

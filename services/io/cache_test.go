@@ -128,3 +128,53 @@ func BenchmarkCacheColdSequential(b *testing.B) {
 	b.Logf("fill time %v ns, fills %v of %v pages (%v readahead), misses %v, hits %v, bypassed %v, client misses %d hits %d", st["cache_fill_ns"], st["cache_fills"],
 		st["cache_filled_pages"], st["cache_readahead_pages"], st["cache_misses"], st["cache_hits"], st["cache_bypassed_pages"], fsys.CacheMisses.Load(), fsys.CacheHits.Load())
 }
+
+// BenchmarkCacheColdRandom is 4 KiB reads at random offsets of a 64 MiB
+// file whose pages were dropped from the cache (one in sixteen read before
+// the next drop): the miss path.
+func BenchmarkCacheColdRandom(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		size config.Size
+	}{{"cache", 64 << 20}, {"nocache", 0}} {
+		b.Run(c.name, func(b *testing.B) { coldRandom(b, c.size) })
+	}
+}
+
+func coldRandom(b *testing.B, cacheSize config.Size) {
+	e := cachedIO(b, func(c *config.Config) { c.IO.CacheSize = cacheSize })
+	fsys := e.dial(b)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	const size = 64 << 20
+	block := bytes.Repeat([]byte{5}, 1<<20)
+	for off := int64(0); off < size; off += 1 << 20 {
+		if _, err := f.WriteAt(block, off); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := f.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	buf := make([]byte, 4096)
+	i := 0
+	for b.Loop() {
+		if i%(size/4096/16) == 0 {
+			b.StopTimer()
+			e.io.DropCache()
+			b.StartTimer()
+		}
+		i++
+		if _, err := f.ReadAt(buf, int64(rng.IntN(size/4096))*4096); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st := e.io.Snapshot()
+	b.Logf("fills %v, %v ns in device reads; misses %v, hits %v; client misses %d (%s)", st["cache_fills"], st["cache_fill_ns"],
+		st["cache_misses"], st["cache_hits"], fsys.CacheMisses.Load(), b.Name())
+}

@@ -173,13 +173,13 @@ type openBlob struct {
 	ino uint64
 	b   backend.Blob
 
-	appendMu sync.Mutex   // serialises O_APPEND writes (offset = size)
+	appendMu sync.Mutex // serialises O_APPEND writes (offset = size)
 	// size is the file's size: the backend's, or past it by the writes
 	// that wait in the cache to be written home (write-back).
-	size atomic.Int64
-	mtime    atomic.Int64 // Unix ns of the last change through this service
-	wrote    atomic.Bool  // changed since it was opened here
-	dv       atomic.Uint64
+	size  atomic.Int64
+	mtime atomic.Int64 // Unix ns of the last change through this service
+	wrote atomic.Bool  // changed since it was opened here
+	dv    atomic.Uint64
 
 	refs int    // grants + in-flight requests; protected by Service.mu
 	ver  uint64 // version of the last grant or revoke applied; protected by Service.mu
