@@ -42,3 +42,32 @@ func BenchmarkCachedReadAt(b *testing.B) {
 		b.Fatal("no read was served from the cache region")
 	}
 }
+
+// BenchmarkCachedWriteAt is a 4 KiB WriteAt of a resident page, no fsync:
+// the write stays in the IO service's cache (write-back).
+func BenchmarkCachedWriteAt(b *testing.B) {
+	st := startStack(b, testConfig(b, b.TempDir(), "mem"))
+	defer stopStack(b, st)
+	fsys, err := st.Dial(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	data := bytes.Repeat([]byte{7}, 16<<20)
+	if _, err := f.WriteAt(data, 0); err != nil {
+		b.Fatal(err)
+	}
+	buf := bytes.Repeat([]byte{9}, 4096)
+	rng := rand.New(rand.NewPCG(1, 1))
+	b.SetBytes(4096)
+	for b.Loop() {
+		if _, err := f.WriteAt(buf, int64(rng.IntN(4096))*4096); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

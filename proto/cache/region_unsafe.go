@@ -51,10 +51,10 @@ func (r *Region) copyAtomic(dst []byte, off uint64) {
 	}
 }
 
-// copyIn stores src at off with aligned 8-byte atomic stores; a word at an
-// edge is loaded, merged and stored (the caller holds the page busy, so
-// nothing else writes it).
-func (r *Region) copyIn(off uint64, src []byte) {
+// copyInAtomic stores src at off with aligned 8-byte atomic stores; a word
+// at an edge is loaded, merged and stored (the caller holds the page busy,
+// so nothing else writes it).
+func (r *Region) copyInAtomic(off uint64, src []byte) {
 	var w [8]byte
 	for len(src) > 0 {
 		base := off &^ 7
