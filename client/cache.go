@@ -52,6 +52,7 @@ func (fl *File) cacheIn(c *conn) *fileCache {
 	if fc := fl.fcache; fc != nil && fc.gen == c.gen {
 		return fc
 	}
+	fl.fcFast.Store(nil)
 	if fl.noCache == c.gen+1 {
 		return nil
 	}
@@ -65,6 +66,7 @@ func (fl *File) cacheIn(c *conn) *fileCache {
 		return nil
 	}
 	fl.fcache = fc
+	fl.fcFast.Store(fc)
 	return fc
 }
 
@@ -186,9 +188,11 @@ func (fl *File) readCached(p []byte, off int64) (n int, err error, ok bool) {
 		fl.ringReads.Add(1)
 		return 0, nil, false
 	}
-	fc := fl.cacheIn(fl.fs.current())
-	if fc == nil {
-		return 0, nil, false
+	fc := fl.fcFast.Load()
+	if fc == nil || fc.gen != fl.fs.gen.Load() {
+		if fc = fl.cacheIn(fl.fs.current()); fc == nil {
+			return 0, nil, false
+		}
 	}
 	n, ok, err = fc.read(p, off)
 	if !ok || err != nil || n == len(p) {

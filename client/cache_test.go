@@ -71,3 +71,33 @@ func BenchmarkCachedWriteAt(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCachedReadAtHot reads one resident page again and again: the
+// client's own cost of a read from the region, without DRAM misses.
+func BenchmarkCachedReadAtHot(b *testing.B) {
+	st := startStack(b, testConfig(b, b.TempDir(), "mem"))
+	defer stopStack(b, st)
+	fsys, err := st.Dial(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(bytes.Repeat([]byte{7}, 1<<20), 0); err != nil {
+		b.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	for range 4 {
+		f.ReadAt(buf, 8192)
+	}
+	b.SetBytes(4096)
+	for b.Loop() {
+		if _, err := f.ReadAt(buf, 8192); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -74,7 +74,8 @@ type FS struct {
 	umask uint32
 
 	mu     sync.RWMutex
-	cur    *conn // the current sessions; protected by mu
+	cur    *conn         // the current sessions; protected by mu
+	gen    atomic.Uint64 // cur.gen, for readers that take no lock
 	closed atomic.Bool
 	life   context.Context // cancelled by Close: ends the watchers and any recovery
 	end    context.CancelFunc
@@ -144,6 +145,7 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 	}
 	c.gen = 1
 	f.cur = c
+	f.gen.Store(c.gen)
 	go f.watch(c)
 	return f, nil
 }
@@ -289,6 +291,7 @@ func (f *FS) recover(c *conn, cause error) (*conn, error) {
 	nc.gen = c.gen + 1
 	f.mu.Lock()
 	f.cur = nc
+	f.gen.Store(nc.gen)
 	f.mu.Unlock()
 	if newMeta {
 		c.meta.Close()

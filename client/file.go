@@ -45,8 +45,9 @@ type File struct {
 	// generation fcache.gen; noCache is 1 + the generation in which
 	// mapping failed (the file reads through the ring there).
 	cmu       sync.Mutex
-	fcache    *fileCache // protected by cmu
-	noCache   uint64     // protected by cmu
+	fcache    *fileCache                // protected by cmu
+	fcFast    atomic.Pointer[fileCache] // fcache, for reads that take no lock
+	noCache   uint64                    // protected by cmu
 	ringReads atomic.Int32
 	seqEnd    atomic.Int64 // where the last cached read ended (readahead)
 	hinting   atomic.Bool  // a readahead hint is in flight
@@ -313,6 +314,7 @@ func (fl *File) Close() error {
 	f.filesMu.Unlock()
 	fl.cmu.Lock()
 	if fl.fcache != nil {
+		fl.fcFast.Store(nil)
 		fl.fcache.unmap()
 		fl.fcache = nil
 	}
