@@ -27,6 +27,7 @@ func Cases() []Case {
 	for _, group := range [][]Case{
 		openCases(), rwCases(), dirCases(), renameCases(), unlinkCases(),
 		nameCases(), attrCases(), rootCases(), permCases(), persistCases(),
+		sharedCases(),
 	} {
 		all = append(all, group...)
 	}

@@ -89,4 +89,8 @@ type Case struct {
 	Setup func(t *Tester)
 	// Run is the case proper.
 	Run func(t *Tester)
+	// Peer, if set, are steps a second process runs on the same root when
+	// Run asks for them (Tester.Peer, PeerStart): cases of what one
+	// process sees of another's changes (peer.go).
+	Peer map[string]func(t *Tester)
 }

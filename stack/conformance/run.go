@@ -116,9 +116,12 @@ func Run(t *testing.T, targets map[string]func(t *testing.T) FS, cases []Case) {
 			results := make([]outcome, len(names))
 			for i, name := range names {
 				fsys := targets[name](t)
-				if c.Needs == NeedNonRoot {
+				switch {
+				case c.Needs == NeedNonRoot:
 					results[i] = runWithChild(t, &exe, fsys, c)
-				} else {
+				case c.Peer != nil:
+					results[i] = runWithPeer(t, &exe, fsys, c)
+				default:
 					results[i] = runInProcess(fsys, c)
 				}
 			}
@@ -366,6 +369,13 @@ var hooked bool
 func MainHook() {
 	hooked = true
 	syscall.Umask(0o022)
+	if req := os.Getenv(peerEnv); req != "" {
+		if err := runPeer(req); err != nil {
+			fmt.Fprintf(os.Stderr, "conformance peer: %v\n", err)
+			os.Exit(3)
+		}
+		os.Exit(0)
+	}
 	req := os.Getenv(childEnv)
 	if req == "" {
 		return

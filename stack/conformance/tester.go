@@ -45,6 +45,7 @@ type Tester struct {
 	fails  []string        // protected by mu
 	open   map[*TFile]bool // protected by mu: files opened and not closed
 	prefix string          // protected by mu: "setup: " while Setup runs
+	peer   *peerConn       // the peer process of a two-process case; used by the case's goroutine
 }
 
 func newTester(fsys FS) *Tester {
