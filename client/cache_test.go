@@ -3,8 +3,20 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/proto/cache"
 )
 
 // BenchmarkCachedReadAt is a 4 KiB ReadAt of a resident page: the path a
@@ -99,5 +111,183 @@ func BenchmarkCachedReadAtHot(b *testing.B) {
 		if _, err := f.ReadAt(buf, 8192); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// mappedFile creates name holding size bytes of pattern, reads it until
+// the client maps its cache region, and returns the file and the region's
+// memfd.
+func mappedFile(t *testing.T, fsys *client.FS, name string, size int) (*client.File, *os.File) {
+	t.Helper()
+	f, err := fsys.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	want := bytes.Repeat([]byte("weir"), size/4)
+	if _, err := f.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, size)
+	for range 3 {
+		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("read back: %v", err)
+		}
+	}
+	mf := client.CacheFile(f)
+	if mf == nil {
+		t.Fatal("the file did not map its cache region after three reads")
+	}
+	if fsys.CacheHits.Load() == 0 {
+		t.Fatal("no read was served from the region")
+	}
+	return f, mf
+}
+
+// A client holds its cache regions read-only: a store into the mapping
+// faults (SIGSEGV in the offender), mprotect and a writable mmap of the
+// memfd fail, and nothing changes; as another uid, the memfd cannot be
+// reopened read-write through /proc either.
+func TestHostileCannotWriteItsRegion(t *testing.T) {
+	fsys, _ := newFS(t)
+	f, mf := mappedFile(t, fsys, "ro", 64<<10)
+	st, err := mf.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := unix.Mmap(int(mf.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); !errors.Is(err, unix.EACCES) {
+		t.Fatalf("writable mmap of the region: %v, want EACCES", err)
+	}
+	mem, err := unix.Mmap(int(mf.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	if err := unix.Mprotect(mem, unix.PROT_READ|unix.PROT_WRITE); !errors.Is(err, unix.EACCES) {
+		t.Fatalf("mprotect(PROT_WRITE) of the region: %v, want EACCES", err)
+	}
+	// Scribble over the header, a state word and a data page.
+	for _, off := range []int{0, 72, cache.HeaderSize, cache.HeaderSize + cache.PageSize} {
+		if !storeFaults(mem, off) {
+			t.Fatalf("a store at byte %d of a read-only region did not fault", off)
+		}
+	}
+	got := make([]byte, 64<<10)
+	if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, bytes.Repeat([]byte("weir"), 16<<10)) {
+		t.Fatalf("the file changed: %v", err)
+	}
+	if os.Geteuid() != 0 {
+		// The test's own uid is the IO service's: the inode's mode 0
+		// stops the owner too.
+		if rw, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", mf.Fd()), os.O_RDWR, 0); err == nil {
+			rw.Close()
+			t.Fatal("reopened the region read-write through /proc")
+		}
+		return
+	}
+	// As root the test could reopen anything (CAP_DAC_OVERRIDE, which can
+	// write io's memory anyway): try as uid 65534, in a child given the fd.
+	cmd := exec.Command(copyTestBinary(t), "-test.run=^$")
+	cmd.Env = append(os.Environ(), envReopen+"=1")
+	cmd.ExtraFiles = []*os.File{mf} // fd 3 in the child
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "reopen refused") {
+		t.Fatalf("uid 65534 reopening the region: %v: %s", err, out)
+	}
+}
+
+// copyTestBinary copies the test binary where another uid can run it (go
+// test builds it in a private directory).
+func copyTestBinary(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "weir-client-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := dir + "/client.test"
+	if err := os.WriteFile(path, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// envReopen makes the test binary try to reopen fd 3 read-write (as
+// TestHostileCannotWriteItsRegion's child).
+const envReopen = "WEIR_CLIENT_TEST_REOPEN"
+
+func reopenChild() int {
+	rw, err := os.OpenFile("/proc/self/fd/3", os.O_RDWR, 0)
+	if err == nil {
+		rw.Close()
+		fmt.Println("reopened read-write")
+		return 1
+	}
+	fmt.Println("reopen refused:", err)
+	return 0
+}
+
+// storeFaults stores into mem[off] and reports whether the store faulted.
+func storeFaults(mem []byte, off int) (faulted bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() { faulted = recover() != nil }()
+	mem[off] = 0xff
+	return false
+}
+
+// A client that reads its mapping where nothing is cached makes the
+// kernel allocate those pages (a read fault on a hole of a memfd
+// allocates, charged to the faulting process's memory cgroup); the IO
+// service's scrub frees them, so that they do not outlive the offender.
+func TestHostileFaultsAreScrubbed(t *testing.T) {
+	fsys, st := newFS(t)
+	_, mf := mappedFile(t, fsys, "faults", 64<<10)
+	fi, err := mf.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem, err := unix.Mmap(int(mf.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	blocks := func() int64 {
+		var s unix.Stat_t
+		if err := unix.Fstat(int(mf.Fd()), &s); err != nil {
+			t.Fatal(err)
+		}
+		return s.Blocks * 512
+	}
+	before := blocks()
+	var sum byte
+	for i := 0; i < len(mem); i += 4096 {
+		sum += mem[i]
+	}
+	grown := blocks()
+	if grown < before+32<<20 {
+		t.Fatalf("reading the mapping allocated %d bytes, expected most of %d (%d)", grown-before, len(mem), sum)
+	}
+	freed := st.IO.ScrubCache()
+	after := blocks()
+	t.Logf("region memory: %d bytes, %d after faulting every page, %d after scrub (freed %d)", before, grown, after, freed)
+	if after > before+1<<20 {
+		t.Fatalf("after scrub the region holds %d bytes, %d before the faults", after, before)
+	}
+	f, err := fsys.Open("faults")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got := make([]byte, 64<<10)
+	if _, err := f.(*client.File).ReadAt(got, 0); err != nil || !bytes.Equal(got, bytes.Repeat([]byte("weir"), 16<<10)) {
+		t.Fatalf("the file reads otherwise after the scrub: %v", err)
 	}
 }

@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envChild) != "" {
 		os.Exit(childClient())
 	}
+	if os.Getenv(envReopen) != "" {
+		os.Exit(reopenChild())
+	}
 	stop, err := exampleServices()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start the services for Example:", err)

@@ -31,6 +31,15 @@ type hostileEnv struct {
 	data   *ring.Client
 	// answers counts the completions of hostileRequest: "ok" or the errno.
 	answers map[string]int
+	att     proto.AttachReq // attaches an IO session to the raw metadata session
+}
+
+// attachAs attaches the IO session c to the raw metadata session.
+func (e *hostileEnv) attachAs(t testing.TB, c *ring.Client) {
+	t.Helper()
+	if comp := e.do(t, c, &ring.Call{Op: proto.OpAttach}, e.att.Append(nil), nil); comp.Result != 0 {
+		t.Fatalf("attach: %+v", comp)
+	}
 }
 
 const keptData = "the honest client's bytes"
@@ -72,10 +81,8 @@ func startHostile(t testing.TB) *hostileEnv {
 	if e.data, err = ring.Dial(ctx, cfg.IO.Socket, ring.ClientOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	att := proto.AttachReq{Version: hr.Version, Session: hr.Session, Token: hr.Token}
-	if c := e.do(t, e.data, &ring.Call{Op: proto.OpAttach}, att.Append(nil), nil); c.Result != 0 {
-		t.Fatalf("attach: %+v", c)
-	}
+	e.att = proto.AttachReq{Version: hr.Version, Session: hr.Session, Token: hr.Token}
+	e.attachAs(t, e.data)
 	t.Cleanup(func() {
 		e.meta.Close()
 		e.data.Close()
@@ -127,7 +134,7 @@ func (e *hostileEnv) do(t testing.TB, c *ring.Client, call *ring.Call, in, out [
 func (e *hostileEnv) hostileRequest(t testing.TB, r *rand.Rand) {
 	c, first, n := e.meta, proto.OpHello, int(proto.OpReopen-proto.OpHello)+1
 	if r.IntN(2) == 0 {
-		c, first, n = e.data, proto.OpAttach, int(proto.OpGetAttr-proto.OpAttach)+1
+		c, first, n = e.data, proto.OpAttach, int(proto.OpReadahead-proto.OpAttach)+1
 	}
 	call := &ring.Call{Op: uint8(int(first) - 2 + r.IntN(n+4)), Arg: r.Uint32()}
 	switch r.IntN(3) {
@@ -247,6 +254,8 @@ func TestHostileRequests(t *testing.T) {
 			{e.data, ring.Call{Op: proto.OpTruncate, Handle: h}, nil},
 			{e.data, ring.Call{Op: proto.OpRead, Handle: h}, make([]byte, 64)},
 			{e.data, ring.Call{Op: proto.OpSync, Handle: h}, nil},
+			{e.data, ring.Call{Op: proto.OpCacheMap, Handle: h}, nil},
+			{e.data, ring.Call{Op: proto.OpReadahead, Handle: h, Arg: 4096}, nil},
 			{e.meta, ring.Call{Op: proto.OpGrant, Handle: h}, nil},
 			{e.meta, ring.Call{Op: proto.OpFStat, Handle: h}, make([]byte, proto.AttrSize)},
 			{e.meta, ring.Call{Op: proto.OpClose, Handle: h}, nil},

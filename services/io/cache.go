@@ -69,6 +69,7 @@ type pageCache struct {
 	WritebackPages, WritebackErrors    atomic.Uint64
 	WriteThroughs                      atomic.Uint64 // writes sent to the device at once (dirty limit, uncachable)
 	PageFailures                       atomic.Uint64 // new pages the memfd could not take (no memory)
+	Scrubbed                           atomic.Uint64 // bytes scrub freed (pages clients faulted in)
 }
 
 type pageRef struct {
@@ -510,10 +511,15 @@ func (r *region) flush(b backend.Blob, size func() int64, wait bool) (int, error
 			_, err = b.WriteAt(data[:want], off)
 		}
 		for i, w := range busy {
-			if err == nil {
+			// A page past the size keeps its dirt: writes make the size
+			// cover their bytes before they make a page dirty, so such a
+			// page cannot be (a truncate drops them), but its bytes must
+			// never be taken for written.
+			home := err == nil && int64(run[i])*cache.PageSize < off+max(want, 0)
+			if home {
 				r.clearDirty(run[i])
 			}
-			_ = cr.Publish(run[i], w, err != nil)
+			_ = cr.Publish(run[i], w, !home)
 		}
 		if err != nil {
 			r.pc.WritebackErrors.Add(1)
@@ -642,6 +648,63 @@ func (r *region) dropAll() int64 {
 	r.bmu.Unlock()
 	done, _ := r.evict(pages)
 	return int64(done)
+}
+
+// scrubSlack is the memory a region may hold past its resident pages
+// before scrub punches it out (pages of fills in flight are allocated
+// before they count).
+const scrubSlack = 1 << 20
+
+// scrub frees memory the region's memfd holds outside its resident pages:
+// a client that reads pages of its read-only mapping that are not
+// resident makes the kernel allocate them (a read fault on a hole of a
+// memfd allocates a page, charged to the faulting process's memory
+// cgroup), and they would stay when it goes. It punches every absent page
+// that is not busy (a fill in flight) and returns the bytes it freed.
+func (r *region) scrub() int64 {
+	r.life.RLock()
+	defer r.life.RUnlock()
+	if r.closed {
+		return 0
+	}
+	before := r.memoryLocked()
+	r.bmu.Lock()
+	resident := r.nres
+	r.bmu.Unlock()
+	if before <= resident*cache.PageSize+scrubSlack {
+		return 0
+	}
+	r.trunc.RLock()
+	defer r.trunc.RUnlock()
+	cr := r.cur.Load()
+	for p := uint64(0); p < cr.Pages(); {
+		// A run of absent pages, made busy, in one chunk.
+		var busy []cache.Word
+		start := p
+		for end := min(cr.Pages(), (p/cache.ChunkPages+1)*cache.ChunkPages); p < end; p++ {
+			w, k, err := cr.BeginKind(p)
+			if err != nil {
+				break
+			}
+			if k != cache.KindAbsent {
+				_ = cr.Publish(p, w, w.Dirty())
+				break
+			}
+			busy = append(busy, w)
+		}
+		if len(busy) > 0 {
+			_ = r.punch(start, len(busy))
+			for i, w := range busy {
+				_ = cr.Drop(start+uint64(i), w)
+			}
+		}
+		if len(busy) == 0 || p == start+uint64(len(busy)) && p%cache.ChunkPages != 0 {
+			p++ // the page that ended the run: resident or busy
+		}
+	}
+	freed := before - r.memoryLocked()
+	r.pc.Scrubbed.Add(uint64(max(freed, 0)))
+	return freed
 }
 
 // lockPage makes page p busy for a write or a truncate, waiting while it
@@ -1100,6 +1163,11 @@ func (r *region) memoryBytes() int64 {
 	if r.closed {
 		return 0
 	}
+	return r.memoryLocked()
+}
+
+// memoryLocked is memoryBytes with life held.
+func (r *region) memoryLocked() int64 {
 	var st unix.Stat_t
 	if unix.Fstat(int(r.fd.Fd()), &st) != nil {
 		return 0

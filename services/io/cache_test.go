@@ -2,8 +2,13 @@ package iosvc_test
 
 import (
 	"bytes"
+	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/weir-storage/weir/internal/config"
 )
@@ -177,4 +182,160 @@ func coldRandom(b *testing.B, cacheSize config.Size) {
 	st := e.io.Snapshot()
 	b.Logf("fills %v, %v ns in device reads; misses %v, hits %v; client misses %d (%s)", st["cache_fills"], st["cache_fill_ns"],
 		st["cache_misses"], st["cache_hits"], fsys.CacheMisses.Load(), b.Name())
+}
+
+// The cache stays within io.cache_size however a file is read: fills,
+// readahead and write-allocation evict past it; the memfds hold no more
+// than the resident pages (plus the scrub's slack).
+func TestCacheStaysWithinItsSize(t *testing.T) {
+	const limit = 1 << 20
+	e := cachedIO(t, func(c *config.Config) { c.IO.CacheSize = limit })
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const size = 8 << 20
+	want := make([]byte, size)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range want {
+		want[i] = byte(rng.Uint32())
+	}
+	if _, err := f.WriteAt(want, 0); err != nil {
+		t.Fatal(err)
+	}
+	check := func(when string) {
+		t.Helper()
+		st := e.io.Snapshot()
+		res, mem := st["cache_resident_pages"].(int64), st["cache_memory_bytes"].(int64)
+		if res*4096 > limit || mem > limit+1<<20 {
+			t.Fatalf("%s: %d resident pages (%d bytes), regions hold %d bytes; limit %d", when, res, res*4096, mem, limit)
+		}
+		t.Logf("%s: %d resident pages, regions hold %d bytes, %v evictions, %v written back", when, res, mem, st["cache_evictions"], st["cache_writeback_pages"])
+	}
+	check("after writing 8 MiB")
+	got := make([]byte, size)
+	for round := range 3 {
+		if _, err := f.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("round %d: %v, or other bytes", round, err)
+		}
+		for range 200 {
+			off := int64(rng.IntN(size - 10000))
+			n := 1 + rng.IntN(10000)
+			if _, err := f.ReadAt(got[:n], off); err != nil || !bytes.Equal(got[:n], want[off:off+int64(n)]) {
+				t.Fatalf("read of %d at %d: %v, or other bytes", n, off, err)
+			}
+		}
+		check(fmt.Sprintf("after read round %d", round))
+	}
+}
+
+// Readers that race evictions, fills and writes of the same pages (a cache
+// of 64 pages under a file of 1024) never read a page torn, zeroed or older
+// than the last write that returned before the read began.
+func TestCacheReadersRaceEvictionsAndWrites(t *testing.T) {
+	e := cachedIO(t, func(c *config.Config) { c.IO.CacheSize = 64 * 4096 })
+	const pages = 1024
+	page := func(p, v uint64) []byte {
+		b := make([]byte, 4096)
+		r := rand.New(rand.NewPCG(p, v))
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		binary.LittleEndian.PutUint64(b, v)
+		binary.LittleEndian.PutUint64(b[8:], p)
+		return b
+	}
+	w := e.dial(t)
+	defer w.Close()
+	wf, err := w.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wf.Close()
+	for p := range uint64(pages) {
+		if _, err := wf.WriteAt(page(p, 0), int64(p)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var done [pages]atomic.Uint64 // the version of each page's last write that returned
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(7, 8))
+		for v := uint64(1); ; v++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p := uint64(rng.IntN(pages))
+			if _, err := wf.WriteAt(page(p, v), int64(p)*4096); err != nil {
+				errs <- err
+				return
+			}
+			done[p].Store(v)
+		}
+	})
+	for r := range 2 {
+		fsys := e.dial(t)
+		defer fsys.Close()
+		f, err := fsys.Open("f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		rf := f.(interface {
+			ReadAt([]byte, int64) (int, error)
+		})
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(9, uint64(r)))
+			got := make([]byte, 4096)
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := uint64(rng.IntN(pages))
+				floor := done[p].Load()
+				if _, err := rf.ReadAt(got, int64(p)*4096); err != nil {
+					errs <- err
+					return
+				}
+				v := binary.LittleEndian.Uint64(got)
+				if binary.LittleEndian.Uint64(got[8:]) != p || v < floor || !bytes.Equal(got, page(p, v)) {
+					first, zeros := -1, 0
+					want := page(p, v)
+					for j := range got {
+						if got[j] != want[j] {
+							if first < 0 {
+								first = j
+							}
+							if got[j] == 0 {
+								zeros++
+							}
+						}
+					}
+					errs <- fmt.Errorf("reader %d, read %d: page %d reads version %d (torn, zeroed or stale: %d had returned); first difference at byte %d, %d differing bytes are zero", r, i, p, v, floor, first, zeros)
+					return
+				}
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	st := e.io.Snapshot()
+	t.Logf("%v evictions, %v fills, %v io hits; %v pages written back", st["cache_evictions"], st["cache_fills"], st["cache_hits"], st["cache_writeback_pages"])
+	if st["cache_evictions"].(uint64) == 0 {
+		t.Fatal("no eviction: the test raced nothing")
+	}
 }

@@ -130,6 +130,7 @@ func (s *Service) Snapshot() map[string]any {
 		m["cache_writeback_errors"] = pc.WritebackErrors.Load()
 		m["cache_write_throughs"] = pc.WriteThroughs.Load()
 		m["cache_page_failures"] = pc.PageFailures.Load()
+		m["cache_scrubbed_bytes"] = pc.Scrubbed.Load()
 	}
 	m["cache_region_failures"] = st.RegionFailures.Load()
 	if r, ok := s.be.(backend.Reporter); ok {
@@ -795,25 +796,55 @@ func (s *Service) flushAll(wait bool) {
 	}
 }
 
-// flushInterval is how often the flusher writes back what is dirty (a
-// write reaches home within about this, unless fsync asks sooner); it also
-// runs as soon as half the dirty limit is reached.
-const flushInterval = 5 * time.Second
+// The flusher writes back what is dirty every flushInterval (a write
+// reaches home within about this, unless fsync asks sooner), and as soon
+// as half the dirty limit is reached; every scrubInterval it scrubs the
+// regions (ScrubCache).
+const (
+	flushInterval = 5 * time.Second
+	scrubInterval = time.Second
+)
 
 // flusher writes dirty pages home in the background until stop closes.
 func (s *Service) flusher(stop <-chan struct{}, done chan<- struct{}) {
 	defer close(done)
-	t := time.NewTicker(flushInterval)
+	t := time.NewTicker(scrubInterval)
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C:
+			s.ScrubCache()
+			if time.Since(last) < flushInterval {
+				continue
+			}
 		case <-s.pc.kick:
 		}
+		last = time.Now()
 		s.flushAll(false)
 	}
+}
+
+// ScrubCache frees the memory the regions hold past their resident pages
+// (pages clients faulted in by reading their mappings where nothing is
+// cached) and returns the bytes freed. The flusher runs it every second.
+func (s *Service) ScrubCache() int64 {
+	if s.pc == nil {
+		return 0
+	}
+	s.mu.Lock()
+	rs := make([]*region, 0, len(s.regions))
+	for _, r := range s.regions {
+		rs = append(rs, r)
+	}
+	s.mu.Unlock()
+	var n int64
+	for _, r := range rs {
+		n += r.scrub()
+	}
+	return n
 }
 
 // metaLink follows the service session with the metadata service: while

@@ -434,6 +434,9 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 				runs = append(runs, run)
 			}
 			n := int64(q.Length)
+			// The size first: the flusher writes a dirty page up to the
+			// size, so the size must cover its bytes before it is dirty.
+			ob.extend(off + n)
 			if r.written(lr, runs, off, n, oldSize, true) {
 				// A page could not be cached: the device takes the write.
 				var done int64
@@ -449,7 +452,6 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 				}
 				n = done
 			}
-			ob.extend(off + n)
 			return s.wrote(g, ob, n, off)
 		}
 		s.svc.pc.WriteThroughs.Add(1)

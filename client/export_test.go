@@ -1,0 +1,14 @@
+package client
+
+import "os"
+
+// CacheFile returns the memfd of f's cache region as f mapped it (nil if
+// it has not mapped it), for tests that act as a hostile client.
+func CacheFile(f *File) *os.File {
+	f.cmu.Lock()
+	defer f.cmu.Unlock()
+	if f.fcache == nil {
+		return nil
+	}
+	return f.fcache.f
+}
