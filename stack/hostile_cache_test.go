@@ -75,7 +75,7 @@ func TestHostileCacheRequests(t *testing.T) {
 	}{
 		{ring.Call{Op: proto.OpReadahead, Handle: rw, Arg: 0}, -int64(syscall.EINVAL)},
 		{ring.Call{Op: proto.OpReadahead, Handle: rw, Arg: 4096, Offset: 1 << 63}, -int64(syscall.EINVAL)},
-		{ring.Call{Op: proto.OpReadahead, Handle: rw, Arg: ^uint32(0)}, 0},               // bounded to 8 MiB, inside the file
+		{ring.Call{Op: proto.OpReadahead, Handle: rw, Arg: ^uint32(0)}, 0},            // bounded to 8 MiB, inside the file
 		{ring.Call{Op: proto.OpReadahead, Handle: rw, Arg: 4096, Offset: 1 << 40}, 0}, // past the end: nothing
 	} {
 		if comp := e.do(t, e.data, &tc.call, nil, nil); comp.Result != tc.want {

@@ -195,7 +195,7 @@ func sharedDisjointWriters() Case {
 		},
 		Peer: map[string]func(*Tester){
 			"write odd stripes": func(t *Tester) { writeStripes(t, 1) },
-			"check": func(t *Tester) { _, _ = t.ReadFile("s") },
+			"check":             func(t *Tester) { _, _ = t.ReadFile("s") },
 		},
 	}
 }
