@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -17,6 +18,7 @@ import (
 // A child process dials weir, opens files and waits to be killed.
 const (
 	envChild    = "WEIR_CLIENT_TEST_CHILD"
+	envChildBig = "WEIR_CLIENT_TEST_CHILD_BIG"
 	envMetaSock = "WEIR_CLIENT_TEST_METADATA"
 	envIOSock   = "WEIR_CLIENT_TEST_IO"
 )
@@ -52,6 +54,18 @@ func childClient() int {
 			return 1
 		}
 		if _, err := f.Write([]byte("unsynced but written")); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	if os.Getenv(envChildBig) != "" {
+		// A MiB that stays dirty in the IO service's cache (no fsync).
+		f, err := c.Create("child-big")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if _, err := f.Write(bigData()); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -101,5 +115,71 @@ func TestClientDeathFreesSession(t *testing.T) {
 		if err != nil || string(got) != "unsynced but written" {
 			t.Fatalf("child-%d: %q %v", i, got, err)
 		}
+	}
+}
+
+func bigData() []byte {
+	b := make([]byte, 1<<20)
+	for i := range b {
+		b[i] = byte(i*7 + i/4096)
+	}
+	return b
+}
+
+// TestClientDeathWritesReachHome: a client killed with writes that are
+// still dirty in the IO service's cache (written back later, no fsync)
+// loses nothing, as on Linux a process crash loses no write that
+// returned: once its handles are released the dirty pages are written
+// home, and a clean restart of the services (the file backend) reads
+// them from the device.
+func TestClientDeathWritesReachHome(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testConfig(t, dir, "file")
+	st := startStack(t, cfg)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChild+"=1", envChildBig+"=1",
+		envMetaSock+"="+cfg.Metadata.Socket, envIOSock+"="+cfg.IO.Socket)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child: %q %v", line, err)
+	}
+	if d := st.IO.Snapshot()["cache_dirty_pages"].(int64); d < 256 {
+		t.Errorf("%d dirty pages before the kill: the child's MiB is not waiting in the cache", d)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for st.IO.Stats.Grants.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the kill: %d grants", st.IO.Stats.Grants.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if d := st.IO.Snapshot()["cache_dirty_pages"].(int64); d != 0 {
+		t.Errorf("%d dirty pages after the child's handles were released, want 0 (written home at the last close)", d)
+	}
+	stopStack(t, st)
+	st = startStack(t, cfg)
+	defer stopStack(t, st)
+	c, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got, err := c.ReadFile("child-big")
+	if err != nil || !bytes.Equal(got, bigData()) {
+		t.Fatalf("child-big after the kill and a restart: %d bytes, %v; want the MiB it wrote", len(got), err)
 	}
 }
