@@ -22,6 +22,8 @@ import (
 //	root/     root's override of permissions (NeedRoot)
 //	perm/     permission checks as uid 65534 (NeedNonRoot)
 //	persist/  contents across Restarter.Restart
+//	shared/   one process's changes as another process with the file open
+//	          sees them (Case.Peer: a second process, peer.go)
 func Cases() []Case {
 	var all []Case
 	for _, group := range [][]Case{

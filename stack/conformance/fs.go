@@ -83,9 +83,9 @@ type Case struct {
 	Needs Requirement
 	// Groups are the supplementary groups of the child of a NeedNonRoot case.
 	Groups []uint32
-	// Setup, if set, runs first, always as the test's own identity (root
-	// when NeedNonRoot cases run), on the same root. Its observations are
-	// prefixed "setup: ".
+	// Setup, if set (NeedNonRoot and two-process cases), runs first,
+	// always as the test's own identity (root when NeedNonRoot cases run),
+	// on the same root. Its observations are prefixed "setup: ".
 	Setup func(t *Tester)
 	// Run is the case proper.
 	Run func(t *Tester)

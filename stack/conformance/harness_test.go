@@ -31,8 +31,11 @@ func TestCasesTable(t *testing.T) {
 		if (group == "perm") != (c.Needs == NeedNonRoot) {
 			t.Errorf("case %q: perm/ cases and only they need a non-root identity", c.Name)
 		}
-		if c.Setup != nil && c.Needs != NeedNonRoot {
-			t.Errorf("case %q: Setup is for NeedNonRoot cases", c.Name)
+		if c.Setup != nil && c.Needs != NeedNonRoot && c.Peer == nil {
+			t.Errorf("case %q: Setup is for NeedNonRoot and two-process cases", c.Name)
+		}
+		if (group == "shared") != (c.Peer != nil) {
+			t.Errorf("case %q: shared/ cases and only they have peer steps", c.Name)
 		}
 	}
 	for _, d := range Differences {
