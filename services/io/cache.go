@@ -105,9 +105,34 @@ func (pc *pageCache) added(r *region, p0 uint64, n int) {
 	for i := range n {
 		pc.queue = append(pc.queue, pageRef{r, p0 + uint64(i)})
 	}
+	if int64(len(pc.queue)-pc.head) > 2*pc.limit+4096 {
+		pc.compactLocked()
+	}
 	pc.mu.Unlock()
 	pc.resident.Add(int64(n))
 	pc.reclaim()
+}
+
+// compactLocked drops the queue's entries of pages no longer resident
+// (truncated, dropped, evicted and filled again, of closed regions): the
+// queue never outgrows twice the resident pages by much. pc.mu is held.
+func (pc *pageCache) compactLocked() {
+	kept := pc.queue[:0]
+	seen := make(map[pageRef]bool)
+	for _, ref := range pc.queue[pc.head:] {
+		if ref.r.dead.Load() || seen[ref] {
+			continue
+		}
+		ref.r.bmu.Lock()
+		res := bitGet(ref.r.res, ref.p)
+		ref.r.bmu.Unlock()
+		if res {
+			seen[ref] = true
+			kept = append(kept, ref)
+		}
+	}
+	clear(pc.queue[len(kept):])
+	pc.queue, pc.head = kept, 0
 }
 
 // evictBatch is how many queued pages reclaim takes at a time: the pages
@@ -174,7 +199,8 @@ type region struct {
 	// life: page work takes it shared; close takes it exclusive, so the
 	// mappings stay mapped while anything uses them.
 	life   sync.RWMutex
-	closed bool // protected by life
+	closed bool        // protected by life
+	dead   atomic.Bool // closed, for the eviction queue's compaction
 
 	// trunc: fills and writes take it shared, truncate exclusive, so that
 	// no fill publishes bytes from before a truncate.
@@ -201,7 +227,7 @@ type region struct {
 // readaheadAsync fills pages [p0, p1) on a goroutine of its own, unless
 // one runs for the region already: the reader that asked goes on, and
 // finds them resident (or busy, and waits for them) when it gets there.
-func (r *region) readaheadAsync(b backend.Blob, p0, p1 uint64, size int64) {
+func (r *region) readaheadAsync(b backend.Blob, p0, p1 uint64, sizeOf func() int64) {
 	if p1 <= p0 || !r.raBusy.CompareAndSwap(false, true) {
 		return
 	}
@@ -216,7 +242,7 @@ func (r *region) readaheadAsync(b backend.Blob, p0, p1 uint64, size int64) {
 		}
 		r.trunc.RLock()
 		defer r.trunc.RUnlock()
-		if n, _ := r.fill(b, p0, p1, size, nil); n > 0 {
+		if n, _ := r.fill(b, p0, p1, sizeOf, nil); n > 0 {
 			r.pc.ReadaheadPages.Add(uint64(n))
 		}
 	}()
@@ -340,6 +366,7 @@ func (r *region) close() {
 		return
 	}
 	r.closed = true
+	r.dead.Store(true)
 	r.bmu.Lock()
 	n := r.nres
 	r.nres = 0
@@ -726,12 +753,12 @@ func lockPage(cr *cache.Region, p uint64) (cache.Word, cache.Kind, error) {
 
 // fill makes pages [p0, p1) resident where they are absent, reading the
 // device straight into the region, run by run (a run ends at a chunk's end
-// or at a page that is not absent). size is the file's size: bytes past it
-// read as zeros. sink, if not nil, sees each run's bytes (and their file
+// or at a page that is not absent). sizeOf is the file's size, read once a
+// run is busy: bytes past it read as zeros. sink, if not nil, sees each run's bytes (and their file
 // offset) as they were read, before they are published: a read takes its
 // bytes from there instead of faulting the fresh pages into io's mapping.
 // It returns the number of pages it filled.
-func (r *region) fill(b backend.Blob, p0, p1 uint64, size int64, sink func(data []byte, at int64)) (int, error) {
+func (r *region) fill(b backend.Blob, p0, p1 uint64, sizeOf func() int64, sink func(data []byte, at int64)) (int, error) {
 	if p1 <= p0 {
 		return 0, nil
 	}
@@ -766,6 +793,10 @@ func (r *region) fill(b backend.Blob, p0, p1 uint64, size int64, sink func(data 
 		bp := getBounce()
 		data := (*bp)[:len(busy)*cache.PageSize]
 		off := int64(p) * cache.PageSize
+		// The size now that the run is busy: a write that extends the file
+		// extends the size before it releases its pages, so no fill cuts
+		// that write's bytes at an older size.
+		size := sizeOf()
 		want := min(int64(len(data)), max(size-off, 0))
 		n, err := 0, error(nil)
 		if want > 0 {
@@ -852,12 +883,22 @@ func pwriteFull(fd int, p []byte, off int64) error {
 	return nil
 }
 
-// copyOut copies file bytes at off into dst from the region, waiting
-// (boundedly) for pages that are busy in a transition of io's: a fill in
-// flight ends in the device's time. It returns how many bytes it copied.
-func (r *region) copyOut(cr *cache.Region, dst []byte, off int64) int {
+// busyWait bounds how long a read waits for a page busy in one of io's
+// transitions (a fill, a write, a write-back: each ends in the device's
+// time). A page busy for longer is a bug; the read fails with EIO rather
+// than return bytes from anywhere else.
+const busyWait = 30 * time.Second
+
+// errStuck is the error of a read that waited busyWait for a page.
+var errStuck = fmt.Errorf("cache: a page stayed busy for %v: %w", busyWait, syscall.EIO)
+
+// copyOut copies file bytes at off into dst from the region, waiting while
+// the next page is busy. It returns how many bytes it copied: all of dst,
+// or up to a page that is absent (evicted, or never filled).
+func (r *region) copyOut(cr *cache.Region, dst []byte, off int64) (int, error) {
 	n := 0
-	for tries := 0; n < len(dst) && tries < 2000; tries++ {
+	var since time.Time
+	for tries := 0; n < len(dst); tries++ {
 		m := cr.ReadAt(dst[n:], uint64(off)+uint64(n))
 		n += m
 		if n == len(dst) {
@@ -865,25 +906,31 @@ func (r *region) copyOut(cr *cache.Region, dst []byte, off int64) int {
 		}
 		p := (uint64(off) + uint64(n)) / cache.PageSize
 		w, err := cr.State(p)
-		if err != nil || w.Kind() != cache.KindBusy {
-			break // absent (evicted meanwhile): the caller fills or reads the device
+		if err != nil || w.Kind() == cache.KindAbsent {
+			break
 		}
-		if m == 0 {
-			if tries < 64 {
-				runtime.Gosched()
-			} else {
-				time.Sleep(20 * time.Microsecond)
-			}
+		if m > 0 {
+			tries, since = 0, time.Time{}
+		}
+		switch {
+		case tries < 64:
+			runtime.Gosched()
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) > busyWait:
+			return n, errStuck
+		default:
+			time.Sleep(20 * time.Microsecond)
 		}
 	}
-	return n
+	return n, nil
 }
 
 // read serves a read of dst at off (inside the file of size bytes) from
 // the cache, filling what is missing plus ra readahead pages. Pages that
 // stay out of the cache (a fill failed, the page was evicted at once) are
 // read from the device.
-func (r *region) read(b backend.Blob, dst []byte, off, size int64, ra int) (int, error) {
+func (r *region) read(b backend.Blob, dst []byte, off int64, sizeOf func() int64, ra int) (int, error) {
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
@@ -892,8 +939,11 @@ func (r *region) read(b backend.Blob, dst []byte, off, size int64, ra int) (int,
 	p0 := uint64(off) / cache.PageSize
 	pEnd := (uint64(off) + uint64(len(dst)) + cache.PageSize - 1) / cache.PageSize
 	cr, err := r.covering(pEnd - 1)
+	if errors.Is(err, syscall.EFBIG) {
+		return b.ReadAt(dst, off) // past the largest region: never cached
+	}
 	if err != nil {
-		return b.ReadAt(dst, off)
+		return 0, err
 	}
 	n := cr.ReadAt(dst, uint64(off))
 	if n == len(dst) {
@@ -911,7 +961,7 @@ func (r *region) read(b backend.Blob, dst []byte, off, size int64, ra int) (int,
 		}
 	}
 	r.trunc.RLock()
-	filled, ferr := r.fill(b, (uint64(off)+uint64(n))/cache.PageSize, pEnd, size, sink)
+	filled, ferr := r.fill(b, (uint64(off)+uint64(n))/cache.PageSize, pEnd, sizeOf, sink)
 	r.trunc.RUnlock()
 	if ferr != nil && filled == 0 {
 		return n, ferr
@@ -919,19 +969,37 @@ func (r *region) read(b backend.Blob, dst []byte, off, size int64, ra int) (int,
 	if ra > 0 {
 		// Sequential: read the window ahead (at least one more read of
 		// this size) while the reader takes these.
-		sizePages := (uint64(size) + cache.PageSize - 1) / cache.PageSize
-		r.readaheadAsync(b, pEnd, min(pEnd+max(uint64(ra), pEnd-p0), sizePages), size)
+		sizePages := (uint64(sizeOf()) + cache.PageSize - 1) / cache.PageSize
+		r.readaheadAsync(b, pEnd, min(pEnd+max(uint64(ra), pEnd-p0), sizePages), sizeOf)
 	}
+	// What the fill did not hand over: pages resident already, busy in
+	// another transition (wait), or absent again (evicted at once: fill
+	// them again, a few times, then read the device; an absent page is
+	// never dirty, so the device holds its bytes).
 	cr = r.cur.Load()
-	for n < len(dst) {
-		n += r.copyOut(cr, dst[n:], off+int64(n))
+	for refills := 0; n < len(dst); {
+		m, err := r.copyOut(cr, dst[n:], off+int64(n))
+		n += m
+		if err != nil {
+			return n, err
+		}
 		if n == len(dst) {
 			break
 		}
-		// Not in the cache: this page from the device.
+		pg := (uint64(off) + uint64(n)) / cache.PageSize
+		if refills < 4 {
+			refills++
+			r.trunc.RLock()
+			_, err := r.fill(b, pg, pg+1, sizeOf, sink)
+			r.trunc.RUnlock()
+			if err != nil {
+				return n, err
+			}
+			continue
+		}
 		pe := min(len(dst), n+int(cache.PageSize-(uint64(off)+uint64(n))%cache.PageSize))
 		r.pc.Bypassed.Add(1)
-		m, err := b.ReadAt(dst[n:pe], off+int64(n))
+		m, err = b.ReadAt(dst[n:pe], off+int64(n))
 		n += m
 		if err != nil {
 			return n, err
@@ -987,13 +1055,11 @@ func (lr *lockedRange) release() {
 // the old size, where the file reads zeros); the others stay absent.
 //
 // With dirty (write-back: the device has not seen the write), every page
-// the write covers is cached (the caller checked cachable) and dirty;
-// otherwise (write-through) a page keeps the dirtiness it had.
-//
-// failed reports a new page that could not be stored (no memory for the
-// memfd): it stays out of the cache, so a write-back caller must send the
-// write to the device.
-func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64, dirty bool) (failed bool) {
+// the write covers is cached (the caller checked cachable, and stage put
+// the new pages' bytes in the memfd already) and dirty; otherwise
+// (write-through) a page keeps the dirtiness it had, and a new page the
+// memfd cannot take (no memory) stays out of the cache.
+func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64, dirty bool) {
 	cur := runCursor{runs: src}
 	var allocated []uint64
 	for i, w := range lr.busy {
@@ -1003,34 +1069,20 @@ func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64, d
 		resident := lr.was[i] == cache.KindResident
 		switch {
 		case ws >= we: // the write stopped short of this page
-		case resident || ((ws == ps || ps >= oldSize) && (we == pe || we >= oldSize)):
-			if resident {
-				cur.each(we-ws, func(b []byte, at int64) { _ = lr.cr.WritePage(p, int(ws-ps+at), b) })
-			} else {
-				// A new page: pwrite allocates it (the rest reads zeros)
-				// without faulting it into io's mapping. A failure (no
-				// memory for the memfd) leaves the page out of the cache.
-				var perr error
-				cur.each(we-ws, func(b []byte, at int64) {
-					if perr == nil {
-						perr = pwriteFull(int(r.fd.Fd()), b, int64(cache.PageOffset(p))+ws-ps+at)
-					}
-				})
-				if perr != nil {
-					_ = r.punch(p, 1)
-					_ = lr.cr.Drop(p, w)
-					r.pc.PageFailures.Add(1)
-					failed = true
-					continue
-				}
+		case resident:
+			cur.each(we-ws, func(b []byte, at int64) { _ = lr.cr.WritePage(p, int(ws-ps+at), b) })
+			r.pc.WriteUpdated.Add(1)
+		case (ws == ps || ps >= oldSize) && (we == pe || we >= oldSize):
+			if dirty {
+				cur.each(we-ws, func([]byte, int64) {}) // staged
+			} else if r.pwritePage(p, &cur, ws-ps, we-ws) != nil {
+				_ = r.punch(p, 1)
+				r.pc.PageFailures.Add(1)
+				break
 			}
-			if resident {
-				r.pc.WriteUpdated.Add(1)
-			} else {
-				r.pc.WriteAllocated.Add(1)
-				allocated = append(allocated, p)
-				resident = true
-			}
+			r.pc.WriteAllocated.Add(1)
+			allocated = append(allocated, p)
+			resident = true
 		default:
 			cur.each(we-ws, func([]byte, int64) {})
 		}
@@ -1048,7 +1100,45 @@ func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64, d
 	for _, p := range allocated {
 		r.markResident(p, 1)
 	}
-	return failed
+}
+
+// pwritePage stores k bytes from cur at byte in of new page p with pwrite,
+// which allocates the page (the rest reads zeros) without faulting it
+// into io's mapping.
+func (r *region) pwritePage(p uint64, cur *runCursor, in, k int64) error {
+	var err error
+	cur.each(k, func(b []byte, at int64) {
+		if err == nil {
+			err = pwriteFull(int(r.fd.Fd()), b, int64(cache.PageOffset(p))+in+at)
+		}
+	})
+	return err
+}
+
+// stage is the first half of a write-back: it stores the bytes of the
+// pages the write caches anew (absent, locked) into the memfd, changing no
+// state. false: the memfd could not take one (no memory); those pages are
+// punched again and nothing changed, the pages still locked.
+func (r *region) stage(lr *lockedRange, src [][]byte, off, n int64) bool {
+	cur := runCursor{runs: src}
+	for i := range lr.busy {
+		p := lr.p0 + uint64(i)
+		ps, pe := int64(p)*cache.PageSize, int64(p+1)*cache.PageSize
+		ws, we := max(ps, off), min(pe, off+n)
+		if ws >= we || lr.was[i] == cache.KindResident {
+			cur.each(max(we-ws, 0), func([]byte, int64) {})
+			continue
+		}
+		if r.pwritePage(p, &cur, ws-ps, we-ws) != nil {
+			for j := range i + 1 {
+				if lr.was[j] != cache.KindResident {
+					_ = r.punch(lr.p0+uint64(j), 1)
+				}
+			}
+			return false
+		}
+	}
+	return true
 }
 
 // cachable reports whether written would cache every page a write of n

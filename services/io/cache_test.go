@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -337,5 +338,58 @@ func TestCacheReadersRaceEvictionsAndWrites(t *testing.T) {
 	t.Logf("%v evictions, %v fills, %v io hits; %v pages written back", st["cache_evictions"], st["cache_fills"], st["cache_hits"], st["cache_writeback_pages"])
 	if st["cache_evictions"].(uint64) == 0 {
 		t.Fatal("no eviction: the test raced nothing")
+	}
+}
+
+// O_SYNC writes (each followed by a flush of the file's dirty pages) and
+// truncates of the same file, from two sessions at once, all complete: a
+// write-back flush under a write's region locks would wait behind the
+// truncate that waits for the write.
+func TestCacheSyncWritesRaceTruncates(t *testing.T) {
+	e := cachedIO(t, nil)
+	w := e.dial(t)
+	defer w.Close()
+	f, err := w.OpenFile("f", os.O_RDWR|os.O_CREATE|os.O_SYNC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := e.dial(t)
+	defer tr.Close()
+	g, err := tr.OpenFile("f", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	done := make(chan error, 2)
+	stop := time.Now().Add(300 * time.Millisecond)
+	go func() {
+		b := bytes.Repeat([]byte{1}, 6000)
+		for i := 0; time.Now().Before(stop); i++ {
+			if _, err := f.WriteAt(b, int64(i%7)*3000); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	go func() {
+		for i := 0; time.Now().Before(stop); i++ {
+			if err := g.Truncate(int64(i%5) * 5000); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for range 2 {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Fatal("O_SYNC writes and truncates of one file hung")
+		}
 	}
 }

@@ -192,6 +192,9 @@ type openBlob struct {
 	reg    *region // protected by rmu; read without it through cached
 	cached atomic.Pointer[region]
 	rfail  bool // making the region failed: the blob goes uncached; protected by rmu
+	// dirtyHeld: the last reference could not write the dirty pages home
+	// and stays, for the flusher to drop once they are (Service.mu).
+	dirtyHeld bool
 	// rgate: a write or truncate of the blob while it has no region holds
 	// it shared; making the region takes it exclusive, so that no fill
 	// can read the device under a change the region does not know of.
@@ -490,8 +493,11 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	var errs []error
 	if err := s.host.Shutdown(ctx); err != nil {
-		return fmt.Errorf("iosvc: shutdown: %w", err)
+		// Sessions that did not end in time: go on, so that the dirty
+		// pages are written home all the same.
+		errs = append(errs, fmt.Errorf("iosvc: shutdown: %w", err))
 	}
 	s.mu.Lock()
 	s.stopping = true // no more background work: bg.Add must not race Wait
@@ -502,7 +508,6 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		<-s.flushDone
 		s.pc.bg.Wait() // readaheads read blobs closed below
 	}
-	var errs []error
 	s.mu.Lock()
 	blobs := make([]*openBlob, 0, len(s.blobs))
 	for _, ob := range s.blobs {
@@ -777,6 +782,13 @@ func (s *Service) flushBlob(ob *openBlob, wait bool) error {
 	return nil
 }
 
+// isDirtyHeld reports ob.dirtyHeld.
+func (ob *openBlob) isDirtyHeld(s *Service) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return ob.dirtyHeld
+}
+
 // flushAll writes back every open blob's dirty pages.
 func (s *Service) flushAll(wait bool) {
 	s.mu.Lock()
@@ -789,9 +801,16 @@ func (s *Service) flushAll(wait bool) {
 	}
 	s.mu.Unlock()
 	for _, ob := range obs {
-		if err := s.flushBlob(ob, wait); err != nil {
+		err := s.flushBlob(ob, wait || ob.isDirtyHeld(s))
+		if err != nil {
 			s.log.Warn("write-back failed: the pages stay dirty and are tried again", "blob", ob.id, "error", err)
 		}
+		s.mu.Lock()
+		if err == nil && ob.dirtyHeld && !ob.reg.hasDirty() {
+			ob.dirtyHeld = false // the close's reference, held for the dirt
+			ob.refs--
+		}
+		s.mu.Unlock()
 		s.releaseBlob(ob)
 	}
 }
@@ -1025,15 +1044,22 @@ func (s *Service) releaseBlob(ob *openBlob) {
 	s.mu.Lock()
 	// The last reference writes the blob's dirty pages home first (with
 	// the reference held, so the blob stays open for it): a closed blob's
-	// region keeps clean pages only.
-	for ob.refs == 1 && ob.reg != nil && ob.reg.hasDirty() {
+	// region keeps clean pages only. If that fails, the reference stays,
+	// held by the dirty pages (ob.dirtyHeld): the blob stays open and the
+	// flusher tries again, and drops it once they are home.
+	for tries := 0; ob.refs == 1 && ob.reg != nil && ob.reg.hasDirty(); tries++ {
 		s.mu.Unlock()
-		if err := s.flushBlob(ob, true); err != nil {
-			s.log.Error("write-back at close failed: the pages stay dirty in the cache, and are lost if io stops", "blob", ob.id, "error", err)
-			s.mu.Lock()
-			break
-		}
+		err := s.flushBlob(ob, true)
 		s.mu.Lock()
+		if err == nil && tries < 3 {
+			continue // written (and maybe dirtied again meanwhile): look again
+		}
+		if !ob.dirtyHeld {
+			ob.dirtyHeld = true
+			s.log.Error("write-back at close failed: the blob stays open, its dirty pages in the cache, and the flusher tries again", "blob", ob.id, "error", err)
+		}
+		s.mu.Unlock()
+		return
 	}
 	ob.refs--
 	last := ob.refs == 0

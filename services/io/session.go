@@ -321,7 +321,7 @@ func (s *session) readCached(g *grant, r *region, q *ring.Request, off, size int
 		var run []byte
 		run, i = q.Run(i)
 		run = run[:min(int64(len(run)), size-(off+n))]
-		m, err := r.read(g.blob.b, run, off+n, size, ra)
+		m, err := r.read(g.blob.b, run, off+n, g.blob.logical, ra)
 		n += int64(m)
 		if err != nil {
 			if n > 0 {
@@ -385,103 +385,105 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 			return fail(errno(err))
 		}
 	}
-	// A cached file's pages in the range stay busy from before the device
-	// write until the cache holds the new bytes: no fill can publish older
-	// ones, no reader sees a page half updated.
-	var (
-		cr      *region
-		lr      *lockedRange
-		runs    [][]byte
-		oldSize int64
-	)
+	n, e := s.writeData(ob, q, off)
+	if e != 0 {
+		return fail(e)
+	}
+	return s.wrote(g, ob, n, off)
+}
+
+// writeData writes the request's bytes at off: into the cache when the
+// blob has a region (write-back, or write-through past the dirty limit),
+// else to the device. It returns holding no lock of the region, so that
+// what follows (an O_SYNC write's flush) may take them.
+//
+// A cached file's pages in the range stay busy from before the device
+// write until the cache holds the new bytes, and the size covers them
+// before they are released: no fill can publish older bytes or cut them
+// at an older size, no reader sees a page half updated.
+func (s *session) writeData(ob *openBlob, q *ring.Request, off int64) (int64, syscall.Errno) {
 	if s.svc.pc != nil && q.Length > 0 {
 		s.svc.regionOf(ob) // a file written is cached as it is written
 	}
 	r, ungate := ob.cachedGated()
 	defer ungate()
-	if r != nil && q.Length > 0 && off < cache.MaxCapacity {
-		r.life.RLock()
-		defer r.life.RUnlock()
-		r.trunc.RLock()
-		defer r.trunc.RUnlock()
-		p0 := uint64(off) / cache.PageSize
-		p1 := min((uint64(off)+uint64(q.Length)+cache.PageSize-1)/cache.PageSize, cache.MaxCapacity/cache.PageSize)
-		// A write that covers part of a page holding file bytes that are
-		// not cached has that page filled first, so that the write can
-		// stay in the cache (never a whole-page read for aligned writes).
-		if size := ob.logical(); off%cache.PageSize != 0 && int64(p0)*cache.PageSize < size {
-			_, _ = r.fill(ob.b, p0, p0+1, size, nil)
-		}
-		if end := off + int64(q.Length); end%cache.PageSize != 0 && p1-1 != p0 && int64(p1-1)*cache.PageSize < ob.logical() {
-			_, _ = r.fill(ob.b, p1-1, p1, ob.logical(), nil)
-		}
-		var err error
-		if lr, err = r.lock(p0, p1); err != nil {
-			return fail(errno(err))
-		}
-		// The size as of now that the pages are ours: every write that put
-		// bytes in them is done, so bytes of theirs lie below it (written
-		// caches a page only where the rest reads zeros).
-		oldSize = ob.logical()
-		cr = r
-		if p1*cache.PageSize >= uint64(off)+uint64(q.Length) && lr.cachable(off, int64(q.Length), oldSize) &&
-			s.svc.pc.admitDirty(int64(len(lr.busy))) {
-			// Write-back: the bytes stay in the cache, dirty, and the
-			// flusher (or an fsync) writes them home.
-			for i := 0; i < len(q.Segs); {
-				var run []byte
-				run, i = q.Run(i)
-				runs = append(runs, run)
-			}
-			n := int64(q.Length)
-			// The size first: the flusher writes a dirty page up to the
-			// size, so the size must cover its bytes before it is dirty.
-			ob.extend(off + n)
-			if r.written(lr, runs, off, n, oldSize, true) {
-				// A page could not be cached: the device takes the write.
-				var done int64
-				for _, run := range runs {
-					m, err := ob.b.WriteAt(run, off+done)
-					done += int64(m)
-					if err != nil {
-						if done > 0 {
-							break
-						}
-						return fail(errno(err))
-					}
-				}
-				n = done
-			}
-			return s.wrote(g, ob, n, off)
-		}
-		s.svc.pc.WriteThroughs.Add(1)
-	}
-	var n int64
+	var runs [][]byte
 	for i := 0; i < len(q.Segs); {
 		var run []byte
 		run, i = q.Run(i)
+		runs = append(runs, run)
+	}
+	if r == nil || q.Length == 0 || off >= cache.MaxCapacity {
+		return deviceWrite(ob, runs, off)
+	}
+	r.life.RLock()
+	defer r.life.RUnlock()
+	r.trunc.RLock()
+	defer r.trunc.RUnlock()
+	p0 := uint64(off) / cache.PageSize
+	p1 := min((uint64(off)+uint64(q.Length)+cache.PageSize-1)/cache.PageSize, cache.MaxCapacity/cache.PageSize)
+	// A write that covers part of a page holding file bytes that are not
+	// cached has that page filled first, so that the write can stay in
+	// the cache (never a whole-page read for aligned writes).
+	if off%cache.PageSize != 0 && int64(p0)*cache.PageSize < ob.logical() {
+		_, _ = r.fill(ob.b, p0, p0+1, ob.logical, nil)
+	}
+	if end := off + int64(q.Length); end%cache.PageSize != 0 && p1-1 != p0 && int64(p1-1)*cache.PageSize < ob.logical() {
+		_, _ = r.fill(ob.b, p1-1, p1, ob.logical, nil)
+	}
+	lr, err := r.lock(p0, p1)
+	if err != nil {
+		return 0, errno(err)
+	}
+	// The size as of now that the pages are ours: every write that put
+	// bytes in them is done, so bytes of theirs lie below it (written
+	// caches a page only where the rest reads zeros).
+	oldSize := ob.logical()
+	n := int64(q.Length)
+	if p1*cache.PageSize >= uint64(off)+uint64(n) && lr.cachable(off, n, oldSize) &&
+		s.svc.pc.admitDirty(int64(len(lr.busy))) {
+		// Write-back: the bytes stay in the cache, dirty, and the flusher
+		// (or an fsync) writes them home. The size first: the flusher
+		// writes a dirty page up to the size, so the size must cover its
+		// bytes before it is dirty.
+		if r.stage(lr, runs, off, n) {
+			ob.extend(off + n)
+			r.written(lr, runs, off, n, oldSize, true)
+			return n, 0
+		}
+		// The memfd could not take a new page (no memory): the device
+		// takes the write, the pages still held.
+		s.svc.pc.PageFailures.Add(1)
+	}
+	s.svc.pc.WriteThroughs.Add(1)
+	n, e := deviceWrite(ob, runs, off) // extends the size before the pages go
+	if e != 0 && n == 0 {
+		lr.release()
+		return 0, e
+	}
+	r.written(lr, runs, off, n, oldSize, false)
+	return n, 0
+}
+
+// deviceWrite writes runs at off to the blob and extends the size: the
+// count, or the errno of a write that wrote nothing (a partial write
+// reports its count, as write(2) does).
+func deviceWrite(ob *openBlob, runs [][]byte, off int64) (int64, syscall.Errno) {
+	var n int64
+	for _, run := range runs {
 		m, err := ob.b.WriteAt(run, off+n)
 		n += int64(m)
-		if cr != nil {
-			runs = append(runs, run)
-		}
 		if err != nil {
 			if n > 0 {
-				break // report the partial write, as write(2) does
+				break
 			}
-			if lr != nil {
-				lr.release()
-			}
-			return fail(errno(err))
+			return 0, errno(err)
 		}
-	}
-	if lr != nil {
-		cr.written(lr, runs, off, n, oldSize, false)
 	}
 	if n > 0 {
 		ob.extend(off + n)
 	}
-	return s.wrote(g, ob, n, off)
+	return n, 0
 }
 
 // wrote ends a write of n bytes at off: the change is recorded, and with
@@ -638,7 +640,7 @@ func (s *session) readaheadHint(q *ring.Request) (int64, uint64) {
 		return 0, 0
 	}
 	end := min(off+int64(min(q.Arg, maxReadaheadHint)), size, cache.MaxCapacity)
-	r.readaheadAsync(g.blob.b, uint64(off)/cache.PageSize, (uint64(end)+cache.PageSize-1)/cache.PageSize, size)
+	r.readaheadAsync(g.blob.b, uint64(off)/cache.PageSize, (uint64(end)+cache.PageSize-1)/cache.PageSize, g.blob.logical)
 	return 0, 0
 }
 
