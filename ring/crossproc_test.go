@@ -42,6 +42,8 @@ func TestMain(m *testing.M) {
 		os.Exit(peerServer())
 	case "client":
 		os.Exit(peerClient())
+	case "panic":
+		panicServer()
 	default:
 		fmt.Fprintf(os.Stderr, "unknown %s=%q\n", envRole, os.Getenv(envRole))
 		os.Exit(2)

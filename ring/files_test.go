@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -175,4 +177,39 @@ func TestSendFileToClientThatDoesNotRead(t *testing.T) {
 		}
 	}
 	t.Fatal("100,000 files queued to a client that reads none")
+}
+
+// panicServer serves a session whose async handler panics while another
+// async request is in flight: the process must crash, not hang in Serve
+// waiting for the request the panic left unfinished.
+func panicServer() {
+	mux := NewMux()
+	mux.HandleAsync(opAsyncPark, func(q *Request, done func(int64, uint64)) {}) // never done
+	mux.Handle(opXor, func(q *Request) (int64, uint64) { panic("handler bug") })
+	srv, cli, err := Pipe(smallCfg(), mux, WaitAdaptive, ClientOptions{})
+	if err != nil {
+		os.Exit(3)
+	}
+	go srv.Serve()
+	ctx := context.Background()
+	go cli.Do(ctx, &Call{Op: opAsyncPark})
+	time.Sleep(50 * time.Millisecond)
+	go cli.Do(ctx, &Call{Op: opXor})
+	time.Sleep(5 * time.Second)
+	os.Exit(0) // still alive: the panic was swallowed
+}
+
+func TestHandlerPanicCrashesNotHangs(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envRole+"=panic")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	start := time.Now()
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), "handler bug") {
+		t.Fatalf("a server whose handler panics: %v after %v (want the panic's exit 2)\n%s", err, time.Since(start), stderr.String())
+	}
 }

@@ -391,6 +391,13 @@ func (s *ServerSession) Serve() (err error) {
 	}
 	s.r.store32(offServerState, StateRunning)
 	defer func() {
+		// A handler that panicked is a bug: crash (the process restarts,
+		// its state recovered) rather than wait below for requests it
+		// will never finish, which would hang the session and hide the
+		// panic.
+		if p := recover(); p != nil {
+			panic(p)
+		}
 		// Async handlers may still use the arena and post completions:
 		// nobody may unmap the region before they are done.
 		s.asyncWG.Wait()
