@@ -934,13 +934,13 @@ func (r *region) read(b backend.Blob, dst []byte, off int64, sizeOf func() int64
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
-		return b.ReadAt(dst, off)
+		return deviceRead(b, dst, off, sizeOf)
 	}
 	p0 := uint64(off) / cache.PageSize
 	pEnd := (uint64(off) + uint64(len(dst)) + cache.PageSize - 1) / cache.PageSize
 	cr, err := r.covering(pEnd - 1)
 	if errors.Is(err, syscall.EFBIG) {
-		return b.ReadAt(dst, off) // past the largest region: never cached
+		return deviceRead(b, dst, off, sizeOf) // past the largest region: never cached
 	}
 	if err != nil {
 		return 0, err
@@ -992,20 +992,36 @@ func (r *region) read(b backend.Blob, dst []byte, off int64, sizeOf func() int64
 			r.trunc.RLock()
 			_, err := r.fill(b, pg, pg+1, sizeOf, sink)
 			r.trunc.RUnlock()
-			if err != nil {
-				return n, err
+			if err == nil {
+				continue
 			}
-			continue
+			refills = 4 // the fill failed (no memory for the memfd, say): the device
 		}
 		pe := min(len(dst), n+int(cache.PageSize-(uint64(off)+uint64(n))%cache.PageSize))
 		r.pc.Bypassed.Add(1)
-		m, err = b.ReadAt(dst[n:pe], off+int64(n))
+		m, err = deviceRead(b, dst[n:pe], off+int64(n), sizeOf)
 		n += m
 		if err != nil {
 			return n, err
 		}
 	}
 	return n, nil
+}
+
+// deviceRead reads dst at off from the device, the bytes the device does
+// not have (past its size, below the file's: a hole the cache's writes
+// have not reached the device yet, or a blob not created yet) as zeros.
+func deviceRead(b backend.Blob, dst []byte, off int64, sizeOf func() int64) (int, error) {
+	want := int(min(int64(len(dst)), max(sizeOf()-off, 0)))
+	n, err := b.ReadAt(dst[:want], off)
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	if err != nil {
+		return n, err
+	}
+	clear(dst[n:want])
+	return want, nil
 }
 
 // lockedRange is pages a write or truncate holds busy.

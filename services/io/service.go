@@ -495,9 +495,16 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	}
 	var errs []error
 	if err := s.host.Shutdown(ctx); err != nil {
-		// Sessions that did not end in time: go on, so that the dirty
-		// pages are written home all the same.
-		errs = append(errs, fmt.Errorf("iosvc: shutdown: %w", err))
+		// Sessions that did not end in time still have requests running:
+		// nothing may be closed under them. Write home what is dirty and
+		// not busy, sync, and leave the rest to the process's end.
+		if s.pc != nil {
+			s.flushAll(false)
+		}
+		if serr := s.be.Sync(); serr != nil {
+			err = errors.Join(err, serr)
+		}
+		return fmt.Errorf("iosvc: shutdown (requests still running; dirty pages not busy were written home): %w", err)
 	}
 	s.mu.Lock()
 	s.stopping = true // no more background work: bg.Add must not race Wait
@@ -794,7 +801,7 @@ func (s *Service) flushAll(wait bool) {
 	s.mu.Lock()
 	var obs []*openBlob
 	for _, ob := range s.blobs {
-		if r := ob.cached.Load(); r != nil && r.hasDirty() {
+		if r := ob.cached.Load(); r != nil && (r.hasDirty() || ob.dirtyHeld) {
 			ob.refs++
 			obs = append(obs, ob)
 		}
@@ -1047,6 +1054,10 @@ func (s *Service) releaseBlob(ob *openBlob) {
 	// region keeps clean pages only. If that fails, the reference stays,
 	// held by the dirty pages (ob.dirtyHeld): the blob stays open and the
 	// flusher tries again, and drops it once they are home.
+	if ob.dirtyHeld && ob.refs == 2 && !ob.reg.hasDirty() {
+		ob.dirtyHeld = false // clean now (an fsync, a truncate): the hold goes
+		ob.refs--
+	}
 	for tries := 0; ob.refs == 1 && ob.reg != nil && ob.reg.hasDirty(); tries++ {
 		s.mu.Unlock()
 		err := s.flushBlob(ob, true)
@@ -1056,7 +1067,10 @@ func (s *Service) releaseBlob(ob *openBlob) {
 		}
 		if !ob.dirtyHeld {
 			ob.dirtyHeld = true
-			s.log.Error("write-back at close failed: the blob stays open, its dirty pages in the cache, and the flusher tries again", "blob", ob.id, "error", err)
+			if err == nil {
+				err = errors.New("dirtied again as fast as it was written")
+			}
+			s.log.Error("write-back at close did not finish: the blob stays open, its dirty pages in the cache, and the flusher tries again", "blob", ob.id, "error", err)
 		}
 		s.mu.Unlock()
 		return
