@@ -19,21 +19,28 @@ import (
 	"github.com/weir-storage/weir/proto/cache"
 )
 
-// BenchmarkCachedReadAt is a 4 KiB ReadAt of a resident page: the path a
-// warm read takes, with no round trip.
-func BenchmarkCachedReadAt(b *testing.B) {
+// benchFile starts a stack on the mem backend for a benchmark and creates
+// a file there; both go when the benchmark ends.
+func benchFile(b *testing.B) (*client.FS, *client.File) {
 	st := startStack(b, testConfig(b, b.TempDir(), "mem"))
-	defer stopStack(b, st)
+	b.Cleanup(func() { stopStack(b, st) })
 	fsys, err := st.Dial(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer fsys.Close()
+	b.Cleanup(func() { fsys.Close() })
 	f, err := fsys.Create("f")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
+	b.Cleanup(func() { f.Close() })
+	return fsys, f
+}
+
+// BenchmarkCachedReadAt is a 4 KiB ReadAt of a resident page: the path a
+// warm read takes, with no round trip.
+func BenchmarkCachedReadAt(b *testing.B) {
+	fsys, f := benchFile(b)
 	data := bytes.Repeat([]byte{7}, 16<<20)
 	if _, err := f.WriteAt(data, 0); err != nil {
 		b.Fatal(err)
@@ -58,18 +65,7 @@ func BenchmarkCachedReadAt(b *testing.B) {
 // BenchmarkCachedWriteAt is a 4 KiB WriteAt of a resident page, no fsync:
 // the write stays in the IO service's cache (write-back).
 func BenchmarkCachedWriteAt(b *testing.B) {
-	st := startStack(b, testConfig(b, b.TempDir(), "mem"))
-	defer stopStack(b, st)
-	fsys, err := st.Dial(context.Background())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer fsys.Close()
-	f, err := fsys.Create("f")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
+	_, f := benchFile(b)
 	data := bytes.Repeat([]byte{7}, 16<<20)
 	if _, err := f.WriteAt(data, 0); err != nil {
 		b.Fatal(err)
@@ -87,18 +83,7 @@ func BenchmarkCachedWriteAt(b *testing.B) {
 // BenchmarkCachedReadAtHot reads one resident page again and again: the
 // client's own cost of a read from the region, without DRAM misses.
 func BenchmarkCachedReadAtHot(b *testing.B) {
-	st := startStack(b, testConfig(b, b.TempDir(), "mem"))
-	defer stopStack(b, st)
-	fsys, err := st.Dial(context.Background())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer fsys.Close()
-	f, err := fsys.Create("f")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
+	_, f := benchFile(b)
 	if _, err := f.WriteAt(bytes.Repeat([]byte{7}, 1<<20), 0); err != nil {
 		b.Fatal(err)
 	}

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -36,14 +34,10 @@ func runDropCaches(stdout, stderr io.Writer, args []string) int {
 		fmt.Fprintf(stderr, "weir drop-caches: %v\n", err)
 		return 2
 	}
-	url := cfg.NATS.URL
-	if url == "" {
-		b, err := os.ReadFile(filepath.Join(cfg.RunDir, stack.NATSURLFile))
-		if err != nil {
-			fmt.Fprintf(stderr, "weir drop-caches: no NATS URL given and none recorded by weir up in %s: %v\n", cfg.RunDir, err)
-			return 1
-		}
-		url = strings.TrimSpace(string(b))
+	url, err := natsURL(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "weir drop-caches: %v\n", err)
+		return 1
 	}
 	nc, err := stack.Connect(cfg, url, control.RoleCLI, hclog.NewNullLogger())
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/stack"
 )
@@ -46,6 +47,19 @@ func cmdUp(args []string) int {
 
 func cmdStatus(args []string) int { return runStatus(os.Stdout, os.Stderr, args) }
 
+// natsURL is where the CLI finds the stack's NATS: nats.url, or what weir
+// up recorded in the run directory.
+func natsURL(cfg *config.Config) (string, error) {
+	if cfg.NATS.URL != "" {
+		return cfg.NATS.URL, nil
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.RunDir, stack.NATSURLFile))
+	if err != nil {
+		return "", fmt.Errorf("no NATS URL given and none recorded by weir up in %s: %w", cfg.RunDir, err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
 // runStatus is `weir status`, writing to stdout and stderr: 0 when every
 // service of the stack answers healthy, 1 when one is missing, hung or
 // unhealthy or NATS is unreachable, 2 for a usage error.
@@ -61,14 +75,10 @@ func runStatus(stdout, stderr io.Writer, args []string) int {
 		fmt.Fprintf(stderr, "weir status: %v\n", err)
 		return 2
 	}
-	url := cfg.NATS.URL
-	if url == "" {
-		b, err := os.ReadFile(filepath.Join(cfg.RunDir, stack.NATSURLFile))
-		if err != nil {
-			fmt.Fprintf(stderr, "weir status: no NATS URL given and none recorded by weir up in %s: %v\n", cfg.RunDir, err)
-			return 1
-		}
-		url = strings.TrimSpace(string(b))
+	url, err := natsURL(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "weir status: %v\n", err)
+		return 1
 	}
 	if err := printStatus(stdout, cfg, url, *asJSON); err != nil {
 		fmt.Fprintf(stderr, "weir status: %v\n", err)

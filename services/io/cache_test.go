@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 )
 
@@ -97,21 +98,20 @@ func TestCacheRegionGrows(t *testing.T) {
 	t.Logf("cache: %v resident pages, %v hits, %v misses", st["cache_resident_pages"], st["cache_hits"], st["cache_misses"])
 }
 
-// BenchmarkCacheColdSequential reads a 64 MiB file in 1 MiB reads after
-// its pages were dropped from the cache (the file backend, O_DIRECT): the
-// fills and readahead of a cold sequential read.
-func BenchmarkCacheColdSequential(b *testing.B) {
-	e := cachedIO(b, nil)
+// benchSize is the size of the benchmarks' file.
+const benchSize = 64 << 20
+
+// syncedFile creates a file of benchSize bytes (fsynced) for a benchmark.
+func syncedFile(b *testing.B, e *ioEnv) (*client.FS, *client.File) {
 	fsys := e.dial(b)
-	defer fsys.Close()
+	b.Cleanup(func() { fsys.Close() })
 	f, err := fsys.Create("f")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
-	const size = 64 << 20
+	b.Cleanup(func() { f.Close() })
 	block := bytes.Repeat([]byte{5}, 1<<20)
-	for off := int64(0); off < size; off += 1 << 20 {
+	for off := int64(0); off < benchSize; off += 1 << 20 {
 		if _, err := f.WriteAt(block, off); err != nil {
 			b.Fatal(err)
 		}
@@ -119,12 +119,22 @@ func BenchmarkCacheColdSequential(b *testing.B) {
 	if err := f.Sync(); err != nil {
 		b.Fatal(err)
 	}
-	b.SetBytes(size)
+	return fsys, f
+}
+
+// BenchmarkCacheColdSequential reads a 64 MiB file in 1 MiB reads after
+// its pages were dropped from the cache (the file backend, O_DIRECT): the
+// fills and readahead of a cold sequential read.
+func BenchmarkCacheColdSequential(b *testing.B) {
+	e := cachedIO(b, nil)
+	fsys, f := syncedFile(b, e)
+	block := make([]byte, 1<<20)
+	b.SetBytes(benchSize)
 	for b.Loop() {
 		b.StopTimer()
 		e.io.DropCache()
 		b.StartTimer()
-		for off := int64(0); off < size; off += 1 << 20 {
+		for off := int64(0); off < benchSize; off += 1 << 20 {
 			if _, err := f.ReadAt(block, off); err != nil {
 				b.Fatal(err)
 			}
@@ -140,43 +150,27 @@ func BenchmarkCacheColdSequential(b *testing.B) {
 // the next drop): the miss path.
 func BenchmarkCacheColdRandom(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		size config.Size
+		name  string
+		cache config.Size
 	}{{"cache", 64 << 20}, {"nocache", 0}} {
-		b.Run(c.name, func(b *testing.B) { coldRandom(b, c.size) })
+		b.Run(c.name, func(b *testing.B) { coldRandom(b, c.cache) })
 	}
 }
 
 func coldRandom(b *testing.B, cacheSize config.Size) {
 	e := cachedIO(b, func(c *config.Config) { c.IO.CacheSize = cacheSize })
-	fsys := e.dial(b)
-	defer fsys.Close()
-	f, err := fsys.Create("f")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	const size = 64 << 20
-	block := bytes.Repeat([]byte{5}, 1<<20)
-	for off := int64(0); off < size; off += 1 << 20 {
-		if _, err := f.WriteAt(block, off); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := f.Sync(); err != nil {
-		b.Fatal(err)
-	}
+	fsys, f := syncedFile(b, e)
 	rng := rand.New(rand.NewPCG(3, 4))
 	buf := make([]byte, 4096)
 	i := 0
 	for b.Loop() {
-		if i%(size/4096/16) == 0 {
+		if i%(benchSize/4096/16) == 0 {
 			b.StopTimer()
 			e.io.DropCache()
 			b.StartTimer()
 		}
 		i++
-		if _, err := f.ReadAt(buf, int64(rng.IntN(size/4096))*4096); err != nil {
+		if _, err := f.ReadAt(buf, int64(rng.IntN(benchSize/4096))*4096); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -711,30 +711,29 @@ func (s *Service) DropCache() DropCacheResult {
 	if s.pc == nil {
 		return DropCacheResult{}
 	}
-	s.mu.Lock()
-	rs := make([]*region, 0, len(s.regions))
-	for _, r := range s.regions {
-		rs = append(rs, r)
-	}
-	s.mu.Unlock()
 	var n int64
-	for _, r := range rs {
+	for _, r := range s.allRegions() {
 		n += r.dropAll()
 	}
 	s.pc.Evictions.Add(uint64(n))
 	return DropCacheResult{Evicted: n, Resident: s.pc.resident.Load()}
 }
 
-// cacheMemory sums the memory the open regions hold.
-func (s *Service) cacheMemory() int64 {
+// allRegions lists the regions, open and idle.
+func (s *Service) allRegions() []*region {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	rs := make([]*region, 0, len(s.regions))
 	for _, r := range s.regions {
 		rs = append(rs, r)
 	}
-	s.mu.Unlock()
+	return rs
+}
+
+// cacheMemory sums the memory the regions hold.
+func (s *Service) cacheMemory() int64 {
 	var n int64
-	for _, r := range rs {
+	for _, r := range s.allRegions() {
 		n += r.memoryBytes()
 	}
 	return n
@@ -860,14 +859,8 @@ func (s *Service) ScrubCache() int64 {
 	if s.pc == nil {
 		return 0
 	}
-	s.mu.Lock()
-	rs := make([]*region, 0, len(s.regions))
-	for _, r := range s.regions {
-		rs = append(rs, r)
-	}
-	s.mu.Unlock()
 	var n int64
-	for _, r := range rs {
+	for _, r := range s.allRegions() {
 		n += r.scrub()
 	}
 	return n
