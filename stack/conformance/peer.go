@@ -8,9 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -83,28 +80,15 @@ func runWithPeer(t *testing.T, exe *childExe, fsys FS, c Case) outcome {
 		o.Fails = append(o.Fails, fmt.Sprintf(format, args...))
 		return o
 	}
-	r, isR := fsys.(Reopener)
-	if !isR {
-		return fail("%T does not implement Reopener: cannot reach the root from a peer process", fsys)
-	}
-	factory, arg := r.Reopen()
-	path, err := exe.get()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd, err := childCommand(ctx, exe, fsys, c, peerEnv)
 	if err != nil {
-		return fail("peer binary: %v", err)
-	}
-	req, err := json.Marshal(childRequest{Case: c.Name, Factory: factory, Arg: arg})
-	if err != nil {
-		return fail("peer request: %v", err)
+		return fail("peer: %v", err)
 	}
 	if !runPhase(pt, "setup: ", c.Setup) {
 		return pt.finish(false)
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "-test.run=^$")
-	cmd.Dir = filepath.Dir(path)
-	gorace := strings.TrimSpace("atexit_sleep_ms=0 " + os.Getenv("GORACE"))
-	cmd.Env = append(os.Environ(), peerEnv+"="+string(req), "GORACE="+gorace)
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return fail("peer: %v", err)
@@ -140,22 +124,9 @@ func runWithPeer(t *testing.T, exe *childExe, fsys FS, c Case) outcome {
 
 // runPeer is the peer process: it runs the steps named on stdin.
 func runPeer(reqJSON string) error {
-	var req childRequest
-	if err := json.Unmarshal([]byte(reqJSON), &req); err != nil {
-		return fmt.Errorf("request %q: %v", reqJSON, err)
-	}
-	i := slices.IndexFunc(Cases(), func(c Case) bool { return c.Name == req.Case })
-	if i < 0 {
-		return fmt.Errorf("no case %q in Cases()", req.Case)
-	}
-	c := Cases()[i]
-	open, ok := lookupFactory(req.Factory)
-	if !ok {
-		return fmt.Errorf("no factory %q: call RegisterFactory before MainHook", req.Factory)
-	}
-	fsys, err := open(req.Arg)
+	c, fsys, err := childCase(reqJSON)
 	if err != nil {
-		return fmt.Errorf("factory %q(%q): %v", req.Factory, req.Arg, err)
+		return err
 	}
 	t := newTester(fsys)
 	completed := true

@@ -257,30 +257,12 @@ func runWithChild(t *testing.T, exe *childExe, fsys FS, c Case) outcome {
 		setup.Fails = append(setup.Fails, fmt.Sprintf(format, args...))
 		return setup
 	}
-	r, isR := fsys.(Reopener)
-	if !isR {
-		return fail("%T does not implement Reopener: cannot reach the root from a child process", fsys)
-	}
-	factory, arg := r.Reopen()
-	if factory == "" {
-		return fail("%T has no factory for a child process", fsys)
-	}
-	path, err := exe.get()
-	if err != nil {
-		return fail("child binary: %v", err)
-	}
-	req, err := json.Marshal(childRequest{Case: c.Name, Factory: factory, Arg: arg})
-	if err != nil {
-		return fail("child request: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "-test.run=^$")
-	cmd.Dir = filepath.Dir(path)
-	// Under -race the child would sleep 1 s at exit (atexit_sleep_ms);
-	// later GORACE options win.
-	gorace := strings.TrimSpace("atexit_sleep_ms=0 " + os.Getenv("GORACE"))
-	cmd.Env = append(os.Environ(), childEnv+"="+string(req), "GORACE="+gorace)
+	cmd, err := childCommand(ctx, exe, fsys, c, childEnv)
+	if err != nil {
+		return fail("%v", err)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{
 		Uid: ChildUID, Gid: ChildGID, Groups: c.Groups,
 	}}
@@ -392,26 +374,65 @@ func MainHook() {
 	os.Exit(0)
 }
 
-func runChild(reqJSON string) (outcome, error) {
+// childCommand is the command that runs case c in a child process on
+// fsys's root, the request in the environment variable env (childEnv or
+// peerEnv); the caller sets its identity and pipes.
+func childCommand(ctx context.Context, exe *childExe, fsys FS, c Case, env string) (*exec.Cmd, error) {
+	r, isR := fsys.(Reopener)
+	if !isR {
+		return nil, fmt.Errorf("%T does not implement Reopener: cannot reach the root from a child process", fsys)
+	}
+	factory, arg := r.Reopen()
+	if factory == "" {
+		return nil, fmt.Errorf("%T has no factory for a child process", fsys)
+	}
+	path, err := exe.get()
+	if err != nil {
+		return nil, fmt.Errorf("child binary: %v", err)
+	}
+	req, err := json.Marshal(childRequest{Case: c.Name, Factory: factory, Arg: arg})
+	if err != nil {
+		return nil, fmt.Errorf("child request: %v", err)
+	}
+	cmd := exec.CommandContext(ctx, path, "-test.run=^$")
+	cmd.Dir = filepath.Dir(path)
+	// Under -race the child would sleep 1 s at exit (atexit_sleep_ms);
+	// later GORACE options win.
+	gorace := strings.TrimSpace("atexit_sleep_ms=0 " + os.Getenv("GORACE"))
+	cmd.Env = append(os.Environ(), env+"="+string(req), "GORACE="+gorace)
+	return cmd, nil
+}
+
+// childCase is the child's side of childCommand: the case and the root
+// the request names.
+func childCase(reqJSON string) (Case, FS, error) {
 	var req childRequest
 	if err := json.Unmarshal([]byte(reqJSON), &req); err != nil {
-		return outcome{}, fmt.Errorf("request %q: %v", reqJSON, err)
+		return Case{}, nil, fmt.Errorf("request %q: %v", reqJSON, err)
 	}
 	i := slices.IndexFunc(Cases(), func(c Case) bool { return c.Name == req.Case })
 	if i < 0 {
-		return outcome{}, fmt.Errorf("no case %q in Cases()", req.Case)
+		return Case{}, nil, fmt.Errorf("no case %q in Cases()", req.Case)
 	}
 	open, ok := lookupFactory(req.Factory)
 	if !ok {
-		return outcome{}, fmt.Errorf("no factory %q: call RegisterFactory before MainHook", req.Factory)
+		return Case{}, nil, fmt.Errorf("no factory %q: call RegisterFactory before MainHook", req.Factory)
 	}
 	fsys, err := open(req.Arg)
 	if err != nil {
-		return outcome{}, fmt.Errorf("factory %q(%q): %v", req.Factory, req.Arg, err)
+		return Case{}, nil, fmt.Errorf("factory %q(%q): %v", req.Factory, req.Arg, err)
+	}
+	return Cases()[i], fsys, nil
+}
+
+func runChild(reqJSON string) (outcome, error) {
+	c, fsys, err := childCase(reqJSON)
+	if err != nil {
+		return outcome{}, err
 	}
 	if uid := os.Getuid(); uid == 0 {
 		return outcome{}, fmt.Errorf("child runs as uid 0")
 	}
 	t := newTester(fsys)
-	return t.finish(runPhase(t, "", Cases()[i].Run)), nil
+	return t.finish(runPhase(t, "", c.Run)), nil
 }
