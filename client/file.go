@@ -96,10 +96,16 @@ func (f *FS) Create(name string) (*File, error) {
 
 // openFlags are the flags OpenFile understands; others are refused.
 const openFlags = os.O_RDONLY | os.O_WRONLY | os.O_RDWR | os.O_CREATE | os.O_EXCL |
-	os.O_TRUNC | os.O_APPEND | os.O_SYNC | syscall.O_DSYNC | syscall.O_DIRECTORY | syscall.O_CLOEXEC
+	os.O_TRUNC | os.O_APPEND | os.O_SYNC | syscall.O_DSYNC | syscall.O_DIRECTORY | syscall.O_CLOEXEC |
+	syscall.O_DIRECT
 
 // OpenFile opens name with flags (os.O_*) and, when creating, perm before
 // umask. O_SYNC and O_DSYNC make every write durable before it returns.
+// With O_DIRECT, reads and writes bypass the page cache, coherently with
+// it (a direct read sees every write that returned, a direct write
+// updates the cached copies of its pages), and their offsets and lengths
+// must be multiples of proto.DirectAlign (512) or fail with EINVAL, as on
+// Linux; the buffers need no alignment.
 func (f *FS) OpenFile(name string, flag int, perm fs.FileMode) (*File, error) {
 	return f.openAt(nil, name, flag, perm)
 }
@@ -169,6 +175,28 @@ func (fl *File) check(op string) error {
 func (fl *File) readable() bool  { return fl.flags&(os.O_WRONLY|os.O_RDWR) != os.O_WRONLY }
 func (fl *File) writable() bool  { return fl.flags&(os.O_WRONLY|os.O_RDWR) != 0 }
 func (fl *File) appending() bool { return fl.flags&os.O_APPEND != 0 }
+func (fl *File) direct() bool    { return fl.flags&syscall.O_DIRECT != 0 }
+
+// readArg is the Arg of the file's reads.
+func (fl *File) readArg() uint32 {
+	if fl.direct() {
+		return proto.ReadDirect
+	}
+	return 0
+}
+
+// writeArg is the Arg of the file's writes, at the end of the file with
+// appendMode.
+func (fl *File) writeArg(appendMode bool) uint32 {
+	var arg uint32
+	if appendMode {
+		arg |= proto.WriteAppend
+	}
+	if fl.direct() {
+		arg |= proto.WriteDirect
+	}
+	return arg
+}
 
 // rebind makes the file usable in the sessions c of a recovery (see
 // moveLocked). When the IO service died (ioLost), writes since the last
@@ -345,8 +373,10 @@ func (fl *File) readAt(p []byte, off int64) (int, error) {
 	if fl.dir {
 		return 0, syscall.EISDIR
 	}
-	if n, err, ok := fl.readCached(p, off); ok {
-		return n, err
+	if !fl.direct() {
+		if n, err, ok := fl.readCached(p, off); ok {
+			return n, err
+		}
 	}
 	return fl.readRing(p, off)
 }
@@ -358,7 +388,7 @@ func (fl *File) readRing(p []byte, off int64) (int, error) {
 	for n < len(p) {
 		c := fl.fs.current()
 		want := min(len(p)-n, c.chunk)
-		m, err := fl.transfer(proto.OpRead, p[n:n+want], off+int64(n), 0)
+		m, err := fl.transfer(proto.OpRead, p[n:n+want], off+int64(n), fl.readArg())
 		n += m
 		if err != nil {
 			return n, err
@@ -375,7 +405,7 @@ func (fl *File) readRing(p []byte, off int64) (int, error) {
 // for writes, the offset the service wrote at.
 func (fl *File) transfer(op uint8, p []byte, off int64, arg uint32) (int, error) {
 	var n int
-	err := fl.dataOp(op == proto.OpRead || arg == 0, func(c *conn, h uint64) error {
+	err := fl.dataOp(op == proto.OpRead || arg&proto.WriteAppend == 0, func(c *conn, h uint64) error {
 		b, err := c.data.Alloc(bgctx, len(p))
 		if err != nil {
 			return transportErr(err)
@@ -410,7 +440,7 @@ func (fl *File) do(c *conn, h uint64, op uint8, b *ring.Buffer, off int64, arg u
 		return 0, 0, badCompletion(op, fmt.Sprintf("%d bytes for a buffer of %d", comp.Result, b.Len()))
 	}
 	if op == proto.OpWrite {
-		if (arg == 0 && comp.Aux != uint64(off)) || comp.Aux > 1<<62 {
+		if (arg&proto.WriteAppend == 0 && comp.Aux != uint64(off)) || comp.Aux > 1<<62 {
 			return 0, 0, badCompletion(op, fmt.Sprintf("written at %d, asked at %d", comp.Aux, off))
 		}
 		if comp.Result > 0 {
@@ -434,10 +464,7 @@ func (fl *File) writeAt(p []byte, off int64, appendMode bool) (int, int64, error
 		return 0, off, syscall.EISDIR
 	}
 	n := 0
-	var arg uint32
-	if appendMode {
-		arg = proto.WriteAppend
-	}
+	arg := fl.writeArg(appendMode)
 	end := off
 	for n < len(p) {
 		var m int
@@ -584,7 +611,7 @@ func (fl *File) ReadV(bufs [][]byte) (int, error) {
 			return transportErr(err)
 		}
 		defer b.Release()
-		if n, _, err = fl.do(c, h, proto.OpRead, b, fl.off, 0); err != nil {
+		if n, _, err = fl.do(c, h, proto.OpRead, b, fl.off, fl.readArg()); err != nil {
 			return err
 		}
 		src, si, soff, left := b.Slices(), 0, 0, n
@@ -626,13 +653,10 @@ func (fl *File) WriteV(bufs [][]byte) (int, error) {
 	}
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	var arg uint32
-	if fl.appending() {
-		arg = proto.WriteAppend
-	}
+	arg := fl.writeArg(fl.appending())
 	var n int
 	var at uint64
-	err = fl.dataOp(arg == 0, func(c *conn, h uint64) error {
+	err = fl.dataOp(arg&proto.WriteAppend == 0, func(c *conn, h uint64) error {
 		b, err := c.data.Alloc(bgctx, total)
 		if err != nil {
 			return transportErr(err)
@@ -711,11 +735,7 @@ func (fl *File) WriteBuffer(b *ring.Buffer) (int, error) {
 	}
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	var arg uint32
-	if fl.appending() {
-		arg = proto.WriteAppend
-	}
-	n, at, err := fl.bufferOp(proto.OpWrite, b, fl.off, arg)
+	n, at, err := fl.bufferOp(proto.OpWrite, b, fl.off, fl.writeArg(fl.appending()))
 	if err != nil {
 		return 0, fl.err("write", err)
 	}
@@ -731,7 +751,7 @@ func (fl *File) WriteBufferAt(b *ring.Buffer, off int64) (int, error) {
 	if !fl.writable() || fl.dir || fl.appending() || off < 0 {
 		return 0, fl.err("write", syscall.EINVAL)
 	}
-	n, _, err := fl.bufferOp(proto.OpWrite, b, off, 0)
+	n, _, err := fl.bufferOp(proto.OpWrite, b, off, fl.writeArg(false))
 	if err != nil {
 		return 0, fl.err("write", err)
 	}
@@ -747,7 +767,7 @@ func (fl *File) ReadBufferAt(b *ring.Buffer, off int64) (int, error) {
 	if !fl.readable() || fl.dir || off < 0 {
 		return 0, fl.err("read", syscall.EBADF)
 	}
-	n, _, err := fl.bufferOp(proto.OpRead, b, off, 0)
+	n, _, err := fl.bufferOp(proto.OpRead, b, off, fl.readArg())
 	if err != nil {
 		return 0, fl.err("read", err)
 	}

@@ -119,9 +119,11 @@
 //	            ticket
 //
 //	OpAttach    in:  u32 version, u32 0, u64 session, [32]byte token
-//	OpRead      Handle, Offset; the payload receives the data
+//	OpRead      Handle, Offset, Arg = ReadDirect (O_DIRECT) or 0; the
+//	            payload receives the data
 //	            Result = bytes read, short only at the end of the file
-//	OpWrite     Handle, Offset, Arg = WriteAppend or 0; payload = data
+//	OpWrite     Handle, Offset, Arg = WriteAppend, WriteDirect (O_DIRECT),
+//	            both or 0; payload = data
 //	            Result = bytes written; Aux = the offset written at
 //	OpTruncate  Handle, Offset = new size           -
 //	OpSync      Handle, Arg = SyncData (fdatasync) or 0 (fsync)

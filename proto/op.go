@@ -72,6 +72,19 @@ const (
 	// WriteAppend in OpWrite's Arg: write at the end of the file,
 	// atomically with respect to every other write of the file.
 	WriteAppend uint32 = 1
+	// WriteDirect in OpWrite's Arg (with WriteAppend or alone): an
+	// O_DIRECT write. It goes to the device past the page cache, whose
+	// resident copies of its pages take the new bytes; offset and length
+	// are multiples of DirectAlign (EINVAL otherwise, as on Linux).
+	WriteDirect uint32 = 2
+	// ReadDirect in OpRead's Arg: an O_DIRECT read. It reads the device
+	// past the page cache, after writing home the file's dirty pages so
+	// that it sees them; offset and length are multiples of DirectAlign.
+	ReadDirect uint32 = 1
+	// DirectAlign is the alignment of an O_DIRECT transfer's offset and
+	// length (the logical block size of Linux's O_DIRECT). Unlike Linux,
+	// the buffer itself need not be aligned: the client copies it.
+	DirectAlign = 512
 	// SyncData in OpSync's Arg: fdatasync (the size and the data, not the
 	// times).
 	SyncData uint32 = 1

@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,10 +47,9 @@ func TestSPDKZeroCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.IO.Backend, c.IO.SPDKConfig, c.IO.SPDKBdev = "spdk", spdkJSON, "MallocZC"
-	// The zero-copy path is that of uncached I/O: with the page cache on,
-	// buffered reads and writes meet the cache, not the device (O_DIRECT
-	// opens, which would keep this path with the cache on, are not built).
-	c.IO.CacheSize = 0
+	// The zero-copy path is that of O_DIRECT opens: with the page cache on
+	// (the default), buffered reads and writes meet the cache, direct ones
+	// the device.
 	st, err := Start(c, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +61,7 @@ func TestSPDKZeroCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := fsys.Create("/zc")
+	f, err := fsys.OpenFile("/zc", os.O_RDWR|os.O_CREATE|os.O_TRUNC|syscall.O_DIRECT, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,15 +86,28 @@ func TestSPDKZeroCopy(t *testing.T) {
 	if d, b := counter("spdk_direct_bytes"), counter("spdk_bounce_bytes"); d != 2<<20 || b != 0 {
 		t.Fatalf("aligned 1 MiB write and read: %d bytes direct, %d bounced; want %d and 0", d, b, 2<<20)
 	}
-	// At an unaligned file offset the arena bytes of the whole units are
-	// not aligned in memory either (the client's arena blocks are), so the
+	// At a file offset that is not a multiple of the unit (4 KiB; O_DIRECT
+	// asks for 512 bytes) the arena bytes of the whole units are not
+	// aligned in memory either (the client's arena blocks are), so the
 	// whole write bounces: one copy, in the IO service.
-	if _, err := f.WriteAt(want[:3*4096], 100); err != nil {
+	if _, err := f.WriteAt(want[:3*4096], 512); err != nil {
 		t.Fatal(err)
 	}
 	if b := counter("spdk_bounce_bytes"); b != 3*4096 {
-		t.Fatalf("write of 3 units at offset 100: %d bytes bounced, want %d", b, 3*4096)
+		t.Fatalf("write of 3 units at offset 512: %d bytes bounced, want %d", b, 3*4096)
 	}
+	// A buffered handle of the file reads what the direct writes wrote.
+	copy(want[512:], want[:3*4096])
+	bf, err := fsys.OpenFile("/zc", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 { // the third read is from the client's mapping of the cache
+		if _, err := bf.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("buffered read after direct writes: %v, equal %v", err, bytes.Equal(got, want))
+		}
+	}
+	bf.Close()
 	if err := f.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -75,9 +75,12 @@
  *   FCHTIMES  handle; in i64 atime, i64 mtime
  *   REOPEN    in ticket (32 bytes); out as OPEN, with a ticket
  *   ATTACH    in struct weir_attach_req
- *   READ      handle, offset; the payload receives the data
- *   WRITE     handle, offset, arg = WEIR_WRITE_APPEND or 0; aux = the
- *             offset written at
+ *   READ      handle, offset, arg = WEIR_READ_DIRECT or 0; the payload
+ *             receives the data
+ *   WRITE     handle, offset, arg = WEIR_WRITE_APPEND, WEIR_WRITE_DIRECT,
+ *             both or 0; aux = the offset written at
+ *             (DIRECT: O_DIRECT, past the page cache, coherent with it;
+ *             offset and length multiples of WEIR_DIRECT_ALIGN)
  *   TRUNCATE  handle, offset = new size
  *   SYNC      handle, arg = WEIR_SYNC_DATA (fdatasync) or 0 (fsync)
  *   GETATTR   handle; out WEIR_GETATTR_RESP_* layout
@@ -129,6 +132,9 @@
 #define WEIR_OP_READAHEAD 0x47u /* offset, arg = bytes: fill them into the cache in the background; answers 0 at once */
 
 #define WEIR_WRITE_APPEND 1u
+#define WEIR_WRITE_DIRECT 2u
+#define WEIR_READ_DIRECT 1u
+#define WEIR_DIRECT_ALIGN 512u
 #define WEIR_SYNC_DATA 1u
 
 #define WEIR_ATTR_SIZE 56u

@@ -131,6 +131,8 @@ func (s *Service) Snapshot() map[string]any {
 		m["cache_write_throughs"] = pc.WriteThroughs.Load()
 		m["cache_page_failures"] = pc.PageFailures.Load()
 		m["cache_scrubbed_bytes"] = pc.Scrubbed.Load()
+		m["cache_direct_writes"] = pc.DirectWrites.Load()
+		m["cache_direct_flushes"] = pc.DirectFlushes.Load()
 	}
 	m["cache_region_failures"] = st.RegionFailures.Load()
 	if r, ok := s.be.(backend.Reporter); ok {

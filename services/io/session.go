@@ -36,8 +36,11 @@ type session struct {
 	// again.
 	resync uint64
 	mem    []byte // the region as registered with the backend; nil if not registered
-	sc     *ring.ServerConn
-	tags   atomic.Uint64 // tags of the files passed on the socket (OpCacheMap)
+	// later is the work an inline request left for after its answer
+	// (serveIO); the session's goroutine only.
+	later []func()
+	sc    *ring.ServerConn
+	tags  atomic.Uint64 // tags of the files passed on the socket (OpCacheMap)
 }
 
 var _ host.Drainer = (*session)(nil)
@@ -254,13 +257,15 @@ func (s *session) readAsync(q *ring.Request, done func(int64, uint64)) {
 }
 
 func (s *session) writeAsync(q *ring.Request, done func(int64, uint64)) {
-	s.serveIO(q, accWrite, s.write, done)
+	s.serveIO(q, accWrite, func(g *grant, q *ring.Request, _ *[]func()) (int64, uint64) { return s.write(g, q) }, done)
 }
 
 // serveIO checks the grant on the session's goroutine, then runs do there
 // if the request is alone (nothing else of the session in flight or queued:
-// a hand-off would only add latency), else on a goroutine of its own.
-func (s *session) serveIO(q *ring.Request, need access, do func(*grant, *ring.Request) (int64, uint64), done func(int64, uint64)) {
+// a hand-off would only add latency), else on a goroutine of its own. do
+// may leave work for after its answer (a fill's store into the memfd) in
+// later: it runs once the answer is posted.
+func (s *session) serveIO(q *ring.Request, need access, do func(*grant, *ring.Request, *[]func()) (int64, uint64), done func(int64, uint64)) {
 	g, e := s.use(q, need)
 	if e != 0 {
 		done(fail(e))
@@ -268,30 +273,52 @@ func (s *session) serveIO(q *ring.Request, need access, do func(*grant, *ring.Re
 	}
 	if q.Alone && !s.svc.handOffAlways.Load() {
 		s.svc.Stats.InlineIO.Add(1)
-		done(do(g, q))
+		later := s.later[:0]
+		done(do(g, q, &later))
+		runLater(later)
+		s.later = later[:0]
 		return
 	}
 	s.svc.Stats.HandedOffIO.Add(1)
 	q = q.Clone()
-	go func() { done(do(g, q)) }()
+	go func() {
+		var later []func()
+		done(do(g, q, &later))
+		runLater(later)
+	}()
+}
+
+// runLater runs what a request left for after its answer.
+func runLater(fns []func()) {
+	for i, f := range fns {
+		f()
+		fns[i] = nil
+	}
 }
 
 // read serves a read with the grant use returned and ends it. A read at or
 // past the end of the file reads nothing (EOF), whatever the offset, as on
 // Linux. Safe on any goroutine.
-func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
+func (s *session) read(g *grant, q *ring.Request, later *[]func()) (int64, uint64) {
 	defer s.svc.done(g)
-	if int64(q.Offset) < 0 {
+	if int64(q.Offset) < 0 || q.Arg&^proto.ReadDirect != 0 {
 		return fail(syscall.EINVAL)
 	}
 	off := int64(q.Offset)
+	direct := q.Arg&proto.ReadDirect != 0
+	if direct && (off%proto.DirectAlign != 0 || q.Length%proto.DirectAlign != 0) {
+		return fail(syscall.EINVAL) // as Linux's O_DIRECT: block-aligned offset and length
+	}
 	size := g.blob.logical()
 	if off >= size {
 		s.svc.Stats.Reads.Add(1)
 		return 0, 0
 	}
+	if direct {
+		return s.readDirect(g, q, off, size)
+	}
 	if r := s.svc.regionOf(g.blob); r != nil && off < cache.MaxCapacity {
-		return s.readCached(g, r, q, off, size)
+		return s.readCached(g, r, q, off, size, later)
 	}
 	var n int64
 	for i := 0; i < len(q.Segs); {
@@ -311,17 +338,57 @@ func (s *session) read(g *grant, q *ring.Request) (int64, uint64) {
 	return n, 0
 }
 
+// readDirect is an O_DIRECT read of the bytes at off, below size: from
+// the device (into the request's arena buffer, which the SPDK backend
+// reads into without a copy), after the file's dirty pages are written
+// home, so that it returns every write that returned before it, as Linux's
+// O_DIRECT read does (filemap_write_and_wait_range). Bytes past the
+// device's end, below the size, read as zeros.
+func (s *session) readDirect(g *grant, q *ring.Request, off, size int64) (int64, uint64) {
+	if r := g.blob.cached.Load(); r != nil && r.hasDirty() {
+		s.svc.pc.DirectFlushes.Add(1)
+		if _, err := r.flush(g.blob.b, g.blob.logical, true); err != nil {
+			s.svc.log.Warn("O_DIRECT read: writing dirty pages home failed", "blob", g.blob.id, "error", err)
+			return fail(syscall.EIO)
+		}
+	}
+	var n int64
+	for i := 0; i < len(q.Segs) && off+n < size; {
+		var run []byte
+		run, i = q.Run(i)
+		run = run[:min(int64(len(run)), size-(off+n))]
+		m, err := deviceRead(g.blob.b, run, off+n, g.blob.logical)
+		n += int64(m)
+		if err != nil {
+			if n > 0 {
+				break
+			}
+			return fail(errno(err))
+		}
+		if m < len(run) {
+			break
+		}
+	}
+	s.svc.Stats.Reads.Add(1)
+	s.svc.Stats.BytesRead.Add(uint64(n))
+	return n, 0
+}
+
 // readCached is read through the blob's cache region: the bytes up to the
 // file's size, from resident pages, filling the missing ones with
 // readahead.
-func (s *session) readCached(g *grant, r *region, q *ring.Request, off, size int64) (int64, uint64) {
+func (s *session) readCached(g *grant, r *region, q *ring.Request, off, size int64, later *[]func()) (int64, uint64) {
 	ra := g.readahead(off, int64(q.Length), s.svc.pc.readahead)
 	var n int64
 	for i := 0; i < len(q.Segs) && off+n < size; {
 		var run []byte
 		run, i = q.Run(i)
 		run = run[:min(int64(len(run)), size-(off+n))]
-		m, err := r.read(g.blob.b, run, off+n, g.blob.logical, ra)
+		// A run's read may leave its store for after the answer, holding
+		// the region: it must end before the next run's read holds it again.
+		runLater(*later)
+		*later = (*later)[:0]
+		m, err := r.read(g.blob.b, run, off+n, g.blob.logical, ra, later)
 		n += int64(m)
 		if err != nil {
 			if n > 0 {
@@ -365,17 +432,19 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 	defer s.svc.done(g)
 	ob := g.blob
 	off := int64(q.Offset)
-	switch q.Arg {
-	case 0:
-		if off < 0 {
-			return fail(syscall.EINVAL)
-		}
-	case proto.WriteAppend:
+	if q.Arg&^(proto.WriteAppend|proto.WriteDirect) != 0 {
+		return fail(syscall.EINVAL)
+	}
+	if q.Arg&proto.WriteAppend != 0 {
 		ob.appendMu.Lock()
 		defer ob.appendMu.Unlock()
 		off = ob.logical()
-	default:
+	} else if off < 0 {
 		return fail(syscall.EINVAL)
+	}
+	direct := q.Arg&proto.WriteDirect != 0
+	if direct && (off%proto.DirectAlign != 0 || q.Length%proto.DirectAlign != 0) {
+		return fail(syscall.EINVAL) // as Linux's O_DIRECT: block-aligned offset and length
 	}
 	if q.Length > 0 {
 		if off > math.MaxInt64-int64(q.Length) {
@@ -385,7 +454,7 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 			return fail(errno(err))
 		}
 	}
-	n, e := s.writeData(ob, q, off)
+	n, e := s.writeData(ob, q, off, direct)
 	if e != 0 {
 		return fail(e)
 	}
@@ -401,8 +470,11 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 // write until the cache holds the new bytes, and the size covers them
 // before they are released: no fill can publish older bytes or cut them
 // at an older size, no reader sees a page half updated.
-func (s *session) writeData(ob *openBlob, q *ring.Request, off int64) (int64, syscall.Errno) {
-	if s.svc.pc != nil && q.Length > 0 {
+//
+// A direct write (O_DIRECT) goes to the device with the pages held, and
+// updates only the pages the cache holds already: it caches nothing anew.
+func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct bool) (int64, syscall.Errno) {
+	if s.svc.pc != nil && q.Length > 0 && !direct {
 		s.svc.regionOf(ob) // a file written is cached as it is written
 	}
 	r, ungate := ob.cachedGated()
@@ -425,11 +497,11 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64) (int64, sy
 	// A write that covers part of a page holding file bytes that are not
 	// cached has that page filled first, so that the write can stay in
 	// the cache (never a whole-page read for aligned writes).
-	if off%cache.PageSize != 0 && int64(p0)*cache.PageSize < ob.logical() {
-		_, _ = r.fill(ob.b, p0, p0+1, ob.logical, nil)
+	if !direct && off%cache.PageSize != 0 && int64(p0)*cache.PageSize < ob.logical() {
+		_, _ = r.fill(ob.b, p0, p0+1, ob.logical, nil, nil)
 	}
-	if end := off + int64(q.Length); end%cache.PageSize != 0 && p1-1 != p0 && int64(p1-1)*cache.PageSize < ob.logical() {
-		_, _ = r.fill(ob.b, p1-1, p1, ob.logical, nil)
+	if end := off + int64(q.Length); !direct && end%cache.PageSize != 0 && p1-1 != p0 && int64(p1-1)*cache.PageSize < ob.logical() {
+		_, _ = r.fill(ob.b, p1-1, p1, ob.logical, nil, nil)
 	}
 	lr, err := r.lock(p0, p1)
 	if err != nil {
@@ -440,7 +512,7 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64) (int64, sy
 	// caches a page only where the rest reads zeros).
 	oldSize := ob.logical()
 	n := int64(q.Length)
-	if p1*cache.PageSize >= uint64(off)+uint64(n) && lr.cachable(off, n, oldSize) &&
+	if !direct && p1*cache.PageSize >= uint64(off)+uint64(n) && lr.cachable(off, n, oldSize) &&
 		s.svc.pc.admitDirty(int64(len(lr.busy))) {
 		// Write-back: the bytes stay in the cache, dirty, and the flusher
 		// (or an fsync) writes them home. The size first: the flusher
@@ -448,20 +520,26 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64) (int64, sy
 		// bytes before it is dirty.
 		if r.stage(lr, runs, off, n) {
 			ob.extend(off + n)
-			r.written(lr, runs, off, n, oldSize, true)
+			r.written(lr, runs, off, n, oldSize, writeBack)
 			return n, 0
 		}
 		// The memfd could not take a new page (no memory): the device
 		// takes the write, the pages still held.
 		s.svc.pc.PageFailures.Add(1)
 	}
-	s.svc.pc.WriteThroughs.Add(1)
+	mode := writeThrough
+	if direct {
+		mode = writeDirect
+		s.svc.pc.DirectWrites.Add(1)
+	} else {
+		s.svc.pc.WriteThroughs.Add(1)
+	}
 	n, e := deviceWrite(ob, runs, off) // extends the size before the pages go
 	if e != 0 && n == 0 {
 		lr.release()
 		return 0, e
 	}
-	r.written(lr, runs, off, n, oldSize, false)
+	r.written(lr, runs, off, n, oldSize, mode)
 	return n, 0
 }
 
