@@ -3,13 +3,18 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/weir-storage/weir/client"
 )
@@ -18,6 +23,12 @@ import (
 // (write-back: buffered writes stay dirty in it) and dials two sessions,
 // as two processes would.
 func directStack(t *testing.T) (*client.FS, *client.FS, func(string) any) {
+	a, b, stat, _ := directStackDrop(t)
+	return a, b, stat
+}
+
+// directStackDrop is directStack, and a function that empties io's cache.
+func directStackDrop(t *testing.T) (*client.FS, *client.FS, func(string) any, func()) {
 	t.Helper()
 	c := testConfig(t, t.TempDir(), "file")
 	c.IO.CacheSize = 64 << 20
@@ -31,7 +42,7 @@ func directStack(t *testing.T) (*client.FS, *client.FS, func(string) any) {
 		t.Cleanup(func() { fsys.Close() })
 		return fsys
 	}
-	return dial(), dial(), func(k string) any { return st.IO.Snapshot()[k] }
+	return dial(), dial(), func(k string) any { return st.IO.Snapshot()[k] }, func() { st.IO.DropCache() }
 }
 
 func mustOpen(t *testing.T, fsys *client.FS, name string, flag int) *client.File {
@@ -58,7 +69,7 @@ func readAll(t *testing.T, f *client.File, n int, off int64) []byte {
 // buffered writes still dirty in the cache (another session's), and its
 // writes are what buffered readers read next, from their mapping too.
 func TestDirectIOIsCoherentWithTheCache(t *testing.T) {
-	a, b, stat := directStack(t)
+	a, b, stat, drop := directStackDrop(t)
 	buf := mustOpen(t, a, "f", os.O_RDWR|os.O_CREATE)
 	model := bytes.Repeat([]byte("buffered"), 64<<10/8)
 	if _, err := buf.WriteAt(model, 0); err != nil {
@@ -121,6 +132,10 @@ func TestDirectIOIsCoherentWithTheCache(t *testing.T) {
 	if err := buf.Sync(); err != nil {
 		t.Fatal(err)
 	}
+	drop()
+	if n := stat("cache_resident_pages"); n != int64(0) {
+		t.Fatalf("%v pages resident after the drop", n)
+	}
 	fresh := mustOpen(t, b, "f", os.O_RDONLY)
 	if got := readAll(t, fresh, len(model)+100, 0); !bytes.Equal(got, model) {
 		t.Fatalf("fresh read differs at %d", firstDiff(got, model))
@@ -176,70 +191,84 @@ func TestDirectIOAlignment(t *testing.T) {
 }
 
 // Buffered and direct writers and readers of one file at once, in two
-// sessions, each writer owning its own pages: every read, either way,
-// returns what the page's owner last wrote (each page holds one value
-// throughout), and at the end every page holds its owner's last value.
+// sessions, each worker owning half the pages and writing each of them
+// with rising versions (a page holds one version, all through), through a
+// buffered or a direct handle at random. Every read, either way, returns
+// a whole page of one version; of the worker's own page the last it
+// wrote; of the other's pages never an older version than it read before.
+// At the end every page holds its last version, read either way.
 func TestDirectAndBufferedRace(t *testing.T) {
-	a, b, _ := directStack(t)
+	a, b, _, drop := directStackDrop(t)
 	const pages = 64
 	setup := mustOpen(t, a, "f", os.O_RDWR|os.O_CREATE)
 	if _, err := setup.WriteAt(make([]byte, pages*4096), 0); err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	last := make([]byte, pages) // the value each page was last given (0: zeros)
-	page := func(v byte) []byte { return bytes.Repeat([]byte{v}, 4096) }
-	worker := func(fsys *client.FS, flag int, owner int, seed uint64, errs chan<- error) {
-		f, err := fsys.OpenFile("f", os.O_RDWR|flag, 0)
-		if err != nil {
-			errs <- err
-			return
+	page := func(v uint32) []byte {
+		b := make([]byte, 4096)
+		for i := 0; i < len(b); i += 4 {
+			binary.LittleEndian.PutUint32(b[i:], v)
 		}
-		defer f.Close()
+		return b
+	}
+	var last [pages]atomic.Uint32 // the version each page was last given (0: zeros)
+	worker := func(fsys *client.FS, owner int, seed uint64) error {
+		var fs [2]*client.File
+		for i, flag := range []int{0, syscall.O_DIRECT} {
+			f, err := fsys.OpenFile("f", os.O_RDWR|flag, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			fs[i] = f
+		}
 		rng := rand.New(rand.NewPCG(seed, 1))
+		var seen [pages]uint32
 		got := make([]byte, 4096)
-		for i := range 300 {
-			p := 2*rng.IntN(pages/2) + owner
-			if i%2 == 0 {
-				v := byte(rng.IntN(250) + 1)
-				mu.Lock()
-				last[p] = v
-				mu.Unlock()
-				if _, err := f.WriteAt(page(v), int64(p)*4096); err != nil {
-					errs <- err
-					return
-				}
-				continue
-			}
-			// Read a page of the other writer: it must hold one value,
-			// all through.
-			q := 2*rng.IntN(pages/2) + 1 - owner
-			if _, err := f.ReadAt(got, int64(q)*4096); err != nil {
-				errs <- err
-				return
-			}
-			if !bytes.Equal(got, page(got[0])) {
-				errs <- errors.New("a page read torn or mixed")
-				return
-			}
-			// Its own page: the last value it wrote.
-			mu.Lock()
-			want := last[p]
-			mu.Unlock()
+		read := func(p int) (uint32, error) {
+			f := fs[rng.IntN(2)]
 			if _, err := f.ReadAt(got, int64(p)*4096); err != nil {
-				errs <- err
-				return
+				return 0, err
 			}
-			if !bytes.Equal(got, page(want)) {
-				errs <- errors.New("a read missed the reader's own last write")
-				return
+			v := binary.LittleEndian.Uint32(got)
+			if !bytes.Equal(got, page(v)) {
+				return 0, fmt.Errorf("page %d read torn or mixed (direct %v)", p, f == fs[1])
+			}
+			if v < seen[p] {
+				return 0, fmt.Errorf("page %d read version %d after %d (direct %v)", p, v, seen[p], f == fs[1])
+			}
+			seen[p] = v
+			return v, nil
+		}
+		for i := range 400 {
+			p := 2*rng.IntN(pages/2) + owner
+			switch i % 4 {
+			case 0, 2:
+				v := last[p].Load() + 1
+				if _, err := fs[rng.IntN(2)].WriteAt(page(v), int64(p)*4096); err != nil {
+					return err
+				}
+				last[p].Store(v)
+			case 1:
+				if v, err := read(p); err != nil {
+					return err
+				} else if v != last[p].Load() {
+					return fmt.Errorf("own page %d read version %d, last written %d", p, v, last[p].Load())
+				}
+			case 3:
+				if _, err := read(2*rng.IntN(pages/2) + 1 - owner); err != nil {
+					return err
+				}
+				if i%64 == 3 {
+					drop() // misses: fills racing the writes
+				}
 			}
 		}
-		errs <- nil
+		return nil
 	}
 	errs := make(chan error, 2)
-	go worker(a, 0, 0, 1, errs)
-	go worker(b, syscall.O_DIRECT, 1, 2, errs)
+	go func() { errs <- worker(a, 0, 1) }()
+	go func() { errs <- worker(b, 1, 2) }()
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
@@ -249,10 +278,99 @@ func TestDirectAndBufferedRace(t *testing.T) {
 		f := mustOpen(t, b, "f", os.O_RDONLY|flag)
 		got := readAll(t, f, pages*4096, 0)
 		for p := range pages {
-			if !bytes.Equal(got[p*4096:(p+1)*4096], page(last[p])) {
-				t.Fatalf("flag %#x: page %d holds %d, want %d", flag, p, got[p*4096], last[p])
+			if !bytes.Equal(got[p*4096:(p+1)*4096], page(last[p].Load())) {
+				t.Fatalf("flag %#x: page %d holds %d, want %d", flag, p, binary.LittleEndian.Uint32(got[p*4096:]), last[p].Load())
 			}
 		}
+	}
+}
+
+// Reads whose fills leave the store into the memfd for after the answer
+// race closes of the handle (with dirty pages: the last reference writes
+// them home), truncates and cache drops from another session. Nothing may
+// deadlock: the deferred store holds the region until it ran, and the
+// read's grant is released only after it.
+func TestCacheDeferredStoresRaceCloseAndTruncate(t *testing.T) {
+	a, b, _, drop := directStackDrop(t)
+	const size = 4 << 20
+	setup := mustOpen(t, a, "f", os.O_RDWR|os.O_CREATE)
+	if _, err := setup.WriteAt(bytes.Repeat([]byte{1}, size), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := setup.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	setup.Close()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var cycles atomic.Int64
+	wg.Add(3)
+	go func() { // open, dirty a page, read at random from two goroutines, close under them
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(7, 7))
+		for !stopped(stop) {
+			f, err := a.OpenFile("f", os.O_RDWR, 0)
+			if err != nil {
+				continue
+			}
+			_, _ = f.WriteAt([]byte("dirty"), int64(rng.IntN(size)))
+			var rd sync.WaitGroup
+			for g := range 2 {
+				rd.Add(1)
+				go func() {
+					defer rd.Done()
+					buf := make([]byte, 4096)
+					r := rand.New(rand.NewPCG(uint64(g), 1))
+					for range 40 {
+						if _, err := f.ReadAt(buf, int64(r.IntN(size/4096))*4096); err != nil {
+							return // closed under it
+						}
+					}
+				}()
+			}
+			_ = f.Close()
+			rd.Wait()
+			cycles.Add(1)
+		}
+	}()
+	go func() { // truncates, to the same size, and O_TRUNC-free reopens
+		defer wg.Done()
+		for !stopped(stop) {
+			if f, err := b.OpenFile("f", os.O_RDWR, 0); err == nil {
+				_ = f.Truncate(size)
+				_ = f.Close()
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for !stopped(stop) {
+			drop()
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	time.Sleep(2 * time.Second)
+	close(stop)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Minute):
+		buf := make([]byte, 4<<20)
+		t.Fatalf("stuck 2 minutes after the stop (deadlock?):\n%s", buf[:runtime.Stack(buf, true)])
+	}
+	if cycles.Load() == 0 {
+		t.Fatal("no open-read-close cycle completed")
+	}
+	t.Logf("%d open-read-close cycles", cycles.Load())
+}
+
+func stopped(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 

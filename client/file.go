@@ -177,6 +177,16 @@ func (fl *File) writable() bool  { return fl.flags&(os.O_WRONLY|os.O_RDWR) != 0 
 func (fl *File) appending() bool { return fl.flags&os.O_APPEND != 0 }
 func (fl *File) direct() bool    { return fl.flags&syscall.O_DIRECT != 0 }
 
+// chunkIn is the most one request of the file carries in the sessions c:
+// for O_DIRECT a multiple of proto.DirectAlign, so that a long transfer
+// splits at aligned offsets.
+func (fl *File) chunkIn(c *conn) int {
+	if fl.direct() && c.chunk >= proto.DirectAlign {
+		return c.chunk - c.chunk%proto.DirectAlign
+	}
+	return c.chunk
+}
+
 // readArg is the Arg of the file's reads.
 func (fl *File) readArg() uint32 {
 	if fl.direct() {
@@ -387,7 +397,7 @@ func (fl *File) readRing(p []byte, off int64) (int, error) {
 	n := 0
 	for n < len(p) {
 		c := fl.fs.current()
-		want := min(len(p)-n, c.chunk)
+		want := min(len(p)-n, fl.chunkIn(c))
 		m, err := fl.transfer(proto.OpRead, p[n:n+want], off+int64(n), fl.readArg())
 		n += m
 		if err != nil {
@@ -470,7 +480,7 @@ func (fl *File) writeAt(p []byte, off int64, appendMode bool) (int, int64, error
 		var m int
 		var at uint64
 		err := fl.dataOp(!appendMode, func(c *conn, h uint64) error {
-			chunk := p[n:min(len(p), n+c.chunk)]
+			chunk := p[n:min(len(p), n+fl.chunkIn(c))]
 			b, err := c.data.Alloc(bgctx, len(chunk))
 			if err != nil {
 				return transportErr(err)

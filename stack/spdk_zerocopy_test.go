@@ -107,6 +107,24 @@ func TestSPDKZeroCopy(t *testing.T) {
 			t.Fatalf("buffered read after direct writes: %v, equal %v", err, bytes.Equal(got, want))
 		}
 	}
+	// A direct write over pages the buffered reads cached: the cached
+	// copies take its bytes, and it still goes without a copy.
+	direct := counter("spdk_direct_bytes")
+	for i := range 8192 {
+		want[i] ^= 0xff
+	}
+	if _, err := f.WriteAt(want[:8192], 0); err != nil {
+		t.Fatal(err)
+	}
+	if d := counter("spdk_direct_bytes") - direct; d != 8192 {
+		t.Fatalf("aligned direct write over cached pages: %d bytes direct, want 8192", d)
+	}
+	if _, err := bf.ReadAt(got, 0); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("buffered read after a direct write over its cached pages: %v, equal %v", err, bytes.Equal(got, want))
+	}
+	if n := counter("cache_direct_writes"); n == 0 {
+		t.Fatal("the direct write met no cache region (cache_direct_writes 0)")
+	}
 	bf.Close()
 	if err := f.Close(); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/bits"
 	"os"
 	"runtime"
@@ -226,11 +227,12 @@ type region struct {
 	raBusy atomic.Int32 // asynchronous readaheads running (at most maxReadaheads)
 }
 
-// maxReadaheads bounds the asynchronous readaheads of one region at once.
-// Two let one read the device while the other stores into the memfd (a
-// cold 1 MiB sequential read in BenchmarkCacheColdSequential: 420 MB/s
-// with one, 560 with two, 445 with four on the 2-CPU reference VM).
-const maxReadaheads = 2
+// maxReadaheads bounds the asynchronous readaheads of one region at once:
+// some read the device while others store into the memfd, and the virtual
+// disk of the reference VM gives more to several reads at once. The cold
+// 1 MiB sequential row of bench/fileops (2-CPU reference VM): 296-330 MB/s
+// with one, 353-375 with two, 421-462 with four.
+const maxReadaheads = 4
 
 // readaheadAsync fills pages [p0, p1) on a goroutine of its own, unless
 // maxReadaheads run for the region already: the reader that asked goes on,
@@ -493,6 +495,21 @@ func (r *region) dirtyPages() []uint64 {
 	return bitList(r.dirty, 0)
 }
 
+// hasDirtyIn reports whether a page of [p0, p1) waits to be written home.
+func (r *region) hasDirtyIn(p0, p1 uint64) bool {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	if r.ndirty == 0 {
+		return false
+	}
+	for p := p0; p < p1; p++ {
+		if bitGet(r.dirty, p) {
+			return true
+		}
+	}
+	return false
+}
+
 // maxFlushRun bounds the pages one write-back write carries (1 MiB).
 const maxFlushRun = 256
 
@@ -504,6 +521,11 @@ const maxFlushRun = 256
 // transition are left for the next flush, unless wait. A page whose write
 // fails stays dirty. It returns the pages written and the first error.
 func (r *region) flush(b backend.Blob, size func() int64, wait bool) (int, error) {
+	return r.flushRange(b, size, wait, 0, math.MaxUint64)
+}
+
+// flushRange is flush of the dirty pages in [p0, p1).
+func (r *region) flushRange(b backend.Blob, size func() int64, wait bool, p0, p1 uint64) (int, error) {
 	r.wbMu.Lock()
 	defer r.wbMu.Unlock()
 	r.life.RLock()
@@ -515,6 +537,12 @@ func (r *region) flush(b backend.Blob, size func() int64, wait bool) (int, error
 	defer r.trunc.RUnlock()
 	cr := r.cur.Load()
 	pages := r.dirtyPages()
+	for len(pages) > 0 && pages[0] < p0 {
+		pages = pages[1:]
+	}
+	for len(pages) > 0 && pages[len(pages)-1] >= p1 {
+		pages = pages[:len(pages)-1]
+	}
 	written := 0
 	var first error
 	for len(pages) > 0 {
@@ -773,7 +801,7 @@ func lockPage(cr *cache.Region, p uint64) (cache.Word, cache.Kind, error) {
 //
 // With last not nil, fill leaves the last run's store (a pwrite, then
 // publishing its pages) to the caller, in *last: a read that has its bytes
-// answers first and stores them after (finishLast). Its pages stay busy
+// answers first and stores them after (region.read, session.serveIO). Its pages stay busy
 // until then. It returns the number of pages it filled (or left to store).
 func (r *region) fill(b backend.Blob, p0, p1 uint64, sizeOf func() int64, sink func(data []byte, at int64), last **fillRun) (int, error) {
 	if p1 <= p0 {

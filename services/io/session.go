@@ -299,8 +299,13 @@ func runLater(fns []func()) {
 // read serves a read with the grant use returned and ends it. A read at or
 // past the end of the file reads nothing (EOF), whatever the offset, as on
 // Linux. Safe on any goroutine.
+//
+// The grant's use ends after what the read left in later (a store that
+// holds the region, with pages busy): ending it may be a close's last
+// reference, which writes the file's dirty pages home and so takes the
+// region's locks and pages again on this goroutine.
 func (s *session) read(g *grant, q *ring.Request, later *[]func()) (int64, uint64) {
-	defer s.svc.done(g)
+	defer func() { *later = append(*later, func() { s.svc.done(g) }) }()
 	if int64(q.Offset) < 0 || q.Arg&^proto.ReadDirect != 0 {
 		return fail(syscall.EINVAL)
 	}
@@ -340,14 +345,16 @@ func (s *session) read(g *grant, q *ring.Request, later *[]func()) (int64, uint6
 
 // readDirect is an O_DIRECT read of the bytes at off, below size: from
 // the device (into the request's arena buffer, which the SPDK backend
-// reads into without a copy), after the file's dirty pages are written
-// home, so that it returns every write that returned before it, as Linux's
+// reads into without a copy), after the file's dirty pages in the range
+// are written home, so that it returns every write that returned before it, as Linux's
 // O_DIRECT read does (filemap_write_and_wait_range). Bytes past the
 // device's end, below the size, read as zeros.
 func (s *session) readDirect(g *grant, q *ring.Request, off, size int64) (int64, uint64) {
-	if r := g.blob.cached.Load(); r != nil && r.hasDirty() {
+	p0 := uint64(off) / cache.PageSize
+	p1 := (uint64(off) + uint64(q.Length) + cache.PageSize - 1) / cache.PageSize
+	if r := g.blob.cached.Load(); r != nil && r.hasDirtyIn(p0, p1) {
 		s.svc.pc.DirectFlushes.Add(1)
-		if _, err := r.flush(g.blob.b, g.blob.logical, true); err != nil {
+		if _, err := r.flushRange(g.blob.b, g.blob.logical, true, p0, p1); err != nil {
 			s.svc.log.Warn("O_DIRECT read: writing dirty pages home failed", "blob", g.blob.id, "error", err)
 			return fail(syscall.EIO)
 		}
