@@ -95,10 +95,14 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"## 4 KiB random", "## Metadata", "## Sequential", "## Cache", "## Peak RSS", "| read | weir |", "| create | os |", "io service",
-		"| warm 4 KiB random read | os |", "| two processes: 4 KiB random read, the other writing | weir |"} {
+		"| warm 4 KiB random read | os |", "| two processes: 4 KiB random read, the other writing | weir |",
+		"## Limits measured in this run", "| memcpy of 4 KiB from a random page of a shared memfd mapping"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q", s)
 		}
+	}
+	if len(rep.Limits) != 3 || rep.Limits[0].NA != "" || rep.Limits[0].P50us <= 0 || rep.Limits[2].NA != "" || rep.Limits[2].P50us <= 0 {
+		t.Errorf("limits: %+v, want the 4 KiB memfd copy and the pwrite measured", rep.Limits)
 	}
 	if len(rep.Plots) != len(families) {
 		t.Errorf("plots %v, want one per family", rep.Plots)

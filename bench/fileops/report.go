@@ -149,6 +149,7 @@ type report struct {
 	Rows       []Row                `json:"rows"`
 	RSS        []RSS                `json:"peak_rss"`
 	Plots      []string             `json:"plots"`
+	Limits     []Limit              `json:"limits,omitempty"`
 	Warnings   []string             `json:"warnings,omitempty"`
 }
 
@@ -387,6 +388,7 @@ func (r *report) markdown() string {
 	for i, n := range notes {
 		fmt.Fprintf(&b, "[%d] %s\n\n", i+1, n)
 	}
+	r.limits(&b)
 
 	if len(r.Prep) > 0 {
 		var parts []string
@@ -465,4 +467,39 @@ func (r *report) write(dir, md string) error {
 		return err
 	}
 	return benchutil.WriteFileAtomic(filepath.Join(dir, "fileops.md"), []byte(md))
+}
+
+// limits writes the floors measured in this run (limits.go), each against
+// the warm 4 KiB random read of weir and of the kernel.
+func (r *report) limits(b *strings.Builder) {
+	if len(r.Limits) == 0 {
+		return
+	}
+	weir, kern := r.find(famCache, wlWarmRand, targetWeir), r.find(famCache, wlWarmRand, targetOS)
+	b.WriteString("## Limits measured in this run\n\n")
+	b.WriteString("Each timed as the rows time their ops, in the benchmark process, on memory of the random file's size.\n\n")
+	b.WriteString("| What | ops | p50 µs | p99 µs | weir warm 4 KiB read p50 ÷ this | os warm 4 KiB read p50 ÷ this |\n|---|--:|--:|--:|--:|--:|\n")
+	ratio := func(row *Row, l Limit) string {
+		if !l.WarmRead || row == nil || row.P50us == 0 || l.P50us == 0 || row.NA != "" || row.Error != "" {
+			return "—"
+		}
+		return benchutil.Fnum(row.P50us/l.P50us) + "×"
+	}
+	for _, l := range r.Limits {
+		if l.NA != "" {
+			fmt.Fprintf(b, "| %s | n/a: %s | | | | |\n", l.What, l.NA)
+			continue
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s |\n", l.What, benchutil.Fint(float64(l.Ops)), benchutil.Fnum(l.P50us), benchutil.Fnum(l.P99us), ratio(weir, l), ratio(kern, l))
+	}
+	if kern != nil && kern.P50us > 0 {
+		fmt.Fprintf(b, "\nA third of the kernel's warm 4 KiB read p50 (issue 9's goal for weir's) is %s µs.", benchutil.Fnum(kern.P50us/3))
+	}
+	wc, dc := r.find(famCache, wlColdRand, targetWeir), r.find(famCache, wlColdRand, targetOSDirect)
+	if wc != nil && dc != nil && wc.P50us > 0 && dc.P50us > 0 {
+		fmt.Fprintf(b, " The cold 4 KiB read: weir's p50 is %s µs above O_DIRECT's (1.1× of O_DIRECT, issue 9's goal, leaves %s µs).",
+			benchutil.Fnum(wc.P50us-dc.P50us), benchutil.Fnum(dc.P50us/10))
+	}
+	b.WriteString("\n")
+	b.WriteString("\n")
 }

@@ -346,6 +346,7 @@ func (r *runner) cache(s settings) error {
 			return err
 		}
 	}
+	r.rep.Limits = measureLimits(s.RandSize)
 	for _, t := range dataTargets {
 		if err := r.prepare(t, request{Op: opRemove, File: cacheFile}); err != nil {
 			return err
