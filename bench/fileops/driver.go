@@ -80,6 +80,10 @@ type result struct {
 	OtherCPU   time.Duration `json:"other_cpu_ns"`
 	FinalSync  time.Duration `json:"final_sync_ns,omitempty"` // seqwrite: the fsync after the last write
 	PeakRSSKiB int64         `json:"peak_rss_kib"`            // the driver's, after the request
+	// RSSKiB and ShmemKiB: the driver's resident set after the request, and
+	// the shared memory in it (for weir, the cache region pages it mapped).
+	RSSKiB   int64 `json:"rss_kib"`
+	ShmemKiB int64 `json:"shmem_kib"`
 }
 
 // driver runs requests against one target.
@@ -128,6 +132,9 @@ func driverMain(args []string) int {
 		r := d.do(q)
 		if kib, err := benchutil.ProcPeakRSS(os.Getpid()); err == nil {
 			r.PeakRSSKiB = kib
+		}
+		if rss, shmem, err := benchutil.ProcMem(os.Getpid()); err == nil {
+			r.RSSKiB, r.ShmemKiB = rss, shmem
 		}
 		if err := enc.Encode(r); err != nil {
 			return 1

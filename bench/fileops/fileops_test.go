@@ -96,13 +96,23 @@ func TestSmoke(t *testing.T) {
 	}
 	for _, s := range []string{"## 4 KiB random", "## Metadata", "## Sequential", "## Cache", "## Peak RSS", "| read | weir |", "| create | os |", "io service",
 		"| warm 4 KiB random read | os |", "| two processes: 4 KiB random read, the other writing | weir |",
-		"## Limits measured in this run", "| memcpy of 4 KiB from a random page of a shared memfd mapping"} {
+		"## Limits measured in this run", "| memcpy of 4 KiB from a random page of a shared memfd mapping", "## Memory after each cache row"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q", s)
 		}
 	}
 	if len(rep.Limits) != 3 || rep.Limits[0].NA != "" || rep.Limits[0].P50us <= 0 || rep.Limits[2].NA != "" || rep.Limits[2].P50us <= 0 {
 		t.Errorf("limits: %+v, want the 4 KiB memfd copy and the pwrite measured", rep.Limits)
+	}
+	for _, row := range rep.Rows {
+		if row.Family != famCache || row.NA != "" || row.Error != "" {
+			continue
+		}
+		if row.Mem == nil || row.Mem.ClientRSSKiB <= 0 {
+			t.Errorf("cache row %s/%s has no client memory", row.Workload, row.Target)
+		} else if row.Target == targetWeir && (row.Mem.IORSSKiB <= 0 || row.Mem.CacheLimitPages <= 0 || row.Mem.CacheBytes <= 0 && row.Mem.CacheResidentPages > 0) {
+			t.Errorf("weir cache row %s has no io or cache memory: %+v", row.Workload, *row.Mem)
+		}
 	}
 	if len(rep.Plots) != len(families) {
 		t.Errorf("plots %v, want one per family", rep.Plots)

@@ -53,6 +53,7 @@ type Row struct {
 	ServiceCPUusPerOp *float64 `json:"service_cpu_us_per_op,omitempty"` // weir: metadata, io and NATS (the benchmark process)
 	OtherCores        *float64 `json:"other_load_cores,omitempty"`
 	ClientPeakRSSKiB  int64    `json:"client_peak_rss_kib"`
+	Mem               *RowMem  `json:"memory,omitempty"` // cache rows
 
 	// On os and os-direct rows, against the weir row of the same workload:
 	// weir ops/s ÷ this ops/s (below 1: weir does less) and weir p50 ÷
@@ -98,6 +99,20 @@ func newRow(family, wl, t string, q request, res result) Row {
 	}
 	row.CDF = res.CDF
 	return row
+}
+
+// RowMem is the memory after a cache row: the driver's resident set and
+// the shared memory in it, and for weir the IO service's and its cache's
+// (the memfds' allocated bytes, whoever faulted them; resident pages
+// against the cache's limit, io.cache_size).
+type RowMem struct {
+	ClientRSSKiB       int64 `json:"client_rss_kib"`
+	ClientShmemKiB     int64 `json:"client_shmem_kib"`
+	IORSSKiB           int64 `json:"io_rss_kib,omitempty"`
+	IOShmemKiB         int64 `json:"io_shmem_kib,omitempty"`
+	CacheBytes         int64 `json:"cache_memory_bytes,omitempty"`
+	CacheResidentPages int64 `json:"cache_resident_pages,omitempty"`
+	CacheLimitPages    int64 `json:"cache_limit_pages,omitempty"`
 }
 
 // RSS is one process's peak resident set.
@@ -388,6 +403,7 @@ func (r *report) markdown() string {
 	for i, n := range notes {
 		fmt.Fprintf(&b, "[%d] %s\n\n", i+1, n)
 	}
+	r.memoryTable(&b)
 	r.limits(&b)
 
 	if len(r.Prep) > 0 {
@@ -501,5 +517,35 @@ func (r *report) limits(b *strings.Builder) {
 			benchutil.Fnum(wc.P50us-dc.P50us), benchutil.Fnum(dc.P50us/10))
 	}
 	b.WriteString("\n")
+	b.WriteString("\n")
+}
+
+// memoryTable writes the memory after each cache row (RowMem).
+func (r *report) memoryTable(b *strings.Builder) {
+	var rows []Row
+	for _, row := range r.Rows {
+		if row.Mem != nil {
+			rows = append(rows, row)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("## Memory after each cache row\n\n")
+	b.WriteString("Client: the driver process's VmRSS, of which RssShmem (for weir: the cache region pages it mapped). io: the IO service's VmRSS, of which RssShmem. Cache: the memfds' allocated bytes (`cache_memory_bytes`), and resident pages against the limit (`io.cache_size`); the os targets' cache is the kernel's.\n\n")
+	b.WriteString("| Workload | Target | client RSS MiB | of which shared MiB | io RSS MiB | of which shared MiB | cache memory MiB | resident pages / limit |\n|---|---|--:|--:|--:|--:|--:|--:|\n")
+	mib := func(kib int64) string { return benchutil.MiB(kib) }
+	for _, row := range rows {
+		m := row.Mem
+		io, ioSh, cache, res := "—", "—", "—", "—"
+		if row.Target == targetWeir && m.IORSSKiB > 0 {
+			io, ioSh = mib(m.IORSSKiB), mib(m.IOShmemKiB)
+		}
+		if row.Target == targetWeir && m.CacheLimitPages > 0 {
+			cache = benchutil.Fnum(float64(m.CacheBytes) / (1 << 20))
+			res = fmt.Sprintf("%s / %s", benchutil.Fint(float64(m.CacheResidentPages)), benchutil.Fint(float64(m.CacheLimitPages)))
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.Workload, row.Target, mib(m.ClientRSSKiB), mib(m.ClientShmemKiB), io, ioSh, cache, res)
+	}
 	b.WriteString("\n")
 }

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log"
@@ -9,11 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/bench/internal/benchutil"
+	iosvc "github.com/weir-storage/weir/services/io"
 )
 
 // Workload families, in report order.
@@ -125,7 +129,13 @@ func run(ctx context.Context, cfg options, logger *log.Logger) (rep *report, err
 				return fmt.Errorf("weir drop-caches: %w: %s", err, out)
 			}
 			return nil
-		}}
+		},
+		ioStats: func() (map[string]any, error) { return weirIOStats(exe, w.cfgPath) }}
+	for i, n := range serviceNames {
+		if n == "io" {
+			r.ioPID = servicePIDs[i]
+		}
+	}
 	defer r.stopDrivers()
 	for _, t := range allTargets {
 		var args []string
@@ -182,6 +192,10 @@ type runner struct {
 	na map[string]string
 	// dropWeir empties the IO service's page cache (weir drop-caches).
 	dropWeir func() error
+	// ioPID is the IO service's process; ioStats asks it for its counters
+	// (weir status --json).
+	ioPID   int
+	ioStats func() (map[string]any, error)
 }
 
 func (r *runner) stopDrivers() {
@@ -408,7 +422,9 @@ func (r *runner) twoProcesses(t string, write, read request) error {
 		if x.err != nil {
 			x.res = result{Error: x.err.Error()}
 		}
-		r.record(newRow(famCache, x.wl, t, x.q, x.res))
+		row := newRow(famCache, x.wl, t, x.q, x.res)
+		r.memory(&row, x.res)
+		r.record(row)
 	}
 	return nil
 }
@@ -503,8 +519,36 @@ func (r *runner) row(family, wl, t string, q request) error {
 			r.na[t+"/"+q.File] = res.NA
 		}
 	}
-	r.record(newRow(family, wl, t, q, res))
+	row := newRow(family, wl, t, q, res)
+	if family == famCache {
+		r.memory(&row, res)
+	}
+	r.record(row)
 	return nil
+}
+
+// memory fills in a cache row's memory: the driver's, and for weir the IO
+// service's and its cache's.
+func (r *runner) memory(row *Row, res result) {
+	if row.NA != "" || row.Error != "" || res.RSSKiB == 0 {
+		return
+	}
+	m := &RowMem{ClientRSSKiB: res.RSSKiB, ClientShmemKiB: res.ShmemKiB}
+	row.Mem = m
+	if row.Target != targetWeir || r.ioPID == 0 {
+		return
+	}
+	m.IORSSKiB, m.IOShmemKiB, _ = benchutil.ProcMem(r.ioPID)
+	st, err := r.ioStats()
+	if err != nil {
+		r.rep.Warnings = append(r.rep.Warnings, "io's cache counters: "+err.Error())
+		return
+	}
+	num := func(k string) int64 {
+		v, _ := strconv.ParseInt(fmt.Sprint(st[k]), 10, 64)
+		return v
+	}
+	m.CacheBytes, m.CacheResidentPages, m.CacheLimitPages = num("cache_memory_bytes"), num("cache_resident_pages"), num("cache_limit_pages")
 }
 
 // record adds a row to the report and logs it.
@@ -556,4 +600,28 @@ func pretouch(path string, size int64) error {
 		}
 	}
 	return f.Close()
+}
+
+// weirIOStats returns the IO service's counters, as `weir status --json`
+// prints them.
+func weirIOStats(exe, cfgPath string) (map[string]any, error) {
+	out, err := exec.Command(exe, "status", "--json", "--config", cfgPath).Output()
+	if err != nil {
+		return nil, fmt.Errorf("weir status: %w", err)
+	}
+	var st []struct {
+		Name  string         `json:"name"`
+		Stats map[string]any `json:"stats"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	dec.UseNumber() // counters past 2^53 stay exact, and print as integers
+	if err := dec.Decode(&st); err != nil {
+		return nil, fmt.Errorf("weir status --json: %w", err)
+	}
+	for _, s := range st {
+		if s.Name == iosvc.ServiceName {
+			return s.Stats, nil
+		}
+	}
+	return nil, fmt.Errorf("weir status --json: no IO service in %s", out)
 }

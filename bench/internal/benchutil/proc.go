@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -48,29 +49,49 @@ func ProcCPU(pid int) (time.Duration, error) {
 // ProcPeakRSS returns the peak resident set size (VmHWM) of process pid in
 // KiB.
 func ProcPeakRSS(pid int) (int64, error) {
+	m, err := procStatus(pid, "VmHWM")
+	return m["VmHWM"], err
+}
+
+// ProcMem returns a process's resident set now and the part of it that is
+// shared memory it mapped (memfd and tmpfs pages: RssShmem), in KiB.
+func ProcMem(pid int) (rssKiB, shmemKiB int64, err error) {
+	m, err := procStatus(pid, "VmRSS", "RssShmem")
+	return m["VmRSS"], m["RssShmem"], err
+}
+
+// procStatus reads the named kB fields of /proc/pid/status; every one must
+// be there.
+func procStatus(pid int, names ...string) (map[string]int64, error) {
 	path := fmt.Sprintf("/proc/%d/status", pid)
 	f, err := os.Open(path)
 	if err != nil {
-		return 0, fmt.Errorf("read peak RSS: %w", err)
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	defer f.Close()
+	m := map[string]int64{}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		rest, ok := strings.CutPrefix(sc.Text(), "VmHWM:")
-		if !ok {
+		name, rest, ok := strings.Cut(sc.Text(), ":")
+		if !ok || !slices.Contains(names, name) {
 			continue
 		}
 		num, _ := strings.CutSuffix(strings.TrimSpace(rest), " kB")
 		v, err := strconv.ParseInt(num, 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("%s: VmHWM: %w", path, err)
+			return nil, fmt.Errorf("%s: %s: %w", path, name, err)
 		}
-		return v, nil
+		m[name] = v
 	}
 	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("read %s: %w", path, err)
+		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	return 0, fmt.Errorf("%s: no VmHWM line", path)
+	for _, n := range names {
+		if _, ok := m[n]; !ok {
+			return nil, fmt.Errorf("%s: no %s line", path, n)
+		}
+	}
+	return m, nil
 }
 
 // MachineCPU is the whole machine's CPU time from /proc/stat: Busy is user,
