@@ -359,26 +359,9 @@ func (s *session) readDirect(g *grant, q *ring.Request, off, size int64) (int64,
 			return fail(syscall.EIO)
 		}
 	}
-	var n int64
-	for i := 0; i < len(q.Segs) && off+n < size; {
-		var run []byte
-		run, i = q.Run(i)
-		run = run[:min(int64(len(run)), size-(off+n))]
-		m, err := deviceRead(g.blob.b, run, off+n, g.blob.logical)
-		n += int64(m)
-		if err != nil {
-			if n > 0 {
-				break
-			}
-			return fail(errno(err))
-		}
-		if m < len(run) {
-			break
-		}
-	}
-	s.svc.Stats.Reads.Add(1)
-	s.svc.Stats.BytesRead.Add(uint64(n))
-	return n, 0
+	return s.readRuns(q, off, size, func(run []byte, at int64) (int, error) {
+		return deviceRead(g.blob.b, run, at, g.blob.logical)
+	})
 }
 
 // readCached is read through the blob's cache region: the bytes up to the
@@ -386,16 +369,25 @@ func (s *session) readDirect(g *grant, q *ring.Request, off, size int64) (int64,
 // readahead.
 func (s *session) readCached(g *grant, r *region, q *ring.Request, off, size int64, later *[]func()) (int64, uint64) {
 	ra := g.readahead(off, int64(q.Length), s.svc.pc.readahead)
+	return s.readRuns(q, off, size, func(run []byte, at int64) (int, error) {
+		// A run's read may leave its store for after the answer, holding
+		// the region: it must end before the next run's read holds it again.
+		runLater(*later)
+		*later = (*later)[:0]
+		return r.read(g.blob.b, run, at, g.blob.logical, ra, later)
+	})
+}
+
+// readRuns reads the request's payload runs at off with read (run's bytes
+// at file offset at), up to size: a short run ends the read, and so does
+// an error, which fails it if nothing was read.
+func (s *session) readRuns(q *ring.Request, off, size int64, read func(run []byte, at int64) (int, error)) (int64, uint64) {
 	var n int64
 	for i := 0; i < len(q.Segs) && off+n < size; {
 		var run []byte
 		run, i = q.Run(i)
 		run = run[:min(int64(len(run)), size-(off+n))]
-		// A run's read may leave its store for after the answer, holding
-		// the region: it must end before the next run's read holds it again.
-		runLater(*later)
-		*later = (*later)[:0]
-		m, err := r.read(g.blob.b, run, off+n, g.blob.logical, ra, later)
+		m, err := read(run, off+n)
 		n += int64(m)
 		if err != nil {
 			if n > 0 {
