@@ -10,11 +10,12 @@ FUZZTIME  ?= 12000000x
 SHORTFUZZ ?= 200000x
 RESULTS   ?= bench/results
 # package:target for every fuzzer in the tree (ring ABI decoding, the
-# request protocol's bodies, the metadata WAL and checkpoints).
+# request protocol's bodies, the metadata WAL and checkpoints, the staging log).
 FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:FuzzServerSlot \
 	./proto:FuzzBodies ./proto/cache:FuzzAttach \
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
-	./internal/wal:FuzzScanSegment
+	./internal/wal:FuzzScanSegment \
+	./services/journal/staging:FuzzDecode ./services/journal/staging:FuzzOpen
 # Only in `make fuzz`: it builds a whole stack with fuzzing instrumentation
 # (about a minute before the first input). make test runs its seeds, and
 # TestHostileRequests sends 3000 hostile requests.

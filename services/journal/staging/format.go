@@ -1,0 +1,298 @@
+// Package staging is the staging log of Split Journaling (issue 10): the
+// persistent ring an fsync writes one self-contained record to, with one
+// device flush, and that the journal service later commits and trims. It
+// holds the on-device format (docs/journal-format.md), the log writer with
+// group commit, and recovery, which reads back every record a flush made
+// durable and drops a torn or zeroed tail.
+//
+// Not wired yet: io's fsync does not write these records yet, and no
+// journal service reads them (docs/architecture.md says what is built).
+package staging
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+)
+
+// Format constants (version 1). Every offset and length is in bytes unless
+// it says blocks; integers are little-endian.
+const (
+	// Version is the format version of superblocks and records.
+	Version = 1
+	// BlockSize is the unit of the log: records start on a block and span
+	// whole blocks, so that they can be written with O_DIRECT from
+	// page-aligned memory and a torn write tears at a block's sectors.
+	BlockSize = 4096
+	// PageSize is the size of a file page a record carries.
+	PageSize = 4096
+	// SuperSize is the size of one superblock; the log starts with two
+	// (A at 0, B at SuperSize) and its ring follows them.
+	SuperSize = BlockSize
+	// RingOffset is the byte offset of the ring in the log.
+	RingOffset = 2 * SuperSize
+	// headerSize is the fixed part of a record header; extents follow.
+	headerSize = 88
+	// extentSize is the size of one extent entry.
+	extentSize = 16
+	// MaxExtents bounds the extents of one record.
+	MaxExtents = 1 << 16
+	// MaxRecordBlocks bounds one record's length (64 MiB).
+	MaxRecordBlocks = 64 << 20 / BlockSize
+)
+
+// Record types.
+const (
+	// TypeFile is a file's staged state: its dirty pages and inode fields.
+	TypeFile = 1
+	// TypeWrap says the ring continues at its start: the rest of the ring
+	// after this block holds nothing of this lap.
+	TypeWrap = 2
+)
+
+var (
+	recordMagic = [4]byte{'W', 'S', 'R', '1'}
+	superMagic  = [8]byte{'W', 'S', 'T', 'G', 'S', 'B', '0', '1'}
+	castagnoli  = crc32.MakeTable(crc32.Castagnoli)
+)
+
+// checksum is CRC-32C, the checksum of every structure of the log.
+func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// Extent is a run of a file's pages: Pages pages from page First (file
+// offset First*PageSize).
+type Extent struct {
+	First uint64
+	Pages uint32
+}
+
+// Record is one staged file state: the inode field group and the pages of
+// Extents, whose bytes are Data (the extents' pages in order).
+type Record struct {
+	LSN         uint64 // sequence number: consecutive in the log, from 1
+	Blob        uint64 // the file's blob
+	Ino         uint64 // the file's inode
+	Size        int64  // the file's size
+	MtimeNs     int64  // modification time, ns since the epoch
+	DataVersion uint64 // the file's data version (docs/architecture.md)
+	// JournalLSN is the journal prefix this record builds on: the file's
+	// state is its home location after journal commits up to JournalLSN,
+	// with this record's pages on top.
+	JournalLSN uint64
+	// Epoch is the log's incarnation that wrote the record (the log sets
+	// it): recovery stops at a record older than one before it, which is
+	// a previous incarnation's unflushed write, not part of the log.
+	Epoch   uint64
+	Extents []Extent
+	Data    []byte
+}
+
+// ErrBadRecord says bytes are not a valid record (a torn or zeroed tail,
+// or damage); Decode wraps it with the reason.
+var ErrBadRecord = errors.New("staging: not a valid record")
+
+func bad(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadRecord, fmt.Sprintf(format, a...))
+}
+
+// headerBlocks is the number of blocks a header with n extents takes.
+func headerBlocks(n int) int { return (headerSize + n*extentSize + BlockSize - 1) / BlockSize }
+
+// pages is the number of pages of the extents, or an error past the bounds.
+func pagesOf(ext []Extent) (uint64, error) {
+	var n uint64
+	for i, e := range ext {
+		if e.Pages == 0 {
+			return 0, bad("extent %d is empty", i)
+		}
+		if e.First > math.MaxUint64/PageSize-uint64(e.Pages) {
+			return 0, bad("extent %d ends past the largest file", i)
+		}
+		if i > 0 && e.First < ext[i-1].First+uint64(ext[i-1].Pages) {
+			return 0, bad("extent %d is not after extent %d", i, i-1)
+		}
+		n += uint64(e.Pages)
+		if n > MaxRecordBlocks {
+			return 0, bad("more than %d pages", MaxRecordBlocks)
+		}
+	}
+	return n, nil
+}
+
+// Blocks is the length of r encoded, in blocks.
+func (r *Record) Blocks() (int, error) {
+	if len(r.Extents) > MaxExtents {
+		return 0, bad("%d extents (at most %d)", len(r.Extents), MaxExtents)
+	}
+	n, err := pagesOf(r.Extents)
+	if err != nil {
+		return 0, err
+	}
+	b := headerBlocks(len(r.Extents)) + int(n)
+	if b > MaxRecordBlocks {
+		return 0, bad("%d blocks (at most %d)", b, MaxRecordBlocks)
+	}
+	return b, nil
+}
+
+// Encode appends r's encoding (docs/journal-format.md) to dst, which it
+// returns. r.Data must hold exactly the extents' pages.
+//
+//	 0  [4]byte magic "WSR1"     4  u16 version      6  u16 type
+//	 8  u64 lsn                 16  u32 blocks       20  u32 extents
+//	24  u64 blob                32  u64 ino          40  i64 size
+//	48  i64 mtime ns            56  u64 data version 64  u64 journal lsn
+//	72  u64 epoch               80  u32 payload pages
+//	84  u32 crc32c of all blocks (this field 0)
+//	88  extents: u64 first page, u32 pages, u32 0 (16 bytes each)
+//	    zeros to the end of the header blocks, then the pages
+func (r *Record) Encode(dst []byte) ([]byte, error) {
+	blocks, err := r.Blocks()
+	if err != nil {
+		return dst, err
+	}
+	pages, _ := pagesOf(r.Extents)
+	if uint64(len(r.Data)) != pages*PageSize {
+		return dst, fmt.Errorf("staging: %d data bytes for %d pages", len(r.Data), pages)
+	}
+	if r.LSN == 0 || r.Size < 0 {
+		return dst, fmt.Errorf("staging: record with lsn %d, size %d", r.LSN, r.Size)
+	}
+	start := len(dst)
+	dst = append(dst, make([]byte, blocks*BlockSize)...)
+	b := dst[start:]
+	copy(b[0:4], recordMagic[:])
+	le := binary.LittleEndian
+	le.PutUint16(b[4:], Version)
+	le.PutUint16(b[6:], TypeFile)
+	le.PutUint64(b[8:], r.LSN)
+	le.PutUint32(b[16:], uint32(blocks))
+	le.PutUint32(b[20:], uint32(len(r.Extents)))
+	le.PutUint64(b[24:], r.Blob)
+	le.PutUint64(b[32:], r.Ino)
+	le.PutUint64(b[40:], uint64(r.Size))
+	le.PutUint64(b[48:], uint64(r.MtimeNs))
+	le.PutUint64(b[56:], r.DataVersion)
+	le.PutUint64(b[64:], r.JournalLSN)
+	le.PutUint64(b[72:], r.Epoch)
+	le.PutUint32(b[80:], uint32(pages))
+	for i, e := range r.Extents {
+		o := headerSize + i*extentSize
+		le.PutUint64(b[o:], e.First)
+		le.PutUint32(b[o+8:], e.Pages)
+	}
+	copy(b[headerBlocks(len(r.Extents))*BlockSize:], r.Data)
+	le.PutUint32(b[84:], checksum(b))
+	return dst, nil
+}
+
+// encodeWrap is the one block of a wrap marker with lsn and epoch.
+func encodeWrap(lsn, epoch uint64) []byte {
+	b := make([]byte, BlockSize)
+	copy(b[0:4], recordMagic[:])
+	le := binary.LittleEndian
+	le.PutUint16(b[4:], Version)
+	le.PutUint16(b[6:], TypeWrap)
+	le.PutUint64(b[8:], lsn)
+	le.PutUint32(b[16:], 1)
+	le.PutUint64(b[72:], epoch)
+	le.PutUint32(b[84:], checksum(b))
+	return b
+}
+
+// header is what peek reads of a record's fixed header.
+type header struct {
+	typ    uint16
+	lsn    uint64
+	epoch  uint64
+	blocks int
+}
+
+// peek reads the fixed header at the start of b (at least headerSize
+// bytes), checked as far as the header alone allows. The caller reads
+// h.blocks blocks and decodes them.
+func peek(b []byte) (h header, err error) {
+	if len(b) < headerSize {
+		return h, bad("%d bytes: shorter than a header", len(b))
+	}
+	if [4]byte(b[0:4]) != recordMagic {
+		return h, bad("no record magic")
+	}
+	le := binary.LittleEndian
+	if v := le.Uint16(b[4:]); v != Version {
+		return h, bad("version %d (this build reads %d)", v, Version)
+	}
+	h = header{typ: le.Uint16(b[6:]), lsn: le.Uint64(b[8:]), epoch: le.Uint64(b[72:]), blocks: int(le.Uint32(b[16:]))}
+	switch {
+	case h.typ != TypeFile && h.typ != TypeWrap:
+		return h, bad("type %d", h.typ)
+	case h.lsn == 0:
+		return h, bad("lsn 0")
+	case h.blocks < 1 || h.blocks > MaxRecordBlocks:
+		return h, bad("%d blocks", h.blocks)
+	case h.typ == TypeWrap && h.blocks != 1:
+		return h, bad("a wrap marker of %d blocks", h.blocks)
+	}
+	return h, nil
+}
+
+// Decode decodes the record that b holds whole (its blocks, as peek
+// gave). A wrap marker decodes to a Record with only LSN set and wrap
+// true. Data aliases b.
+func Decode(b []byte) (rec Record, wrap bool, err error) {
+	h, err := peek(b)
+	if err != nil {
+		return Record{}, false, err
+	}
+	blocks := h.blocks
+	if len(b) != blocks*BlockSize {
+		return Record{}, false, bad("%d bytes for a record of %d blocks", len(b), blocks)
+	}
+	le := binary.LittleEndian
+	sum := le.Uint32(b[84:])
+	le.PutUint32(b[84:], 0)
+	got := checksum(b)
+	le.PutUint32(b[84:], sum)
+	if got != sum {
+		return Record{}, false, bad("checksum %08x, header says %08x", got, sum)
+	}
+	if h.typ == TypeWrap {
+		return Record{LSN: h.lsn, Epoch: h.epoch}, true, nil
+	}
+	n := int(le.Uint32(b[20:]))
+	if n > MaxExtents || headerBlocks(n) > blocks {
+		return Record{}, false, bad("%d extents in %d blocks", n, blocks)
+	}
+	rec = Record{LSN: h.lsn, Blob: le.Uint64(b[24:]), Ino: le.Uint64(b[32:]), Size: int64(le.Uint64(b[40:])),
+		MtimeNs: int64(le.Uint64(b[48:])), DataVersion: le.Uint64(b[56:]), JournalLSN: le.Uint64(b[64:]), Epoch: h.epoch}
+	if rec.Size < 0 {
+		return Record{}, false, bad("size %d", rec.Size)
+	}
+	if n > 0 {
+		rec.Extents = make([]Extent, n)
+	}
+	for i := range rec.Extents {
+		o := headerSize + i*extentSize
+		if le.Uint32(b[o+12:]) != 0 {
+			return Record{}, false, bad("extent %d: reserved bytes set", i)
+		}
+		rec.Extents[i] = Extent{First: le.Uint64(b[o:]), Pages: le.Uint32(b[o+8:])}
+	}
+	pages, err := pagesOf(rec.Extents)
+	if err != nil {
+		return Record{}, false, err
+	}
+	if p := le.Uint32(b[80:]); uint64(p) != pages || headerBlocks(n)+int(pages) != blocks {
+		return Record{}, false, bad("%d payload pages, %d in the extents, %d blocks", p, pages, blocks)
+	}
+	hb := headerBlocks(n) * BlockSize
+	for _, c := range b[headerSize+n*extentSize : hb] {
+		if c != 0 {
+			return Record{}, false, bad("header padding not zero")
+		}
+	}
+	rec.Data = b[hb:]
+	return rec, false, nil
+}
