@@ -21,7 +21,7 @@ FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:Fuz
 # TestHostileRequests sends 3000 hostile requests.
 FUZZ_LONG := ./stack:FuzzServiceRequest
 
-.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop lint bench bench-transport bench-fileops bench-backend bench-quick clean
+.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop lint bench bench-transport bench-fileops bench-backend bench-fsync bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
@@ -37,6 +37,7 @@ help:
 	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
 	@echo "bench-fileops    weir client vs os (buffered, O_DIRECT): 4 KiB random, metadata, sequential"
 	@echo "bench-backend    backends at the interface: raw O_DIRECT, file, SPDK aio and malloc (spdk tag if SPDK is found)"
+	@echo "bench-fsync      the staging log's append + flush against write + fdatasync, 1/4/8 writers, flushes per op"
 	@echo "bench-quick      every benchmark with small sizes and short windows, and the report (about 1.5 min)"
 
 DATA ?= ./weir-data
@@ -131,6 +132,9 @@ bench-fileops:
 
 bench-backend:
 	@$(call BENCH_BACKEND)
+
+bench-fsync:
+	$(GO) run ./bench/fsync -out $(RESULTS)
 
 bench-quick:
 	$(BENCH_TRANSPORT) -quick

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestPercentile(t *testing.T) {
@@ -102,5 +104,35 @@ func TestWriteFileAtomic(t *testing.T) {
 	}
 	if _, err := os.Stat(path + ".tmp"); !os.IsNotExist(err) {
 		t.Errorf("temporary file left behind: %v", err)
+	}
+}
+
+// The flush counter of the disk under the temporary directory moves with
+// an fdatasync of a written file (on a block device; skipped on tmpfs).
+func TestDiskFlushes(t *testing.T) {
+	dir := t.TempDir()
+	before, dev, err := DiskFlushes(dir)
+	if err != nil {
+		t.Skipf("no flush counter for %s: %v", dir, err)
+	}
+	f, err := os.Create(filepath.Join(dir, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for range 3 {
+		if _, err := f.Write(make([]byte, 4096)); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after, _, err := DiskFlushes(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after <= before {
+		t.Fatalf("%s: %d flushes before three fdatasyncs, %d after", dev, before, after)
 	}
 }

@@ -62,6 +62,22 @@ func (h *Histogram) Record(ns int64) {
 	h.sum += float64(ns)
 }
 
+// Merge adds every value of o to h.
+func (h *Histogram) Merge(o *Histogram) {
+	if o.n == 0 {
+		return
+	}
+	if h.n == 0 || o.min < h.min {
+		h.min = o.min
+	}
+	h.max = max(h.max, o.max)
+	for i, c := range o.counts {
+		h.counts[i] += c
+	}
+	h.n += o.n
+	h.sum += o.sum
+}
+
 // Count is the number of values recorded.
 func (h *Histogram) Count() uint64 { return h.n }
 

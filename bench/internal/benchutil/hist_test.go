@@ -60,3 +60,22 @@ func TestHistogramQuantiles(t *testing.T) {
 		}
 	}
 }
+
+func TestHistogramMerge(t *testing.T) {
+	var a, b, want Histogram
+	for i := int64(1); i <= 1000; i++ {
+		if i%3 == 0 {
+			a.Record(i * 1000)
+		} else {
+			b.Record(i * 1000)
+		}
+		want.Record(i * 1000)
+	}
+	var m Histogram
+	m.Merge(&a)
+	m.Merge(&b)
+	m.Merge(&Histogram{})
+	if m.Count() != want.Count() || m.Min() != want.Min() || m.Max() != want.Max() || m.Quantile(0.5) != want.Quantile(0.5) || m.Mean() != want.Mean() {
+		t.Fatalf("merged: n %d min %d max %d p50 %d; want %d %d %d %d", m.Count(), m.Min(), m.Max(), m.Quantile(0.5), want.Count(), want.Min(), want.Max(), want.Quantile(0.5))
+	}
+}

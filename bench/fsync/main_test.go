@@ -1,0 +1,39 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/weir-storage/weir/bench/internal/benchutil"
+)
+
+// Every workload runs and counts: a short run of each with two writers.
+func TestRows(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := benchutil.DiskFlushes(dir); err != nil {
+		t.Skipf("the benchmark counts disk flushes, and %s has no counter: %v", dir, err)
+	}
+	var rows []Row
+	for _, wl := range []string{wlStaging, wlAppend, wlOverwrite} {
+		row, err := run(dir, wl, 2, 40)
+		if err != nil {
+			t.Fatalf("%s: %v", wl, err)
+		}
+		if row.Ops != 40 || row.P50us <= 0 || row.OpsPerSec <= 0 || row.FlushesPerOp <= 0 {
+			t.Fatalf("%s: %+v", wl, row)
+		}
+		if wl == wlStaging && (row.LogFlushPerOp <= 0 || row.LogFlushPerOp > 1) {
+			t.Fatalf("staging: %v log flushes per append", row.LogFlushPerOp)
+		}
+		rows = append(rows, row)
+	}
+	md, err := report(dir, 40, rows)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"| " + wlStaging + " | 2 |", "disk flushes / op"} {
+		if !strings.Contains(md, s) {
+			t.Errorf("report lacks %q", s)
+		}
+	}
+}
