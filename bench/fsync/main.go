@@ -5,7 +5,12 @@
 // write + fdatasync, appending to a file and overwriting a written one.
 // Each workload runs with 1, 4 and 8 writers (goroutines of this process,
 // each on its own file for the file system rows) and reports p50/p99,
-// ops/s and the disk's flush requests per op (/proc/diskstats).
+// ops/s and the device's flush requests per op (/proc/diskstats).
+//
+// It runs on the file system of -dir ("root") and, as root with the
+// tools installed, on a journaled ext4 and an XFS it makes on loop
+// devices over image files in -dir (the same disk): what a storage host
+// would run. Flushes are then the loop device's.
 //
 // This is the mechanism only: weir's fsync does not write staging records
 // yet (docs/journal-format.md), and the issue's full benchmark (through
@@ -24,6 +29,7 @@ import (
 	"log"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -36,8 +42,10 @@ import (
 	"github.com/weir-storage/weir/services/journal/staging"
 )
 
-// Row is one workload with one writer count.
+// Row is one workload with one writer count on one file system.
 type Row struct {
+	FS            string  `json:"fs"`
+	NA            string  `json:"na,omitempty"`
 	Workload      string  `json:"workload"`
 	Writers       int     `json:"writers"`
 	Ops           int     `json:"ops"`
@@ -58,6 +66,7 @@ func main() {
 	dir := flag.String("dir", "", "parent directory of the files (default: the system temporary directory); it decides the disk measured")
 	ops := flag.Int("ops", 2000, "ops per row (all writers together)")
 	writersFlag := flag.String("writers", "1,4,8", "writer counts, comma-separated")
+	fsFlag := flag.String("fs", "root,ext4,xfs", "file systems: root (that of -dir), ext4 and xfs (made on loop devices; root only)")
 	out := flag.String("out", "bench/results", "directory for fsync.md and fsync.json")
 	flag.Parse()
 	var writers []int
@@ -74,17 +83,31 @@ func main() {
 	}
 	defer os.RemoveAll(parent)
 	var rows []Row
-	for _, w := range writers {
-		for _, wl := range []string{wlStaging, wlAppend, wlOverwrite} {
-			row, err := run(parent, wl, w, *ops)
-			if err != nil {
-				log.Fatalf("%s, %d writers: %v", wl, w, err)
-			}
-			log.Printf("%-45s %d writers: p50 %7.1f µs  p99 %7.1f µs  %6.0f ops/s  %.2f flushes/op", wl, w, row.P50us, row.P99us, row.OpsPerSec, row.FlushesPerOp)
-			rows = append(rows, row)
+	var fsNotes []string
+	for _, fs := range strings.Split(*fsFlag, ",") {
+		fs = strings.TrimSpace(fs)
+		dir, describe, cleanup, err := mountFS(parent, fs)
+		if err != nil {
+			log.Printf("%s: n/a: %v", fs, err)
+			rows = append(rows, Row{FS: fs, NA: err.Error()})
+			continue
 		}
+		fsNotes = append(fsNotes, fmt.Sprintf("%s: %s", fs, describe))
+		for _, w := range writers {
+			for _, wl := range []string{wlStaging, wlAppend, wlOverwrite} {
+				row, err := run(dir, wl, w, *ops)
+				if err != nil {
+					cleanup()
+					log.Fatalf("%s: %s, %d writers: %v", fs, wl, w, err)
+				}
+				row.FS = fs
+				log.Printf("%-5s %-45s %d writers: p50 %7.1f µs  p99 %7.1f µs  %6.0f ops/s  %.2f flushes/op", fs, wl, w, row.P50us, row.P99us, row.OpsPerSec, row.FlushesPerOp)
+				rows = append(rows, row)
+			}
+		}
+		cleanup()
 	}
-	md, err := report(parent, *ops, rows)
+	md, err := report(parent, *ops, rows, fsNotes)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -236,28 +259,107 @@ type fileDevice struct{ *os.File }
 
 func (d fileDevice) Sync() error { return unix.Fdatasync(int(d.Fd())) }
 
-func report(parent string, ops int, rows []Row) (string, error) {
+func report(parent string, ops int, rows []Row, fsNotes []string) (string, error) {
 	var b strings.Builder
 	host, _ := benchutil.HostInfo()
-	fsd, err := benchutil.DescribeFS(parent)
-	if err != nil {
-		return "", err
-	}
-	_, disk, _ := benchutil.DiskFlushes(parent)
 	fmt.Fprintf(&b, "# fsync path: the staging log against the file system's fdatasync\n\n")
-	fmt.Fprintf(&b, "- Date: %s\n- Machine: %d CPUs, %s; %s\n- File system: %s; disk %s (flushes from /proc/diskstats, the whole disk: other activity counts too)\n",
-		time.Now().UTC().Format(time.RFC3339), host.NProc, host.CPUModel, host.Kernel, fsd, disk)
+	fmt.Fprintf(&b, "- Date: %s\n- Machine: %d CPUs, %s; %s\n- Directory: %s\n",
+		time.Now().UTC().Format(time.RFC3339), host.NProc, host.CPUModel, host.Kernel, parent)
+	for _, n := range fsNotes {
+		fmt.Fprintf(&b, "- %s\n", n)
+	}
+	b.WriteString("- Flushes: the flush requests the file system's block device completed (/proc/diskstats), over the row; other activity on that device counts too.\n")
 	fmt.Fprintf(&b, "- %d ops per row, shared by the writers (goroutines of one process); 4 KiB each. Staging: a 32 MiB log, trimmed whole when full. File system: one file per writer; overwrites at random 4 KiB offsets of an 8 MiB written file.\n", ops)
 	b.WriteString("- The mechanism only: weir's fsync does not write staging records yet.\n\n")
-	b.WriteString("| Workload | writers | ops | ops/s | p50 µs | p99 µs | disk flushes / op | log flushes / op |\n|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| File system | Workload | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | log flushes / op |\n|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rows {
+		if r.NA != "" {
+			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | |\n", r.FS, r.NA)
+			continue
+		}
 		lf := "—"
 		if r.Workload == wlStaging {
 			lf = benchutil.Fnum(r.LogFlushPerOp)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", r.Workload, r.Writers, benchutil.Fint(float64(r.Ops)),
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", r.FS, r.Workload, r.Writers, benchutil.Fint(float64(r.Ops)),
 			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), lf)
 	}
 	b.WriteString("\n")
 	return b.String(), nil
+}
+
+// mountFS returns a directory on file system fs for the rows, a line that
+// describes it, and what undoes its set-up. root is parent's own; ext4
+// (journaled, data=ordered) and xfs are made on a loop device over a
+// 2 GiB image file in parent, which needs root, mkfs.ext4 or mkfs.xfs
+// (xfsprogs) and losetup.
+func mountFS(parent, fs string) (string, string, func(), error) {
+	nothing := func() {}
+	if fs == "root" {
+		d, err := benchutil.DescribeFS(parent)
+		if err != nil {
+			return "", "", nothing, err
+		}
+		_, dev, err := benchutil.DiskFlushes(parent)
+		if err != nil {
+			return "", "", nothing, err
+		}
+		return parent, fmt.Sprintf("%s; device %s", d, dev), nothing, nil
+	}
+	mkfs := map[string][]string{"ext4": {"mkfs.ext4", "-q", "-F", "-E", "lazy_itable_init=0,lazy_journal_init=0"}, "xfs": {"mkfs.xfs", "-q", "-f"}}[fs]
+	if mkfs == nil {
+		return "", "", nothing, fmt.Errorf("unknown file system %q (root, ext4, xfs)", fs)
+	}
+	if os.Geteuid() != 0 {
+		return "", "", nothing, fmt.Errorf("making a %s on a loop device needs root", fs)
+	}
+	for _, tool := range []string{mkfs[0], "losetup", "mount", "umount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return "", "", nothing, fmt.Errorf("%s not found (Debian: %s)", tool, map[string]string{"mkfs.xfs": "xfsprogs", "mkfs.ext4": "e2fsprogs"}[tool])
+		}
+	}
+	img := filepath.Join(parent, fs+".img")
+	mnt := filepath.Join(parent, fs+".mnt")
+	var undo []func()
+	cleanup := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	fail := func(err error) (string, string, func(), error) {
+		cleanup()
+		return "", "", nothing, err
+	}
+	f, err := os.Create(img)
+	if err != nil {
+		return fail(err)
+	}
+	err = f.Truncate(2 << 30)
+	f.Close()
+	undo = append(undo, func() { os.Remove(img) })
+	if err != nil {
+		return fail(err)
+	}
+	if out, err := exec.Command(mkfs[0], append(mkfs[1:], img)...).CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("%s: %v: %s", mkfs[0], err, out))
+	}
+	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", img).Output()
+	if err != nil {
+		return fail(fmt.Errorf("losetup: %w", err))
+	}
+	loop := strings.TrimSpace(string(out))
+	undo = append(undo, func() { _ = exec.Command("losetup", "-d", loop).Run() })
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		return fail(err)
+	}
+	undo = append(undo, func() { os.Remove(mnt) })
+	if out, err := exec.Command("mount", loop, mnt).CombinedOutput(); err != nil {
+		return fail(fmt.Errorf("mount %s: %v: %s", loop, err, out))
+	}
+	undo = append(undo, func() { _ = exec.Command("umount", mnt).Run() })
+	d, err := benchutil.DescribeFS(mnt)
+	if err != nil {
+		return fail(err)
+	}
+	return mnt, fmt.Sprintf("%s, made by `%s` on %s (direct I/O) over a 2 GiB image file in the directory", d, strings.Join(mkfs, " "), loop), cleanup, nil
 }

@@ -16,6 +16,7 @@ func TestRows(t *testing.T) {
 	var rows []Row
 	for _, wl := range []string{wlStaging, wlAppend, wlOverwrite} {
 		row, err := run(dir, wl, 2, 40)
+		row.FS = "root"
 		if err != nil {
 			t.Fatalf("%s: %v", wl, err)
 		}
@@ -27,11 +28,11 @@ func TestRows(t *testing.T) {
 		}
 		rows = append(rows, row)
 	}
-	md, err := report(dir, 40, rows)
+	md, err := report(dir, 40, rows, []string{"root: test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"| " + wlStaging + " | 2 |", "disk flushes / op"} {
+	for _, s := range []string{"| root | " + wlStaging + " | 2 |", "device flushes / op"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("report lacks %q", s)
 		}
