@@ -61,6 +61,14 @@ var (
 // checksum is CRC-32C, the checksum of every structure of the log.
 func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
+// recordChecksum is the checksum of a record's blocks with its checksum
+// field (bytes 84 to 88) taken as zero, without writing into b.
+func recordChecksum(b []byte) uint32 {
+	c := crc32.Update(0, castagnoli, b[:84])
+	c = crc32.Update(c, castagnoli, []byte{0, 0, 0, 0})
+	return crc32.Update(c, castagnoli, b[88:])
+}
+
 // Extent is a run of a file's pages: Pages pages from page First (file
 // offset First*PageSize).
 type Extent struct {
@@ -107,7 +115,7 @@ func pagesOf(ext []Extent) (uint64, error) {
 		if e.Pages == 0 {
 			return 0, bad("extent %d is empty", i)
 		}
-		if e.First > math.MaxUint64/PageSize-uint64(e.Pages) {
+		if e.First > math.MaxInt64/PageSize-uint64(e.Pages) {
 			return 0, bad("extent %d ends past the largest file", i)
 		}
 		if i > 0 && e.First < ext[i-1].First+uint64(ext[i-1].Pages) {
@@ -184,7 +192,7 @@ func (r *Record) Encode(dst []byte) ([]byte, error) {
 		le.PutUint32(b[o+8:], e.Pages)
 	}
 	copy(b[headerBlocks(len(r.Extents))*BlockSize:], r.Data)
-	le.PutUint32(b[84:], checksum(b))
+	le.PutUint32(b[84:], recordChecksum(b))
 	return dst, nil
 }
 
@@ -198,7 +206,7 @@ func encodeWrap(lsn, epoch uint64) []byte {
 	le.PutUint64(b[8:], lsn)
 	le.PutUint32(b[16:], 1)
 	le.PutUint64(b[72:], epoch)
-	le.PutUint32(b[84:], checksum(b))
+	le.PutUint32(b[84:], recordChecksum(b))
 	return b
 }
 
@@ -252,13 +260,15 @@ func Decode(b []byte) (rec Record, wrap bool, err error) {
 	}
 	le := binary.LittleEndian
 	sum := le.Uint32(b[84:])
-	le.PutUint32(b[84:], 0)
-	got := checksum(b)
-	le.PutUint32(b[84:], sum)
-	if got != sum {
+	if got := recordChecksum(b); got != sum {
 		return Record{}, false, bad("checksum %08x, header says %08x", got, sum)
 	}
 	if h.typ == TypeWrap {
+		for i, c := range b {
+			if c != 0 && !(i < 20 || (i >= 72 && i < 80) || (i >= 84 && i < 88)) {
+				return Record{}, false, bad("wrap marker: byte %d set", i)
+			}
+		}
 		return Record{LSN: h.lsn, Epoch: h.epoch}, true, nil
 	}
 	n := int(le.Uint32(b[20:]))

@@ -31,13 +31,15 @@ var ErrFull = errors.New("staging: log full")
 //	32  u64 trim lsn: every record up to it is committed elsewhere
 //	40  u64 trim offset: the ring offset of record trim lsn + 1
 //	48  u64 epoch: the incarnation of the log that wrote this superblock
-//	56  u32 crc32c of the superblock's 4096 bytes (this field 0)
+//	56  u64 trim epoch: the least epoch record trim lsn + 1 can have
+//	64  u32 crc32c of the superblock's 4096 bytes (this field 0)
 type superblock struct {
 	ringBlocks uint64
 	gen        uint64
 	trimLSN    uint64
 	trimOff    uint64
 	epoch      uint64
+	trimEpoch  uint64
 }
 
 func (s superblock) encode() []byte {
@@ -51,7 +53,8 @@ func (s superblock) encode() []byte {
 	le.PutUint64(b[32:], s.trimLSN)
 	le.PutUint64(b[40:], s.trimOff)
 	le.PutUint64(b[48:], s.epoch)
-	le.PutUint32(b[56:], checksum(b))
+	le.PutUint64(b[56:], s.trimEpoch)
+	le.PutUint32(b[64:], checksum(b))
 	return b
 }
 
@@ -60,18 +63,21 @@ func decodeSuper(b []byte) (superblock, error) {
 		return superblock{}, errors.New("no superblock magic")
 	}
 	le := binary.LittleEndian
-	sum := le.Uint32(b[56:])
+	sum := le.Uint32(b[64:])
 	c := append([]byte(nil), b...)
-	le.PutUint32(c[56:], 0)
+	le.PutUint32(c[64:], 0)
 	if checksum(c) != sum {
 		return superblock{}, errors.New("superblock checksum mismatch")
 	}
 	if v, bs := le.Uint32(b[8:]), le.Uint32(b[12:]); v != Version || bs != BlockSize {
 		return superblock{}, fmt.Errorf("superblock version %d, block size %d", v, bs)
 	}
-	s := superblock{ringBlocks: le.Uint64(b[16:]), gen: le.Uint64(b[24:]), trimLSN: le.Uint64(b[32:]), trimOff: le.Uint64(b[40:]), epoch: le.Uint64(b[48:])}
-	if s.ringBlocks < 2 || s.ringBlocks > 1<<40 || s.trimOff%BlockSize != 0 || s.trimOff > s.ringBlocks*BlockSize {
-		return superblock{}, fmt.Errorf("superblock: %d ring blocks, trim offset %d", s.ringBlocks, s.trimOff)
+	s := superblock{ringBlocks: le.Uint64(b[16:]), gen: le.Uint64(b[24:]), trimLSN: le.Uint64(b[32:]), trimOff: le.Uint64(b[40:]),
+		epoch: le.Uint64(b[48:]), trimEpoch: le.Uint64(b[56:])}
+	if s.ringBlocks < 2 || s.ringBlocks > 1<<40 || s.trimOff%BlockSize != 0 || s.trimOff >= s.ringBlocks*BlockSize ||
+		s.trimLSN >= 1<<62 || s.epoch >= 1<<62 || s.trimEpoch > s.epoch {
+		return superblock{}, fmt.Errorf("superblock: %d ring blocks, trim offset %d, trim lsn %d, epochs %d and %d",
+			s.ringBlocks, s.trimOff, s.trimLSN, s.epoch, s.trimEpoch)
 	}
 	return s, nil
 }
@@ -90,7 +96,7 @@ func Format(dev Device, ringBlocks uint64) error {
 		}
 	}
 	for _, gen := range []uint64{2, 1} {
-		if _, err := dev.WriteAt(superblock{ringBlocks: ringBlocks, gen: gen, epoch: 1}.encode(), int64(gen%2)*SuperSize); err != nil {
+		if _, err := dev.WriteAt(superblock{ringBlocks: ringBlocks, gen: gen, epoch: 1, trimEpoch: 1}.encode(), int64(gen%2)*SuperSize); err != nil {
 			return fmt.Errorf("staging: format: %w", err)
 		}
 	}
@@ -102,8 +108,9 @@ func Format(dev Device, ringBlocks uint64) error {
 
 // live is a record in the ring not trimmed yet.
 type live struct {
-	lsn uint64
-	off int64 // ring offset
+	lsn   uint64
+	off   int64 // ring offset
+	epoch uint64
 }
 
 // Log is an open staging log. Append is safe from any number of
@@ -133,10 +140,11 @@ type Log struct {
 // that are whole, in LSN order, up to the first block that does not hold
 // the next one (a torn or zeroed tail, or an older lap's bytes) or that an
 // earlier incarnation wrote after a later one's record (its unflushed
-// write, reached again by chance). Then it starts a new incarnation (a
-// superblock write and a flush), so that what this one writes is told
-// from what the last one left. The records' Data have buffers of their
-// own.
+// write, reached again by chance). Then it starts a new incarnation, with
+// an epoch above every record in the ring (it reads the whole ring), and
+// writes it in a superblock and flushes, so that what this one writes is
+// told from what earlier ones left. The records' Data have buffers of
+// their own.
 func Open(dev Device) (*Log, []Record, error) {
 	sb, err := readSuper(dev)
 	if err != nil {
@@ -145,7 +153,9 @@ func Open(dev Device) (*Log, []Record, error) {
 	l := &Log{dev: dev, ring: int64(sb.ringBlocks) * BlockSize, sb: sb, done: map[uint64]bool{}}
 	l.cond = sync.NewCond(&l.mu)
 	var recs []Record
-	off, lsn, epoch := int64(sb.trimOff), sb.trimLSN+1, uint64(0)
+	// The epoch floor: no record of the live chain is older than the one
+	// before it, and the first no older than the trim point says.
+	off, lsn, epoch := int64(sb.trimOff), sb.trimLSN+1, sb.trimEpoch
 	hdr := make([]byte, BlockSize)
 	for scanned := int64(0); scanned <= l.ring; {
 		if off == l.ring {
@@ -155,7 +165,7 @@ func Open(dev Device) (*Log, []Record, error) {
 			return nil, nil, fmt.Errorf("staging: read at %d: %w", off, err)
 		}
 		h, err := peek(hdr)
-		if err != nil || h.lsn != lsn || h.epoch < epoch || h.epoch > sb.epoch {
+		if err != nil || h.lsn != lsn || h.epoch < epoch {
 			break
 		}
 		size := int64(h.blocks) * BlockSize
@@ -185,7 +195,7 @@ func Open(dev Device) (*Log, []Record, error) {
 			break
 		}
 		recs = append(recs, rec)
-		l.live = append(l.live, live{lsn: lsn, off: off})
+		l.live = append(l.live, live{lsn: lsn, off: off, epoch: h.epoch})
 		scanned += size
 		off += size
 		lsn++
@@ -196,24 +206,55 @@ func Open(dev Device) (*Log, []Record, error) {
 	}
 	l.head, l.next = off, lsn
 	l.written, l.durable = lsn-1, lsn-1
+	// The new incarnation's epoch is above every record's in the ring, not
+	// only the superblock's: a damaged newest superblock must not hand an
+	// epoch to two incarnations.
+	top, err := l.maxEpoch()
+	if err != nil {
+		return nil, nil, err
+	}
 	next := l.sb
 	next.gen++
-	next.epoch++
+	next.epoch = max(next.epoch, top) + 1
 	if err := l.writeSuper(next); err != nil {
 		return nil, nil, err
 	}
 	return l, recs, nil
 }
 
-// usedLocked is the ring bytes from the oldest live record to head.
-func (l *Log) usedLocked() int64 {
-	if len(l.live) == 0 {
-		return 0
+// maxEpoch is the largest epoch of a whole record anywhere in the ring.
+func (l *Log) maxEpoch() (uint64, error) {
+	var top uint64
+	chunk := make([]byte, 1<<20)
+	for base := int64(0); base < l.ring; base += int64(len(chunk)) {
+		c := chunk[:min(int64(len(chunk)), l.ring-base)]
+		if _, err := l.dev.ReadAt(c, RingOffset+base); err != nil {
+			return 0, fmt.Errorf("staging: read at %d: %w", base, err)
+		}
+		for o := 0; o < len(c); o += BlockSize {
+			h, err := peek(c[o:])
+			if err != nil || h.epoch <= top || h.epoch >= 1<<62 || base+int64(o)+int64(h.blocks)*BlockSize > l.ring {
+				continue
+			}
+			b := make([]byte, h.blocks*BlockSize)
+			if _, err := l.dev.ReadAt(b, RingOffset+base+int64(o)); err != nil {
+				return 0, fmt.Errorf("staging: read at %d: %w", base+int64(o), err)
+			}
+			if _, _, err := Decode(b); err == nil {
+				top = h.epoch
+			}
+		}
 	}
-	if d := (l.head - l.live[0].off + l.ring) % l.ring; d != 0 {
+	return top, nil
+}
+
+// usedLocked is the ring bytes from the trim offset, where recovery
+// starts (the oldest live record, or a wrap marker before it), to head.
+func (l *Log) usedLocked() int64 {
+	if d := (l.head - int64(l.sb.trimOff) + l.ring) % l.ring; d != 0 || len(l.live) == 0 {
 		return d
 	}
-	return l.ring // head came round to the oldest record: full
+	return l.ring // head came round to the trim offset: full
 }
 
 // writeSuper writes sb into the superblock slot its generation picks (the
@@ -279,7 +320,7 @@ func (l *Log) Append(r *Record) (uint64, error) {
 	}
 	lsn, epoch := l.next, l.sb.epoch
 	l.next++
-	l.live = append(l.live, live{lsn: lsn, off: off})
+	l.live = append(l.live, live{lsn: lsn, off: off, epoch: epoch})
 	l.mu.Unlock()
 
 	rec := *r
@@ -346,7 +387,19 @@ func (l *Log) reserveLocked(size int64) (int64, error) {
 		waste, off = l.ring-off, 0
 	}
 	if l.usedLocked()+waste+size > l.ring {
-		return 0, ErrFull
+		if len(l.live) > 0 {
+			return 0, ErrFull // the journal's trims make room
+		}
+		// Nothing is live, but what recovery reads from the trim offset
+		// leaves no room this large: start the ring over at 0.
+		sb := l.sb
+		sb.gen++
+		sb.trimOff, sb.trimEpoch = 0, sb.epoch
+		if err := l.writeSuper(sb); err != nil {
+			l.failLocked(err)
+			return 0, l.err
+		}
+		l.head, off, waste = 0, 0, 0
 	}
 	if waste > 0 {
 		// The marker carries the LSN of the record that follows it, at
@@ -385,9 +438,9 @@ func (l *Log) Trim(lsn uint64) error {
 	sb := l.sb
 	sb.gen++
 	sb.trimLSN = lsn
-	sb.trimOff = uint64(l.head)
+	sb.trimOff, sb.trimEpoch = uint64(l.head), sb.epoch
 	if i < len(l.live) {
-		sb.trimOff = uint64(l.live[i].off)
+		sb.trimOff, sb.trimEpoch = uint64(l.live[i].off), l.live[i].epoch
 	}
 	if err := l.writeSuper(sb); err != nil {
 		l.failLocked(err)

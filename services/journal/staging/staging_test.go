@@ -255,11 +255,23 @@ func FuzzOpen(f *testing.F) {
 		if err != nil {
 			return // both superblocks damaged: refused, not a panic
 		}
+		for i, r := range recs {
+			if i > 0 && r.LSN != recs[i-1].LSN+1 {
+				t.Fatalf("recovered lsn %d after %d", r.LSN, recs[i-1].LSN)
+			}
+		}
 		r := testRecord(rng, 1)
-		if _, err := l2.Append(&r); err != nil && !errors.Is(err, ErrFull) {
+		lsn, err := l2.Append(&r)
+		if errors.Is(err, ErrFull) {
+			return
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
-		_ = recs
+		_, again, err := Open(dev)
+		if err != nil || len(again) == 0 || again[len(again)-1].LSN != lsn || !same(again[len(again)-1], r) {
+			t.Fatalf("the append after recovering a scribbled log was not recovered: %v", err)
+		}
 	})
 }
 
@@ -411,12 +423,34 @@ type failSyncDev struct {
 
 func (d failSyncDev) Sync() error { return d.err }
 
-// Every cut point of a small workload (appends, a wrap, trims, restarts),
-// each with the writes since the last flush dropped, all kept, all kept but
-// one, or kept up to one torn at a sector: recovery returns every
-// acknowledged record not trimmed, exactly, and nothing that was not
-// appended; and the recovered log's next append is what it recovers next.
+// step is one thing a power-cut workload does.
+type step struct {
+	pages int    // append a record of this many pages
+	trim  string // or trim: "all", "all but last"
+	open  bool   // or restart: Open the device again
+}
+
+// Every cut point of small workloads (appends, wraps, trims of all or all
+// but the last record, restarts, trims after restarts), each with the
+// writes since the last flush dropped, all kept, all but one kept, or kept
+// up to the last torn at a sector: recovery returns every acknowledged
+// record not trimmed, exactly, and nothing that was not appended; and the
+// recovered log's next append is what it recovers next.
 func TestPowerCutAtEveryWrite(t *testing.T) {
+	a, tr, tb, re := func(p int) step { return step{pages: p} }, step{trim: "all"}, step{trim: "all but last"}, step{open: true}
+	for name, steps := range map[string][]step{
+		"laps": {a(1), a(2), a(3), tb, a(1), a(3), tb, a(2), re, a(1), a(3), tb, a(2), a(1), tb, a(3), a(2)},
+		// A trim to empty leaves the trim offset where the next record's
+		// wrap marker goes (the marker must then stay).
+		"trim to empty": {a(3), a(3), tr, a(4), a(4), a(1), tr, re, a(2), a(3), a(3), tr, a(8), re, a(2)},
+		// Trims after restarts: the trim point's epoch.
+		"trim after restart": {a(1), a(1), re, a(1), tr, a(1), re, a(2), a(1), tb, re, a(1), tr, a(2)},
+	} {
+		t.Run(name, func(t *testing.T) { powerCuts(t, steps) })
+	}
+}
+
+func powerCuts(t *testing.T, steps []step) {
 	const ring = 12
 	dev := newMemDev(RingOffset + ring*BlockSize)
 	if err := Format(dev, ring); err != nil {
@@ -434,51 +468,63 @@ func TestPowerCutAtEveryWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(5, 5))
-	for i := range 14 {
-		r := testRecord(rng, 1+rng.IntN(3))
-		lsn, err := l.Append(&r)
-		if errors.Is(err, ErrFull) {
-			if err := l.Trim(all[len(all)-2].rec.LSN); err != nil {
+	var live []uint64
+	for i, st := range steps {
+		switch {
+		case st.open:
+			if l, _, err = Open(dev); err != nil {
 				t.Fatal(err)
 			}
-			lsn, err = l.Append(&r)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.LSN = lsn
-		all = append(all, acked{r, dev.opCount()})
-		if i == 6 {
-			if l, _, err = Open(dev); err != nil { // a clean restart in the middle
-				t.Fatal(err)
+		case st.trim != "":
+			k := len(live)
+			if st.trim == "all but last" {
+				k--
 			}
+			if k > 0 {
+				if err := l.Trim(live[k-1]); err != nil {
+					t.Fatal(err)
+				}
+				live = live[k:]
+			}
+		default:
+			r := testRecord(rng, st.pages)
+			lsn, err := l.Append(&r)
+			if errors.Is(err, ErrFull) && len(live) > 0 {
+				// The journal catches up: it commits everything.
+				if err := l.Trim(live[len(live)-1]); err != nil {
+					t.Fatal(err)
+				}
+				live = live[:0]
+				lsn, err = l.Append(&r)
+			}
+			if err != nil {
+				t.Fatalf("step %d: append of %d pages: %v", i, st.pages, err)
+			}
+			r.LSN = lsn
+			all = append(all, acked{r, dev.opCount()})
+			live = append(live, lsn)
 		}
 	}
 	ops := dev.ops
-	t.Logf("%d device ops, %d records", len(ops), len(all))
+	type variant struct {
+		keep func(int) bool
+		tear int
+	}
 	cases := 0
 	for k := 0; k <= len(ops); k++ {
-		variants := []struct {
-			keep func(int) bool
-			tear int
-		}{
-			{func(int) bool { return false }, -1},
-			{func(int) bool { return true }, -1},
+		unflushed := 0 // writes since the last flush among the first k ops
+		for i := k - 1; i >= 0 && ops[i].data != nil; i-- {
+			unflushed++
 		}
-		// A device may reorder what it was not asked to flush: each write
-		// since the last flush dropped alone, the later ones kept.
-		for j := 0; j < k; j++ {
-			variants = append(variants, struct {
-				keep func(int) bool
-				tear int
-			}{func(i int) bool { return i != j }, -1})
+		variants := []variant{{func(int) bool { return false }, -1}, {func(int) bool { return true }, -1}}
+		// A device may persist what it was not asked to flush in any
+		// order: each write since the last flush dropped alone.
+		for j := 0; j < unflushed && unflushed > 1; j++ {
+			variants = append(variants, variant{func(i int) bool { return i != j }, -1})
 		}
-		if k > 0 && ops[k-1].data != nil {
+		if unflushed > 0 {
 			for tear := 0; tear < len(ops[k-1].data); tear += 512 {
-				variants = append(variants, struct {
-					keep func(int) bool
-					tear int
-				}{func(int) bool { return true }, tear})
+				variants = append(variants, variant{func(int) bool { return true }, tear})
 			}
 		}
 		for _, v := range variants {
@@ -522,7 +568,119 @@ func TestPowerCutAtEveryWrite(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d crash images checked", cases)
+	t.Logf("%d device ops, %d records, %d crash images checked", len(ops), len(all), cases)
+}
+
+// The cases an independent review found: after a trim to empty the trim
+// offset is where the next record's wrap marker goes, and no later record
+// may overwrite that marker; a record that fits only from the ring's start
+// when nothing is live does not wait forever; the first record after a
+// trim point can be an earlier incarnation's leftover.
+func TestTrimToEmptyKeepsTheWrapMarker(t *testing.T) {
+	dev := newMemDev(RingOffset + 12*BlockSize)
+	if err := Format(dev, 12); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(8, 8))
+	app := func(pages int) (Record, error) {
+		r := testRecord(rng, pages)
+		lsn, err := l.Append(&r)
+		r.LSN = lsn
+		return r, err
+	}
+	for range 2 { // blocks 0-4, 4-8
+		if _, err := app(3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Trim(2); err != nil { // trim offset 8, nothing live
+		t.Fatal(err)
+	}
+	r3, err := app(4) // wraps: marker at 8, the record at 0-5
+	if err != nil {
+		t.Fatal(err)
+	}
+	r4, err := app(4) // 5 blocks at 5-10 would overwrite the marker
+	if err == nil {
+		t.Fatalf("record 4 (%d) fitted over the wrap marker recovery needs", r4.LSN)
+	}
+	if !errors.Is(err, ErrFull) {
+		t.Fatal(err)
+	}
+	_, recs, err := Open(dev)
+	if err != nil || len(recs) != 1 || !same(recs[0], r3) {
+		t.Fatalf("recovered %d records, %v; want record 3", len(recs), err)
+	}
+}
+
+func TestLargeRecordInAnEmptyRing(t *testing.T) {
+	dev := newMemDev(RingOffset + 12*BlockSize)
+	if err := Format(dev, 12); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	r := testRecord(rng, 5) // blocks 0-6
+	if _, err := l.Append(&r); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Trim(1); err != nil { // nothing live, head at 6
+		t.Fatal(err)
+	}
+	big := testRecord(rng, 8) // 9 blocks: fits only from 0
+	lsn, err := l.Append(&big)
+	if err != nil {
+		t.Fatalf("a 9-block record in an empty 12-block ring: %v", err)
+	}
+	_, recs, err := Open(dev)
+	if err != nil || len(recs) != 1 || recs[0].LSN != lsn || !same(recs[0], big) {
+		t.Fatalf("recovered %d records, %v", len(recs), err)
+	}
+}
+
+func TestStaleFirstRecordAfterATrim(t *testing.T) {
+	dev := newMemDev(RingOffset + 64*BlockSize)
+	if err := Format(dev, 64); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err := Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(10, 10))
+	a := testRecord(rng, 1)
+	if _, err := l.Append(&a); err != nil { // blocks 0-2
+		t.Fatal(err)
+	}
+	// Incarnation A's crash: record 2 (blocks 2-4) lost, record 3 (4-6) kept.
+	stale := testRecord(rng, 1)
+	stale.LSN, stale.Epoch = 3, l.sb.epoch
+	b, _ := stale.Encode(nil)
+	if _, err := dev.WriteAt(b, RingOffset+4*BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	l, _, err = Open(dev) // incarnation B
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := testRecord(rng, 1)
+	if _, err := l.Append(&c); err != nil { // B's record 2 at blocks 2-4
+		t.Fatal(err)
+	}
+	if err := l.Trim(2); err != nil { // trim offset 4: A's record 3 is first
+		t.Fatal(err)
+	}
+	_, recs, err := Open(dev)
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("recovered %d records after a trim of everything, %v (an earlier incarnation's record 3?)", len(recs), err)
+	}
 }
 
 // On a real file: Format writes the whole ring (no unwritten extents),
