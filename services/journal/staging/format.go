@@ -34,7 +34,7 @@ const (
 	// RingOffset is the byte offset of the ring in the log.
 	RingOffset = 2 * SuperSize
 	// headerSize is the fixed part of a record header; extents follow.
-	headerSize = 88
+	headerSize = 96
 	// extentSize is the size of one extent entry.
 	extentSize = 16
 	// MaxExtents bounds the extents of one record.
@@ -62,11 +62,11 @@ var (
 func checksum(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // recordChecksum is the checksum of a record's blocks with its checksum
-// field (bytes 84 to 88) taken as zero, without writing into b.
+// field (bytes 92 to 96) taken as zero, without writing into b.
 func recordChecksum(b []byte) uint32 {
-	c := crc32.Update(0, castagnoli, b[:84])
+	c := crc32.Update(0, castagnoli, b[:92])
 	c = crc32.Update(c, castagnoli, []byte{0, 0, 0, 0})
-	return crc32.Update(c, castagnoli, b[88:])
+	return crc32.Update(c, castagnoli, b[96:])
 }
 
 // Extent is a run of a file's pages: Pages pages from page First (file
@@ -92,7 +92,11 @@ type Record struct {
 	// Epoch is the log's incarnation that wrote the record (the log sets
 	// it): recovery stops at a record older than one before it, which is
 	// a previous incarnation's unflushed write, not part of the log.
-	Epoch   uint64
+	Epoch uint64
+	// Log is the log's identity, random at Format (the log sets it):
+	// recovery takes only records that carry it, so a file's page that
+	// imitates a record (its bytes are the user's) is not one.
+	Log     uint64
 	Extents []Extent
 	Data    []byte
 }
@@ -152,9 +156,9 @@ func (r *Record) Blocks() (int, error) {
 //	 8  u64 lsn                 16  u32 blocks       20  u32 extents
 //	24  u64 blob                32  u64 ino          40  i64 size
 //	48  i64 mtime ns            56  u64 data version 64  u64 journal lsn
-//	72  u64 epoch               80  u32 payload pages
-//	84  u32 crc32c of all blocks (this field 0)
-//	88  extents: u64 first page, u32 pages, u32 0 (16 bytes each)
+//	72  u64 epoch               80  u64 log identity
+//	88  u32 payload pages       92  u32 crc32c of all blocks (this field 0)
+//	96  extents: u64 first page, u32 pages, u32 0 (16 bytes each)
 //	    zeros to the end of the header blocks, then the pages
 func (r *Record) Encode(dst []byte) ([]byte, error) {
 	blocks, err := r.Blocks()
@@ -185,19 +189,21 @@ func (r *Record) Encode(dst []byte) ([]byte, error) {
 	le.PutUint64(b[56:], r.DataVersion)
 	le.PutUint64(b[64:], r.JournalLSN)
 	le.PutUint64(b[72:], r.Epoch)
-	le.PutUint32(b[80:], uint32(pages))
+	le.PutUint64(b[80:], r.Log)
+	le.PutUint32(b[88:], uint32(pages))
 	for i, e := range r.Extents {
 		o := headerSize + i*extentSize
 		le.PutUint64(b[o:], e.First)
 		le.PutUint32(b[o+8:], e.Pages)
 	}
 	copy(b[headerBlocks(len(r.Extents))*BlockSize:], r.Data)
-	le.PutUint32(b[84:], recordChecksum(b))
+	le.PutUint32(b[92:], recordChecksum(b))
 	return dst, nil
 }
 
-// encodeWrap is the one block of a wrap marker with lsn and epoch.
-func encodeWrap(lsn, epoch uint64) []byte {
+// encodeWrap is the one block of a wrap marker with lsn, epoch and the
+// log's identity.
+func encodeWrap(lsn, epoch, log uint64) []byte {
 	b := make([]byte, BlockSize)
 	copy(b[0:4], recordMagic[:])
 	le := binary.LittleEndian
@@ -206,7 +212,8 @@ func encodeWrap(lsn, epoch uint64) []byte {
 	le.PutUint64(b[8:], lsn)
 	le.PutUint32(b[16:], 1)
 	le.PutUint64(b[72:], epoch)
-	le.PutUint32(b[84:], recordChecksum(b))
+	le.PutUint64(b[80:], log)
+	le.PutUint32(b[92:], recordChecksum(b))
 	return b
 }
 
@@ -215,6 +222,7 @@ type header struct {
 	typ    uint16
 	lsn    uint64
 	epoch  uint64
+	log    uint64
 	blocks int
 }
 
@@ -232,7 +240,7 @@ func peek(b []byte) (h header, err error) {
 	if v := le.Uint16(b[4:]); v != Version {
 		return h, bad("version %d (this build reads %d)", v, Version)
 	}
-	h = header{typ: le.Uint16(b[6:]), lsn: le.Uint64(b[8:]), epoch: le.Uint64(b[72:]), blocks: int(le.Uint32(b[16:]))}
+	h = header{typ: le.Uint16(b[6:]), lsn: le.Uint64(b[8:]), epoch: le.Uint64(b[72:]), log: le.Uint64(b[80:]), blocks: int(le.Uint32(b[16:]))}
 	switch {
 	case h.typ != TypeFile && h.typ != TypeWrap:
 		return h, bad("type %d", h.typ)
@@ -259,24 +267,24 @@ func Decode(b []byte) (rec Record, wrap bool, err error) {
 		return Record{}, false, bad("%d bytes for a record of %d blocks", len(b), blocks)
 	}
 	le := binary.LittleEndian
-	sum := le.Uint32(b[84:])
+	sum := le.Uint32(b[92:])
 	if got := recordChecksum(b); got != sum {
 		return Record{}, false, bad("checksum %08x, header says %08x", got, sum)
 	}
 	if h.typ == TypeWrap {
 		for i, c := range b {
-			if c != 0 && !(i < 20 || (i >= 72 && i < 80) || (i >= 84 && i < 88)) {
+			if c != 0 && !(i < 20 || (i >= 72 && i < 88) || (i >= 92 && i < 96)) {
 				return Record{}, false, bad("wrap marker: byte %d set", i)
 			}
 		}
-		return Record{LSN: h.lsn, Epoch: h.epoch}, true, nil
+		return Record{LSN: h.lsn, Epoch: h.epoch, Log: h.log}, true, nil
 	}
 	n := int(le.Uint32(b[20:]))
 	if n > MaxExtents || headerBlocks(n) > blocks {
 		return Record{}, false, bad("%d extents in %d blocks", n, blocks)
 	}
 	rec = Record{LSN: h.lsn, Blob: le.Uint64(b[24:]), Ino: le.Uint64(b[32:]), Size: int64(le.Uint64(b[40:])),
-		MtimeNs: int64(le.Uint64(b[48:])), DataVersion: le.Uint64(b[56:]), JournalLSN: le.Uint64(b[64:]), Epoch: h.epoch}
+		MtimeNs: int64(le.Uint64(b[48:])), DataVersion: le.Uint64(b[56:]), JournalLSN: le.Uint64(b[64:]), Epoch: h.epoch, Log: h.log}
 	if rec.Size < 0 {
 		return Record{}, false, bad("size %d", rec.Size)
 	}
@@ -294,7 +302,7 @@ func Decode(b []byte) (rec Record, wrap bool, err error) {
 	if err != nil {
 		return Record{}, false, err
 	}
-	if p := le.Uint32(b[80:]); uint64(p) != pages || headerBlocks(n)+int(pages) != blocks {
+	if p := le.Uint32(b[88:]); uint64(p) != pages || headerBlocks(n)+int(pages) != blocks {
 		return Record{}, false, bad("%d payload pages, %d in the extents, %d blocks", p, pages, blocks)
 	}
 	hb := headerBlocks(n) * BlockSize

@@ -1,6 +1,7 @@
 package staging
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -29,10 +30,12 @@ var ErrFull = errors.New("staging: log full")
 //	 0  [8]byte magic "WSTGSB01"   8  u32 version   12  u32 block size
 //	16  u64 ring blocks           24  u64 generation (the larger valid copy wins)
 //	32  u64 trim lsn: every record up to it is committed elsewhere
-//	40  u64 trim offset: the ring offset of record trim lsn + 1
+//	40  u64 trim offset: where recovery starts, record trim lsn + 1 or the
+//	    wrap marker before it
 //	48  u64 epoch: the incarnation of the log that wrote this superblock
 //	56  u64 trim epoch: the least epoch record trim lsn + 1 can have
-//	64  u32 crc32c of the superblock's 4096 bytes (this field 0)
+//	64  u64 log identity (random at Format)
+//	72  u32 crc32c of the superblock's 4096 bytes (this field 0)
 type superblock struct {
 	ringBlocks uint64
 	gen        uint64
@@ -40,6 +43,7 @@ type superblock struct {
 	trimOff    uint64
 	epoch      uint64
 	trimEpoch  uint64
+	log        uint64
 }
 
 func (s superblock) encode() []byte {
@@ -54,7 +58,8 @@ func (s superblock) encode() []byte {
 	le.PutUint64(b[40:], s.trimOff)
 	le.PutUint64(b[48:], s.epoch)
 	le.PutUint64(b[56:], s.trimEpoch)
-	le.PutUint32(b[64:], checksum(b))
+	le.PutUint64(b[64:], s.log)
+	le.PutUint32(b[72:], checksum(b))
 	return b
 }
 
@@ -63,9 +68,9 @@ func decodeSuper(b []byte) (superblock, error) {
 		return superblock{}, errors.New("no superblock magic")
 	}
 	le := binary.LittleEndian
-	sum := le.Uint32(b[64:])
+	sum := le.Uint32(b[72:])
 	c := append([]byte(nil), b...)
-	le.PutUint32(c[64:], 0)
+	le.PutUint32(c[72:], 0)
 	if checksum(c) != sum {
 		return superblock{}, errors.New("superblock checksum mismatch")
 	}
@@ -73,7 +78,7 @@ func decodeSuper(b []byte) (superblock, error) {
 		return superblock{}, fmt.Errorf("superblock version %d, block size %d", v, bs)
 	}
 	s := superblock{ringBlocks: le.Uint64(b[16:]), gen: le.Uint64(b[24:]), trimLSN: le.Uint64(b[32:]), trimOff: le.Uint64(b[40:]),
-		epoch: le.Uint64(b[48:]), trimEpoch: le.Uint64(b[56:])}
+		epoch: le.Uint64(b[48:]), trimEpoch: le.Uint64(b[56:]), log: le.Uint64(b[64:])}
 	if s.ringBlocks < 2 || s.ringBlocks > 1<<40 || s.trimOff%BlockSize != 0 || s.trimOff >= s.ringBlocks*BlockSize ||
 		s.trimLSN >= 1<<62 || s.epoch >= 1<<62 || s.trimEpoch > s.epoch {
 		return superblock{}, fmt.Errorf("superblock: %d ring blocks, trim offset %d, trim lsn %d, epochs %d and %d",
@@ -95,8 +100,13 @@ func Format(dev Device, ringBlocks uint64) error {
 			return fmt.Errorf("staging: format: %w", err)
 		}
 	}
+	var id [8]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return fmt.Errorf("staging: format: %w", err)
+	}
 	for _, gen := range []uint64{2, 1} {
-		if _, err := dev.WriteAt(superblock{ringBlocks: ringBlocks, gen: gen, epoch: 1, trimEpoch: 1}.encode(), int64(gen%2)*SuperSize); err != nil {
+		sb := superblock{ringBlocks: ringBlocks, gen: gen, epoch: 1, trimEpoch: 1, log: binary.LittleEndian.Uint64(id[:])}
+		if _, err := dev.WriteAt(sb.encode(), int64(gen%2)*SuperSize); err != nil {
 			return fmt.Errorf("staging: format: %w", err)
 		}
 	}
@@ -140,11 +150,10 @@ type Log struct {
 // that are whole, in LSN order, up to the first block that does not hold
 // the next one (a torn or zeroed tail, or an older lap's bytes) or that an
 // earlier incarnation wrote after a later one's record (its unflushed
-// write, reached again by chance). Then it starts a new incarnation, with
-// an epoch above every record in the ring (it reads the whole ring), and
-// writes it in a superblock and flushes, so that what this one writes is
-// told from what earlier ones left. The records' Data have buffers of
-// their own.
+// write, reached again by chance). Then it starts a new incarnation: the
+// next epoch, written into both superblocks (two writes and flushes), so
+// that what this one writes is told from what earlier ones left. The
+// records' Data have buffers of their own.
 func Open(dev Device) (*Log, []Record, error) {
 	sb, err := readSuper(dev)
 	if err != nil {
@@ -165,7 +174,7 @@ func Open(dev Device) (*Log, []Record, error) {
 			return nil, nil, fmt.Errorf("staging: read at %d: %w", off, err)
 		}
 		h, err := peek(hdr)
-		if err != nil || h.lsn != lsn || h.epoch < epoch {
+		if err != nil || h.lsn != lsn || h.log != sb.log || h.epoch < epoch || h.epoch > sb.epoch {
 			break
 		}
 		size := int64(h.blocks) * BlockSize
@@ -206,46 +215,21 @@ func Open(dev Device) (*Log, []Record, error) {
 	}
 	l.head, l.next = off, lsn
 	l.written, l.durable = lsn-1, lsn-1
-	// The new incarnation's epoch is above every record's in the ring, not
-	// only the superblock's: a damaged newest superblock must not hand an
-	// epoch to two incarnations.
-	top, err := l.maxEpoch()
-	if err != nil {
-		return nil, nil, err
+	// A new incarnation, in both superblocks: were the newer one damaged
+	// later, the other would still hold this epoch, and no later
+	// incarnation could take it again.
+	if sb.epoch+1 >= 1<<62 {
+		return nil, nil, fmt.Errorf("staging: epoch %d: out of epochs", sb.epoch)
 	}
 	next := l.sb
-	next.gen++
-	next.epoch = max(next.epoch, top) + 1
-	if err := l.writeSuper(next); err != nil {
-		return nil, nil, err
+	next.epoch++
+	for range 2 {
+		next.gen++
+		if err := l.writeSuper(next); err != nil {
+			return nil, nil, err
+		}
 	}
 	return l, recs, nil
-}
-
-// maxEpoch is the largest epoch of a whole record anywhere in the ring.
-func (l *Log) maxEpoch() (uint64, error) {
-	var top uint64
-	chunk := make([]byte, 1<<20)
-	for base := int64(0); base < l.ring; base += int64(len(chunk)) {
-		c := chunk[:min(int64(len(chunk)), l.ring-base)]
-		if _, err := l.dev.ReadAt(c, RingOffset+base); err != nil {
-			return 0, fmt.Errorf("staging: read at %d: %w", base, err)
-		}
-		for o := 0; o < len(c); o += BlockSize {
-			h, err := peek(c[o:])
-			if err != nil || h.epoch <= top || h.epoch >= 1<<62 || base+int64(o)+int64(h.blocks)*BlockSize > l.ring {
-				continue
-			}
-			b := make([]byte, h.blocks*BlockSize)
-			if _, err := l.dev.ReadAt(b, RingOffset+base+int64(o)); err != nil {
-				return 0, fmt.Errorf("staging: read at %d: %w", base+int64(o), err)
-			}
-			if _, _, err := Decode(b); err == nil {
-				top = h.epoch
-			}
-		}
-	}
-	return top, nil
 }
 
 // usedLocked is the ring bytes from the trim offset, where recovery
@@ -318,13 +302,13 @@ func (l *Log) Append(r *Record) (uint64, error) {
 		l.mu.Unlock()
 		return 0, err
 	}
-	lsn, epoch := l.next, l.sb.epoch
+	lsn, epoch, logID := l.next, l.sb.epoch, l.sb.log
 	l.next++
 	l.live = append(l.live, live{lsn: lsn, off: off, epoch: epoch})
 	l.mu.Unlock()
 
 	rec := *r
-	rec.LSN, rec.Epoch = lsn, epoch
+	rec.LSN, rec.Epoch, rec.Log = lsn, epoch, logID
 	buf, err := rec.Encode(make([]byte, 0, size))
 	if err == nil {
 		_, err = l.dev.WriteAt(buf, RingOffset+off)
@@ -404,7 +388,7 @@ func (l *Log) reserveLocked(size int64) (int64, error) {
 	if waste > 0 {
 		// The marker carries the LSN of the record that follows it, at
 		// the ring's start.
-		if _, err := l.dev.WriteAt(encodeWrap(l.next, l.sb.epoch), RingOffset+l.head); err != nil {
+		if _, err := l.dev.WriteAt(encodeWrap(l.next, l.sb.epoch, l.sb.log), RingOffset+l.head); err != nil {
 			l.failLocked(fmt.Errorf("staging: write wrap marker: %w", err))
 			return 0, l.err
 		}

@@ -125,10 +125,10 @@ func testRecord(rng *rand.Rand, pages int) Record {
 	return r
 }
 
-// same reports whether got is want as the log stored it (LSN and epoch
-// are the log's).
+// same reports whether got is want as the log stored it (LSN, epoch and
+// log identity are the log's).
 func same(got, want Record) bool {
-	got.LSN, got.Epoch, want.LSN, want.Epoch = 0, 0, 0, 0
+	got.LSN, got.Epoch, got.Log, want.LSN, want.Epoch, want.Log = 0, 0, 0, 0, 0, 0
 	if len(got.Data) == 0 && len(want.Data) == 0 {
 		got.Data, want.Data = nil, nil
 	}
@@ -139,7 +139,7 @@ func TestRecordRoundTrip(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 1))
 	for _, pages := range []int{0, 1, 3, 40} {
 		r := testRecord(rng, pages)
-		r.LSN, r.Epoch = 7, 3
+		r.LSN, r.Epoch, r.Log = 7, 3, 99
 		b, err := r.Encode(nil)
 		if err != nil {
 			t.Fatal(err)
@@ -148,7 +148,7 @@ func TestRecordRoundTrip(t *testing.T) {
 			t.Fatalf("%d bytes: not whole blocks", len(b))
 		}
 		got, wrap, err := Decode(b)
-		if err != nil || wrap || !reflect.DeepEqual(got.Extents, r.Extents) || got.LSN != 7 || got.Epoch != 3 || !same(got, r) {
+		if err != nil || wrap || !reflect.DeepEqual(got.Extents, r.Extents) || got.LSN != 7 || got.Epoch != 3 || got.Log != 99 || !same(got, r) {
 			t.Fatalf("%d pages: decode %+v, %v, %v", pages, got.Extents, wrap, err)
 		}
 		// Every flipped byte is caught.
@@ -169,8 +169,8 @@ func TestRecordRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	w, wrap, err := Decode(encodeWrap(9, 2))
-	if err != nil || !wrap || w.LSN != 9 || w.Epoch != 2 {
+	w, wrap, err := Decode(encodeWrap(9, 2, 77))
+	if err != nil || !wrap || w.LSN != 9 || w.Epoch != 2 || w.Log != 77 {
 		t.Fatalf("wrap marker: %+v %v %v", w, wrap, err)
 	}
 }
@@ -199,7 +199,7 @@ func FuzzDecode(f *testing.F) {
 		b, _ := r.Encode(nil)
 		f.Add(b)
 	}
-	f.Add(encodeWrap(3, 1))
+	f.Add(encodeWrap(3, 1, 5))
 	f.Add(make([]byte, BlockSize))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rec, wrap, err := Decode(b)
@@ -210,7 +210,7 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		if wrap {
-			if !bytes.Equal(encodeWrap(rec.LSN, rec.Epoch), b) {
+			if !bytes.Equal(encodeWrap(rec.LSN, rec.Epoch, rec.Log), b) {
 				t.Fatal("a wrap marker does not encode back")
 			}
 			return
@@ -238,12 +238,15 @@ func FuzzOpen(f *testing.F) {
 			t.Fatal(err)
 		}
 		rng := rand.New(rand.NewPCG(uint64(len(noise)), uint64(appends)))
+		appended := map[uint64]Record{}
 		for range int(appends % 12) {
 			r := testRecord(rng, rng.IntN(3))
-			if _, err := l.Append(&r); errors.Is(err, ErrFull) {
+			if lsn, err := l.Append(&r); errors.Is(err, ErrFull) {
 				_ = l.Trim(l.Stats().DurableLSN)
 			} else if err != nil {
 				t.Fatal(err)
+			} else {
+				appended[lsn] = r
 			}
 		}
 		// Scribble over the ring and the superblocks: (offset high, offset
@@ -255,9 +258,9 @@ func FuzzOpen(f *testing.F) {
 		if err != nil {
 			return // both superblocks damaged: refused, not a panic
 		}
-		for i, r := range recs {
-			if i > 0 && r.LSN != recs[i-1].LSN+1 {
-				t.Fatalf("recovered lsn %d after %d", r.LSN, recs[i-1].LSN)
+		for _, got := range recs {
+			if want, ok := appended[got.LSN]; !ok || !same(got, want) {
+				t.Fatalf("recovered record %d was not appended with those contents", got.LSN)
 			}
 		}
 		r := testRecord(rng, 1)
@@ -445,6 +448,9 @@ func TestPowerCutAtEveryWrite(t *testing.T) {
 		"trim to empty": {a(3), a(3), tr, a(4), a(4), a(1), tr, re, a(2), a(3), a(3), tr, a(8), re, a(2)},
 		// Trims after restarts: the trim point's epoch.
 		"trim after restart": {a(1), a(1), re, a(1), tr, a(1), re, a(2), a(1), tb, re, a(1), tr, a(2)},
+		// Nothing live and a record that fits only from the ring's start:
+		// the ring starts over at 0.
+		"start over": {a(5), tr, a(8), re, a(1), tr, a(4), a(5), tr, re, a(10), a(1)},
 	} {
 		t.Run(name, func(t *testing.T) { powerCuts(t, steps) })
 	}
@@ -463,6 +469,11 @@ func powerCuts(t *testing.T, steps []step) {
 		at  int // ops done when Append returned
 	}
 	var all []acked
+	type trimmed struct {
+		lsn           uint64
+		issued, ended int // ops before the Trim call and when it returned
+	}
+	var trims []trimmed
 	l, _, err := Open(dev)
 	if err != nil {
 		t.Fatal(err)
@@ -481,9 +492,11 @@ func powerCuts(t *testing.T, steps []step) {
 				k--
 			}
 			if k > 0 {
+				issued := dev.opCount()
 				if err := l.Trim(live[k-1]); err != nil {
 					t.Fatal(err)
 				}
+				trims = append(trims, trimmed{live[k-1], issued, dev.opCount()})
 				live = live[k:]
 			}
 		default:
@@ -491,9 +504,11 @@ func powerCuts(t *testing.T, steps []step) {
 			lsn, err := l.Append(&r)
 			if errors.Is(err, ErrFull) && len(live) > 0 {
 				// The journal catches up: it commits everything.
+				issued := dev.opCount()
 				if err := l.Trim(live[len(live)-1]); err != nil {
 					t.Fatal(err)
 				}
+				trims = append(trims, trimmed{live[len(live)-1], issued, dev.opCount()})
 				live = live[:0]
 				lsn, err = l.Append(&r)
 			}
@@ -535,6 +550,18 @@ func powerCuts(t *testing.T, steps []step) {
 				t.Fatalf("cut after %d ops (tear %d): open: %v", k, v.tear, err)
 			}
 			trim := l2.sb.trimLSN
+			var durableTrim, issuedTrim uint64
+			for _, tr := range trims {
+				if tr.ended <= k {
+					durableTrim = max(durableTrim, tr.lsn)
+				}
+				if tr.issued < k {
+					issuedTrim = max(issuedTrim, tr.lsn)
+				}
+			}
+			if trim < durableTrim || trim > issuedTrim {
+				t.Fatalf("cut after %d ops (tear %d): recovered trim point %d, want %d (durable) to %d (issued)", k, v.tear, trim, durableTrim, issuedTrim)
+			}
 			byLSN := map[uint64]Record{}
 			for _, r := range recs {
 				byLSN[r.LSN] = r
@@ -661,7 +688,7 @@ func TestStaleFirstRecordAfterATrim(t *testing.T) {
 	}
 	// Incarnation A's crash: record 2 (blocks 2-4) lost, record 3 (4-6) kept.
 	stale := testRecord(rng, 1)
-	stale.LSN, stale.Epoch = 3, l.sb.epoch
+	stale.LSN, stale.Epoch, stale.Log = 3, l.sb.epoch, l.sb.log
 	b, _ := stale.Encode(nil)
 	if _, err := dev.WriteAt(b, RingOffset+4*BlockSize); err != nil {
 		t.Fatal(err)
@@ -740,7 +767,7 @@ func TestStaleRecordOfAnEarlierIncarnation(t *testing.T) {
 	// The crash: record 2 (2 blocks at offset 8 KiB) lost, record 3 (at
 	// 16 KiB) on the device, neither flushed nor acknowledged.
 	stale := testRecord(rng, 1)
-	stale.LSN, stale.Epoch = 3, l.sb.epoch
+	stale.LSN, stale.Epoch, stale.Log = 3, l.sb.epoch, l.sb.log
 	b, err := stale.Encode(nil)
 	if err != nil {
 		t.Fatal(err)
