@@ -21,9 +21,11 @@ func cmdDoctor(args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	hugemem := fs.String("hugemem", config.Size(doctor.DefaultHugeMemNeed).String(),
 		"huge page memory the SPDK backend needs, e.g. 2GiB (sets the hugepage and memlock thresholds)")
+	spdkConfig := fs.String("spdk-config", "", "SPDK JSON config to check (NVMe flushes); default: io.spdk_config of --config")
+	cfgPath := fs.String("config", "", "weir configuration file (HCL), for io.spdk_config")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: weir doctor [--json] [--hugemem SIZE]")
-		fmt.Fprintln(fs.Output(), "\nChecks huge pages, hugetlbfs, memlock, IOMMU/vfio, NVMe bindings, SPDK libraries and privileges.")
+		fmt.Fprintln(fs.Output(), "usage: weir doctor [--json] [--hugemem SIZE] [--spdk-config PATH | --config PATH]")
+		fmt.Fprintln(fs.Output(), "\nChecks huge pages, hugetlbfs, memlock, IOMMU/vfio, NVMe bindings, SPDK libraries, privileges, and that an SPDK config flushes NVMe drives.")
 		fmt.Fprintln(fs.Output(), "Exit status: 0 nothing failed, 1 a check failed, 2 usage error.")
 		fs.PrintDefaults()
 	}
@@ -47,7 +49,16 @@ func cmdDoctor(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	r := doctor.Run(ctx, doctor.DefaultHost(), doctor.Options{HugeMemNeed: uint64(need)})
+	spdkPath := *spdkConfig
+	if spdkPath == "" && *cfgPath != "" {
+		c, err := config.Load(*cfgPath)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "weir doctor: %v\n", err)
+			return 2
+		}
+		spdkPath = c.IO.SPDKConfig
+	}
+	r := doctor.Run(ctx, doctor.DefaultHost(), doctor.Options{HugeMemNeed: uint64(need), SPDKConfig: spdkPath})
 	if err := r.Write(os.Stdout, *asJSON); err != nil {
 		fmt.Fprintf(os.Stderr, "weir doctor: %v\n", err)
 		return 2

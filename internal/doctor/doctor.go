@@ -142,6 +142,8 @@ type Options struct {
 	// bytes; 0 means DefaultHugeMemNeed. It sets the hugepage warning
 	// threshold, the page count in the fix and the memlock threshold.
 	HugeMemNeed uint64
+	// SPDKConfig is the SPDK JSON config to check (NVMe flushes); "" skips.
+	SPDKConfig string
 }
 
 // Host says where Run reads the machine from. DefaultHost is the machine
@@ -209,6 +211,7 @@ func Run(ctx context.Context, h Host, o Options) Report {
 	r.Checks = append(r.Checks, p.checkIOMMU())
 	r.Checks = append(r.Checks, p.checkNVMe()...)
 	r.Checks = append(r.Checks, p.checkSPDK(ctx))
+	r.Checks = append(r.Checks, p.checkNVMeFlush())
 	r.Checks = append(r.Checks, p.checkPrivileges())
 	return r
 }

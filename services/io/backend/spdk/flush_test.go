@@ -2,7 +2,31 @@
 
 package spdk
 
-import "testing"
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/weir-storage/weir/services/io/backend/spdk/spdkconf"
+)
+
+// A config that attaches an NVMe controller and turns its flushes off is
+// refused before SPDK sees it: fsync would not reach the drive.
+func TestNVMeFlushOffRefused(t *testing.T) {
+	o := options(true)
+	o.ConfigJSON = []byte(`{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_nvme_set_options", "params": {"enable_flush": false}},
+  {"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:99:00.0"}}]}]}`)
+	o.Bdev = "Nvme0n1"
+	be, err := New(o)
+	if err == nil {
+		be.Close()
+		t.Fatal("a config with enable_flush false was loaded")
+	}
+	if !errors.Is(err, spdkconf.ErrFlushOff) || !strings.Contains(err.Error(), "enable_flush") {
+		t.Fatalf("refusal %v does not say why", err)
+	}
+}
 
 // TestSyncFlushesDevice: a blob's Sync and the backend's Sync each flush
 // the bdev when it supports flushes (malloc does, as a no-op; aio does, as

@@ -20,13 +20,11 @@
 package spdk
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -35,6 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/services/io/backend"
+	"github.com/weir-storage/weir/services/io/backend/spdk/spdkconf"
 )
 
 /*
@@ -176,48 +175,14 @@ func start(opts Options) (*spdkRuntime, error) {
 	return rt.r, rt.err
 }
 
-// usesPCI says whether an SPDK JSON config attaches a PCIe NVMe controller
-// (bdev_nvme_attach_controller with trtype PCIe), the one thing that needs
-// DPDK to scan and drive PCI devices; otherwise PCI stays off (no device
-// is touched, and no IOMMU or uio/vfio binding is needed).
-func usesPCI(configJSON []byte) bool {
-	for _, c := range configCalls(configJSON) {
-		if c.Method == "bdev_nvme_attach_controller" && strings.EqualFold(c.Params.Trtype, "pcie") {
-			return true
-		}
-	}
-	return false
-}
+// usesPCI says whether an SPDK JSON config attaches a PCIe NVMe controller,
+// the one thing that needs DPDK to scan and drive PCI devices; otherwise
+// PCI stays off (no device is touched, and no IOMMU or uio/vfio binding is
+// needed).
+func usesPCI(configJSON []byte) bool { return spdkconf.UsesPCI(configJSON) }
 
-// configCall is one method call of an SPDK JSON config, with the params
-// this package looks at.
-type configCall struct {
-	Method string `json:"method"`
-	Params struct {
-		Name     string `json:"name"`
-		Filename string `json:"filename"`  // bdev_aio_create
-		BaseName string `json:"base_name"` // bdev_error_create
-		Trtype   string `json:"trtype"`    // bdev_nvme_attach_controller
-	} `json:"params"`
-}
-
-// configCalls lists the calls of an SPDK JSON config, every subsystem's in
-// order; none for a config that does not parse (SPDK reports it).
-func configCalls(configJSON []byte) []configCall {
-	var cfg struct {
-		Subsystems []struct {
-			Config []configCall `json:"config"`
-		} `json:"subsystems"`
-	}
-	if json.Unmarshal(configJSON, &cfg) != nil {
-		return nil
-	}
-	var calls []configCall
-	for _, ss := range cfg.Subsystems {
-		calls = append(calls, ss.Config...)
-	}
-	return calls
-}
+// configCalls lists the calls of an SPDK JSON config (spdkconf.Calls).
+func configCalls(configJSON []byte) []spdkconf.Call { return spdkconf.Calls(configJSON) }
 
 // loop owns the metadata thread: it runs submitted functions and polls.
 func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
@@ -431,7 +396,8 @@ type Backend struct {
 	ch   *C.struct_spdk_io_channel // the metadata thread's, for Truncate's I/O
 	// flushDesc is weir's own descriptor of the bdev, and flushCh its
 	// channel on the metadata thread: nil when the bdev has nothing to
-	// flush (no volatile cache). Sync flushes through them.
+	// flush (no flush support, or no volatile write cache: NVMe drives
+	// without one). Sync flushes through them.
 	flushDesc *C.struct_spdk_bdev_desc
 	flushCh   *C.struct_spdk_io_channel
 	flushes   atomic.Uint64
@@ -498,6 +464,13 @@ var (
 // New loads the blobstore on opts.Bdev, or creates it if the bdev holds
 // none, indexes its blobs and starts the I/O workers.
 func New(opts Options) (*Backend, error) {
+	// NVMe flushes must reach the device (spdkconf): the config gets
+	// enable_flush, or is refused if it turns it off.
+	cfg, _, err := spdkconf.WithNVMeFlush(opts.ConfigJSON)
+	if err != nil {
+		return nil, fmt.Errorf("spdk: %w", err)
+	}
+	opts.ConfigJSON = cfg
 	// The locks come first: a second process must not even attach the
 	// devices of the config while another loads the blobstore.
 	locks, err := lockAll(opts)

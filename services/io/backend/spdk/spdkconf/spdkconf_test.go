@@ -1,0 +1,45 @@
+package spdkconf
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const nvme = `{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:01:00.0"}}]}]}`
+
+func TestWithNVMeFlush(t *testing.T) {
+	out, changed, err := WithNVMeFlush([]byte(nvme))
+	if err != nil || !changed {
+		t.Fatalf("an NVMe config without enable_flush: changed %v, %v", changed, err)
+	}
+	f := Flush(out)
+	if !f.Set || !f.On || len(f.Controllers) != 1 || f.Controllers[0] != "Nvme0" {
+		t.Fatalf("amended config: %+v\n%s", f, out)
+	}
+	calls := Calls(out)
+	if len(calls) != 2 || calls[0].Method != "bdev_nvme_set_options" || calls[1].Method != "bdev_nvme_attach_controller" || !UsesPCI(out) {
+		t.Fatalf("the set_options call must come first, the attach kept: %+v", calls)
+	}
+	// Params weir does not know survive.
+	if got := string(out); !strings.Contains(got, `"traddr": "0000:01:00.0"`) {
+		t.Fatalf("traddr lost:\n%s", got)
+	}
+	// Already on: unchanged. No NVMe: unchanged.
+	on := `{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_set_options", "params": {"enable_flush": true}},
+  {"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "PCIe"}}]}]}`
+	malloc := `{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_malloc_create", "params": {"name": "M", "num_blocks": 1, "block_size": 4096}}]}]}`
+	for _, c := range []string{on, malloc} {
+		if out, changed, err := WithNVMeFlush([]byte(c)); err != nil || changed || string(out) != c {
+			t.Fatalf("config changed (%v, %v):\n%s", changed, err, c)
+		}
+	}
+	// Off: refused. A later set_options without enable_flush keeps it.
+	off := `{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_set_options", "params": {"enable_flush": false}},
+  {"method": "bdev_nvme_set_options", "params": {"action_on_timeout": "none"}},
+  {"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "PCIe"}}]}]}`
+	if _, _, err := WithNVMeFlush([]byte(off)); !errors.Is(err, ErrFlushOff) {
+		t.Fatalf("a config turning flushes off: %v", err)
+	}
+}
