@@ -5,7 +5,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/weir-storage/weir/services/io/backend/spdk/spdkconf"
+	"github.com/weir-storage/weir/internal/spdkconf"
 )
 
 // checkNVMeFlush reads the SPDK JSON config (Options.SPDKConfig): one that

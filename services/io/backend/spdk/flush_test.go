@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/weir-storage/weir/services/io/backend/spdk/spdkconf"
+	"github.com/weir-storage/weir/internal/spdkconf"
 )
 
 // A config that attaches an NVMe controller and turns its flushes off is

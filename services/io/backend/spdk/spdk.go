@@ -32,8 +32,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/weir-storage/weir/internal/spdkconf"
 	"github.com/weir-storage/weir/services/io/backend"
-	"github.com/weir-storage/weir/services/io/backend/spdk/spdkconf"
 )
 
 /*
