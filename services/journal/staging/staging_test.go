@@ -2,6 +2,7 @@ package staging
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -64,6 +65,25 @@ func (d *memDev) Sync() error {
 	d.syncs++
 	d.ops = append(d.ops, op{})
 	return nil
+}
+
+// flushedAfter reports whether a flush followed the write of record lsn.
+func (d *memDev) flushedAfter(lsn uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	wrote := false
+	for _, o := range d.ops {
+		switch {
+		case o.data == nil:
+			if wrote {
+				return true
+			}
+		case len(o.data) >= headerSize && [4]byte(o.data[:4]) == recordMagic && binary.LittleEndian.Uint64(o.data[8:]) == lsn &&
+			binary.LittleEndian.Uint16(o.data[6:]) == TypeFile:
+			wrote = true
+		}
+	}
+	return false
 }
 
 func (d *memDev) opCount() int {
@@ -360,6 +380,10 @@ func TestGroupCommit(t *testing.T) {
 					errs <- fmt.Errorf("append %d returned with durable %d", lsn, d)
 					return
 				}
+				if !dev.flushedAfter(lsn) {
+					errs <- fmt.Errorf("append %d returned before the device flushed its write", lsn)
+					return
+				}
 			}
 		}()
 	}
@@ -456,33 +480,34 @@ func TestPowerCutAtEveryWrite(t *testing.T) {
 	}
 }
 
-func powerCuts(t *testing.T, steps []step) {
-	const ring = 12
-	dev := newMemDev(RingOffset + ring*BlockSize)
-	if err := Format(dev, ring); err != nil {
-		t.Fatal(err)
-	}
-	base := bytes.Clone(dev.img)
-	dev.ops = nil // Format's writes are in base
-	type acked struct {
+// acked is a record an Append returned for, and the device ops done by
+// then; trimmed is a Trim, and the ops before it and when it returned.
+type (
+	acked struct {
 		rec Record
-		at  int // ops done when Append returned
+		at  int
 	}
-	var all []acked
-	type trimmed struct {
+	trimmed struct {
 		lsn           uint64
-		issued, ended int // ops before the Trim call and when it returned
+		issued, ended int
 	}
-	var trims []trimmed
-	l, _, err := Open(dev)
-	if err != nil {
-		t.Fatal(err)
+)
+
+// runSteps runs a workload on the log l of dev, whose live records are
+// live, and returns what it appended and trimmed.
+func runSteps(t *testing.T, dev *memDev, l *Log, live []uint64, steps []step, rng *rand.Rand) (all []acked, trims []trimmed) {
+	t.Helper()
+	trim := func(lsn uint64) {
+		issued := dev.opCount()
+		if err := l.Trim(lsn); err != nil {
+			t.Fatal(err)
+		}
+		trims = append(trims, trimmed{lsn, issued, dev.opCount()})
 	}
-	rng := rand.New(rand.NewPCG(5, 5))
-	var live []uint64
 	for i, st := range steps {
 		switch {
 		case st.open:
+			var err error
 			if l, _, err = Open(dev); err != nil {
 				t.Fatal(err)
 			}
@@ -492,23 +517,14 @@ func powerCuts(t *testing.T, steps []step) {
 				k--
 			}
 			if k > 0 {
-				issued := dev.opCount()
-				if err := l.Trim(live[k-1]); err != nil {
-					t.Fatal(err)
-				}
-				trims = append(trims, trimmed{live[k-1], issued, dev.opCount()})
+				trim(live[k-1])
 				live = live[k:]
 			}
 		default:
 			r := testRecord(rng, st.pages)
 			lsn, err := l.Append(&r)
 			if errors.Is(err, ErrFull) && len(live) > 0 {
-				// The journal catches up: it commits everything.
-				issued := dev.opCount()
-				if err := l.Trim(live[len(live)-1]); err != nil {
-					t.Fatal(err)
-				}
-				trims = append(trims, trimmed{live[len(live)-1], issued, dev.opCount()})
+				trim(live[len(live)-1]) // the journal catches up: it commits everything
 				live = live[:0]
 				lsn, err = l.Append(&r)
 			}
@@ -520,82 +536,178 @@ func powerCuts(t *testing.T, steps []step) {
 			live = append(live, lsn)
 		}
 	}
-	ops := dev.ops
+	return all, trims
+}
+
+// cutImages calls fn with every crash image of ops on base: cut after
+// every op, with the writes since the last flush dropped, all kept, each
+// one dropped alone, or the last torn at each sector. dropsOnly limits it
+// to the images that drop writes (those that can leave stale records).
+func cutImages(base []byte, ops []op, dropsOnly bool, fn func(k, tear int, img *memDev)) int {
 	type variant struct {
 		keep func(int) bool
 		tear int
 	}
-	cases := 0
+	n := 0
 	for k := 0; k <= len(ops); k++ {
 		unflushed := 0 // writes since the last flush among the first k ops
 		for i := k - 1; i >= 0 && ops[i].data != nil; i-- {
 			unflushed++
 		}
-		variants := []variant{{func(int) bool { return false }, -1}, {func(int) bool { return true }, -1}}
-		// A device may persist what it was not asked to flush in any
-		// order: each write since the last flush dropped alone.
+		variants := []variant{{func(int) bool { return false }, -1}}
+		if !dropsOnly {
+			variants = append(variants, variant{func(int) bool { return true }, -1})
+		}
 		for j := 0; j < unflushed && unflushed > 1; j++ {
 			variants = append(variants, variant{func(i int) bool { return i != j }, -1})
 		}
-		if unflushed > 0 {
+		if unflushed > 0 && !dropsOnly {
 			for tear := 0; tear < len(ops[k-1].data); tear += 512 {
 				variants = append(variants, variant{func(int) bool { return true }, tear})
 			}
 		}
 		for _, v := range variants {
-			cases++
-			img := cut(base, ops, k, v.keep, v.tear)
-			l2, recs, err := Open(img)
-			if err != nil {
-				t.Fatalf("cut after %d ops (tear %d): open: %v", k, v.tear, err)
-			}
-			trim := l2.sb.trimLSN
-			var durableTrim, issuedTrim uint64
-			for _, tr := range trims {
-				if tr.ended <= k {
-					durableTrim = max(durableTrim, tr.lsn)
-				}
-				if tr.issued < k {
-					issuedTrim = max(issuedTrim, tr.lsn)
-				}
-			}
-			if trim < durableTrim || trim > issuedTrim {
-				t.Fatalf("cut after %d ops (tear %d): recovered trim point %d, want %d (durable) to %d (issued)", k, v.tear, trim, durableTrim, issuedTrim)
-			}
-			byLSN := map[uint64]Record{}
-			for _, r := range recs {
-				byLSN[r.LSN] = r
-			}
-			for _, a := range all {
-				got, ok := byLSN[a.rec.LSN]
-				switch {
-				case ok && !same(got, a.rec):
-					t.Fatalf("cut after %d ops (tear %d): record %d recovered with other contents", k, v.tear, a.rec.LSN)
-				case !ok && a.at <= k && a.rec.LSN > trim:
-					t.Fatalf("cut after %d ops (tear %d): acknowledged record %d lost (trim %d, recovered %d)", k, v.tear, a.rec.LSN, trim, len(recs))
-				}
-			}
-			for _, r := range recs {
-				if r.LSN == 0 || int(r.LSN) > len(all) {
-					t.Fatalf("cut after %d ops: recovered a record %d never appended", k, r.LSN)
-				}
-			}
-			// The recovered log takes appends, and keeps them.
-			nr := testRecord(rng, 1)
-			lsn, err := l2.Append(&nr)
-			if errors.Is(err, ErrFull) {
-				continue
-			}
-			if err != nil {
-				t.Fatalf("cut after %d ops: append after recovery: %v", k, err)
-			}
-			_, again, err := Open(img)
-			if err != nil || len(again) == 0 || again[len(again)-1].LSN != lsn || !same(again[len(again)-1], nr) {
-				t.Fatalf("cut after %d ops: the append after recovery was not recovered (%v)", k, err)
-			}
+			n++
+			fn(k, v.tear, cut(base, ops, k, v.keep, v.tear))
 		}
 	}
-	t.Logf("%d device ops, %d records, %d crash images checked", len(ops), len(all), cases)
+	return n
+}
+
+// checkImage checks a recovered image after a cut after k ops: the trim
+// point lies between the last durable trim and the last issued, every
+// record recovered is one of known (appended, or recovered before) with
+// those contents, and every one of must (acknowledged by then) past the
+// trim point is recovered; baseTrim is the image's trim point before the
+// ops. It returns the recovered log and records.
+func checkImage(t *testing.T, k, tear int, img *memDev, known map[uint64]Record, must []acked, baseTrim uint64, trims []trimmed) (*Log, []Record) {
+	t.Helper()
+	l, recs, err := Open(img)
+	if err != nil {
+		t.Fatalf("cut after %d ops (tear %d): open: %v", k, tear, err)
+	}
+	trim := l.sb.trimLSN
+	durableTrim, issuedTrim := baseTrim, baseTrim
+	for _, tr := range trims {
+		if tr.ended <= k {
+			durableTrim = max(durableTrim, tr.lsn)
+		}
+		if tr.issued < k {
+			issuedTrim = max(issuedTrim, tr.lsn)
+		}
+	}
+	if trim < durableTrim || (trim > issuedTrim && trim > durableTrim) {
+		t.Fatalf("cut after %d ops (tear %d): recovered trim point %d, want %d (durable) to %d (issued)", k, tear, trim, durableTrim, issuedTrim)
+	}
+	byLSN := map[uint64]Record{}
+	for _, r := range recs {
+		want, ok := known[r.LSN]
+		if !ok || !same(r, want) {
+			t.Fatalf("cut after %d ops (tear %d): recovered record %d, never appended with those contents", k, tear, r.LSN)
+		}
+		byLSN[r.LSN] = r
+	}
+	for _, a := range must {
+		if _, ok := byLSN[a.rec.LSN]; !ok && a.at <= k && a.rec.LSN > trim {
+			t.Fatalf("cut after %d ops (tear %d): acknowledged record %d lost (trim %d, recovered %d)", k, tear, a.rec.LSN, trim, len(recs))
+		}
+	}
+	return l, recs
+}
+
+func powerCuts(t *testing.T, steps []step) {
+	const ring = 12
+	dev := newMemDev(RingOffset + ring*BlockSize)
+	if err := Format(dev, ring); err != nil {
+		t.Fatal(err)
+	}
+	base := bytes.Clone(dev.img)
+	dev.ops = nil // Format's writes are in base
+	l, _, err := Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	all, trims := runSteps(t, dev, l, nil, steps, rng)
+	known := map[uint64]Record{}
+	for _, a := range all {
+		known[a.rec.LSN] = a.rec
+	}
+	cases := cutImages(base, dev.ops, false, func(k, tear int, img *memDev) {
+		l2, _ := checkImage(t, k, tear, img, known, all, 0, trims)
+		// The recovered log takes appends, and keeps them.
+		nr := testRecord(rng, 1)
+		lsn, err := l2.Append(&nr)
+		if errors.Is(err, ErrFull) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("cut after %d ops: append after recovery: %v", k, err)
+		}
+		_, again, err := Open(img)
+		if err != nil || len(again) == 0 || again[len(again)-1].LSN != lsn || !same(again[len(again)-1], nr) {
+			t.Fatalf("cut after %d ops: the append after recovery was not recovered (%v)", k, err)
+		}
+	})
+	t.Logf("%d device ops, %d records, %d crash images checked", len(dev.ops), len(all), cases)
+}
+
+// Two crashes: every image of the first workload that dropped writes (and
+// so may hold an earlier incarnation's leftovers) is recovered, a second
+// workload runs on it, and every image of that is checked: what comes back
+// is what the first recovery returned or the second workload appended,
+// never a leftover of the first.
+func TestPowerCutTwice(t *testing.T) {
+	a, tr, re := func(p int) step { return step{pages: p} }, step{trim: "all"}, step{open: true}
+	first := []step{a(1), a(2), a(3), a(1), tr, a(2), a(1), a(4), re, a(1), a(2)}
+	second := []step{a(1), a(2), a(1), tr, a(3), a(1)}
+	const ring = 12
+	dev := newMemDev(RingOffset + ring*BlockSize)
+	if err := Format(dev, ring); err != nil {
+		t.Fatal(err)
+	}
+	base := bytes.Clone(dev.img)
+	dev.ops = nil
+	l, _, err := Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(11, 11))
+	all, trims := runSteps(t, dev, l, nil, first, rng)
+	known := map[uint64]Record{}
+	for _, a := range all {
+		known[a.rec.LSN] = a.rec
+	}
+	images, seconds := 0, 0
+	cutImages(base, dev.ops, true, func(k, tear int, img *memDev) {
+		images++
+		base2 := bytes.Clone(img.img)
+		l1, recs := checkImage(t, k, tear, &memDev{img: bytes.Clone(base2)}, known, all, 0, trims)
+		dev2 := &memDev{img: bytes.Clone(base2)}
+		l2, recs2, err := Open(dev2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var live []uint64
+		for _, r := range recs2 {
+			live = append(live, r.LSN)
+		}
+		all2, trims2 := runSteps(t, dev2, l2, live, second, rand.New(rand.NewPCG(uint64(k), 12)))
+		known2 := map[uint64]Record{}
+		var must []acked
+		for _, r := range recs {
+			known2[r.LSN] = r
+			must = append(must, acked{r, 0}) // durable before the second run
+		}
+		for _, a := range all2 {
+			known2[a.rec.LSN] = a.rec
+		}
+		must = append(must, all2...)
+		seconds += cutImages(base2, dev2.ops, false, func(k2, tear2 int, img2 *memDev) {
+			checkImage(t, k2, tear2, img2, known2, must, l1.sb.trimLSN, trims2)
+		})
+	})
+	t.Logf("%d first images, %d second images checked", images, seconds)
 }
 
 // The cases an independent review found: after a trim to empty the trim
