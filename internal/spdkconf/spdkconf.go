@@ -11,6 +11,7 @@
 package spdkconf
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,7 +104,9 @@ func WithNVMeFlush(config []byte) (out []byte, changed bool, err error) {
 		return nil, false, ErrFlushOff
 	}
 	var cfg map[string]any
-	if err := json.Unmarshal(config, &cfg); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(config))
+	dec.UseNumber() // numbers pass through as written (no float64 rounding)
+	if err := dec.Decode(&cfg); err != nil {
 		return nil, false, fmt.Errorf("spdk config: %w", err)
 	}
 	subs, _ := cfg["subsystems"].([]any)

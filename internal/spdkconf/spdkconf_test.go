@@ -7,6 +7,7 @@ import (
 )
 
 const nvme = `{"subsystems": [{"subsystem": "bdev", "config": [
+  {"method": "bdev_malloc_create", "params": {"name": "M", "num_blocks": 9007199254740993, "block_size": 4096}},
   {"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:01:00.0"}}]}]}`
 
 func TestWithNVMeFlush(t *testing.T) {
@@ -19,12 +20,12 @@ func TestWithNVMeFlush(t *testing.T) {
 		t.Fatalf("amended config: %+v\n%s", f, out)
 	}
 	calls := Calls(out)
-	if len(calls) != 2 || calls[0].Method != "bdev_nvme_set_options" || calls[1].Method != "bdev_nvme_attach_controller" || !UsesPCI(out) {
+	if len(calls) != 3 || calls[0].Method != "bdev_nvme_set_options" || calls[2].Method != "bdev_nvme_attach_controller" || !UsesPCI(out) {
 		t.Fatalf("the set_options call must come first, the attach kept: %+v", calls)
 	}
 	// Params weir does not know survive.
-	if got := string(out); !strings.Contains(got, `"traddr": "0000:01:00.0"`) {
-		t.Fatalf("traddr lost:\n%s", got)
+	if got := string(out); !strings.Contains(got, `"traddr": "0000:01:00.0"`) || !strings.Contains(got, `"num_blocks": 9007199254740993`) {
+		t.Fatalf("params changed:\n%s", got)
 	}
 	// Already on: unchanged. No NVMe: unchanged.
 	on := `{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_set_options", "params": {"enable_flush": true}},
