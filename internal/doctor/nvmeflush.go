@@ -1,6 +1,7 @@
 package doctor
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -25,6 +26,11 @@ func (p *probe) checkNVMeFlush() Check {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		c.Status, c.Found = Warn, fmt.Sprintf("cannot read %s: %v", path, err)
+		return c
+	}
+	if _, _, err := spdkconf.WithNVMeFlush(b); err != nil && !errors.Is(err, spdkconf.ErrFlushOff) {
+		c.Status, c.Found = Fail, fmt.Sprintf("%s: %v", path, err)
+		c.Fix = []string{"# remove the comments from " + path + " (the IO service refuses it as it is)"}
 		return c
 	}
 	f := spdkconf.Flush(b)

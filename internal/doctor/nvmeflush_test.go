@@ -27,6 +27,7 @@ func TestCheckNVMeFlush(t *testing.T) {
 		{"no nvme", write("malloc.json", `{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_malloc_create", "params": {"name": "M"}}]}]}`), Skip, "no NVMe", ""},
 		{"flush on", write("on.json", `{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_set_options", "params": {"enable_flush": true}}, `+attach+`]}]}`), OK, "sets enable_flush for Nvme0", ""},
 		{"flush off", write("off.json", `{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_set_options", "params": {"enable_flush": false}}, `+attach+`]}]}`), Fail, "refuses", "enable_flush\": true"},
+		{"comments", write("comments.json", "{\"subsystems\": [{\"subsystem\": \"bdev\", \"config\": [ // the drive\n"+attach+"]}]}"), Fail, "does not parse", "remove the comments"},
 		{"flush unset", write("unset.json", `{"subsystems": [{"subsystem": "bdev", "config": [`+attach+`]}]}`), Warn, "without enable_flush", "bdev_nvme_set_options"},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -30,23 +30,45 @@ type Call struct {
 	} `json:"params"`
 }
 
-// Calls lists the calls of a config, every subsystem's in order; none for
-// a config that does not parse (SPDK reports it).
+// Calls lists the calls of a config, every subsystem's in order (a batch,
+// an array of calls in a subsystem's list, in place); none for a config
+// that does not parse as JSON (SPDK reports it, or accepts what
+// encoding/json does not: comments).
 func Calls(config []byte) []Call {
+	calls, _ := parse(config)
+	return calls
+}
+
+func parse(config []byte) ([]Call, error) {
 	var cfg struct {
 		Subsystems []struct {
-			Config []Call `json:"config"`
+			Config []json.RawMessage `json:"config"`
 		} `json:"subsystems"`
 	}
-	if json.Unmarshal(config, &cfg) != nil {
-		return nil
+	if err := json.Unmarshal(config, &cfg); err != nil {
+		return nil, err
 	}
 	var calls []Call
 	for _, ss := range cfg.Subsystems {
-		calls = append(calls, ss.Config...)
+		for _, raw := range ss.Config {
+			var batch []Call
+			if err := json.Unmarshal(raw, &batch); err == nil {
+				calls = append(calls, batch...)
+				continue
+			}
+			var c Call
+			if err := json.Unmarshal(raw, &c); err != nil {
+				return nil, err
+			}
+			calls = append(calls, c)
+		}
 	}
-	return calls
+	return calls, nil
 }
+
+// attaching is the methods that attach NVMe controllers (the discovery
+// ones attach what they discover).
+var attaching = map[string]bool{"bdev_nvme_attach_controller": true, "bdev_nvme_start_discovery": true, "bdev_nvme_start_mdns_discovery": true}
 
 // UsesPCI says whether a config attaches a PCIe NVMe controller
 // (bdev_nvme_attach_controller with trtype PCIe), the one thing that needs
@@ -72,13 +94,11 @@ type NVMeFlush struct {
 func Flush(config []byte) NVMeFlush {
 	var f NVMeFlush
 	for _, c := range Calls(config) {
-		switch c.Method {
-		case "bdev_nvme_attach_controller":
+		if attaching[c.Method] {
 			f.Controllers = append(f.Controllers, c.Params.Name)
-		case "bdev_nvme_set_options":
-			if c.Params.EnableFlush != nil {
-				f.Set, f.On = true, *c.Params.EnableFlush
-			}
+		}
+		if c.Method == "bdev_nvme_set_options" && c.Params.EnableFlush != nil {
+			f.Set, f.On = true, *c.Params.EnableFlush
 		}
 	}
 	return f
@@ -91,11 +111,22 @@ var ErrFlushOff = errors.New("the SPDK config sets enable_flush false in bdev_nv
 // WithNVMeFlush returns config with NVMe flushes on: unchanged when it
 // attaches no NVMe controller or already turns them on; otherwise with a
 // bdev_nvme_set_options call of enable_flush true first in its bdev
-// subsystem (set_options takes effect only before a controller is
-// attached, and later calls keep what they do not give). changed says
-// whether it added the call. A config that turns flushes off is refused
-// (ErrFlushOff).
+// subsystem (one is added if it has none). Where does not matter: SPDK
+// runs every call allowed at startup (set_options is) before the others
+// (attach), in file order, and a set_options keeps what it does not give.
+// changed says whether it added the call. A config that turns flushes off
+// is refused (ErrFlushOff), and so is one that names NVMe methods but does
+// not parse as plain JSON (SPDK accepts comments): its flushes cannot be
+// checked.
 func WithNVMeFlush(config []byte) (out []byte, changed bool, err error) {
+	if _, err := parse(config); err != nil {
+		for m := range attaching {
+			if bytes.Contains(config, []byte(m)) {
+				return nil, false, fmt.Errorf("spdk config: it names %s but does not parse as JSON without comments, so weir cannot make sure NVMe flushes reach the drive: %w", m, err)
+			}
+		}
+		return config, false, nil // SPDK will say what is wrong with it
+	}
 	f := Flush(config)
 	switch {
 	case len(f.Controllers) == 0 || f.Set && f.On:
@@ -109,22 +140,27 @@ func WithNVMeFlush(config []byte) (out []byte, changed bool, err error) {
 	if err := dec.Decode(&cfg); err != nil {
 		return nil, false, fmt.Errorf("spdk config: %w", err)
 	}
+	set := map[string]any{"method": "bdev_nvme_set_options", "params": map[string]any{"enable_flush": true}}
 	subs, _ := cfg["subsystems"].([]any)
+	added := false
 	for _, s := range subs {
 		ss, _ := s.(map[string]any)
 		if ss == nil || ss["subsystem"] != "bdev" {
 			continue
 		}
 		calls, _ := ss["config"].([]any)
-		set := map[string]any{"method": "bdev_nvme_set_options", "params": map[string]any{"enable_flush": true}}
 		ss["config"] = append([]any{set}, calls...)
-		out, err := json.MarshalIndent(cfg, "", "  ")
-		if err != nil {
-			return nil, false, fmt.Errorf("spdk config: %w", err)
-		}
-		return out, true, nil
+		added = true
+		break
 	}
-	return nil, false, errors.New("spdk config: NVMe controllers attached outside a bdev subsystem")
+	if !added {
+		cfg["subsystems"] = append([]any{map[string]any{"subsystem": "bdev", "config": []any{set}}}, subs...)
+	}
+	out, err = json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return nil, false, fmt.Errorf("spdk config: %w", err)
+	}
+	return out, true, nil
 }
 
 // FlushCall is the call to put first in a config's bdev subsystem so that

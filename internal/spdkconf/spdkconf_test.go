@@ -44,3 +44,30 @@ func TestWithNVMeFlush(t *testing.T) {
 		t.Fatalf("a config turning flushes off: %v", err)
 	}
 }
+
+// What SPDK accepts and a first reading missed: batches, discovery, an
+// attach outside a bdev subsystem, and comments.
+func TestWithNVMeFlushOtherShapes(t *testing.T) {
+	for name, c := range map[string]string{
+		"batch":     `{"subsystems": [{"subsystem": "bdev", "config": [[{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "TCP"}}]]}]}`,
+		"discovery": `{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_start_discovery", "params": {"name": "D", "trtype": "TCP"}}]}]}`,
+		"no bdev":   `{"subsystems": [{"subsystem": "nvmf", "config": [{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "TCP"}}]}]}`,
+	} {
+		out, changed, err := WithNVMeFlush([]byte(c))
+		if err != nil || !changed {
+			t.Fatalf("%s: changed %v, %v", name, changed, err)
+		}
+		if f := Flush(out); !f.Set || !f.On || len(f.Controllers) != 1 {
+			t.Fatalf("%s: amended config %+v:\n%s", name, f, out)
+		}
+	}
+	commented := "{\"subsystems\": [{\"subsystem\": \"bdev\", \"config\": [ /* the drive */\n{\"method\": \"bdev_nvme_attach_controller\", \"params\": {\"name\": \"Nvme0\"}}]}]}"
+	if _, _, err := WithNVMeFlush([]byte(commented)); err == nil || !strings.Contains(err.Error(), "comments") {
+		t.Fatalf("an NVMe config with comments: %v, want a refusal", err)
+	}
+	// Comments in a config without NVMe: left to SPDK.
+	plain := "{\"subsystems\": [] /* none */}"
+	if out, changed, err := WithNVMeFlush([]byte(plain)); err != nil || changed || string(out) != plain {
+		t.Fatalf("a config without NVMe, with comments: %v, %v", changed, err)
+	}
+}
