@@ -71,3 +71,23 @@ func TestWithNVMeFlushOtherShapes(t *testing.T) {
 		t.Fatalf("a config without NVMe, with comments: %v, %v", changed, err)
 	}
 }
+
+// TestUsesPCI: DPDK drives PCI devices only for a config that attaches a
+// PCIe NVMe controller; aio, malloc and NVMe-oF (TCP) configs keep PCI off.
+func TestUsesPCI(t *testing.T) {
+	for _, c := range []struct {
+		json string
+		want bool
+	}{
+		{`{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:01:00.0"}}]}]}`, true},
+		{`{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "pcie", "traddr": "0000:01:00.0"}}]}]}`, true},
+		{`{"subsystems": [{"subsystem": "bdev", "config": [[{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "PCIe"}}]]}]}`, true},
+		{`{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "TCP", "traddr": "10.0.0.1", "trsvcid": "4420", "subnqn": "nqn.x"}}]}]}`, false},
+		{`{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": 32768, "block_size": 4096}}, {"method": "bdev_aio_create", "params": {"name": "Aio0", "filename": "/tmp/x", "block_size": 4096}}]}]}`, false},
+		{`not json`, false},
+	} {
+		if got := UsesPCI([]byte(c.json)); got != c.want {
+			t.Errorf("UsesPCI(%.90s) = %v, want %v", c.json, got, c.want)
+		}
+	}
+}

@@ -19,6 +19,25 @@ type op struct {
 	data []byte
 }
 
+// newLog formats a log of ring blocks on a new memDev and opens it (a new
+// log recovers nothing). base is the device after Format: its ops start
+// after it (Open's included), so that a test can rebuild crash images of
+// what follows from base.
+func newLog(t testing.TB, ring uint64) (*memDev, *Log, []byte) {
+	t.Helper()
+	dev := newMemDev(RingOffset + int64(ring)*BlockSize)
+	if err := Format(dev, ring); err != nil {
+		t.Fatal(err)
+	}
+	base := bytes.Clone(dev.img)
+	dev.ops = nil
+	l, recs, err := Open(dev)
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("open a new log: %d records, %v", len(recs), err)
+	}
+	return dev, l, base
+}
+
 // memDev is a device in memory that records every write and flush, so a
 // test can rebuild what a power cut at any point would have left.
 type memDev struct {
@@ -249,14 +268,7 @@ func FuzzOpen(f *testing.F) {
 	f.Add([]byte{0x07, 0x00, 7}, uint8(9))    // a superblock byte
 	f.Add([]byte{0x06, 0x80, 0xff}, uint8(5)) // a record's header
 	f.Fuzz(func(t *testing.T, noise []byte, appends uint8) {
-		dev := newMemDev(RingOffset + 8*BlockSize)
-		if err := Format(dev, 8); err != nil {
-			t.Fatal(err)
-		}
-		l, _, err := Open(dev)
-		if err != nil {
-			t.Fatal(err)
-		}
+		dev, l, _ := newLog(t, 8)
 		rng := rand.New(rand.NewPCG(uint64(len(noise)), uint64(appends)))
 		appended := map[uint64]Record{}
 		for range int(appends % 12) {
@@ -300,14 +312,7 @@ func FuzzOpen(f *testing.F) {
 
 func TestAppendRecoverAcrossLaps(t *testing.T) {
 	const ring = 32
-	dev := newMemDev(RingOffset + ring*BlockSize)
-	if err := Format(dev, ring); err != nil {
-		t.Fatal(err)
-	}
-	l, recs, err := Open(dev)
-	if err != nil || len(recs) != 0 {
-		t.Fatalf("open a new log: %d records, %v", len(recs), err)
-	}
+	dev, l, _ := newLog(t, ring)
 	rng := rand.New(rand.NewPCG(3, 3))
 	var appended []Record // live ones, oldest first
 	full := 0
@@ -352,14 +357,7 @@ func TestAppendRecoverAcrossLaps(t *testing.T) {
 
 // Concurrent appends share flushes, and each returns only once durable.
 func TestGroupCommit(t *testing.T) {
-	dev := newMemDev(RingOffset + 4096*BlockSize)
-	if err := Format(dev, 4096); err != nil {
-		t.Fatal(err)
-	}
-	l, _, err := Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, l, _ := newLog(t, 4096)
 	base := dev.syncs
 	const writers, each = 16, 40
 	var wg sync.WaitGroup
@@ -408,14 +406,7 @@ func TestGroupCommit(t *testing.T) {
 // A failed write or flush fails that append and every later one.
 func TestErrorsAreSticky(t *testing.T) {
 	for _, which := range []string{"write", "flush"} {
-		dev := newMemDev(RingOffset + 64*BlockSize)
-		if err := Format(dev, 64); err != nil {
-			t.Fatal(err)
-		}
-		l, _, err := Open(dev)
-		if err != nil {
-			t.Fatal(err)
-		}
+		dev, l, _ := newLog(t, 64)
 		rng := rand.New(rand.NewPCG(4, 4))
 		r := testRecord(rng, 1)
 		if _, err := l.Append(&r); err != nil {
@@ -617,16 +608,7 @@ func checkImage(t *testing.T, k, tear int, img *memDev, known map[uint64]Record,
 
 func powerCuts(t *testing.T, steps []step) {
 	const ring = 12
-	dev := newMemDev(RingOffset + ring*BlockSize)
-	if err := Format(dev, ring); err != nil {
-		t.Fatal(err)
-	}
-	base := bytes.Clone(dev.img)
-	dev.ops = nil // Format's writes are in base
-	l, _, err := Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, l, base := newLog(t, ring)
 	rng := rand.New(rand.NewPCG(5, 5))
 	all, trims := runSteps(t, dev, l, nil, steps, rng)
 	known := map[uint64]Record{}
@@ -662,16 +644,7 @@ func TestPowerCutTwice(t *testing.T) {
 	first := []step{a(1), a(2), a(3), a(1), tr, a(2), a(1), a(4), re, a(1), a(2)}
 	second := []step{a(1), a(2), a(1), tr, a(3), a(1)}
 	const ring = 12
-	dev := newMemDev(RingOffset + ring*BlockSize)
-	if err := Format(dev, ring); err != nil {
-		t.Fatal(err)
-	}
-	base := bytes.Clone(dev.img)
-	dev.ops = nil
-	l, _, err := Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, l, base := newLog(t, ring)
 	rng := rand.New(rand.NewPCG(11, 11))
 	all, trims := runSteps(t, dev, l, nil, first, rng)
 	known := map[uint64]Record{}
@@ -716,14 +689,7 @@ func TestPowerCutTwice(t *testing.T) {
 // when nothing is live does not wait forever; the first record after a
 // trim point can be an earlier incarnation's leftover.
 func TestTrimToEmptyKeepsTheWrapMarker(t *testing.T) {
-	dev := newMemDev(RingOffset + 12*BlockSize)
-	if err := Format(dev, 12); err != nil {
-		t.Fatal(err)
-	}
-	l, _, err := Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, l, _ := newLog(t, 12)
 	rng := rand.New(rand.NewPCG(8, 8))
 	app := func(pages int) (Record, error) {
 		r := testRecord(rng, pages)
@@ -757,14 +723,7 @@ func TestTrimToEmptyKeepsTheWrapMarker(t *testing.T) {
 }
 
 func TestLargeRecordInAnEmptyRing(t *testing.T) {
-	dev := newMemDev(RingOffset + 12*BlockSize)
-	if err := Format(dev, 12); err != nil {
-		t.Fatal(err)
-	}
-	l, _, err := Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, l, _ := newLog(t, 12)
 	rng := rand.New(rand.NewPCG(9, 9))
 	r := testRecord(rng, 5) // blocks 0-6
 	if _, err := l.Append(&r); err != nil {
@@ -785,14 +744,7 @@ func TestLargeRecordInAnEmptyRing(t *testing.T) {
 }
 
 func TestStaleFirstRecordAfterATrim(t *testing.T) {
-	dev := newMemDev(RingOffset + 64*BlockSize)
-	if err := Format(dev, 64); err != nil {
-		t.Fatal(err)
-	}
-	l, _, err := Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, l, _ := newLog(t, 64)
 	rng := rand.New(rand.NewPCG(10, 10))
 	a := testRecord(rng, 1)
 	if _, err := l.Append(&a); err != nil { // blocks 0-2
@@ -805,7 +757,7 @@ func TestStaleFirstRecordAfterATrim(t *testing.T) {
 	if _, err := dev.WriteAt(b, RingOffset+4*BlockSize); err != nil {
 		t.Fatal(err)
 	}
-	l, _, err = Open(dev) // incarnation B
+	l, _, err := Open(dev) // incarnation B
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -863,14 +815,7 @@ func TestFileDevice(t *testing.T) {
 // the same length: recovery must not take it (it would replay an older,
 // never acknowledged state of a file over an acknowledged one).
 func TestStaleRecordOfAnEarlierIncarnation(t *testing.T) {
-	dev := newMemDev(RingOffset + 64*BlockSize)
-	if err := Format(dev, 64); err != nil {
-		t.Fatal(err)
-	}
-	l, _, err := Open(dev)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dev, l, _ := newLog(t, 64)
 	rng := rand.New(rand.NewPCG(7, 7))
 	a := testRecord(rng, 1) // 2 blocks at ring offset 0
 	if _, err := l.Append(&a); err != nil {

@@ -305,22 +305,3 @@ func TestSecondConfigurationIsAnError(t *testing.T) {
 		}
 	}
 }
-
-// TestUsesPCI: DPDK drives PCI devices only for a config that attaches a
-// PCIe NVMe controller; aio, malloc and NVMe-oF (TCP) configs keep PCI off.
-func TestUsesPCI(t *testing.T) {
-	for _, c := range []struct {
-		json string
-		want bool
-	}{
-		{`{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:01:00.0"}}]}]}`, true},
-		{`{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "pcie", "traddr": "0000:01:00.0"}}]}]}`, true},
-		{`{"subsystems": [{"subsystem": "bdev", "config": [{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0", "trtype": "TCP", "traddr": "10.0.0.1", "trsvcid": "4420", "subnqn": "nqn.x"}}]}]}`, false},
-		{testConfig, false},
-		{`not json`, false},
-	} {
-		if got := usesPCI([]byte(c.json)); got != c.want {
-			t.Errorf("usesPCI(%.90s) = %v, want %v", c.json, got, c.want)
-		}
-	}
-}

@@ -175,15 +175,6 @@ func start(opts Options) (*spdkRuntime, error) {
 	return rt.r, rt.err
 }
 
-// usesPCI says whether an SPDK JSON config attaches a PCIe NVMe controller,
-// the one thing that needs DPDK to scan and drive PCI devices; otherwise
-// PCI stays off (no device is touched, and no IOMMU or uio/vfio binding is
-// needed).
-func usesPCI(configJSON []byte) bool { return spdkconf.UsesPCI(configJSON) }
-
-// configCalls lists the calls of an SPDK JSON config (spdkconf.Calls).
-func configCalls(configJSON []byte) []spdkconf.Call { return spdkconf.Calls(configJSON) }
-
 // loop owns the metadata thread: it runs submitted functions and polls.
 func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 	runtime.LockOSThread()
@@ -191,8 +182,10 @@ func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 	if opts.NoHuge {
 		noHuge = 1
 	}
+	// PCI only for a config that attaches a PCIe NVMe controller: otherwise
+	// no device is touched, and no IOMMU or uio/vfio binding is needed.
 	pci := C.int(0)
-	if usesPCI(opts.ConfigJSON) {
+	if spdkconf.UsesPCI(opts.ConfigJSON) {
 		pci = 1
 	}
 	if rc := C.weir_env_init(noHuge, C.int(opts.MemMB), pci, &r.md); rc != 0 {
@@ -779,7 +772,7 @@ func CheckFree(opts Options) error {
 // (bdev_error_create names it "EE_" + base_name); "" for other bdevs.
 func aioFile(configJSON []byte, bdev string) string {
 	files, bases := map[string]string{}, map[string]string{}
-	for _, c := range configCalls(configJSON) {
+	for _, c := range spdkconf.Calls(configJSON) {
 		switch c.Method {
 		case "bdev_aio_create":
 			files[c.Params.Name] = c.Params.Filename
