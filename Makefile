@@ -14,13 +14,13 @@ RESULTS   ?= bench/results
 FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:FuzzServerSlot \
 	./proto:FuzzBodies ./proto/cache:FuzzAttach \
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
-	./internal/wal:FuzzScanSegment ./services/journal/staging:FuzzDecode
+	./internal/wal:FuzzScanSegment ./internal/staging:FuzzDecode
 # Only in `make fuzz`: FuzzServiceRequest builds a whole stack with fuzzing
 # instrumentation (about a minute before the first input; make test runs
 # its seeds, and TestHostileRequests sends 3000 hostile requests);
 # FuzzOpen recovers a whole staging log per input (about 3k execs/s; make
 # test runs its seeds, TestPowerCutAtEveryWrite the crash images).
-FUZZ_LONG := ./stack:FuzzServiceRequest ./services/journal/staging:FuzzOpen
+FUZZ_LONG := ./stack:FuzzServiceRequest ./internal/staging:FuzzOpen
 
 .PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop lint bench bench-transport bench-fileops bench-backend bench-fsync bench-quick clean
 

@@ -141,6 +141,14 @@ io {
   # what it asked (it starts at 16KiB and doubles per sequential miss);
   # random access resets it. 0 turns readahead off.
   readahead = "512KiB"
+
+  # The staging log of fsync (Split Journaling, docs/journal-format.md): an
+  # fsync writes the file's changed pages and size to it as one record and
+  # returns after one device flush; a checkpoint writes them home in the
+  # background and frees the room. Made at the first start of a store (an
+  # existing log keeps its size). When it is full, fsyncs wait for room.
+  # 0 turns it off: fsync syncs the file, the store and the metadata WAL.
+  staging_size = "64MiB"
 }
 
 # Shape of the shared-memory rings created for each client session.

@@ -162,6 +162,7 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 		Logger:         log,
 		CacheSize:      int64(c.IO.CacheSize),
 		Readahead:      int64(c.IO.Readahead),
+		StagingBytes:   int64(c.IO.StagingSize),
 	}
 }
 

@@ -39,7 +39,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/bench/internal/benchutil"
-	"github.com/weir-storage/weir/services/journal/staging"
+	"github.com/weir-storage/weir/internal/staging"
 )
 
 // Row is one workload with one writer count on one file system.

@@ -127,6 +127,12 @@ type IO struct {
 	// readahead: the largest window a sequential reader's misses fill
 	// ahead of what it asked; 0 turns readahead off. Default 512KiB.
 	Readahead Size
+	// staging_size: the ring of the staging log fsync writes to (Split
+	// Journaling, docs/journal-format.md), made at the first start of a
+	// store (an existing log keeps its size); 0 turns it off: fsync then
+	// syncs the file, the store and the metadata WAL in the foreground.
+	// Default 64MiB.
+	StagingSize Size
 }
 
 // Ring sizes the shared-memory rings a service creates for each session.
@@ -156,6 +162,9 @@ const (
 	DefaultBlockSize       = 4 * KiB
 	DefaultCacheSize       = 1 * GiB
 	DefaultReadahead       = 512 * KiB
+	DefaultStagingSize     = 64 * MiB
+	// MinStagingSize is the smallest staging ring (io.staging_size).
+	MinStagingSize = 1 * MiB
 	// MaxReadahead bounds io.readahead.
 	MaxReadahead = 64 * MiB
 )
@@ -195,6 +204,7 @@ func Default() *Config {
 			WaitMode:    DefaultWaitMode,
 			SPDKWorkers: 1,
 			CacheSize:   DefaultCacheSize,
+			StagingSize: DefaultStagingSize,
 			Readahead:   DefaultReadahead,
 		},
 		Ring: Ring{

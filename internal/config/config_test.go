@@ -39,7 +39,7 @@ func TestDefault(t *testing.T) {
 		},
 		IO: IO{
 			Socket: "/run/weir/io.sock", Backend: "file", Direct: "auto",
-			WaitMode: "adaptive", SPDKWorkers: 1, CacheSize: DefaultCacheSize, Readahead: DefaultReadahead,
+			WaitMode: "adaptive", SPDKWorkers: 1, CacheSize: DefaultCacheSize, Readahead: DefaultReadahead, StagingSize: DefaultStagingSize,
 		},
 		Ring:    Ring{SQEntries: 256, ArenaSize: 8 << 20, BlockSize: 4096},
 		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true},
@@ -85,6 +85,7 @@ io {
   wait_mode = "busy-poll"
   cache_size = "64MiB"
   readahead  = 0
+  staging_size = "8MiB"
 }
 ring {
   sq_entries = 1024
@@ -112,7 +113,7 @@ ring {
 		},
 		IO: IO{
 			Socket: filepath.Join(dir, "io.sock"), Backend: "mem", Direct: "off",
-			WaitMode: "busy-poll", SPDKWorkers: 1, CacheSize: 64 * MiB,
+			WaitMode: "busy-poll", SPDKWorkers: 1, CacheSize: 64 * MiB, StagingSize: 8 * MiB,
 		},
 		Ring: Ring{SQEntries: 1024, ArenaSize: 64 * MiB, BlockSize: 64 * KiB},
 	}

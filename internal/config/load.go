@@ -114,6 +114,7 @@ type (
 
 		SPDKClusterSize *hcl.Attribute `hcl:"spdk_cluster_size,optional"`
 		CacheSize       *hcl.Attribute `hcl:"cache_size,optional"`
+		StagingSize     *hcl.Attribute `hcl:"staging_size,optional"`
 		Readahead       *hcl.Attribute `hcl:"readahead,optional"`
 	}
 	ringBlock struct {
@@ -210,6 +211,7 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.int("io.spdk_workers", b.SPDKWorkers, &c.IO.SPDKWorkers)
 		d.size("io.spdk_cluster_size", b.SPDKClusterSize, &c.IO.SPDKClusterSize)
 		d.size("io.cache_size", b.CacheSize, &c.IO.CacheSize)
+		d.size("io.staging_size", b.StagingSize, &c.IO.StagingSize)
 		d.size("io.readahead", b.Readahead, &c.IO.Readahead)
 	}
 	if b := fc.Ring; b != nil {

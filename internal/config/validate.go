@@ -129,6 +129,9 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	if c.IO.CacheSize%(4*KiB) != 0 {
 		bad(at("io.cache_size"), "io.cache_size", "%s: want a multiple of 4KiB (0 turns the cache off)", c.IO.CacheSize)
 	}
+	if ss := c.IO.StagingSize; ss != 0 && (ss%(4*KiB) != 0 || ss < MinStagingSize || ss > 1<<40) {
+		bad(at("io.staging_size"), "io.staging_size", "%s: want a multiple of 4KiB from %s to 1TiB (0 turns the staging log off)", ss, Size(MinStagingSize))
+	}
 	if ra := c.IO.Readahead; ra%(4*KiB) != 0 || ra > MaxReadahead {
 		bad(at("io.readahead"), "io.readahead", "%s: want a multiple of 4KiB up to %s (0 turns readahead off)", ra, Size(MaxReadahead))
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/internal/staging"
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -50,7 +51,7 @@ func (s *Service) onGrant(m *nats.Msg) {
 	case inc == 0 || proto.IncarnationOf(g.Session) != inc || proto.IncarnationOf(g.Handle) != inc:
 		s.host.Refuse(m, "stale_incarnation", control.Ack{}, fmt.Sprintf("session %#x, handle %#x: not of incarnation %d", g.Session, g.Handle, inc))
 		return
-	case g.Blob >= s.allocLimit.Load():
+	case g.Blob >= s.allocLimit.Load() || g.Blob == uint64(backend.StagingBlob):
 		s.host.Refuse(m, "unallocated_blob", control.Ack{}, fmt.Sprintf("blob %d: metadata allocated blob ids below %d only", g.Blob, s.allocLimit.Load()))
 		return
 	}
@@ -200,7 +201,7 @@ func (s *Service) onLive(m *nats.Msg) {
 
 func (s *Service) onDelete(m *nats.Msg) {
 	var d control.Delete
-	if err := control.Decode(m.Data, &d); err != nil || d.Blob == 0 {
+	if err := control.Decode(m.Data, &d); err != nil || d.Blob == 0 || d.Blob == uint64(backend.StagingBlob) {
 		s.host.Refuse(m, "malformed", control.Ack{}, fmt.Sprintf("delete %q", m.Data))
 		return
 	}
@@ -239,6 +240,17 @@ func (s *Service) onDelete(m *nats.Msg) {
 	// and grants and revokes must not wait for it.
 	s.dropRegion(id)
 	if !s.background(func() {
+		if s.stg != nil {
+			// Not while a live record names the blob: replay would make
+			// it again (a blob missing at replay is one whose create was
+			// not durable). The checkpointer takes such records as void.
+			if !s.stg.awaitTrimmed(id) {
+				<-s.delSem
+				done()
+				control.Respond(m, control.Ack{Error: "the IO service is stopping", Errno: int(syscall.EBUSY)})
+				return
+			}
+		}
 		err := s.be.Delete(id)
 		<-s.delSem
 		done()
@@ -287,6 +299,22 @@ func (s *Service) onResync(m *nats.Msg) {
 		s.wrongOnce.Do(func() { close(s.wrongStore) })
 		return
 	}
+	if st := s.stg; st != nil && !st.opened.Load() {
+		// Once the store is known to be this stack's, and before any
+		// session can attach (this resync lets them): the replay is the
+		// recovery of every acknowledged fsync, and nothing may read a
+		// blob before it.
+		blocks := uint64(max(s.opts.StagingBytes/staging.BlockSize, 16))
+		if err := st.open(blocks, true); err != nil {
+			err = fmt.Errorf("staging log: %w", err)
+			s.host.Refuse(m, "staging_failed", control.ResyncReply{}, err.Error())
+			if s.storeErr.CompareAndSwap(nil, &err) {
+				s.log.Error("cannot recover the staging log: not serving the store", "error", err)
+			}
+			s.wrongOnce.Do(func() { close(s.wrongStore) })
+			return
+		}
+	}
 	s.storeErr.Store(nil)
 	s.mu.Lock()
 	var dropped []*grant
@@ -312,6 +340,9 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.Stats.GrantsDropped.Add(uint64(len(dropped)))
 	s.Stats.Resyncs.Add(1)
 	s.meta.resynced(s.opts.RequestTimeout)
+	if s.stg != nil {
+		s.stg.poke() // sizes of replayed records reach this incarnation
+	}
 	s.resyncOnce.Do(func() { close(s.resynced) })
 	s.log.Info("resynchronised by the metadata service", "incarnation", r.Incarnation, "grants_dropped", len(dropped),
 		"allocated_below", r.AllocLimit)
@@ -397,6 +428,9 @@ func (s *Service) blobsPage(m *nats.Msg, q control.BlobsQuery) {
 		}
 		l.ids = l.ids[:0]
 		for _, id := range ids {
+			if id == backend.StagingBlob {
+				continue // io's own, not a file's
+			}
 			l.ids = append(l.ids, uint64(id))
 		}
 		slices.Sort(l.ids)

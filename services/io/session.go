@@ -485,6 +485,9 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 		runs = append(runs, run)
 	}
 	if r == nil || q.Length == 0 || off >= cache.MaxCapacity {
+		if ob.sf != nil && q.Length > 0 {
+			ob.sf.markHome()
+		}
 		return deviceWrite(ob, runs, off)
 	}
 	r.life.RLock()
@@ -516,7 +519,11 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 		// Write-back: the bytes stay in the cache, dirty, and the flusher
 		// (or an fsync) writes them home. The size first: the flusher
 		// writes a dirty page up to the size, so the size must cover its
-		// bytes before it is dirty.
+		// bytes before it is dirty. Marked changed for the next fsync's
+		// record before either (stagedSync reads the size first).
+		if ob.sf != nil {
+			ob.sf.markChanged(p0, p1)
+		}
 		if r.stage(lr, runs, off, n) {
 			ob.extend(off + n)
 			r.written(lr, runs, off, n, oldSize, writeBack)
@@ -525,6 +532,9 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 		// The memfd could not take a new page (no memory): the device
 		// takes the write, the pages still held.
 		s.svc.pc.PageFailures.Add(1)
+	}
+	if ob.sf != nil {
+		ob.sf.markHome() // the device takes the bytes: the next fsync syncs home
 	}
 	mode := writeThrough
 	if direct {
@@ -636,6 +646,9 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 // it had when the sync began, before it returns: the size reported is the
 // size synced, never one that writes racing the sync made larger.
 func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
+	if ob.sf != nil {
+		return svc.stagedSync(ob)
+	}
 	size, mtime, dv := ob.live()
 	if err := svc.flushBlob(ob, true); err != nil {
 		svc.log.Error("fsync: write-back failed; the pages stay dirty", "blob", ob.id, "error", err)

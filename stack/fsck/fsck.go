@@ -25,6 +25,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/internal/staging"
+	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
@@ -34,7 +36,8 @@ import (
 // finish).
 type Problem struct {
 	// Kind is namespace, orphan-blob, missing-blob, size-mismatch,
-	// stray-object, or for notes pending-delete and held-file.
+	// stray-object, staging-log, or for notes pending-delete, held-file
+	// and staged-file.
 	Kind   string `json:"kind"`
 	Ino    uint64 `json:"ino,omitempty"`
 	Blob   uint64 `json:"blob,omitempty"`
@@ -45,7 +48,8 @@ type Problem struct {
 // Report is what a check found.
 type Report struct {
 	Files    int       `json:"files"`    // regular files in the namespace
-	Blobs    int       `json:"blobs"`    // blobs in the backend
+	Blobs    int       `json:"blobs"`    // blobs in the backend (the staging log's not counted)
+	Staged   int       `json:"staged"`   // live records in the staging log: the next start replays them
 	Problems []Problem `json:"problems"` // empty when consistent
 	Repaired []string  `json:"repaired,omitempty"`
 }
@@ -62,7 +66,7 @@ func (r *Report) Write(w io.Writer, asJSON bool) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(r)
 	}
-	fmt.Fprintf(w, "%d files in the namespace, %d blobs in the backend\n", r.Files, r.Blobs)
+	fmt.Fprintf(w, "%d files in the namespace, %d blobs in the backend, %d live records in the staging log\n", r.Files, r.Blobs, r.Staged)
 	for _, s := range r.Repaired {
 		fmt.Fprintf(w, "  repaired: %s\n", s)
 	}
@@ -138,9 +142,9 @@ func checkOwnStore(nso ns.Options, be backend.Backend) error {
 		return fmt.Errorf("open namespace: %w", err)
 	}
 	defer n.Close()
-	blobs, err := be.List()
+	blobs, err := fileBlobs(be)
 	if err != nil {
-		return fmt.Errorf("list blobs: %w", err)
+		return err
 	}
 	var r Report
 	identityProblems(&r, n, be, len(blobs))
@@ -183,12 +187,16 @@ func check(r *Report, n *ns.NS, be backend.Backend) error {
 	}
 	files := n.Files()
 	r.Files = len(files)
-	blobs, err := be.List()
+	blobs, err := fileBlobs(be)
 	if err != nil {
-		return fmt.Errorf("list blobs: %w", err)
+		return err
 	}
 	r.Blobs = len(blobs)
 	identityProblems(r, n, be, len(blobs))
+	staged, err := stagingProblems(r, be)
+	if err != nil {
+		return err
+	}
 	if a, ok := be.(backend.Auditor); ok {
 		for _, s := range a.Strays() {
 			r.Problems = append(r.Problems, Problem{Kind: "stray-object", Detail: s})
@@ -223,10 +231,16 @@ func check(r *Report, n *ns.NS, be backend.Backend) error {
 				Detail: fmt.Sprintf("blob listed but cannot be opened: %v", err)})
 			continue
 		}
-		if p, bad := sizeProblem(a, b.Size()); bad {
+		size := b.Size()
+		b.Close()
+		if st, ok := staged[uint64(id)]; ok {
+			r.Problems = append(r.Problems, Problem{Kind: "staged-file", Ino: uint64(a.Ino), Blob: uint64(id), Note: true,
+				Detail: fmt.Sprintf("%d fsyncs of it wait in the staging log: the next start replays them, and the file is %d bytes (the namespace records %d, the blob holds %d)", st.records, st.size, a.Size, size)})
+			continue
+		}
+		if p, bad := sizeProblem(a, size); bad {
 			r.Problems = append(r.Problems, p)
 		}
-		b.Close()
 	}
 	// A file whose blob does not exist is fine while it is empty: the IO
 	// service creates blobs on first use.
@@ -236,12 +250,68 @@ func check(r *Report, n *ns.NS, be backend.Backend) error {
 	}
 	slices.Sort(missing)
 	for _, blob := range missing {
+		if st, ok := staged[blob]; ok {
+			a := want[blob]
+			r.Problems = append(r.Problems, Problem{Kind: "staged-file", Ino: uint64(a.Ino), Blob: blob, Note: true,
+				Detail: fmt.Sprintf("its blob's create was not durable; %d fsyncs of it wait in the staging log: the next start makes the blob and replays them (%d bytes)", st.records, st.size)})
+			continue
+		}
 		if a := want[blob]; a.Size != 0 {
 			r.Problems = append(r.Problems, Problem{Kind: "missing-blob", Ino: uint64(a.Ino), Blob: blob,
 				Detail: fmt.Sprintf("file of %d bytes has no blob: its data is lost", a.Size)})
 		}
 	}
 	return nil
+}
+
+// fileBlobs lists the backend's blobs but the staging log's.
+func fileBlobs(be backend.Backend) ([]backend.BlobID, error) {
+	blobs, err := be.List()
+	if err != nil {
+		return nil, fmt.Errorf("list blobs: %w", err)
+	}
+	return slices.DeleteFunc(blobs, func(id backend.BlobID) bool { return id == backend.StagingBlob }), nil
+}
+
+// stagedState is what the staging log's live records make of one blob.
+type stagedState struct {
+	records int
+	size    int64 // the size the last record sets
+}
+
+// stagingProblems reads the staging log without writing (staging.Inspect):
+// a log that cannot be read is a problem (the IO service would not
+// start); its live records are noted per blob. A store without a log (made
+// before it, or with io.staging_size 0) has none.
+func stagingProblems(r *Report, be backend.Backend) (map[uint64]stagedState, error) {
+	b, err := be.Open(backend.StagingBlob)
+	if errors.Is(err, syscall.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		r.Problems = append(r.Problems, Problem{Kind: "staging-log", Blob: uint64(backend.StagingBlob), Detail: fmt.Sprintf("the staging log cannot be opened: %v", err)})
+		return nil, nil
+	}
+	defer b.Close()
+	recs, st, err := staging.Inspect(b)
+	if err != nil {
+		r.Problems = append(r.Problems, Problem{Kind: "staging-log", Blob: uint64(backend.StagingBlob),
+			Detail: fmt.Sprintf("the staging log does not read (the IO service would not start, and fsyncs it acknowledged may be lost): %v", err)})
+		return nil, nil
+	}
+	r.Staged = len(recs)
+	out := map[uint64]stagedState{}
+	for i, rec := range recs {
+		if want := st.TrimLSN + 1 + uint64(i); rec.LSN != want {
+			r.Problems = append(r.Problems, Problem{Kind: "staging-log", Blob: rec.Blob,
+				Detail: fmt.Sprintf("record %d of the live chain has lsn %d, want %d", i, rec.LSN, want)})
+		}
+		s := out[rec.Blob]
+		s.records++
+		s.size = rec.Size
+		out[rec.Blob] = s
+	}
+	return out, nil
 }
 
 // sizeProblem says what a difference between the recorded size and the
@@ -270,9 +340,16 @@ func repair(n *ns.NS, be backend.Backend) ([]string, error) {
 	if len(freed) > 0 {
 		done = append(done, fmt.Sprintf("freed %d files unlinked while open", len(freed)))
 	}
-	blobs, err := be.List()
+	// The staging log first, as the IO service's start would: the sizes
+	// recorded below are those its fsyncs acknowledged.
+	if replayed, err := iosvc.Replay(be, nil); err != nil {
+		return done, fmt.Errorf("replay the staging log: %w", err)
+	} else if replayed > 0 {
+		done = append(done, fmt.Sprintf("replayed %d staging records into their blobs", replayed))
+	}
+	blobs, err := fileBlobs(be)
 	if err != nil {
-		return done, fmt.Errorf("list blobs: %w", err)
+		return done, err
 	}
 	owned := map[uint64]ns.Attr{}
 	for _, a := range n.Files() {

@@ -28,5 +28,6 @@ func Config(t testing.TB, dataDir string) *config.Config {
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.IO.StagingSize = 4 * config.MiB // made at every test stack's start: small
 	return c
 }

@@ -68,6 +68,12 @@ type MemRegistrar interface {
 // BlobID names one blob: the data of one file. 0 is never a valid id.
 type BlobID uint64
 
+// StagingBlob is the blob that holds the IO service's staging log (the
+// fsync records of internal/staging), not a file's: the metadata
+// service allocates ids up to its inode limit (2^48), far below it, the IO
+// service refuses grants and deletes of it, and fsck checks it as the log.
+const StagingBlob BlobID = 1<<64 - 2
+
 // MaxBlobSize is the largest size a blob may have, in bytes (64 TiB). A read,
 // write or truncate that would end beyond it fails with EFBIG. A backend may
 // refuse smaller sizes with the error its storage reports (ext4, for

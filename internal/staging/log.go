@@ -155,6 +155,39 @@ type Log struct {
 // that what this one writes is told from what earlier ones left. The
 // records' Data have buffers of their own.
 func Open(dev Device) (*Log, []Record, error) {
+	l, recs, err := scan(dev)
+	if err != nil {
+		return nil, nil, err
+	}
+	// A new incarnation, in both superblocks: were the newer one damaged
+	// later, the other would still hold this epoch, and no later
+	// incarnation could take it again.
+	if l.sb.epoch+1 >= 1<<62 {
+		return nil, nil, fmt.Errorf("staging: epoch %d: out of epochs", l.sb.epoch)
+	}
+	next := l.sb
+	next.epoch++
+	for range 2 {
+		next.gen++
+		if err := l.writeSuper(next); err != nil {
+			return nil, nil, err
+		}
+	}
+	return l, recs, nil
+}
+
+// Inspect reads the log as Open does and writes nothing (weir check): the
+// records recovery would return, and the log's state.
+func Inspect(dev Device) ([]Record, Stats, error) {
+	l, recs, err := scan(dev)
+	if err != nil {
+		return nil, Stats{}, err
+	}
+	return recs, l.Stats(), nil
+}
+
+// scan reads the superblocks and the live chain of records.
+func scan(dev Device) (*Log, []Record, error) {
 	sb, err := readSuper(dev)
 	if err != nil {
 		return nil, nil, err
@@ -215,20 +248,6 @@ func Open(dev Device) (*Log, []Record, error) {
 	}
 	l.head, l.next = off, lsn
 	l.written, l.durable = lsn-1, lsn-1
-	// A new incarnation, in both superblocks: were the newer one damaged
-	// later, the other would still hold this epoch, and no later
-	// incarnation could take it again.
-	if sb.epoch+1 >= 1<<62 {
-		return nil, nil, fmt.Errorf("staging: epoch %d: out of epochs", sb.epoch)
-	}
-	next := l.sb
-	next.epoch++
-	for range 2 {
-		next.gen++
-		if err := l.writeSuper(next); err != nil {
-			return nil, nil, err
-		}
-	}
 	return l, recs, nil
 }
 
@@ -437,6 +456,7 @@ func (l *Log) Trim(lsn uint64) error {
 // Stats is what the log holds.
 type Stats struct {
 	NextLSN, DurableLSN, TrimLSN uint64
+	Live                         int // records not trimmed
 	UsedBytes, RingBytes         int64
 	Err                          error
 }
@@ -445,5 +465,5 @@ type Stats struct {
 func (l *Log) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return Stats{NextLSN: l.next, DurableLSN: l.durable, TrimLSN: l.sb.trimLSN, UsedBytes: l.usedLocked(), RingBytes: l.ring, Err: l.err}
+	return Stats{NextLSN: l.next, DurableLSN: l.durable, TrimLSN: l.sb.trimLSN, Live: len(l.live), UsedBytes: l.usedLocked(), RingBytes: l.ring, Err: l.err}
 }

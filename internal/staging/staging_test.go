@@ -149,7 +149,7 @@ func cut(base []byte, ops []op, k int, keep func(i int) bool, tear int) *memDev 
 
 func testRecord(rng *rand.Rand, pages int) Record {
 	r := Record{Blob: rng.Uint64N(100) + 1, Ino: rng.Uint64N(1000) + 1, Size: int64(rng.IntN(1 << 30)),
-		MtimeNs: rng.Int64(), DataVersion: rng.Uint64(), JournalLSN: rng.Uint64N(50)}
+		MtimeNs: rng.Int64(), DataVersion: rng.Uint64(), Flags: rng.Uint64N(2)}
 	first := uint64(rng.IntN(10))
 	for left := pages; left > 0; {
 		n := 1 + rng.IntN(left)

@@ -52,6 +52,12 @@ const (
 	TypeWrap = 2
 )
 
+// FlagHome says the file's home location held its whole state, durably,
+// when the record was made (the writer synced it first): recovery skips
+// the file's earlier records, which would take pages back to older
+// states. Its pages, if any, go on top.
+const FlagHome = 1
+
 var (
 	recordMagic = [4]byte{'W', 'S', 'R', '1'}
 	superMagic  = [8]byte{'W', 'S', 'T', 'G', 'S', 'B', '0', '1'}
@@ -85,10 +91,10 @@ type Record struct {
 	Size        int64  // the file's size
 	MtimeNs     int64  // modification time, ns since the epoch
 	DataVersion uint64 // the file's data version (docs/architecture.md)
-	// JournalLSN is the journal prefix this record builds on: the file's
-	// state is its home location after journal commits up to JournalLSN,
-	// with this record's pages on top.
-	JournalLSN uint64
+	// Flags: FlagHome or 0. Without FlagHome the file's state is what
+	// its earlier live records and its home location give, with this
+	// record's pages on top; with it, the home location alone.
+	Flags uint64
 	// Epoch is the log's incarnation that wrote the record (the log sets
 	// it): recovery stops at a record older than one before it, which is
 	// a previous incarnation's unflushed write, not part of the log.
@@ -155,7 +161,7 @@ func (r *Record) Blocks() (int, error) {
 //	 0  [4]byte magic "WSR1"     4  u16 version      6  u16 type
 //	 8  u64 lsn                 16  u32 blocks       20  u32 extents
 //	24  u64 blob                32  u64 ino          40  i64 size
-//	48  i64 mtime ns            56  u64 data version 64  u64 journal lsn
+//	48  i64 mtime ns            56  u64 data version 64  u64 flags (FlagHome)
 //	72  u64 epoch               80  u64 log identity
 //	88  u32 payload pages       92  u32 crc32c of all blocks (this field 0)
 //	96  extents: u64 first page, u32 pages, u32 0 (16 bytes each)
@@ -169,8 +175,8 @@ func (r *Record) Encode(dst []byte) ([]byte, error) {
 	if uint64(len(r.Data)) != pages*PageSize {
 		return dst, fmt.Errorf("staging: %d data bytes for %d pages", len(r.Data), pages)
 	}
-	if r.LSN == 0 || r.Size < 0 {
-		return dst, fmt.Errorf("staging: record with lsn %d, size %d", r.LSN, r.Size)
+	if r.LSN == 0 || r.Size < 0 || r.Flags&^FlagHome != 0 {
+		return dst, fmt.Errorf("staging: record with lsn %d, size %d, flags %#x", r.LSN, r.Size, r.Flags)
 	}
 	start := len(dst)
 	dst = append(dst, make([]byte, blocks*BlockSize)...)
@@ -187,7 +193,7 @@ func (r *Record) Encode(dst []byte) ([]byte, error) {
 	le.PutUint64(b[40:], uint64(r.Size))
 	le.PutUint64(b[48:], uint64(r.MtimeNs))
 	le.PutUint64(b[56:], r.DataVersion)
-	le.PutUint64(b[64:], r.JournalLSN)
+	le.PutUint64(b[64:], r.Flags)
 	le.PutUint64(b[72:], r.Epoch)
 	le.PutUint64(b[80:], r.Log)
 	le.PutUint32(b[88:], uint32(pages))
@@ -284,9 +290,9 @@ func Decode(b []byte) (rec Record, wrap bool, err error) {
 		return Record{}, false, bad("%d extents in %d blocks", n, blocks)
 	}
 	rec = Record{LSN: h.lsn, Blob: le.Uint64(b[24:]), Ino: le.Uint64(b[32:]), Size: int64(le.Uint64(b[40:])),
-		MtimeNs: int64(le.Uint64(b[48:])), DataVersion: le.Uint64(b[56:]), JournalLSN: le.Uint64(b[64:]), Epoch: h.epoch, Log: h.log}
-	if rec.Size < 0 {
-		return Record{}, false, bad("size %d", rec.Size)
+		MtimeNs: int64(le.Uint64(b[48:])), DataVersion: le.Uint64(b[56:]), Flags: le.Uint64(b[64:]), Epoch: h.epoch, Log: h.log}
+	if rec.Size < 0 || rec.Flags&^FlagHome != 0 {
+		return Record{}, false, bad("size %d, flags %#x", rec.Size, rec.Flags)
 	}
 	if n > 0 {
 		rec.Extents = make([]Extent, n)

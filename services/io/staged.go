@@ -1,0 +1,825 @@
+package iosvc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/internal/staging"
+	"github.com/weir-storage/weir/proto/cache"
+	"github.com/weir-storage/weir/services/io/backend"
+)
+
+// The fsync path of Split Journaling (docs/architecture.md, "fsync"). An
+// fsync writes the file's changed pages and its inode fields as one
+// record to the staging log (staging.Log, on the blob
+// backend.StagingBlob) and returns after the flush that covers it: one
+// device flush, shared by concurrent fsyncs, no metadata round trip.
+// The checkpointer, in the background, makes the files of the live
+// records durable at home and their sizes durable at metadata, then
+// trims the log. At start, io replays the live records before it serves
+// anyone.
+//
+// What a record must carry is tracked per file (stagedFile): the pages
+// written into the cache since the file's last record (changed), and
+// whether changes reached the blob directly (dirtyHome: write-through,
+// O_DIRECT, uncached writes, a truncate that shrinks), which the next
+// fsync makes durable at home first and marks the record FlagHome, so
+// that replay skips the file's earlier records.
+//
+// A checkpoint of a file with live records only makes its home durable:
+// it leaves changed alone, so the file's next record still carries every
+// page changed since its last one, and replaying the records after the
+// trim point over the durable home gives the file's acknowledged state.
+// Only a closed file with no live record has changed cleared by a
+// checkpoint (to bound the memory of files never fsynced): no record is
+// left that its replay could take back.
+
+// stager is the staging log and what io knows of its live records.
+type stager struct {
+	svc  *Service
+	log  *staging.Log
+	blob backend.Blob
+	// maxPages bounds the pages one record carries: more changed pages
+	// than this are made durable at home instead (FlagHome).
+	maxPages int
+
+	mu    sync.Mutex
+	files map[backend.BlobID]*stagedFile // protected by mu
+	recs  []stagedRec                    // live records, lsn order; protected by mu
+	room  *sync.Cond                     // on mu: a trim happened, or the checkpointer failed a pass
+	pass  uint64                         // checkpoint passes ended; protected by mu
+	kick  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	// opened: log and blob are set (the first resync opened the log);
+	// until then no session exists and nothing else is used.
+	opened atomic.Bool
+
+	// Counters (weir status, the stats endpoint).
+	Records     atomic.Uint64 // records appended by fsyncs
+	HomeSyncs   atomic.Uint64 // fsyncs that made the file durable at home (FlagHome records)
+	PagesStaged atomic.Uint64
+	FullWaits   atomic.Uint64 // fsyncs that waited for room
+	Waiting     atomic.Int64  // fsyncs waiting for room now
+	Passes      atomic.Uint64 // checkpoint passes that trimmed
+	Checkpoints atomic.Uint64 // files checkpointed
+	Replayed    atomic.Uint64 // records replayed at start
+	FailedFiles atomic.Uint64 // files whose fsync failed (sticky EIO)
+	lastErr     atomic.Pointer[error]
+}
+
+// stagedRec is a live record: which file it staged.
+type stagedRec struct {
+	lsn uint64
+	id  backend.BlobID
+	ino uint64
+}
+
+// stagedFile is the staging state of one blob, kept while it is open,
+// has live records or changes not yet in a record.
+type stagedFile struct {
+	id  backend.BlobID
+	ino uint64
+
+	fsyncMu sync.Mutex // serialises the file's fsyncs (its records)
+
+	mu       sync.Mutex
+	changed  []uint64 // bit per page: written into the cache since the last record
+	nchanged int
+	// dirtyHome: changes reached the blob itself since the last home
+	// sync; the next fsync syncs home first (FlagHome).
+	dirtyHome bool
+	named     bool   // the file's name is durable at metadata (false: made here, no synced report yet)
+	err       error  // sticky: an fsync of the file failed
+	last      uint64 // lsn of the file's last live record, 0 if none; protected by stager.mu
+	refs      int    // open blobs; protected by stager.mu
+}
+
+// markChanged records that pages [p0, p1) take new bytes in the cache.
+// Call it before the size covers them.
+func (f *stagedFile) markChanged(p0, p1 uint64) {
+	f.mu.Lock()
+	for p := p0; p < p1; p++ {
+		if !bitGet(f.changed, p) {
+			bitSet(&f.changed, p)
+			f.nchanged++
+		}
+	}
+	f.mu.Unlock()
+}
+
+// markHome records a change that goes to the blob, not the cache. Call
+// it before the change.
+func (f *stagedFile) markHome() {
+	f.mu.Lock()
+	f.dirtyHome = true
+	f.mu.Unlock()
+}
+
+// clean reports whether nothing of the file waits for the log.
+func (f *stagedFile) cleanLocked() bool {
+	return f.nchanged == 0 && !f.dirtyHome && f.last == 0 && f.err == nil
+}
+
+// checkpointAfter is how long the checkpointer lets records gather
+// before a pass (it runs at once when poked).
+const checkpointAfter = 200 * time.Millisecond
+
+// newStager makes the staging state of s; open opens the log.
+func newStager(s *Service) *stager {
+	st := &stager{svc: s, files: map[backend.BlobID]*stagedFile{}, kick: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	st.room = sync.NewCond(&st.mu)
+	return st
+}
+
+// open opens the staging log (making it of blocks blocks on a store that
+// has none), replays its live records into their blobs and syncs them;
+// the first resync calls it, once the store is known to be this stack's
+// and before any session can attach. Then the checkpointer runs, with
+// checkpoints.
+func (st *stager) open(blocks uint64, checkpoints bool) error {
+	s := st.svc
+	b, err := s.be.Open(backend.StagingBlob)
+	if errors.Is(err, syscall.ENOENT) {
+		if err = s.be.Create(backend.StagingBlob); err == nil {
+			if b, err = s.be.Open(backend.StagingBlob); err == nil {
+				if err = staging.Format(b, blocks); err == nil {
+					err = s.be.Sync()
+				}
+				if err != nil {
+					b.Close()
+					_ = s.be.Delete(backend.StagingBlob)
+				}
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("make the staging log: %w", err)
+		}
+		s.log.Info("staging log made", "ring_bytes", blocks*staging.BlockSize)
+	} else if err != nil {
+		return fmt.Errorf("open the staging log: %w", err)
+	}
+	l, recs, err := staging.Open(b)
+	if err != nil {
+		b.Close()
+		return fmt.Errorf("open the staging log: %w", err)
+	}
+	st.log, st.blob = l, b
+	ring := l.Stats().RingBytes / staging.BlockSize
+	st.maxPages = int(min(ring/4, staging.MaxRecordBlocks-8))
+	if uint64(ring) != blocks {
+		s.log.Warn("the staging log keeps the size it was made with", "ring_bytes", ring*staging.BlockSize, "configured", blocks*staging.BlockSize)
+	}
+	if err := st.replay(recs); err != nil {
+		b.Close()
+		return err
+	}
+	st.opened.Store(true)
+	if checkpoints {
+		go st.checkpointer()
+	} else {
+		close(st.done)
+	}
+	return nil
+}
+
+// Replay opens the staging log on be, a stopped IO service's store, and
+// replays its live records into their blobs, as the service's start does
+// before it serves anyone (weir check --repair; tests that recover a power
+// cut's image). It returns how many records it applied; a store without a
+// log has none.
+func Replay(be backend.Backend, log hclog.Logger) (int, error) {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	b, err := be.Open(backend.StagingBlob)
+	if errors.Is(err, syscall.ENOENT) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("open the staging log: %w", err)
+	}
+	b.Close()
+	s := &Service{be: be, log: log}
+	s.creates.be = be
+	st := newStager(s)
+	if err := st.open(16, false); err != nil {
+		return 0, err
+	}
+	defer st.blob.Close()
+	return int(st.Replayed.Load()), nil
+}
+
+// replay applies the live records to their blobs, in lsn order, skipping
+// each file's records before its last FlagHome one, and syncs them. The
+// records stay live: the checkpointer reports the sizes to metadata and
+// then trims them (a crash before that replays them again, to the same
+// result).
+func (st *stager) replay(recs []staging.Record) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	s := st.svc
+	from := map[uint64]uint64{} // blob -> lsn of its last FlagHome record
+	for _, r := range recs {
+		if r.Flags&staging.FlagHome != 0 {
+			from[r.Blob] = r.LSN
+		}
+	}
+	open := map[backend.BlobID]backend.Blob{}
+	defer func() {
+		for _, b := range open {
+			b.Close()
+		}
+	}()
+	for _, r := range recs {
+		id := backend.BlobID(r.Blob)
+		st.recs = append(st.recs, stagedRec{lsn: r.LSN, id: id, ino: r.Ino})
+		f := st.fileLocked(id, r.Ino)
+		f.last = r.LSN
+		if id == 0 || id == backend.StagingBlob || r.LSN < from[r.Blob] {
+			continue
+		}
+		b := open[id]
+		if b == nil {
+			var err error
+			b, err = s.be.Open(id)
+			if errors.Is(err, syscall.ENOENT) {
+				// Its create was not durable: a blob is deleted only
+				// once no live record names it (onDelete).
+				if err = s.be.Create(id); err == nil {
+					b, err = s.be.Open(id)
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
+			}
+			open[id] = b
+		}
+		at := 0
+		for _, e := range r.Extents {
+			n := int(e.Pages) * staging.PageSize
+			if _, err := b.WriteAt(r.Data[at:at+n], int64(e.First)*staging.PageSize); err != nil {
+				return fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
+			}
+			at += n
+		}
+		if err := b.Truncate(r.Size); err != nil {
+			return fmt.Errorf("replay staging record %d (blob %d): size %d: %w", r.LSN, id, r.Size, err)
+		}
+		st.Replayed.Add(1)
+	}
+	for id, b := range open {
+		if err := b.Sync(); err != nil {
+			return fmt.Errorf("replay staging: sync blob %d: %w", id, err)
+		}
+	}
+	if err := s.be.Sync(); err != nil {
+		return fmt.Errorf("replay staging: sync the backend: %w", err)
+	}
+	s.log.Info("staging log replayed", "records", len(recs), "files", len(open))
+	return nil
+}
+
+// fileLocked returns the staging state of blob id, making it. st.mu is
+// held (or st is not shared yet).
+func (st *stager) fileLocked(id backend.BlobID, ino uint64) *stagedFile {
+	f := st.files[id]
+	if f == nil {
+		f = &stagedFile{id: id, ino: ino, named: true}
+		st.files[id] = f
+	}
+	return f
+}
+
+// attach gives an opened blob its staging state; fresh says the file is
+// new (its name is not durable until a synced report).
+func (st *stager) attach(ob *openBlob, fresh bool) {
+	st.mu.Lock()
+	f := st.fileLocked(ob.id, ob.ino)
+	f.refs++
+	st.mu.Unlock()
+	if fresh {
+		f.mu.Lock()
+		f.named = false
+		f.mu.Unlock()
+	}
+	ob.sf = f
+}
+
+// detach drops an open blob's reference, forgetting a file that has
+// nothing staged.
+func (st *stager) detach(f *stagedFile) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	f.refs--
+	f.mu.Lock()
+	forget := f.refs == 0 && f.cleanLocked() && f.named
+	f.mu.Unlock()
+	if forget && st.files[f.id] == f {
+		delete(st.files, f.id)
+	}
+}
+
+// fsync makes ob durable through the log: see the package comment above.
+// On a failure the file's later fsyncs fail too (EIO, as Linux's errseq
+// reports a lost write-back once per open file and weir for good).
+func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
+	st, f := s.stg, ob.sf
+	if !st.opened.Load() {
+		return syscall.EIO // no session exists before the log is open
+	}
+	f.fsyncMu.Lock()
+	defer f.fsyncMu.Unlock()
+	f.mu.Lock()
+	if f.err != nil {
+		f.mu.Unlock()
+		return syscall.EIO
+	}
+	f.mu.Unlock()
+	// The size first: every write it covers marked its pages changed
+	// before it extended the size, so they are taken below.
+	size, mtime, dv := ob.live()
+	f.mu.Lock()
+	home := f.dirtyHome || f.nchanged > st.maxPages
+	take := f.changed
+	f.changed, f.nchanged, f.dirtyHome = nil, 0, false
+	flags := uint64(0)
+	if home {
+		flags = staging.FlagHome
+	}
+	named := f.named
+	f.mu.Unlock()
+	rec := staging.Record{Blob: uint64(ob.id), Ino: ob.ino, Size: size, MtimeNs: mtime, DataVersion: dv, Flags: flags}
+	var err error
+	if home {
+		err = s.syncHome(ob)
+		s.stg.HomeSyncs.Add(1)
+	} else {
+		err = s.readPages(ob, &rec, take, size)
+	}
+	if err == nil {
+		var lsn uint64
+		if lsn, err = st.append(&rec); err == nil {
+			st.mu.Lock()
+			f.last = lsn
+			// In lsn order: appends return out of order, and a trim
+			// covers only a run of registered records (checkpoint).
+			i, _ := slices.BinarySearchFunc(st.recs, lsn, func(r stagedRec, l uint64) int { return cmpU64(r.lsn, l) })
+			st.recs = slices.Insert(st.recs, i, stagedRec{lsn: lsn, id: ob.id, ino: ob.ino})
+			st.mu.Unlock()
+			st.Records.Add(1)
+			st.PagesStaged.Add(uint64(len(rec.Data) / staging.PageSize))
+		}
+	}
+	if err != nil {
+		f.mu.Lock()
+		if f.err == nil {
+			st.FailedFiles.Add(1)
+		}
+		f.err = err
+		f.mu.Unlock()
+		st.lastErr.Store(&err)
+		s.log.Error("fsync failed: this and every later fsync of the file return EIO", "blob", ob.id, "ino", ob.ino, "error", err)
+		return syscall.EIO
+	}
+	if !named {
+		// A file made since its name was last durable: the name must
+		// survive with the data (as ext4 gives in practice). One synced
+		// report makes the metadata service's WAL durable.
+		if err := s.reportLive(context.Background(), ob.ino, size, mtime, dv, true); err != nil {
+			return metadataErrno(s, ob, err)
+		}
+		f.mu.Lock()
+		f.named = true
+		f.mu.Unlock()
+	}
+	return 0
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// isRefusal says the metadata service answered and refused (as opposed to
+// not being reachable).
+func isRefusal(err error) bool {
+	var ref *control.Refusal
+	return errors.As(err, &ref)
+}
+
+// metadataErrno is the answer of an fsync whose synced report failed.
+func metadataErrno(s *Service, ob *openBlob, err error) syscall.Errno {
+	if isRefusal(err) {
+		s.log.Error("fsync: metadata refused the size", "blob", ob.id, "error", err)
+		return syscall.EIO
+	}
+	s.log.Warn("fsync: the metadata service did not record the size (not reachable)", "blob", ob.id, "error", err)
+	return errMetadataUnreachable
+}
+
+// syncHome makes the blob's whole state durable at home: its dirty pages
+// written, the blob and its create synced.
+func (s *Service) syncHome(ob *openBlob) error {
+	if err := s.flushBlob(ob, true); err != nil {
+		return fmt.Errorf("write back blob %d: %w", ob.id, err)
+	}
+	if err := ob.b.Sync(); err != nil {
+		err = fmt.Errorf("sync blob %d: %w", ob.id, err)
+		s.syncFailed(err)
+		return err
+	}
+	if err := s.creates.sync(); err != nil {
+		err = fmt.Errorf("sync backend (blob creates): %w", err)
+		s.syncFailed(err)
+		return err
+	}
+	return nil
+}
+
+// readPages fills rec with the pages of take (a page bitmap) below size,
+// as a read now would return them: from the cache, each page held while
+// it is copied, or from the blob for a page the cache no longer holds.
+func (s *Service) readPages(ob *openBlob, rec *staging.Record, take []uint64, size int64) error {
+	pages := bitList(take, 0)
+	last := (uint64(size) + staging.PageSize - 1) / staging.PageSize
+	for len(pages) > 0 && pages[len(pages)-1] >= last {
+		pages = pages[:len(pages)-1]
+	}
+	if len(pages) == 0 {
+		return nil
+	}
+	rec.Data = make([]byte, len(pages)*staging.PageSize)
+	for i := 0; i < len(pages); {
+		n := 1
+		for i+n < len(pages) && pages[i+n] == pages[i]+uint64(n) && pages[i+n]/cache.ChunkPages == pages[i]/cache.ChunkPages {
+			n++
+		}
+		rec.Extents = append(rec.Extents, staging.Extent{First: pages[i], Pages: uint32(n)})
+		if err := s.copyPages(ob, rec.Data[i*staging.PageSize:(i+n)*staging.PageSize], pages[i]); err != nil {
+			return err
+		}
+		i += n
+	}
+	return nil
+}
+
+// copyPages copies len(dst)/PageSize pages from page p0 (one cache chunk
+// at most) into dst.
+func (s *Service) copyPages(ob *openBlob, dst []byte, p0 uint64) error {
+	n := uint64(len(dst) / staging.PageSize)
+	r, ungate := ob.cachedGated()
+	defer ungate()
+	if r != nil {
+		r.life.RLock()
+		defer r.life.RUnlock()
+		r.trunc.RLock()
+		defer r.trunc.RUnlock()
+	}
+	if r == nil || r.closed {
+		return deviceCopy(ob.b, dst, int64(p0)*staging.PageSize)
+	}
+	lr, err := r.lock(p0, p0+n)
+	if err != nil {
+		return fmt.Errorf("hold pages %d-%d of blob %d: %w", p0, p0+n-1, ob.id, err)
+	}
+	defer lr.release()
+	for i := range n {
+		d := dst[i*staging.PageSize : (i+1)*staging.PageSize]
+		if lr.was[i] == cache.KindResident {
+			src, err := lr.cr.Data(p0+i, 1)
+			if err != nil {
+				return fmt.Errorf("read page %d of blob %d from the cache: %w", p0+i, ob.id, err)
+			}
+			copy(d, src)
+			continue
+		}
+		if err := deviceCopy(ob.b, d, int64(p0+i)*staging.PageSize); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deviceCopy reads dst at off from the blob; past its end reads zeros.
+func deviceCopy(b backend.Blob, dst []byte, off int64) error {
+	n, err := b.ReadAt(dst, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return fmt.Errorf("read blob %d at %d: %w", b.ID(), off, err)
+	}
+	clear(dst[n:])
+	return nil
+}
+
+// append writes rec, waiting for room while the log is full.
+func (st *stager) append(rec *staging.Record) (uint64, error) {
+	waited := false
+	for {
+		lsn, err := st.log.Append(rec)
+		if !errors.Is(err, staging.ErrFull) {
+			return lsn, err
+		}
+		if !waited {
+			waited = true
+			st.FullWaits.Add(1)
+		}
+		st.Waiting.Add(1)
+		st.mu.Lock()
+		pass := st.pass
+		st.poke()
+		for st.pass == pass && st.log.Stats().Live > 0 {
+			st.room.Wait()
+		}
+		st.mu.Unlock()
+		st.Waiting.Add(-1)
+		select {
+		case <-st.stop:
+			return 0, errors.New("the IO service is stopping")
+		default:
+		}
+	}
+}
+
+// poke asks the checkpointer for a pass now (a no-op before open).
+func (st *stager) poke() {
+	select {
+	case st.kick <- struct{}{}:
+	default:
+	}
+}
+
+// checkpointer runs checkpoint passes: checkpointAfter after the first
+// record of a pass, at once when poked (an fsync waits for room, a delete
+// for the blob's records, a resync), and at Shutdown.
+func (st *stager) checkpointer() {
+	defer close(st.done)
+	t := time.NewTimer(checkpointAfter)
+	defer t.Stop()
+	backoff := checkpointAfter
+	for {
+		select {
+		case <-st.stop:
+			return
+		case <-st.kick:
+		case <-t.C:
+		}
+		err := st.checkpoint(context.Background(), false)
+		st.mu.Lock()
+		st.pass++
+		st.room.Broadcast()
+		st.mu.Unlock()
+		if err != nil {
+			st.svc.log.Warn("checkpoint of the staging log did not finish; it is tried again", "error", err, "retry_in", backoff)
+			t.Reset(backoff)
+			backoff = min(2*backoff, 5*time.Second)
+			continue
+		}
+		backoff = checkpointAfter
+		t.Reset(checkpointAfter)
+	}
+}
+
+// checkpoint makes every file of the live records durable at home and its
+// size durable at metadata, then trims the log up to the last record it
+// covered. A closed file with changes and no live record is synced home
+// too, and forgotten.
+//
+// With final (Shutdown) only the live records' files: the rest is synced
+// by the shutdown itself or needs nothing.
+func (st *stager) checkpoint(ctx context.Context, final bool) error {
+	s := st.svc
+	trim := st.log.Stats().TrimLSN
+	st.mu.Lock()
+	// Only a run of registered records from the trim point: a record
+	// with a smaller lsn may still be on its way (appended, not yet
+	// registered), and its file would not be checkpointed.
+	upto := trim
+	todo := map[backend.BlobID]uint64{}
+	for _, r := range st.recs {
+		if r.lsn != upto+1 {
+			break
+		}
+		upto = r.lsn
+		todo[r.id] = r.ino
+	}
+	var closed []backend.BlobID
+	for id, f := range st.files {
+		if final {
+			break
+		}
+		f.mu.Lock()
+		if f.refs == 0 && f.last == 0 && (f.nchanged > 0 || f.dirtyHome || !f.named) {
+			if _, ok := todo[id]; !ok {
+				todo[id] = f.ino
+				closed = append(closed, id)
+			}
+		}
+		f.mu.Unlock()
+	}
+	st.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	var reports []liveReport
+	for _, id := range slices.Sorted(maps.Keys(todo)) {
+		l, err := st.checkpointFile(id, todo[id], slices.Contains(closed, id))
+		if err != nil {
+			return err
+		}
+		if l != nil {
+			reports = append(reports, *l)
+		}
+	}
+	// Every report, then one of them again with a sync of the metadata
+	// WAL, which makes all of them durable. A refused report is a file
+	// that is gone (its blob is deleted next).
+	var accepted *liveReport
+	for i := range reports {
+		l := &reports[i]
+		err := s.reportLive(ctx, l.ino, l.size, l.mtime, l.dv, false)
+		switch {
+		case err == nil:
+			accepted = l
+		case !isRefusal(err):
+			return err
+		}
+	}
+	if accepted != nil {
+		if err := s.reportLive(ctx, accepted.ino, accepted.size, accepted.mtime, accepted.dv, true); err != nil && !isRefusal(err) {
+			return err
+		}
+	}
+	for _, l := range reports {
+		l.f.mu.Lock()
+		l.f.named = true // a synced report followed its report
+		l.f.mu.Unlock()
+	}
+	if upto > trim {
+		if err := st.log.Trim(upto); err != nil {
+			return fmt.Errorf("trim the staging log: %w", err)
+		}
+	}
+	st.mu.Lock()
+	i := 0
+	for i < len(st.recs) && st.recs[i].lsn <= upto {
+		i++
+	}
+	st.recs = slices.Delete(st.recs, 0, i)
+	for id, f := range st.files {
+		f.mu.Lock()
+		if f.last <= upto {
+			f.last = 0
+		}
+		if f.refs == 0 && f.cleanLocked() && f.named {
+			delete(st.files, id)
+		}
+		f.mu.Unlock()
+	}
+	st.mu.Unlock()
+	st.Passes.Add(1)
+	return nil
+}
+
+// liveReport is a size report to send to metadata.
+type liveReport struct {
+	f           *stagedFile
+	ino         uint64
+	size, mtime int64
+	dv          uint64
+}
+
+// checkpointFile makes blob id durable at home and returns its size
+// report; nil when the blob is being deleted (its records are void). A
+// closed file without live records (forget) also has its changes taken
+// out of its staging state, unless an fsync of it runs.
+func (st *stager) checkpointFile(id backend.BlobID, ino uint64, forget bool) (*liveReport, error) {
+	s := st.svc
+	s.mu.Lock()
+	ob, err := s.openBlobLocked(id, ino, false)
+	s.mu.Unlock()
+	if err != nil {
+		if errors.Is(err, syscall.EBUSY) {
+			return nil, nil // being deleted: nothing to keep
+		}
+		return nil, fmt.Errorf("checkpoint blob %d: %w", id, err)
+	}
+	defer s.releaseBlob(ob)
+	f := ob.sf
+	var take []uint64
+	var home bool
+	if forget && f.fsyncMu.TryLock() {
+		defer f.fsyncMu.Unlock()
+		f.mu.Lock()
+		if f.last == 0 {
+			take, home = f.changed, f.dirtyHome
+			f.changed, f.nchanged, f.dirtyHome = nil, 0, false
+		}
+		f.mu.Unlock()
+	}
+	size, mtime, dv := ob.live()
+	if err := s.syncHome(ob); err != nil {
+		f.mu.Lock()
+		for _, p := range bitList(take, 0) {
+			if !bitGet(f.changed, p) {
+				bitSet(&f.changed, p)
+				f.nchanged++
+			}
+		}
+		f.dirtyHome = f.dirtyHome || home
+		f.mu.Unlock()
+		return nil, err
+	}
+	st.Checkpoints.Add(1)
+	return &liveReport{f: f, ino: ino, size: size, mtime: mtime, dv: dv}, nil
+}
+
+// awaitTrimmed returns once no live record names blob id (true), poking
+// the checkpointer, or false when the service stops first.
+func (st *stager) awaitTrimmed(id backend.BlobID) bool {
+	if !st.opened.Load() {
+		return true // nothing replayed yet: no record names it
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for {
+		f := st.files[id]
+		if f == nil || f.last == 0 {
+			return true
+		}
+		select {
+		case <-st.stop:
+			return false
+		default:
+		}
+		st.poke()
+		st.room.Wait()
+	}
+}
+
+// close stops the checkpointer after a last pass (Shutdown; the sessions
+// are gone) and closes the log's blob.
+func (st *stager) close(ctx context.Context) error {
+	if !st.opened.Load() {
+		return nil
+	}
+	if err := st.checkpoint(ctx, true); err != nil {
+		// Nothing is lost: the next start replays them (the metadata
+		// service stops first, so this is the usual end).
+		st.svc.log.Info("staging records stay live for the next start to replay", "records", st.log.Stats().Live, "error", err)
+	}
+	var err error
+	close(st.stop)
+	st.mu.Lock()
+	st.room.Broadcast()
+	st.mu.Unlock()
+	<-st.done
+	if cerr := st.blob.Close(); cerr != nil {
+		err = errors.Join(err, cerr)
+	}
+	return err
+}
+
+// snapshot adds the log's state to the stats.
+func (st *stager) snapshot(m map[string]any) {
+	if !st.opened.Load() {
+		return
+	}
+	ls := st.log.Stats()
+	m["staging_ring_bytes"] = ls.RingBytes
+	m["staging_used_bytes"] = ls.UsedBytes
+	m["staging_live_records"] = ls.Live
+	m["staging_records"] = st.Records.Load()
+	m["staging_pages"] = st.PagesStaged.Load()
+	m["staging_flushes"] = st.log.Flushes.Load()
+	m["staging_home_syncs"] = st.HomeSyncs.Load()
+	m["staging_full_waits"] = st.FullWaits.Load()
+	m["staging_waiting"] = st.Waiting.Load()
+	m["staging_checkpoint_passes"] = st.Passes.Load()
+	m["staging_checkpointed_files"] = st.Checkpoints.Load()
+	m["staging_replayed"] = st.Replayed.Load()
+	m["fsync_failed_files"] = st.FailedFiles.Load()
+	if ls.Err != nil {
+		m["staging_error"] = ls.Err.Error()
+	}
+	if p := st.lastErr.Load(); p != nil {
+		m["fsync_last_error"] = (*p).Error()
+	}
+}
