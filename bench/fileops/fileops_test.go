@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"github.com/weir-storage/weir/bench/internal/benchutil"
 	"io"
 	"log"
 	"os"
@@ -33,7 +34,7 @@ func TestSmoke(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("the go tool is not on PATH: this test builds cmd/weir to run the services")
 	}
-	exe, err := buildWeir(t.TempDir())
+	exe, err := benchutil.BuildWeir(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}

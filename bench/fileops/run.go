@@ -98,7 +98,7 @@ func run(ctx context.Context, cfg options, logger *log.Logger) (rep *report, err
 		if err := os.MkdirAll(bin, 0o755); err != nil {
 			return nil, err
 		}
-		if exe, err = buildWeir(bin); err != nil {
+		if exe, err = benchutil.BuildWeir(bin); err != nil {
 			return nil, err
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -16,21 +15,6 @@ import (
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/stack"
 )
-
-// buildWeir compiles cmd/weir into dir and returns the binary's path. It
-// needs the go tool and a working directory inside the weir module.
-func buildWeir(dir string) (string, error) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("no weir binary given (-weir) and no go tool to build one: %w", err)
-	}
-	exe := filepath.Join(dir, "weir")
-	cmd := exec.Command(goTool, "build", "-o", exe, "github.com/weir-storage/weir/cmd/weir")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go build cmd/weir: %v\n%s", err, out)
-	}
-	return exe, nil
-}
 
 // weirConfigText is the configuration file the services run with: the
 // defaults, except for the directories, the debug log level (the file

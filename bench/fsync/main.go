@@ -1,25 +1,27 @@
-// Command fsync measures the durability path of issue 10 side by side on
-// one disk, in one run: an append to the staging log (services/journal/
-// staging: one self-contained record of a 4 KiB page, then one flush,
-// concurrent appends sharing flushes) against the file system's own 4 KiB
-// write + fdatasync, appending to a file and overwriting a written one.
-// Each workload runs with 1, 4 and 8 writers (goroutines of this process,
-// each on its own file for the file system rows) and reports p50/p99,
-// ops/s and the device's flush requests per op (/proc/diskstats).
+// Command fsync measures weir's fsync (issue 10) side by side with the
+// file system's, on one disk, in one run:
 //
-// It runs on the file system of -dir ("root") and, as root with the
-// tools installed, on a journaled ext4 and an XFS it makes on loop
-// devices over image files in -dir (the same disk): what a storage host
-// would run. Flushes are then the loop device's.
+//   - weir through the client: 4 KiB append + fsync, 4 KiB random
+//     overwrite + fsync, 64 KiB append + fsync, by 1, 4 and 8 client
+//     processes (each on a file of its own), against the services as
+//     processes on the file backend, with the staging log (Split
+//     Journaling) and, as the ablation, without it (staging_size 0: fsync
+//     syncs the file, the store and the metadata WAL in the foreground);
+//   - the file system's write + fdatasync, appending and overwriting, by
+//     as many writers (goroutines, a file each);
+//   - the staging log alone (its append + flush, no client, no service).
 //
-// This is the mechanism only: weir's fsync does not write staging records
-// yet (docs/journal-format.md), and the issue's full benchmark (through
-// the client, journaled ext4 and XFS on loop devices, client processes,
-// ablations) is not built.
+// It runs on the file system of -dir ("root") and, as root with the tools
+// installed, on a journaled ext4 and an XFS it makes on loop devices over
+// image files in -dir (the same disk): what a storage host would run. Each
+// row reports p50/p99, ops/s, the device's flush requests per op
+// (/proc/diskstats), write amplification (device bytes written per byte
+// acknowledged, after the row settles: a checkpoint's or a journal's
+// later writes count) and, for weir, the services' CPU per op.
 //
 // Usage:
 //
-//	go run ./bench/fsync [-dir PARENT] [-ops 2000] [-writers 1,4,8] [-out bench/results]
+//	go run ./bench/fsync [-dir PARENT] [-ops 2000] [-writers 1,4,8] [-fs root,ext4,xfs] [-out bench/results]
 package main
 
 import (
@@ -54,6 +56,19 @@ type Row struct {
 	P99us         float64 `json:"p99_us"`
 	FlushesPerOp  float64 `json:"flushes_per_op"`
 	LogFlushPerOp float64 `json:"log_flushes_per_op,omitempty"` // staging: the log's own count
+	// WriteAmplification is device bytes written per byte acknowledged,
+	// counted until the row settled (a checkpoint's later writes count).
+	WriteAmplification float64 `json:"write_amplification"`
+	Mode               string  `json:"mode,omitempty"`                  // weir rows: staging or the ablation
+	ServiceCPUusPerOp  float64 `json:"service_cpu_us_per_op,omitempty"` // weir rows: metadata + io CPU
+}
+
+// settle waits for what a row left in flight (a checkpoint, the file
+// system's journal) and makes the kernel write everything back, so that
+// the bytes a row caused are counted in it.
+func settle() {
+	time.Sleep(1500 * time.Millisecond)
+	unix.Sync()
 }
 
 const (
@@ -69,6 +84,12 @@ func main() {
 	fsFlag := flag.String("fs", "root,ext4,xfs", "file systems: root (that of -dir), ext4 and xfs (made on loop devices; root only)")
 	out := flag.String("out", "bench/results", "directory for fsync.md and fsync.json")
 	flag.Parse()
+	if *workerMD != "" {
+		if err := worker(); err != nil {
+			log.Fatalf("worker: %v", err)
+		}
+		return
+	}
 	var writers []int
 	for _, s := range strings.Split(*writersFlag, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -82,6 +103,12 @@ func main() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(parent)
+	exe := *weirExe
+	if exe == "" {
+		if exe, err = benchutil.BuildWeir(parent); err != nil {
+			log.Fatal(err)
+		}
+	}
 	var rows []Row
 	var fsNotes []string
 	for _, fs := range strings.Split(*fsFlag, ",") {
@@ -94,15 +121,28 @@ func main() {
 		}
 		fsNotes = append(fsNotes, fmt.Sprintf("%s: %s", fs, describe))
 		for _, w := range writers {
-			for _, wl := range []string{wlStaging, wlAppend, wlOverwrite} {
-				row, err := run(dir, wl, w, *ops)
-				if err != nil {
-					cleanup()
-					log.Fatalf("%s: %s, %d writers: %v", fs, wl, w, err)
+			for _, wl := range []string{wlWeirAppend, wlAppend, wlWeirOverwrite, wlOverwrite, wlWeirAppend64, wlStaging} {
+				modes := []string{""}
+				if strings.HasPrefix(wl, "weir") {
+					modes = []string{modeStaging, modeNoStaging}
 				}
-				row.FS = fs
-				log.Printf("%-5s %-45s %d writers: p50 %7.1f µs  p99 %7.1f µs  %6.0f ops/s  %.2f flushes/op", fs, wl, w, row.P50us, row.P99us, row.OpsPerSec, row.FlushesPerOp)
-				rows = append(rows, row)
+				for _, mode := range modes {
+					var row Row
+					var err error
+					if mode != "" {
+						row, err = runWeir(exe, dir, mode, wl, w, *ops)
+					} else {
+						row, err = run(dir, wl, w, *ops)
+					}
+					if err != nil {
+						cleanup()
+						log.Fatalf("%s: %s %s, %d writers: %v", fs, wl, mode, w, err)
+					}
+					row.FS = fs
+					log.Printf("%-5s %-40s %-14.14s %d writers: p50 %7.1f µs  p99 %7.1f µs  %6.0f ops/s  %.2f flushes/op  WA %.2f",
+						fs, wl, mode, w, row.P50us, row.P99us, row.OpsPerSec, row.FlushesPerOp, row.WriteAmplification)
+					rows = append(rows, row)
+				}
 			}
 		}
 		cleanup()
@@ -203,10 +243,11 @@ func run(parent, wl string, w, ops int) (Row, error) {
 		}
 	}
 	unix.Sync() // nothing of the set-up left to write back in the window
-	before, _, err := benchutil.DiskFlushes(dir)
+	before0, _, err := benchutil.Disk(dir)
 	if err != nil {
 		return Row{}, err
 	}
+	before := before0.Flushes
 	var logBefore uint64
 	if logFlushes != nil {
 		logBefore = logFlushes()
@@ -240,13 +281,19 @@ func run(parent, wl string, w, ops int) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
+	settle()
+	written, _, err := benchutil.Disk(dir)
+	if err != nil {
+		return Row{}, err
+	}
 	var all benchutil.Histogram
 	for i := range hists {
 		all.Merge(&hists[i])
 	}
 	n := int(all.Count())
 	row := Row{Workload: wl, Writers: w, Ops: n, OpsPerSec: float64(n) / elapsed.Seconds(),
-		P50us: all.QuantileUs(0.5), P99us: all.QuantileUs(0.99), FlushesPerOp: float64(after-before) / float64(n)}
+		P50us: all.QuantileUs(0.5), P99us: all.QuantileUs(0.99), FlushesPerOp: float64(after-before) / float64(n),
+		WriteAmplification: float64(written.BytesWritten-before0.BytesWritten) / float64(n*4096)}
 	if logFlushes != nil {
 		row.LogFlushPerOp = float64(logFlushes()-logBefore) / float64(n)
 	}
@@ -262,27 +309,52 @@ func (d fileDevice) Sync() error { return unix.Fdatasync(int(d.Fd())) }
 func report(parent string, ops int, rows []Row, fsNotes []string) (string, error) {
 	var b strings.Builder
 	host, _ := benchutil.HostInfo()
-	fmt.Fprintf(&b, "# fsync path: the staging log against the file system's fdatasync\n\n")
+	fmt.Fprintf(&b, "# fsync: weir (staging log, and without it) against the file system's fdatasync\n\n")
 	fmt.Fprintf(&b, "- Date: %s\n- Machine: %d CPUs, %s; %s\n- Directory: %s\n",
 		time.Now().UTC().Format(time.RFC3339), host.NProc, host.CPUModel, host.Kernel, parent)
 	for _, n := range fsNotes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
-	b.WriteString("- Flushes: the flush requests the file system's block device completed (/proc/diskstats), over the row; other activity on that device counts too.\n")
-	fmt.Fprintf(&b, "- %d ops per row, shared by the writers (goroutines of one process); 4 KiB each. Staging: a 32 MiB log, trimmed whole when full. File system: one file per writer; overwrites at random 4 KiB offsets of an 8 MiB written file.\n", ops)
-	b.WriteString("- The mechanism only: weir's fsync does not write staging records yet.\n\n")
-	b.WriteString("| File system | Workload | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | log flushes / op |\n|---|---|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("- Flushes: the flush requests the file system's block device completed (/proc/diskstats) during the ops; other activity on that device counts too. Write amplification: bytes the device wrote per byte acknowledged, counted until 1.5 s after the row and a sync (a checkpoint's or a journal's later writes count).\n")
+	fmt.Fprintf(&b, "- %d ops per row, shared by the writers. weir: client processes, a file each, services as processes on the file backend with their data directory on the file system of the row; CPU is the metadata and IO processes' per op. File system: goroutines, a file each. Overwrites at random 4 KiB offsets of an 8 MiB written file. Staging log alone: a 32 MiB log of a file, trimmed whole when full.\n", ops)
+	b.WriteString("- Ablation: weir without the staging log (io.staging_size 0), fsync as before Split Journaling: the file's blob, the store, then the metadata WAL through a NATS round trip. Not built: the ablation without background journaling (a journal service in the foreground of fsync); there is no journal service process yet, the checkpoint runs in io.\n\n")
+	b.WriteString("| File system | Workload | mode | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | write ampl. | services CPU µs / op |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rows {
 		if r.NA != "" {
-			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | |\n", r.FS, r.NA)
+			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | | | |\n", r.FS, r.NA)
 			continue
 		}
-		lf := "—"
-		if r.Workload == wlStaging {
-			lf = benchutil.Fnum(r.LogFlushPerOp)
+		mode, cpu := "", "—"
+		if r.Mode != "" {
+			mode = "staging"
+			if r.Mode == modeNoStaging {
+				mode = "no staging"
+			}
+			cpu = benchutil.Fnum(r.ServiceCPUusPerOp)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s | %s | %s |\n", r.FS, r.Workload, r.Writers, benchutil.Fint(float64(r.Ops)),
-			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), lf)
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", r.FS, r.Workload, mode, r.Writers, benchutil.Fint(float64(r.Ops)),
+			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), benchutil.Fnum(r.WriteAmplification), cpu)
+	}
+	b.WriteString("\n## weir with the staging log against the file system, same file system, same writers\n\n")
+	b.WriteString("| File system | writers | append p50: fs / weir | append ops/s: weir / fs | overwrite p50: fs / weir | overwrite ops/s: weir / fs |\n|---|--:|--:|--:|--:|--:|\n")
+	find := func(fs, wl, mode string, w int) *Row {
+		for i := range rows {
+			if r := &rows[i]; r.FS == fs && r.Workload == wl && r.Mode == mode && r.Writers == w && r.NA == "" {
+				return r
+			}
+		}
+		return nil
+	}
+	for _, r := range rows {
+		if r.Workload != wlWeirAppend || r.Mode != modeStaging {
+			continue
+		}
+		fa, fo, wo := find(r.FS, wlAppend, "", r.Writers), find(r.FS, wlOverwrite, "", r.Writers), find(r.FS, wlWeirOverwrite, modeStaging, r.Writers)
+		if fa == nil || fo == nil || wo == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s× | %s× | %s× | %s× |\n", r.FS, r.Writers, benchutil.Fnum(fa.P50us/r.P50us), benchutil.Fnum(r.OpsPerSec/fa.OpsPerSec),
+			benchutil.Fnum(fo.P50us/wo.P50us), benchutil.Fnum(wo.OpsPerSec/fo.OpsPerSec))
 	}
 	b.WriteString("\n")
 	return b.String(), nil

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"flag"
+	"os"
 	"strings"
 	"testing"
 
@@ -32,9 +34,47 @@ func TestRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"| root | " + wlStaging + " | 2 |", "device flushes / op"} {
+	for _, s := range []string{"| root | " + wlStaging + " |  | 2 |", "device flushes / op"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("report lacks %q", s)
+		}
+	}
+}
+
+// TestMain runs the test binary as a client worker when the weir rows
+// re-execute it (-worker-md).
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if *workerMD != "" {
+		if err := worker(); err != nil {
+			os.Stderr.WriteString("worker: " + err.Error() + "\n")
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// The weir rows run: a stack in each mode, two client processes, and the
+// staging mode flushes the device about once per fsync, never the three
+// of the foreground path.
+func TestWeirRows(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := benchutil.DiskFlushes(dir); err != nil {
+		t.Skipf("the benchmark counts disk flushes, and %s has no counter: %v", dir, err)
+	}
+	exe, err := benchutil.BuildWeir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{modeStaging, modeNoStaging} {
+		row, err := runWeir(exe, dir, mode, wlWeirAppend, 2, 60)
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		t.Logf("%s: %+v", mode, row)
+		if row.Ops != 60 || row.P50us <= 0 || row.OpsPerSec <= 0 || row.FlushesPerOp <= 0 || row.ServiceCPUusPerOp <= 0 {
+			t.Fatalf("%s: %+v", mode, row)
 		}
 	}
 }

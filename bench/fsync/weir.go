@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/weir-storage/weir/bench/internal/benchutil"
+	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/stack"
+)
+
+// The weir rows: the services run as processes of the weir binary
+// (stack.Supervisor, as `weir up` runs them) on the file backend, with
+// their data directory on the file system measured; each writer is a
+// client process (this program re-executed with -worker), on a file of
+// its own, queue depth 1.
+
+// Weir workloads, and the modes the services run in.
+const (
+	wlWeirAppend    = "weir: 4 KiB append + fsync"
+	wlWeirOverwrite = "weir: 4 KiB random overwrite + fsync"
+	wlWeirAppend64  = "weir: 64 KiB append + fsync"
+
+	modeStaging   = "staging log (Split Journaling)"
+	modeNoStaging = "ablation: no staging (fsync syncs file, store and metadata WAL in the foreground)"
+)
+
+var (
+	workerMD   = flag.String("worker-md", "", "internal: run as a client worker on this metadata socket")
+	workerIO   = flag.String("worker-io", "", "internal: the worker's IO socket")
+	workerFile = flag.String("worker-file", "", "internal: the worker's file")
+	workerWL   = flag.String("worker-wl", "", "internal: the worker's workload")
+	workerOps  = flag.Int("worker-ops", 0, "internal: the worker's op count")
+	weirExe    = flag.String("weir", "", "weir binary for the services (default: built from this module)")
+)
+
+// payload is a workload's bytes per op.
+func payload(wl string) int {
+	if wl == wlWeirAppend64 {
+		return 64 << 10
+	}
+	return 4 << 10
+}
+
+// worker runs in a client process: it opens its file (an overwrite's is
+// written in full and fsynced first), says "ready", waits for a line on
+// stdin, runs its ops and prints their latencies (ns) as JSON.
+func worker() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: *workerMD, IOSocket: *workerIO})
+	if err != nil {
+		return err
+	}
+	defer fsys.Close()
+	f, err := fsys.OpenFile(*workerFile, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	const span = 8 << 20
+	if *workerWL == wlWeirOverwrite {
+		if _, err := f.Write(make([]byte, span)); err != nil {
+			return err
+		}
+	}
+	if err := f.Sync(); err != nil { // the file's first fsync makes its name durable too: not timed
+		return err
+	}
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return err
+	}
+	buf := make([]byte, payload(*workerWL))
+	rng := rand.New(rand.NewPCG(uint64(os.Getpid()), 3))
+	lat := make([]int64, 0, *workerOps)
+	for i := range *workerOps {
+		for j := 0; j < len(buf); j += 8 {
+			buf[j] = byte(i) // every op writes new bytes
+		}
+		t := time.Now()
+		if *workerWL == wlWeirOverwrite {
+			_, err = f.WriteAt(buf, int64(rng.IntN(span/4096))*4096)
+		} else {
+			_, err = f.Write(buf)
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if err != nil {
+			return err
+		}
+		lat = append(lat, int64(time.Since(t)))
+	}
+	return json.NewEncoder(os.Stdout).Encode(lat)
+}
+
+// weirStack is the services on a data directory under dir.
+type weirStack struct {
+	sup *stack.Supervisor
+	cfg *config.Config
+	run string
+}
+
+func startWeir(exe, dir, mode string) (*weirStack, error) {
+	run, err := os.MkdirTemp("", "wbf-") // socket paths must be short
+	if err != nil {
+		return nil, err
+	}
+	staging := ""
+	if mode == modeNoStaging {
+		staging = "  staging_size = 0\n"
+	}
+	text := fmt.Sprintf("# written by bench/fsync; every other setting is the default\ndata_dir = %q\nrun_dir = %q\nio {\n  backend = \"file\"\n%s}\n",
+		filepath.Join(dir, "weir"), run, staging)
+	path := filepath.Join(dir, "weir.hcl")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return nil, err
+	}
+	cfg, err := config.Load(path)
+	if err != nil {
+		return nil, err
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "bench-fsync", Level: hclog.Warn, Output: os.Stderr})
+	sup := &stack.Supervisor{Config: cfg, ConfigPath: path, Exe: exe, Log: log, Out: os.Stderr}
+	if err := sup.Start(); err != nil {
+		os.RemoveAll(run)
+		return nil, fmt.Errorf("start weir: %w", err)
+	}
+	return &weirStack{sup: sup, cfg: cfg, run: run}, nil
+}
+
+func (w *weirStack) stop() {
+	w.sup.Stop()
+	os.RemoveAll(w.run)
+}
+
+// servicesCPU is the CPU time the metadata and IO processes have used.
+func (w *weirStack) servicesCPU() (time.Duration, error) {
+	var sum time.Duration
+	for _, pid := range w.sup.PIDs() {
+		c, err := benchutil.ProcCPU(pid)
+		if err != nil {
+			return 0, err
+		}
+		sum += c
+	}
+	return sum, nil
+}
+
+// runWeir measures ops of workload wl by w client processes against a
+// stack in mode on the file system of dir.
+func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
+	rowDir, err := os.MkdirTemp(dir, "weir-row-")
+	if err != nil {
+		return Row{}, err
+	}
+	defer os.RemoveAll(rowDir)
+	st, err := startWeir(exe, rowDir, mode)
+	if err != nil {
+		return Row{}, err
+	}
+	defer st.stop()
+	self, err := os.Executable()
+	if err != nil {
+		return Row{}, err
+	}
+	type proc struct {
+		cmd   *exec.Cmd
+		in    *os.File
+		out   *bufio.Reader
+		lines chan string
+	}
+	procs := make([]*proc, w)
+	for i := range procs {
+		cmd := exec.Command(self, "-worker-md", st.cfg.Metadata.Socket, "-worker-io", st.cfg.IO.Socket,
+			"-worker-file", fmt.Sprintf("w%d", i), "-worker-wl", wl, "-worker-ops", fmt.Sprint(ops/w))
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return Row{}, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return Row{}, err
+		}
+		if err := cmd.Start(); err != nil {
+			return Row{}, err
+		}
+		defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+		p := &proc{cmd: cmd, out: bufio.NewReaderSize(stdout, 1<<20)}
+		if line, err := p.out.ReadString('\n'); err != nil || line != "ready\n" {
+			return Row{}, fmt.Errorf("worker %d: %q, %v", i, line, err)
+		}
+		p.in = stdin.(*os.File)
+		procs[i] = p
+	}
+	// Nothing of the set-up left in flight: the services' checkpoint of
+	// the set-up's records and the kernel's write-back.
+	time.Sleep(500 * time.Millisecond)
+	exec.Command("sync").Run()
+	before, _, err := benchutil.Disk(rowDir)
+	if err != nil {
+		return Row{}, err
+	}
+	cpu0, err := st.servicesCPU()
+	if err != nil {
+		return Row{}, err
+	}
+	start := time.Now()
+	for _, p := range procs {
+		if _, err := p.in.WriteString("go\n"); err != nil {
+			return Row{}, err
+		}
+	}
+	var all benchutil.Histogram
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, w)
+	for i, p := range procs {
+		wg.Go(func() {
+			var lat []int64
+			if err := json.NewDecoder(p.out).Decode(&lat); err != nil {
+				errs <- fmt.Errorf("worker %d: %w", i, err)
+				return
+			}
+			mu.Lock()
+			for _, v := range lat {
+				all.Record(v)
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	for err := range errs {
+		return Row{}, err
+	}
+	cpu1, err := st.servicesCPU()
+	if err != nil {
+		return Row{}, err
+	}
+	after, _, err := benchutil.Disk(rowDir)
+	if err != nil {
+		return Row{}, err
+	}
+	n := int(all.Count())
+	return Row{Workload: wl, Mode: mode, Writers: w, Ops: n, OpsPerSec: float64(n) / elapsed.Seconds(),
+		P50us: all.QuantileUs(0.5), P99us: all.QuantileUs(0.99),
+		FlushesPerOp:       float64(after.Flushes-before.Flushes) / float64(n),
+		WriteAmplification: float64(after.BytesWritten-before.BytesWritten) / float64(n*payload(wl)),
+		ServiceCPUusPerOp:  float64((cpu1 - cpu0).Microseconds()) / float64(n),
+	}, nil
+}
