@@ -62,6 +62,9 @@ func TestMain(m *testing.M) {
 	if socket := os.Getenv(peerAttackerEnv); socket != "" {
 		os.Exit(runPeerAttacker(socket))
 	}
+	if spec := os.Getenv(crashWorkerEnv); spec != "" {
+		os.Exit(runCrashWorker(spec))
+	}
 	code := m.Run()
 	if weirBuild.dir != "" {
 		os.RemoveAll(weirBuild.dir)

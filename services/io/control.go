@@ -299,13 +299,16 @@ func (s *Service) onResync(m *nats.Msg) {
 		s.wrongOnce.Do(func() { close(s.wrongStore) })
 		return
 	}
+	var replayed []replayed
+	startStaging := false
 	if st := s.stg; st != nil && !st.opened.Load() {
 		// Once the store is known to be this stack's, and before any
 		// session can attach (this resync lets them): the replay is the
 		// recovery of every acknowledged fsync, and nothing may read a
 		// blob before it.
 		blocks := uint64(max(s.opts.StagingBytes/staging.BlockSize, 16))
-		if err := st.open(blocks, true); err != nil {
+		var err error
+		if replayed, err = st.open(blocks); err != nil {
 			err = fmt.Errorf("staging log: %w", err)
 			s.host.Refuse(m, "staging_failed", control.ResyncReply{}, err.Error())
 			if s.storeErr.CompareAndSwap(nil, &err) {
@@ -314,6 +317,7 @@ func (s *Service) onResync(m *nats.Msg) {
 			s.wrongOnce.Do(func() { close(s.wrongStore) })
 			return
 		}
+		startStaging = true
 	}
 	s.storeErr.Store(nil)
 	s.mu.Lock()
@@ -339,9 +343,18 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.Stats.Grants.Add(-int64(len(dropped)))
 	s.Stats.GrantsDropped.Add(uint64(len(dropped)))
 	s.Stats.Resyncs.Add(1)
+	// The replayed files' sizes go in the reply, newer than any report
+	// the metadata service applied (the floor above): it records them
+	// before it serves a grant.
+	var live []control.SetLive
+	for _, r := range replayed {
+		live = append(live, control.SetLive{Ino: r.ino, Size: r.size, Mtime: r.mtime, DV: s.dv.Add(1)})
+	}
 	s.meta.resynced(s.opts.RequestTimeout)
-	if s.stg != nil {
-		s.stg.poke() // sizes of replayed records reach this incarnation
+	if startStaging {
+		s.stg.start()
+	} else if s.stg != nil {
+		s.stg.poke() // files with live records: their sizes reach this incarnation
 	}
 	s.resyncOnce.Do(func() { close(s.resynced) })
 	s.log.Info("resynchronised by the metadata service", "incarnation", r.Incarnation, "grants_dropped", len(dropped),
@@ -349,6 +362,13 @@ func (s *Service) onResync(m *nats.Msg) {
 	if !s.background(func() {
 		var reply control.ResyncReply
 		var rest []control.SetLive
+		for _, l := range live {
+			if len(reply.Live) < control.MaxResyncLive {
+				reply.Live = append(reply.Live, l)
+			} else {
+				rest = append(rest, l)
+			}
+		}
 		seen := map[*openBlob]bool{}
 		for _, g := range dropped {
 			<-g.drained

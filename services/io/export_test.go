@@ -10,3 +10,7 @@ func SetNewRegion(s *Service, f func(ring.Config) (*ring.Region, error)) { s.new
 // own, even a request that is alone, so that tests can count on requests
 // of one session meeting at the backend.
 func SetHandOffAlways(s *Service, on bool) { s.handOffAlways.Store(on) }
+
+// SetAfterMark makes every cached write call f between marking its pages
+// changed for the next fsync and extending the size (nil: nothing).
+func SetAfterMark(f func()) { testAfterMark = f }

@@ -535,6 +535,11 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.stopping = true // no more background work: bg.Add must not race Wait
 	s.mu.Unlock()
+	if s.stg != nil {
+		// Before the wait: deletes wait in it for the checkpointer, and
+		// no pass may run while blobs close below.
+		s.stg.halt()
+	}
 	s.bg.Wait()
 	if s.pc != nil {
 		close(s.flushStop)
@@ -684,6 +689,26 @@ func (ob *openBlob) cachedGated() (r *region, unlock func()) {
 	return nil, ob.rgate.RUnlock
 }
 
+// holdChanges waits for the writes and truncates of the blob in progress
+// and keeps new ones out until unlock: writes without a region hold rgate
+// shared, writes and fills with one hold its trunc lock shared (and a
+// truncate exclusive), for their whole course. A region, once made, stays
+// while the blob is open.
+func (ob *openBlob) holdChanges() (unlock func()) {
+	ob.rgate.Lock()
+	r := ob.cached.Load()
+	if r == nil {
+		return ob.rgate.Unlock
+	}
+	ob.rgate.Unlock()
+	r.life.RLock()
+	r.trunc.Lock()
+	return func() {
+		r.trunc.Unlock()
+		r.life.RUnlock()
+	}
+}
+
 // maxIdleRegions bounds the regions of closed blobs kept (each holds a
 // memfd and its mappings; their pages count against the cache size).
 const maxIdleRegions = 1024
@@ -774,10 +799,13 @@ func (s *Service) cacheMemory() int64 {
 // truncateBlob truncates the blob and drops its cached pages past the new
 // size; no fill or write of the region runs meanwhile.
 func (s *Service) truncateBlob(ob *openBlob, size int64) error {
-	if ob.sf != nil && size < ob.logical() {
-		// A shrink goes to the blob: the next fsync syncs home, so that
-		// no earlier record's pages past the cut come back at replay.
-		ob.sf.markHome()
+	// A shrink goes to the blob: the next fsync syncs home, so that no
+	// earlier record's pages past the cut come back at replay. Marked
+	// with the change held (holdChanges).
+	shrink := func() {
+		if ob.sf != nil && size < ob.logical() {
+			ob.sf.markHome()
+		}
 	}
 	r, unlock := ob.cachedGated()
 	defer unlock()
@@ -786,6 +814,7 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		defer r.life.RUnlock()
 		r.trunc.Lock()
 		defer r.trunc.Unlock()
+		shrink()
 		if err := ob.b.Truncate(size); err != nil {
 			return err
 		}
@@ -793,6 +822,7 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		ob.size.Store(size)
 		return nil
 	}
+	shrink()
 	if err := ob.b.Truncate(size); err != nil {
 		return err
 	}

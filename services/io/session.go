@@ -523,6 +523,9 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 		// record before either (stagedSync reads the size first).
 		if ob.sf != nil {
 			ob.sf.markChanged(p0, p1)
+			if h := testAfterMark; h != nil {
+				h() // tests widen the window an fsync must not fall into
+			}
 		}
 		if r.stage(lr, runs, off, n) {
 			ob.extend(off + n)

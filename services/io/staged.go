@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -50,9 +51,9 @@ type stager struct {
 	svc  *Service
 	log  *staging.Log
 	blob backend.Blob
-	// maxPages bounds the pages one record carries: more changed pages
-	// than this are made durable at home instead (FlagHome).
-	maxPages int
+	// maxBlocks bounds one record: a file with more changed pages than
+	// fit is made durable at home instead (FlagHome).
+	maxBlocks int
 
 	mu    sync.Mutex
 	files map[backend.BlobID]*stagedFile // protected by mu
@@ -65,6 +66,9 @@ type stager struct {
 	// opened: log and blob are set (the first resync opened the log);
 	// until then no session exists and nothing else is used.
 	opened atomic.Bool
+	// stopping: Shutdown began; waits for room or trims end (mu).
+	stopping    bool
+	lastCkptErr atomic.Pointer[error]
 
 	// Counters (weir status, the stats endpoint).
 	Records     atomic.Uint64 // records appended by fsyncs
@@ -75,6 +79,8 @@ type stager struct {
 	Passes      atomic.Uint64 // checkpoint passes that trimmed
 	Checkpoints atomic.Uint64 // files checkpointed
 	Replayed    atomic.Uint64 // records replayed at start
+	Skipped     atomic.Uint64 // records replay could not apply (fields out of range)
+	Empty       atomic.Uint64 // fsyncs with nothing to stage: no record
 	FailedFiles atomic.Uint64 // files whose fsync failed (sticky EIO)
 	lastErr     atomic.Pointer[error]
 }
@@ -100,10 +106,14 @@ type stagedFile struct {
 	// dirtyHome: changes reached the blob itself since the last home
 	// sync; the next fsync syncs home first (FlagHome).
 	dirtyHome bool
-	named     bool   // the file's name is durable at metadata (false: made here, no synced report yet)
-	err       error  // sticky: an fsync of the file failed
-	last      uint64 // lsn of the file's last live record, 0 if none; protected by stager.mu
-	refs      int    // open blobs; protected by stager.mu
+	named     bool  // the file's name is durable at metadata (false: made here, no synced report yet)
+	err       error // sticky: an fsync of the file failed
+	// size and mtime as of the file's last record (or its replay): what
+	// a checkpoint reports of a file not written since it was opened;
+	// size -1 until there is one.
+	size, mtime int64
+	last        uint64 // lsn of the file's last live record, 0 if none; protected by stager.mu
+	refs        int    // open blobs; protected by stager.mu
 }
 
 // markChanged records that pages [p0, p1) take new bytes in the cache.
@@ -127,10 +137,17 @@ func (f *stagedFile) markHome() {
 	f.mu.Unlock()
 }
 
-// clean reports whether nothing of the file waits for the log.
+// cleanLocked reports whether nothing of the file waits for the log: the
+// state may be forgotten (a file whose fsync failed keeps its sticky
+// error while it is open only; a new name not made durable yet is
+// durable by the metadata service's own WAL sync soon after).
 func (f *stagedFile) cleanLocked() bool {
-	return f.nchanged == 0 && !f.dirtyHome && f.last == 0 && f.err == nil
+	return f.nchanged == 0 && !f.dirtyHome && f.last == 0
 }
+
+// testAfterMark, set by tests only (SetAfterMark), runs in a cached write
+// between marking its pages changed and extending the size.
+var testAfterMark func()
 
 // checkpointAfter is how long the checkpointer lets records gather
 // before a pass (it runs at once when poked).
@@ -147,9 +164,10 @@ func newStager(s *Service) *stager {
 // open opens the staging log (making it of blocks blocks on a store that
 // has none), replays its live records into their blobs and syncs them;
 // the first resync calls it, once the store is known to be this stack's
-// and before any session can attach. Then the checkpointer runs, with
-// checkpoints.
-func (st *stager) open(blocks uint64, checkpoints bool) error {
+// and before any session can attach (start then runs the checkpointer).
+// The files it replayed are returned, for the resync's reply: the
+// metadata service records their sizes before it serves anyone.
+func (st *stager) open(blocks uint64) ([]replayed, error) {
 	s := st.svc
 	b, err := s.be.Open(backend.StagingBlob)
 	if errors.Is(err, syscall.ENOENT) {
@@ -165,41 +183,52 @@ func (st *stager) open(blocks uint64, checkpoints bool) error {
 			}
 		}
 		if err != nil {
-			return fmt.Errorf("make the staging log: %w", err)
+			return nil, fmt.Errorf("make the staging log: %w", err)
 		}
 		s.log.Info("staging log made", "ring_bytes", blocks*staging.BlockSize)
 	} else if err != nil {
-		return fmt.Errorf("open the staging log: %w", err)
+		return nil, fmt.Errorf("open the staging log: %w", err)
 	}
 	l, recs, err := staging.Open(b)
 	if err != nil {
 		b.Close()
-		return fmt.Errorf("open the staging log: %w", err)
+		return nil, fmt.Errorf("open the staging log: %w", err)
 	}
-	st.log, st.blob = l, b
 	ring := l.Stats().RingBytes / staging.BlockSize
-	st.maxPages = int(min(ring/4, staging.MaxRecordBlocks-8))
+	// A record takes at most a quarter of the ring: more changed pages
+	// than that are made durable at home instead (plan).
+	st.maxBlocks = int(min(ring/4, staging.MaxRecordBlocks))
 	if uint64(ring) != blocks {
 		s.log.Warn("the staging log keeps the size it was made with", "ring_bytes", ring*staging.BlockSize, "configured", blocks*staging.BlockSize)
 	}
-	if err := st.replay(recs); err != nil {
+	done, err := st.replay(recs)
+	if err != nil {
 		b.Close()
-		return err
+		return nil, err
 	}
+	st.log, st.blob = l, b
 	st.opened.Store(true)
-	if checkpoints {
-		go st.checkpointer()
-	} else {
-		close(st.done)
-	}
-	return nil
+	return done, nil
 }
 
-// Replay opens the staging log on be, a stopped IO service's store, and
+// start runs the checkpointer (once the resync that opened the log has
+// set the data version floor: its reports must be newer than any the
+// metadata service applied).
+func (st *stager) start() { go st.checkpointer() }
+
+// replayed is a file a replay wrote: its size and mtime as its last
+// record gave them.
+type replayed struct {
+	ino         uint64
+	size, mtime int64
+}
+
+// Replay opens the staging log on be, a stopped IO service's store,
 // replays its live records into their blobs, as the service's start does
-// before it serves anyone (weir check --repair; tests that recover a power
-// cut's image). It returns how many records it applied; a store without a
-// log has none.
+// before it serves anyone, and trims them: the caller records the blobs'
+// sizes (weir check --repair does; tests that recover a power cut's image
+// read the blobs). It returns how many records it applied; a store
+// without a log has none.
 func Replay(be backend.Backend, log hclog.Logger) (int, error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
@@ -215,42 +244,77 @@ func Replay(be backend.Backend, log hclog.Logger) (int, error) {
 	s := &Service{be: be, log: log}
 	s.creates.be = be
 	st := newStager(s)
-	if err := st.open(16, false); err != nil {
+	if _, err := st.open(16); err != nil {
 		return 0, err
 	}
 	defer st.blob.Close()
+	if n := len(st.recs); n > 0 {
+		if err := st.log.Trim(st.recs[n-1].lsn); err != nil {
+			return 0, fmt.Errorf("trim the staging log: %w", err)
+		}
+	}
 	return int(st.Replayed.Load()), nil
 }
 
+// validRecord says why a record (whole and checksummed: the log's own)
+// names nothing replay can apply, or "".
+func validRecord(r *staging.Record) string {
+	switch {
+	case r.Blob == 0 || r.Blob == uint64(backend.StagingBlob) || r.Blob >= 1<<48 || r.Ino != r.Blob:
+		return fmt.Sprintf("blob %d of inode %d", r.Blob, r.Ino)
+	case r.Size > backend.MaxBlobSize:
+		return fmt.Sprintf("size %d", r.Size)
+	}
+	for _, e := range r.Extents {
+		if e.First > uint64(backend.MaxBlobSize)/staging.PageSize-uint64(e.Pages) {
+			return fmt.Sprintf("pages %d+%d", e.First, e.Pages)
+		}
+	}
+	return ""
+}
+
 // replay applies the live records to their blobs, in lsn order, skipping
-// each file's records before its last FlagHome one, and syncs them. The
-// records stay live: the checkpointer reports the sizes to metadata and
-// then trims them (a crash before that replays them again, to the same
-// result).
-func (st *stager) replay(recs []staging.Record) error {
+// each file's records before its last FlagHome one, and syncs each blob
+// after its last record (then closes it: only blobs whose records
+// interleave are open together). The records stay
+// live: the checkpointer trims them once the sizes are durable at
+// metadata (a crash before that replays them again, to the same result).
+// A record replay cannot apply (its fields out of range: not one this
+// code wrote) is skipped and logged.
+func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
+	st.recs, st.files = nil, map[backend.BlobID]*stagedFile{} // a failed open may be tried again
 	if len(recs) == 0 {
-		return nil
+		return nil, nil
 	}
 	s := st.svc
 	from := map[uint64]uint64{} // blob -> lsn of its last FlagHome record
-	for _, r := range recs {
+	last := map[uint64]int{}    // blob -> index of its last record
+	for i, r := range recs {
 		if r.Flags&staging.FlagHome != 0 {
 			from[r.Blob] = r.LSN
 		}
+		last[r.Blob] = i
 	}
+	var out []replayed
 	open := map[backend.BlobID]backend.Blob{}
 	defer func() {
 		for _, b := range open {
 			b.Close()
 		}
 	}()
-	for _, r := range recs {
+	for i := range recs {
+		r := &recs[i]
 		id := backend.BlobID(r.Blob)
 		st.recs = append(st.recs, stagedRec{lsn: r.LSN, id: id, ino: r.Ino})
-		f := st.fileLocked(id, r.Ino)
-		f.last = r.LSN
-		if id == 0 || id == backend.StagingBlob || r.LSN < from[r.Blob] {
+		if why := validRecord(r); why != "" {
+			st.Skipped.Add(1)
+			s.log.Error("staging record not replayed: its fields are out of range", "lsn", r.LSN, "why", why)
 			continue
+		}
+		f := st.fileLocked(id, r.Ino)
+		f.last, f.size, f.mtime = r.LSN, r.Size, r.MtimeNs
+		if r.LSN < from[r.Blob] {
+			continue // its file's home holds a later state
 		}
 		b := open[id]
 		if b == nil {
@@ -264,7 +328,7 @@ func (st *stager) replay(recs []staging.Record) error {
 				}
 			}
 			if err != nil {
-				return fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
+				return nil, fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
 			}
 			open[id] = b
 		}
@@ -272,25 +336,28 @@ func (st *stager) replay(recs []staging.Record) error {
 		for _, e := range r.Extents {
 			n := int(e.Pages) * staging.PageSize
 			if _, err := b.WriteAt(r.Data[at:at+n], int64(e.First)*staging.PageSize); err != nil {
-				return fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
+				return nil, fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
 			}
 			at += n
 		}
 		if err := b.Truncate(r.Size); err != nil {
-			return fmt.Errorf("replay staging record %d (blob %d): size %d: %w", r.LSN, id, r.Size, err)
+			return nil, fmt.Errorf("replay staging record %d (blob %d): size %d: %w", r.LSN, id, r.Size, err)
 		}
 		st.Replayed.Add(1)
-	}
-	for id, b := range open {
-		if err := b.Sync(); err != nil {
-			return fmt.Errorf("replay staging: sync blob %d: %w", id, err)
+		if last[r.Blob] == i {
+			if err := b.Sync(); err != nil {
+				return nil, fmt.Errorf("replay staging: sync blob %d: %w", id, err)
+			}
+			b.Close()
+			delete(open, id)
+			out = append(out, replayed{ino: r.Ino, size: r.Size, mtime: r.MtimeNs})
 		}
 	}
 	if err := s.be.Sync(); err != nil {
-		return fmt.Errorf("replay staging: sync the backend: %w", err)
+		return nil, fmt.Errorf("replay staging: sync the backend: %w", err)
 	}
-	s.log.Info("staging log replayed", "records", len(recs), "files", len(open))
-	return nil
+	s.log.Info("staging log replayed", "records", len(recs), "files", len(out))
+	return out, nil
 }
 
 // fileLocked returns the staging state of blob id, making it. st.mu is
@@ -298,7 +365,7 @@ func (st *stager) replay(recs []staging.Record) error {
 func (st *stager) fileLocked(id backend.BlobID, ino uint64) *stagedFile {
 	f := st.files[id]
 	if f == nil {
-		f = &stagedFile{id: id, ino: ino, named: true}
+		f = &stagedFile{id: id, ino: ino, named: true, size: -1}
 		st.files[id] = f
 	}
 	return f
@@ -326,7 +393,7 @@ func (st *stager) detach(f *stagedFile) {
 	defer st.mu.Unlock()
 	f.refs--
 	f.mu.Lock()
-	forget := f.refs == 0 && f.cleanLocked() && f.named
+	forget := f.refs == 0 && f.cleanLocked()
 	f.mu.Unlock()
 	if forget && st.files[f.id] == f {
 		delete(st.files, f.id)
@@ -349,30 +416,44 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 		return syscall.EIO
 	}
 	f.mu.Unlock()
-	// The size first: every write it covers marked its pages changed
-	// before it extended the size, so they are taken below.
+	// The size and the changes together, no write or truncate of the
+	// blob in progress: every write the size covers has marked its pages
+	// (and its pages are dirty, for a home sync's write-back), and a
+	// change that goes to the device is done or not begun.
+	unhold := ob.holdChanges()
 	size, mtime, dv := ob.live()
 	f.mu.Lock()
-	home := f.dirtyHome || f.nchanged > st.maxPages
+	home := f.dirtyHome
 	take := f.changed
+	nothing := f.nchanged == 0 && !home && size == f.size && f.named
 	f.changed, f.nchanged, f.dirtyHome = nil, 0, false
-	flags := uint64(0)
-	if home {
-		flags = staging.FlagHome
-	}
 	named := f.named
 	f.mu.Unlock()
-	rec := staging.Record{Blob: uint64(ob.id), Ino: ob.ino, Size: size, MtimeNs: mtime, DataVersion: dv, Flags: flags}
+	unhold()
+	if nothing {
+		// Nothing changed since the file's last record or checkpoint
+		// (an fsync of a file only read, or fsynced twice): no record.
+		st.Empty.Add(1)
+		return 0
+	}
+	rec := staging.Record{Blob: uint64(ob.id), Ino: ob.ino, Size: size, MtimeNs: mtime, DataVersion: dv}
+	if !home && !st.plan(&rec, take, size) {
+		home = true // more than a record should carry: the file's home instead
+	}
 	var err error
 	if home {
+		rec.Flags, rec.Extents = staging.FlagHome, nil
 		err = s.syncHome(ob)
 		s.stg.HomeSyncs.Add(1)
 	} else {
-		err = s.readPages(ob, &rec, take, size)
+		err = s.readPages(ob, &rec)
 	}
 	if err == nil {
 		var lsn uint64
 		if lsn, err = st.append(&rec); err == nil {
+			f.mu.Lock()
+			f.size, f.mtime = size, mtime
+			f.mu.Unlock()
 			st.mu.Lock()
 			f.last = lsn
 			// In lsn order: appends return out of order, and a trim
@@ -390,6 +471,7 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 			st.FailedFiles.Add(1)
 		}
 		f.err = err
+		f.changed, f.nchanged = nil, 0 // nothing of the file is staged again
 		f.mu.Unlock()
 		st.lastErr.Store(&err)
 		s.log.Error("fsync failed: this and every later fsync of the file return EIO", "blob", ob.id, "ino", ob.ino, "error", err)
@@ -455,29 +537,46 @@ func (s *Service) syncHome(ob *openBlob) error {
 	return nil
 }
 
-// readPages fills rec with the pages of take (a page bitmap) below size,
-// as a read now would return them: from the cache, each page held while
-// it is copied, or from the blob for a page the cache no longer holds.
-func (s *Service) readPages(ob *openBlob, rec *staging.Record, take []uint64, size int64) error {
+// plan sets rec's extents to the pages of take (a page bitmap) below
+// size, in runs inside one cache chunk; false when the record they make
+// would be larger than a record of this log should be.
+func (st *stager) plan(rec *staging.Record, take []uint64, size int64) bool {
 	pages := bitList(take, 0)
 	last := (uint64(size) + staging.PageSize - 1) / staging.PageSize
 	for len(pages) > 0 && pages[len(pages)-1] >= last {
 		pages = pages[:len(pages)-1]
 	}
-	if len(pages) == 0 {
-		return nil
+	if len(pages) > st.maxBlocks {
+		return false
 	}
-	rec.Data = make([]byte, len(pages)*staging.PageSize)
 	for i := 0; i < len(pages); {
 		n := 1
 		for i+n < len(pages) && pages[i+n] == pages[i]+uint64(n) && pages[i+n]/cache.ChunkPages == pages[i]/cache.ChunkPages {
 			n++
 		}
 		rec.Extents = append(rec.Extents, staging.Extent{First: pages[i], Pages: uint32(n)})
-		if err := s.copyPages(ob, rec.Data[i*staging.PageSize:(i+n)*staging.PageSize], pages[i]); err != nil {
+		i += n
+	}
+	blocks, err := rec.Blocks()
+	return err == nil && blocks <= st.maxBlocks
+}
+
+// readPages fills rec.Data with the pages of its extents, as a read now
+// would return them: from the cache, each page held while it is copied,
+// or from the blob for a page the cache does not hold.
+func (s *Service) readPages(ob *openBlob, rec *staging.Record) error {
+	n := 0
+	for _, e := range rec.Extents {
+		n += int(e.Pages)
+	}
+	rec.Data = make([]byte, n*staging.PageSize)
+	at := 0
+	for _, e := range rec.Extents {
+		end := at + int(e.Pages)*staging.PageSize
+		if err := s.copyPages(ob, rec.Data[at:end], e.First); err != nil {
 			return err
 		}
-		i += n
+		at = end
 	}
 	return nil
 }
@@ -529,13 +628,18 @@ func deviceCopy(b backend.Blob, dst []byte, off int64) error {
 	return nil
 }
 
-// append writes rec, waiting for room while the log is full.
+// append writes rec, waiting for room while the log is full; it gives up
+// (EIO) once the service's storage failed (no checkpoint can make room)
+// or the service stops.
 func (st *stager) append(rec *staging.Record) (uint64, error) {
 	waited := false
 	for {
 		lsn, err := st.log.Append(rec)
 		if !errors.Is(err, staging.ErrFull) {
 			return lsn, err
+		}
+		if p := st.svc.syncFailure.Load(); p != nil {
+			return 0, fmt.Errorf("staging log full, and no checkpoint can make room: %w", *p)
 		}
 		if !waited {
 			waited = true
@@ -545,15 +649,14 @@ func (st *stager) append(rec *staging.Record) (uint64, error) {
 		st.mu.Lock()
 		pass := st.pass
 		st.poke()
-		for st.pass == pass && st.log.Stats().Live > 0 {
+		for st.pass == pass && st.log.Stats().Live > 0 && !st.stopping {
 			st.room.Wait()
 		}
+		stopping := st.stopping
 		st.mu.Unlock()
 		st.Waiting.Add(-1)
-		select {
-		case <-st.stop:
-			return 0, errors.New("the IO service is stopping")
-		default:
+		if stopping {
+			return 0, errors.New("staging log full and the IO service is stopping")
 		}
 	}
 }
@@ -566,19 +669,24 @@ func (st *stager) poke() {
 	}
 }
 
-// checkpointer runs checkpoint passes: checkpointAfter after the first
-// record of a pass, at once when poked (an fsync waits for room, a delete
-// for the blob's records, a resync), and at Shutdown.
+// checkpointer runs checkpoint passes: checkpointAfter after the last, at
+// once when poked (an fsync waits for room, a delete for the blob's
+// records, a resync); after a failed pass only when its backoff ends.
 func (st *stager) checkpointer() {
 	defer close(st.done)
 	t := time.NewTimer(checkpointAfter)
 	defer t.Stop()
 	backoff := checkpointAfter
+	failed := false
 	for {
+		kick := st.kick
+		if failed {
+			kick = nil // pokes do not cut a backoff short
+		}
 		select {
 		case <-st.stop:
 			return
-		case <-st.kick:
+		case <-kick:
 		case <-t.C:
 		}
 		err := st.checkpoint(context.Background(), false)
@@ -586,12 +694,14 @@ func (st *stager) checkpointer() {
 		st.pass++
 		st.room.Broadcast()
 		st.mu.Unlock()
-		if err != nil {
+		if failed = err != nil; failed {
+			st.lastCkptErr.Store(&err)
 			st.svc.log.Warn("checkpoint of the staging log did not finish; it is tried again", "error", err, "retry_in", backoff)
 			t.Reset(backoff)
 			backoff = min(2*backoff, 5*time.Second)
 			continue
 		}
+		st.lastCkptErr.Store(nil)
 		backoff = checkpointAfter
 		t.Reset(checkpointAfter)
 	}
@@ -600,10 +710,8 @@ func (st *stager) checkpointer() {
 // checkpoint makes every file of the live records durable at home and its
 // size durable at metadata, then trims the log up to the last record it
 // covered. A closed file with changes and no live record is synced home
-// too, and forgotten.
-//
-// With final (Shutdown) only the live records' files: the rest is synced
-// by the shutdown itself or needs nothing.
+// too, and its changes forgotten. With final (Shutdown) only the live
+// records' files.
 func (st *stager) checkpoint(ctx context.Context, final bool) error {
 	s := st.svc
 	trim := st.log.Stats().TrimLSN
@@ -620,16 +728,16 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 		upto = r.lsn
 		todo[r.id] = r.ino
 	}
-	var closed []backend.BlobID
+	closed := map[backend.BlobID]bool{}
 	for id, f := range st.files {
 		if final {
 			break
 		}
 		f.mu.Lock()
-		if f.refs == 0 && f.last == 0 && (f.nchanged > 0 || f.dirtyHome || !f.named) {
+		if f.refs == 0 && f.last == 0 && (f.nchanged > 0 || f.dirtyHome) {
 			if _, ok := todo[id]; !ok {
 				todo[id] = f.ino
-				closed = append(closed, id)
+				closed[id] = true
 			}
 		}
 		f.mu.Unlock()
@@ -638,9 +746,12 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 	if len(todo) == 0 {
 		return nil
 	}
+	// Reports of one incarnation of the metadata service only: a restart
+	// between them would lose those sent before it.
+	resyncs := s.resyncs.Load()
 	var reports []liveReport
 	for _, id := range slices.Sorted(maps.Keys(todo)) {
-		l, err := st.checkpointFile(id, todo[id], slices.Contains(closed, id))
+		l, err := st.checkpointFile(id, todo[id], closed[id])
 		if err != nil {
 			return err
 		}
@@ -648,29 +759,11 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 			reports = append(reports, *l)
 		}
 	}
-	// Every report, then one of them again with a sync of the metadata
-	// WAL, which makes all of them durable. A refused report is a file
-	// that is gone (its blob is deleted next).
-	var accepted *liveReport
-	for i := range reports {
-		l := &reports[i]
-		err := s.reportLive(ctx, l.ino, l.size, l.mtime, l.dv, false)
-		switch {
-		case err == nil:
-			accepted = l
-		case !isRefusal(err):
-			return err
-		}
+	if err := st.report(ctx, reports); err != nil {
+		return err
 	}
-	if accepted != nil {
-		if err := s.reportLive(ctx, accepted.ino, accepted.size, accepted.mtime, accepted.dv, true); err != nil && !isRefusal(err) {
-			return err
-		}
-	}
-	for _, l := range reports {
-		l.f.mu.Lock()
-		l.f.named = true // a synced report followed its report
-		l.f.mu.Unlock()
+	if s.resyncs.Load() != resyncs {
+		return errors.New("the metadata service resynchronised during the checkpoint's reports")
 	}
 	if upto > trim {
 		if err := st.log.Trim(upto); err != nil {
@@ -688,7 +781,7 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 		if f.last <= upto {
 			f.last = 0
 		}
-		if f.refs == 0 && f.cleanLocked() && f.named {
+		if f.refs == 0 && f.cleanLocked() {
 			delete(st.files, id)
 		}
 		f.mu.Unlock()
@@ -696,6 +789,50 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 	st.mu.Unlock()
 	st.Passes.Add(1)
 	return nil
+}
+
+// report sends the size reports, then makes them durable with one synced
+// report (of the last file still there): a report refused because its
+// file is gone needs nothing more; any other failure fails the pass.
+func (st *stager) report(ctx context.Context, reports []liveReport) error {
+	s := st.svc
+	var accepted []*liveReport
+	for i := range reports {
+		l := &reports[i]
+		err := s.reportLive(ctx, l.ino, l.size, l.mtime, l.dv, false)
+		switch {
+		case err == nil:
+			accepted = append(accepted, l)
+		case !fileGone(err):
+			return err
+		}
+	}
+	for k := len(accepted) - 1; ; k-- {
+		if k < 0 {
+			return nil // every file is gone
+		}
+		l := accepted[k]
+		err := s.reportLive(ctx, l.ino, l.size, l.mtime, l.dv, true)
+		if err == nil {
+			break
+		}
+		if !fileGone(err) {
+			return err
+		}
+	}
+	for _, l := range accepted {
+		l.f.mu.Lock()
+		l.f.named = true // made durable by the synced report
+		l.f.size = l.size
+		l.f.mu.Unlock()
+	}
+	return nil
+}
+
+// fileGone says a report was refused because its file no longer exists.
+func fileGone(err error) bool {
+	var ref *control.Refusal
+	return errors.As(err, &ref) && strings.HasPrefix(ref.Msg, "unknown_file:")
 }
 
 // liveReport is a size report to send to metadata.
@@ -727,14 +864,23 @@ func (st *stager) checkpointFile(id backend.BlobID, ino uint64, forget bool) (*l
 	var home bool
 	if forget && f.fsyncMu.TryLock() {
 		defer f.fsyncMu.Unlock()
+		unhold := ob.holdChanges()
 		f.mu.Lock()
 		if f.last == 0 {
 			take, home = f.changed, f.dirtyHome
 			f.changed, f.nchanged, f.dirtyHome = nil, 0, false
 		}
 		f.mu.Unlock()
+		unhold()
 	}
 	size, mtime, dv := ob.live()
+	f.mu.Lock()
+	if !ob.wrote.Load() {
+		// Not written since this opening (often the checkpointer's
+		// own): the mtime of its last record, or none to report.
+		mtime = f.mtime
+	}
+	f.mu.Unlock()
 	if err := s.syncHome(ob); err != nil {
 		f.mu.Lock()
 		for _, p := range bitList(take, 0) {
@@ -748,6 +894,9 @@ func (st *stager) checkpointFile(id backend.BlobID, ino uint64, forget bool) (*l
 		return nil, err
 	}
 	st.Checkpoints.Add(1)
+	if mtime == 0 {
+		return nil, nil // written through no record and no opening here: metadata knows it
+	}
 	return &liveReport{f: f, ino: ino, size: size, mtime: mtime, dv: dv}, nil
 }
 
@@ -755,7 +904,9 @@ func (st *stager) checkpointFile(id backend.BlobID, ino uint64, forget bool) (*l
 // the checkpointer, or false when the service stops first.
 func (st *stager) awaitTrimmed(id backend.BlobID) bool {
 	if !st.opened.Load() {
-		return true // nothing replayed yet: no record names it
+		// Metadata asks for deletes only after its resync, which opens
+		// the log first: none can come before.
+		return true
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -764,36 +915,84 @@ func (st *stager) awaitTrimmed(id backend.BlobID) bool {
 		if f == nil || f.last == 0 {
 			return true
 		}
-		select {
-		case <-st.stop:
+		if st.stopping {
 			return false
-		default:
 		}
 		st.poke()
 		st.room.Wait()
 	}
 }
 
-// close stops the checkpointer after a last pass (Shutdown; the sessions
-// are gone) and closes the log's blob.
+// halt stops the checkpointer and every wait for it (Shutdown, before it
+// waits for background work: deletes wait in awaitTrimmed).
+func (st *stager) halt() {
+	st.mu.Lock()
+	st.stopping = true
+	st.room.Broadcast()
+	st.mu.Unlock()
+	if st.opened.Load() {
+		close(st.stop)
+		<-st.done
+	}
+}
+
+// close ends the log at Shutdown, after halt and after the open blobs
+// were synced and reported: a last checkpoint, so that a clean stop
+// leaves the log empty. If it cannot finish (the metadata service stops
+// first, the usual order), every file of a live record, synced home
+// just now, gets a FlagHome record of its state: the next start's replay
+// then keeps what was written after its last fsync.
 func (st *stager) close(ctx context.Context) error {
 	if !st.opened.Load() {
 		return nil
 	}
-	if err := st.checkpoint(ctx, true); err != nil {
-		// Nothing is lost: the next start replays them (the metadata
-		// service stops first, so this is the usual end).
-		st.svc.log.Info("staging records stay live for the next start to replay", "records", st.log.Stats().Live, "error", err)
+	err := st.checkpoint(ctx, true)
+	if err != nil {
+		st.mu.Lock()
+		var files []*stagedFile
+		for _, r := range st.recs {
+			if f := st.files[r.id]; f != nil && !slices.Contains(files, f) {
+				files = append(files, f)
+			}
+		}
+		st.mu.Unlock()
+		kept := 0
+		for _, f := range files {
+			if st.homeRecord(f) == nil {
+				kept++
+			}
+		}
+		st.svc.log.Info("staging records stay live for the next start to replay (the metadata service could not take the sizes)",
+			"records", st.log.Stats().Live, "files", len(files), "home_records", kept, "reason", err)
+		err = nil
 	}
-	var err error
-	close(st.stop)
-	st.mu.Lock()
-	st.room.Broadcast()
-	st.mu.Unlock()
-	<-st.done
 	if cerr := st.blob.Close(); cerr != nil {
 		err = errors.Join(err, cerr)
 	}
+	return err
+}
+
+// homeRecord syncs f's blob home and appends a FlagHome record of its
+// size and mtime (Shutdown, the checkpoint not finished).
+func (st *stager) homeRecord(f *stagedFile) error {
+	s := st.svc
+	s.mu.Lock()
+	ob, err := s.openBlobLocked(f.id, f.ino, false)
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	defer s.releaseBlob(ob)
+	if err := s.syncHome(ob); err != nil {
+		return err
+	}
+	size, mtime, dv := ob.live()
+	f.mu.Lock()
+	if !ob.wrote.Load() {
+		mtime = f.mtime
+	}
+	f.mu.Unlock()
+	_, err = st.log.Append(&staging.Record{Blob: uint64(f.id), Ino: f.ino, Size: size, MtimeNs: mtime, DataVersion: dv, Flags: staging.FlagHome})
 	return err
 }
 
@@ -815,6 +1014,11 @@ func (st *stager) snapshot(m map[string]any) {
 	m["staging_checkpoint_passes"] = st.Passes.Load()
 	m["staging_checkpointed_files"] = st.Checkpoints.Load()
 	m["staging_replayed"] = st.Replayed.Load()
+	m["staging_replay_skipped"] = st.Skipped.Load()
+	m["staging_empty_fsyncs"] = st.Empty.Load()
+	if p := st.lastCkptErr.Load(); p != nil {
+		m["staging_checkpoint_error"] = (*p).Error()
+	}
 	m["fsync_failed_files"] = st.FailedFiles.Load()
 	if ls.Err != nil {
 		m["staging_error"] = ls.Err.Error()

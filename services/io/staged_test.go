@@ -8,12 +8,14 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
+	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/faulty"
 	"github.com/weir-storage/weir/services/io/backend/mem"
@@ -348,4 +350,81 @@ func TestStagedFsyncErrorIsSticky(t *testing.T) {
 	if err := e.io.Health(); err == nil {
 		t.Error("health is fine after the staging log failed")
 	}
+}
+
+// TestStagedFsyncRacingWrites: an fsync covers every write that returned
+// before it began, even with writes of the same file running meanwhile:
+// a writer appends pages and overwrites earlier ones while another
+// goroutine fsyncs; after each fsync the power is cut, and the file must
+// hold every page written before that fsync began (or a later version).
+func TestStagedFsyncRacingWrites(t *testing.T) {
+	pc := powercut.New(mem.New())
+	e := startIOWith(t, pc, nil, func(c *config.Config) { c.IO.CacheSize = 16 << 20 })
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	blob := backend.BlobID(inoOf(t, f))
+	// Widen the window between a write marking its pages and covering
+	// them with the size, where an fsync must not take them.
+	iosvc.SetAfterMark(func() { time.Sleep(300 * time.Microsecond) })
+	defer iosvc.SetAfterMark(nil)
+	const pages = 500
+	// version[p]: the last version of page p whose write returned.
+	var mu sync.Mutex
+	version := make([]byte, pages)
+	done := make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(1, 2))
+		for p := 0; p < pages; p++ {
+			for _, q := range []int{p, rng.IntN(p + 1)} { // an append, then an overwrite
+				mu.Lock()
+				v := version[q] + 1
+				mu.Unlock()
+				if _, err := f.WriteAt(bytes.Repeat([]byte{v}, 4096), int64(q)*4096); err != nil {
+					done <- err
+					return
+				}
+				mu.Lock()
+				version[q] = v
+				mu.Unlock()
+				time.Sleep(20 * time.Microsecond) // more fsyncs per write
+			}
+		}
+		done <- nil
+	}()
+	cuts := 0
+	for running := true; running; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = false
+		default:
+		}
+		mu.Lock()
+		want := slices.Clone(version)
+		mu.Unlock()
+		if err := f.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		cuts++
+		got := afterCut(t, pc)[blob]
+		for p, v := range want {
+			if v == 0 {
+				continue
+			}
+			if (p+1)*4096 > len(got) {
+				t.Fatalf("cut %d: page %d (version %d written before the fsync) is past the file's end (%d bytes)", cuts, p, v, len(got))
+			}
+			if g := got[p*4096]; g < v || !bytes.Equal(got[p*4096:(p+1)*4096], bytes.Repeat([]byte{g}, 4096)) {
+				t.Fatalf("cut %d: page %d holds version %d, want %d or later (whole)", cuts, p, g, v)
+			}
+		}
+	}
+	t.Logf("%d fsyncs and cuts raced %d page writes", cuts, 2*pages)
 }
