@@ -22,7 +22,7 @@ FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:Fuz
 # test runs its seeds, TestPowerCutAtEveryWrite the crash images).
 FUZZ_LONG := ./stack:FuzzServiceRequest ./internal/staging:FuzzOpen
 
-.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop lint bench bench-transport bench-fileops bench-backend bench-fsync bench-quick clean
+.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop crash lint bench bench-transport bench-fileops bench-backend bench-fsync bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
@@ -33,6 +33,7 @@ help:
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
 	@echo "fuzz             each fuzzer for FUZZTIME (default 12000000x, about 5 min each)"
 	@echo "crash-loop       CRASH_ROUNDS (500) power cuts under both services, then 20 runs of the WAL kill -9 test"
+	@echo "crash            CRASH_ITERATIONS (300) SIGKILLs of io, metadata or both under client processes, model checked, weir check"
 	@echo "lint             gofmt and go vet"
 	@echo "bench            every benchmark in bench/, one report: $(RESULTS)/report.md (about 4 min)"
 	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
@@ -92,6 +93,16 @@ CRASH_ROUNDS ?= 500
 crash-loop:
 	WEIR_POWERCUT_ROUNDS=$(CRASH_ROUNDS) $(GO) test -count=1 -run '^TestPowerCut$$' ./stack
 	$(GO) test -count=20 -run '^TestSIGKILL$$' ./services/metadata/ns
+
+# crash: the process crash harness (stack TestCrash): client processes run
+# a mixed workload while a random service (io, metadata or both) is
+# SIGKILLed, CRASH_ITERATIONS times (make test runs 3), every acknowledged
+# fsync and directory fsync checked after each restart, weir check every
+# 25 rounds; then the staging power-cut models 20 times over.
+CRASH_ITERATIONS ?= 300
+crash:
+	bash -o pipefail -c "WEIR_CRASH_ROUNDS=$(CRASH_ITERATIONS) $(GO) test -count=1 -timeout 60m -v -run '^TestCrash$$' ./stack | grep -E '^(---|ok|FAIL|panic)|crash_test.go'"
+	$(GO) test -count=20 -run '^TestStaged' ./services/io
 
 fuzz:
 	@for pt in $(FUZZ_TARGETS) $(FUZZ_LONG); do \

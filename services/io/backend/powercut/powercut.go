@@ -28,6 +28,11 @@ import (
 // backend and record what became durable.
 type Backend struct {
 	inner backend.Backend
+	// AfterSync, when set (before the backend is used), runs after every
+	// sync that made something durable (of a blob or of the backend),
+	// on the syncing goroutine: a test takes the image of a cut at each
+	// such point (Cut), enumerating every point a power cut can leave.
+	AfterSync func()
 
 	mu      sync.Mutex
 	pending map[backend.BlobID]bool   // creates (true) and deletes (false) since the last Sync
@@ -130,7 +135,6 @@ func (b *Backend) Sync() error {
 		return err
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for id, created := range snap {
 		if b.pending[id] == created {
 			delete(b.pending, id)
@@ -139,6 +143,10 @@ func (b *Backend) Sync() error {
 		if !created {
 			delete(b.content, id)
 		}
+	}
+	b.mu.Unlock()
+	if b.AfterSync != nil {
+		b.AfterSync()
 	}
 	return nil
 }
@@ -174,5 +182,8 @@ func (h *blob) Sync() error {
 	h.be.mu.Lock()
 	h.be.content[h.ID()] = data
 	h.be.mu.Unlock()
+	if h.be.AfterSync != nil {
+		h.be.AfterSync()
+	}
 	return nil
 }
