@@ -145,6 +145,17 @@ func main() {
 				}
 			}
 		}
+		// What a new name costs: one writer, the staging mode.
+		for _, wl := range []string{wlWeirCreate, wlWeirDirSync} {
+			row, err := runWeir(exe, dir, modeStaging, wl, 1, min(*ops, 500))
+			if err != nil {
+				cleanup()
+				log.Fatalf("%s: %s: %v", fs, wl, err)
+			}
+			row.FS = fs
+			log.Printf("%-5s %-40s %d writer: p50 %7.1f µs  %.2f flushes/op", fs, wl, 1, row.P50us, row.FlushesPerOp)
+			rows = append(rows, row)
+		}
 		cleanup()
 	}
 	md, err := report(parent, *ops, rows, fsNotes)

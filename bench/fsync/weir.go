@@ -32,6 +32,8 @@ const (
 	wlWeirAppend    = "weir: 4 KiB append + fsync"
 	wlWeirOverwrite = "weir: 4 KiB random overwrite + fsync"
 	wlWeirAppend64  = "weir: 64 KiB append + fsync"
+	wlWeirCreate    = "weir: create + 4 KiB write + fsync (a new file)"
+	wlWeirDirSync   = "weir: create + directory fsync"
 
 	modeStaging   = "staging log (Split Journaling)"
 	modeNoStaging = "ablation: no staging (fsync syncs file, store and metadata WAL in the foreground)"
@@ -65,6 +67,9 @@ func worker() error {
 		return err
 	}
 	defer fsys.Close()
+	if *workerWL == wlWeirCreate || *workerWL == wlWeirDirSync {
+		return createWorker(fsys)
+	}
 	f, err := fsys.OpenFile(*workerFile, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
 		return err
@@ -99,6 +104,50 @@ func worker() error {
 		if err == nil {
 			err = f.Sync()
 		}
+		if err != nil {
+			return err
+		}
+		lat = append(lat, int64(time.Since(t)))
+	}
+	return json.NewEncoder(os.Stdout).Encode(lat)
+}
+
+// createWorker makes a new file per op in a directory of its own: written
+// and fsynced (its name made durable by that fsync), or left empty and
+// made durable by an fsync of the directory.
+func createWorker(fsys *client.FS) error {
+	dir := *workerFile + ".d"
+	if err := fsys.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	d, err := fsys.OpenFile(dir, os.O_RDONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return err
+	}
+	fmt.Println("ready")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		return err
+	}
+	buf := make([]byte, 4096)
+	lat := make([]int64, 0, *workerOps)
+	for i := range *workerOps {
+		t := time.Now()
+		f, err := fsys.OpenFile(fmt.Sprintf("%s/%d", dir, i), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return err
+		}
+		if *workerWL == wlWeirCreate {
+			if _, err = f.Write(buf); err == nil {
+				err = f.Sync()
+			}
+		} else {
+			err = d.Sync()
+		}
+		f.Close()
 		if err != nil {
 			return err
 		}

@@ -247,8 +247,10 @@ type SessionInfo struct {
 // service applies a report only if its DV is newer than the last one it
 // applied to the file, so a size never goes backwards.
 type SetLive struct {
-	Ino   uint64 `json:"ino"`
-	Size  int64  `json:"size"`
+	Ino  uint64 `json:"ino"`
+	Size int64  `json:"size"`
+	// Mtime 0 keeps the mtime recorded (io knows of no write since: a
+	// checkpoint of a file it opened only to sync it).
 	Mtime int64  `json:"mtime"`
 	DV    uint64 `json:"dv"`
 	Sync  bool   `json:"sync,omitempty"`

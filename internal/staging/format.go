@@ -1,12 +1,11 @@
 // Package staging is the staging log of Split Journaling (issue 10): the
 // persistent ring an fsync writes one self-contained record to, with one
-// device flush, and that the journal service later commits and trims. It
-// holds the on-device format (docs/journal-format.md), the log writer with
-// group commit, and recovery, which reads back every record a flush made
-// durable and drops a torn or zeroed tail.
-//
-// Not wired yet: io's fsync does not write these records yet, and no
-// journal service reads them (docs/architecture.md says what is built).
+// device flush, and that a checkpoint later trims. It holds the on-device
+// format (docs/journal-format.md), the log writer with group commit, and
+// recovery, which reads back every record a flush made durable and drops
+// a torn or zeroed tail. The IO service writes and replays it
+// (services/io/staged.go); weir check reads it (Inspect). The journal
+// service that is to take the checkpoint over is not built yet.
 package staging
 
 import (
@@ -58,6 +57,15 @@ const (
 // states. Its pages, if any, go on top.
 const FlagHome = 1
 
+// FlagTruncate says the file was cut to Size here (a truncate that shrank
+// it, logged before the blob was cut): recovery cuts the blob to Size at
+// this point of the sequence, so that an earlier record's pages and size
+// past the cut do not come back. It carries no pages.
+const FlagTruncate = 2
+
+// flagsKnown are the flags this version writes and reads.
+const flagsKnown = FlagHome | FlagTruncate
+
 var (
 	recordMagic = [4]byte{'W', 'S', 'R', '1'}
 	superMagic  = [8]byte{'W', 'S', 'T', 'G', 'S', 'B', '0', '1'}
@@ -91,9 +99,10 @@ type Record struct {
 	Size        int64  // the file's size
 	MtimeNs     int64  // modification time, ns since the epoch
 	DataVersion uint64 // the file's data version (docs/architecture.md)
-	// Flags: FlagHome or 0. Without FlagHome the file's state is what
-	// its earlier live records and its home location give, with this
-	// record's pages on top; with it, the home location alone.
+	// Flags: FlagHome, FlagTruncate or 0. Without FlagHome the file's
+	// state is what its earlier live records and its home location give,
+	// with this record's pages on top; with it, the home location alone.
+	// FlagTruncate: a cut to Size, no pages.
 	Flags uint64
 	// Epoch is the log's incarnation that wrote the record (the log sets
 	// it): recovery stops at a record older than one before it, which is
@@ -161,7 +170,7 @@ func (r *Record) Blocks() (int, error) {
 //	 0  [4]byte magic "WSR1"     4  u16 version      6  u16 type
 //	 8  u64 lsn                 16  u32 blocks       20  u32 extents
 //	24  u64 blob                32  u64 ino          40  i64 size
-//	48  i64 mtime ns            56  u64 data version 64  u64 flags (FlagHome)
+//	48  i64 mtime ns            56  u64 data version 64  u64 flags (FlagHome, FlagTruncate)
 //	72  u64 epoch               80  u64 log identity
 //	88  u32 payload pages       92  u32 crc32c of all blocks (this field 0)
 //	96  extents: u64 first page, u32 pages, u32 0 (16 bytes each)
@@ -175,7 +184,7 @@ func (r *Record) Encode(dst []byte) ([]byte, error) {
 	if uint64(len(r.Data)) != pages*PageSize {
 		return dst, fmt.Errorf("staging: %d data bytes for %d pages", len(r.Data), pages)
 	}
-	if r.LSN == 0 || r.Size < 0 || r.Flags&^FlagHome != 0 {
+	if r.LSN == 0 || r.Size < 0 || r.Flags&^flagsKnown != 0 || r.Flags&FlagTruncate != 0 && len(r.Extents) > 0 {
 		return dst, fmt.Errorf("staging: record with lsn %d, size %d, flags %#x", r.LSN, r.Size, r.Flags)
 	}
 	start := len(dst)
@@ -291,7 +300,7 @@ func Decode(b []byte) (rec Record, wrap bool, err error) {
 	}
 	rec = Record{LSN: h.lsn, Blob: le.Uint64(b[24:]), Ino: le.Uint64(b[32:]), Size: int64(le.Uint64(b[40:])),
 		MtimeNs: int64(le.Uint64(b[48:])), DataVersion: le.Uint64(b[56:]), Flags: le.Uint64(b[64:]), Epoch: h.epoch, Log: h.log}
-	if rec.Size < 0 || rec.Flags&^FlagHome != 0 {
+	if rec.Size < 0 || rec.Flags&^flagsKnown != 0 || rec.Flags&FlagTruncate != 0 && n > 0 {
 		return Record{}, false, bad("size %d, flags %#x", rec.Size, rec.Flags)
 	}
 	if n > 0 {

@@ -299,7 +299,6 @@ func (s *Service) onResync(m *nats.Msg) {
 		s.wrongOnce.Do(func() { close(s.wrongStore) })
 		return
 	}
-	var replayed []replayed
 	startStaging := false
 	if st := s.stg; st != nil && !st.opened.Load() {
 		// Once the store is known to be this stack's, and before any
@@ -307,8 +306,7 @@ func (s *Service) onResync(m *nats.Msg) {
 		// recovery of every acknowledged fsync, and nothing may read a
 		// blob before it.
 		blocks := uint64(max(s.opts.StagingBytes/staging.BlockSize, 16))
-		var err error
-		if replayed, err = st.open(blocks); err != nil {
+		if _, err := st.open(blocks); err != nil {
 			err = fmt.Errorf("staging log: %w", err)
 			s.host.Refuse(m, "staging_failed", control.ResyncReply{}, err.Error())
 			if s.storeErr.CompareAndSwap(nil, &err) {
@@ -343,18 +341,11 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.Stats.Grants.Add(-int64(len(dropped)))
 	s.Stats.GrantsDropped.Add(uint64(len(dropped)))
 	s.Stats.Resyncs.Add(1)
-	// The replayed files' sizes go in the reply, newer than any report
-	// the metadata service applied (the floor above): it records them
-	// before it serves a grant.
-	var live []control.SetLive
-	for _, r := range replayed {
-		live = append(live, control.SetLive{Ino: r.ino, Size: r.size, Mtime: r.mtime, DV: s.dv.Add(1)})
-	}
 	s.meta.resynced(s.opts.RequestTimeout)
 	if startStaging {
 		s.stg.start()
 	} else if s.stg != nil {
-		s.stg.poke() // files with live records: their sizes reach this incarnation
+		s.stg.resynced() // files with live records: their sizes reach this incarnation
 	}
 	s.resyncOnce.Do(func() { close(s.resynced) })
 	s.log.Info("resynchronised by the metadata service", "incarnation", r.Incarnation, "grants_dropped", len(dropped),
@@ -362,13 +353,6 @@ func (s *Service) onResync(m *nats.Msg) {
 	if !s.background(func() {
 		var reply control.ResyncReply
 		var rest []control.SetLive
-		for _, l := range live {
-			if len(reply.Live) < control.MaxResyncLive {
-				reply.Live = append(reply.Live, l)
-			} else {
-				rest = append(rest, l)
-			}
-		}
 		seen := map[*openBlob]bool{}
 		for _, g := range dropped {
 			<-g.drained
@@ -384,6 +368,19 @@ func (s *Service) onResync(m *nats.Msg) {
 				}
 			}
 			s.releaseBlob(ob)
+		}
+		if s.stg != nil {
+			// Files with live staging records (all the replay wrote, at
+			// the first resync): their acknowledged sizes may be only in
+			// the log, and the metadata service records them before it
+			// serves a grant or a stat.
+			for _, l := range s.stg.stagedSizes() {
+				if len(reply.Live) < control.MaxResyncLive {
+					reply.Live = append(reply.Live, l)
+				} else {
+					rest = append(rest, l)
+				}
+			}
 		}
 		control.Respond(m, reply)
 		for _, l := range rest {

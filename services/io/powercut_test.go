@@ -12,17 +12,41 @@ import (
 	"github.com/weir-storage/weir/services/io/backend/powercut"
 )
 
-// afterCut is what a restart finds after a power cut now: the durable
-// image of pc, with the staging log's live records replayed into the
-// blobs as io's start does, the log itself left out.
-func afterCut(t *testing.T, pc *powercut.Backend) map[backend.BlobID][]byte {
+// afterKill is what a restart finds after a SIGKILL of io now: every
+// blob as it is (the kernel keeps what io wrote, synced or not), with the
+// staging log's live records replayed into them.
+func afterKill(t *testing.T, be backend.Backend) map[backend.BlobID][]byte {
+	t.Helper()
+	ids, err := be.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := map[backend.BlobID][]byte{}
+	for _, id := range ids {
+		b, err := be.Open(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := make([]byte, b.Size())
+		if _, err := b.ReadAt(d, 0); err != nil && len(d) > 0 {
+			t.Fatal(err)
+		}
+		b.Close()
+		now[id] = d
+	}
+	return recovered(t, now)
+}
+
+// recovered writes state into a new store, replays its staging log and
+// returns the files' blobs.
+func recovered(t *testing.T, state map[backend.BlobID][]byte) map[backend.BlobID][]byte {
 	t.Helper()
 	img := mem.New()
-	if err := powercut.Restore(img, pc.Cut()); err != nil {
+	if err := powercut.Restore(img, state); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := iosvc.Replay(img, nil); err != nil {
-		t.Fatalf("replay after the cut: %v", err)
+		t.Fatalf("replay: %v", err)
 	}
 	ids, err := img.List()
 	if err != nil {
@@ -45,6 +69,14 @@ func afterCut(t *testing.T, pc *powercut.Backend) map[backend.BlobID][]byte {
 		out[id] = d
 	}
 	return out
+}
+
+// afterCut is what a restart finds after a power cut now: the durable
+// image of pc, with the staging log's live records replayed into the
+// blobs as io's start does, the log itself left out.
+func afterCut(t *testing.T, pc *powercut.Backend) map[backend.BlobID][]byte {
+	t.Helper()
+	return recovered(t, pc.Cut())
 }
 
 // TestFsyncSurvivesPowerCut: what an acknowledged fsync covers must be on

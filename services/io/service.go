@@ -799,12 +799,12 @@ func (s *Service) cacheMemory() int64 {
 // truncateBlob truncates the blob and drops its cached pages past the new
 // size; no fill or write of the region runs meanwhile.
 func (s *Service) truncateBlob(ob *openBlob, size int64) error {
-	// A shrink goes to the blob: the next fsync syncs home, so that no
-	// earlier record's pages past the cut come back at replay. Marked
-	// with the change held (holdChanges).
-	shrink := func() {
-		if ob.sf != nil && size < ob.logical() {
-			ob.sf.markHome()
+	if ob.sf != nil && size < ob.logical() {
+		// A shrink cuts the blob at once: logged first (staged.go
+		// logTruncate), outside the region's locks (it may wait for the
+		// checkpointer, which takes them).
+		if err := s.logTruncate(ob, size); err != nil {
+			return err
 		}
 	}
 	r, unlock := ob.cachedGated()
@@ -814,7 +814,6 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		defer r.life.RUnlock()
 		r.trunc.Lock()
 		defer r.trunc.Unlock()
-		shrink()
 		if err := ob.b.Truncate(size); err != nil {
 			return err
 		}
@@ -822,7 +821,6 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		ob.size.Store(size)
 		return nil
 	}
-	shrink()
 	if err := ob.b.Truncate(size); err != nil {
 		return err
 	}

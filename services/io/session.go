@@ -485,6 +485,15 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 		runs = append(runs, run)
 	}
 	if r == nil || q.Length == 0 || off >= cache.MaxCapacity {
+		if r != nil {
+			// Past what a region caches: the device takes it, with the
+			// region's truncate lock shared like every other change, so
+			// that an fsync's holdChanges waits for it.
+			r.life.RLock()
+			defer r.life.RUnlock()
+			r.trunc.RLock()
+			defer r.trunc.RUnlock()
+		}
 		if ob.sf != nil && q.Length > 0 {
 			ob.sf.markHome()
 		}

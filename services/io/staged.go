@@ -34,9 +34,13 @@ import (
 // What a record must carry is tracked per file (stagedFile): the pages
 // written into the cache since the file's last record (changed), and
 // whether changes reached the blob directly (dirtyHome: write-through,
-// O_DIRECT, uncached writes, a truncate that shrinks), which the next
-// fsync makes durable at home first and marks the record FlagHome, so
-// that replay skips the file's earlier records.
+// O_DIRECT, uncached writes), which the next fsync makes durable at home
+// first and marks the record FlagHome, so that replay skips the file's
+// earlier records. A truncate that shrinks a file logs a FlagTruncate
+// record (flushed) before it cuts the blob: the cut destroys bytes at
+// home that an earlier record's size would otherwise bring back as zeros
+// (TestCrash found it: an unacknowledged shrink, then a crash, then the
+// replay of the acknowledged size).
 //
 // A checkpoint of a file with live records only makes its home durable:
 // it leaves changed alone, so the file's next record still carries every
@@ -55,20 +59,22 @@ type stager struct {
 	// fit is made durable at home instead (FlagHome).
 	maxBlocks int
 
-	mu    sync.Mutex
-	files map[backend.BlobID]*stagedFile // protected by mu
-	recs  []stagedRec                    // live records, lsn order; protected by mu
-	room  *sync.Cond                     // on mu: a trim happened, or the checkpointer failed a pass
-	pass  uint64                         // checkpoint passes ended; protected by mu
-	kick  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	mu     sync.Mutex
+	files  map[backend.BlobID]*stagedFile // protected by mu
+	recs   []stagedRec                    // live records, lsn order; protected by mu
+	room   *sync.Cond                     // on mu: a trim happened, or the checkpointer failed a pass
+	pass   uint64                         // checkpoint passes ended; protected by mu
+	kick   chan struct{}
+	resync chan struct{}
+	stop   chan struct{}
+	done   chan struct{}
 	// opened: log and blob are set (the first resync opened the log);
 	// until then no session exists and nothing else is used.
 	opened atomic.Bool
-	// stopping: Shutdown began; waits for room or trims end (mu).
-	stopping    bool
-	lastCkptErr atomic.Pointer[error]
+	// stopping: Shutdown began; waits for room or trims end. started:
+	// the checkpointer runs. Both protected by mu.
+	stopping, started bool
+	lastCkptErr       atomic.Pointer[error]
 
 	// Counters (weir status, the stats endpoint).
 	Records     atomic.Uint64 // records appended by fsyncs
@@ -81,6 +87,7 @@ type stager struct {
 	Replayed    atomic.Uint64 // records replayed at start
 	Skipped     atomic.Uint64 // records replay could not apply (fields out of range)
 	Empty       atomic.Uint64 // fsyncs with nothing to stage: no record
+	Truncates   atomic.Uint64 // truncates that shrank a file, logged (FlagTruncate)
 	FailedFiles atomic.Uint64 // files whose fsync failed (sticky EIO)
 	lastErr     atomic.Pointer[error]
 }
@@ -119,6 +126,10 @@ type stagedFile struct {
 // markChanged records that pages [p0, p1) take new bytes in the cache.
 // Call it before the size covers them.
 func (f *stagedFile) markChanged(p0, p1 uint64) {
+	if p1 > maxChangedPages {
+		f.markHome() // a bitmap this large is not worth it: the fsync syncs home
+		return
+	}
 	f.mu.Lock()
 	for p := p0; p < p1; p++ {
 		if !bitGet(f.changed, p) {
@@ -137,17 +148,22 @@ func (f *stagedFile) markHome() {
 	f.mu.Unlock()
 }
 
-// cleanLocked reports whether nothing of the file waits for the log: the
-// state may be forgotten (a file whose fsync failed keeps its sticky
-// error while it is open only; a new name not made durable yet is
-// durable by the metadata service's own WAL sync soon after).
+// cleanLocked reports whether nothing of the file waits for the log or
+// the metadata service: the state may be forgotten (a file whose fsync
+// failed keeps its sticky error while it is open only). A new file's name
+// not made durable yet keeps it: the checkpointer makes the name durable
+// (a synced report) once the file is closed.
 func (f *stagedFile) cleanLocked() bool {
-	return f.nchanged == 0 && !f.dirtyHome && f.last == 0
+	return f.nchanged == 0 && !f.dirtyHome && f.last == 0 && f.named
 }
 
 // testAfterMark, set by tests only (SetAfterMark), runs in a cached write
 // between marking its pages changed and extending the size.
 var testAfterMark func()
+
+// maxChangedPages bounds the pages a file's changed bitmap covers (4 GiB
+// of file: a 128 KiB bitmap); a write past it marks the file dirtyHome.
+const maxChangedPages = 1 << 20
 
 // checkpointAfter is how long the checkpointer lets records gather
 // before a pass (it runs at once when poked).
@@ -156,7 +172,7 @@ const checkpointAfter = 200 * time.Millisecond
 // newStager makes the staging state of s; open opens the log.
 func newStager(s *Service) *stager {
 	st := &stager{svc: s, files: map[backend.BlobID]*stagedFile{}, kick: make(chan struct{}, 1),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		resync: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	st.room = sync.NewCond(&st.mu)
 	return st
 }
@@ -213,8 +229,16 @@ func (st *stager) open(blocks uint64) ([]replayed, error) {
 
 // start runs the checkpointer (once the resync that opened the log has
 // set the data version floor: its reports must be newer than any the
-// metadata service applied).
-func (st *stager) start() { go st.checkpointer() }
+// metadata service applied), unless Shutdown began meanwhile.
+func (st *stager) start() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.stopping || st.started {
+		return
+	}
+	st.started = true
+	go st.checkpointer()
+}
 
 // replayed is a file a replay wrote: its size and mtime as its last
 // record gave them.
@@ -305,17 +329,19 @@ func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
 	for i := range recs {
 		r := &recs[i]
 		id := backend.BlobID(r.Blob)
-		st.recs = append(st.recs, stagedRec{lsn: r.LSN, id: id, ino: r.Ino})
 		if why := validRecord(r); why != "" {
+			st.recs = append(st.recs, stagedRec{lsn: r.LSN}) // void: trimmed with the rest, names no file
 			st.Skipped.Add(1)
 			s.log.Error("staging record not replayed: its fields are out of range", "lsn", r.LSN, "why", why)
 			continue
 		}
+		st.recs = append(st.recs, stagedRec{lsn: r.LSN, id: id, ino: r.Ino})
 		f := st.fileLocked(id, r.Ino)
 		f.last, f.size, f.mtime = r.LSN, r.Size, r.MtimeNs
 		if r.LSN < from[r.Blob] {
 			continue // its file's home holds a later state
 		}
+		// (A FlagTruncate record has no extents: below, only the cut.)
 		b := open[id]
 		if b == nil {
 			var err error
@@ -451,16 +477,7 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 	if err == nil {
 		var lsn uint64
 		if lsn, err = st.append(&rec); err == nil {
-			f.mu.Lock()
-			f.size, f.mtime = size, mtime
-			f.mu.Unlock()
-			st.mu.Lock()
-			f.last = lsn
-			// In lsn order: appends return out of order, and a trim
-			// covers only a run of registered records (checkpoint).
-			i, _ := slices.BinarySearchFunc(st.recs, lsn, func(r stagedRec, l uint64) int { return cmpU64(r.lsn, l) })
-			st.recs = slices.Insert(st.recs, i, stagedRec{lsn: lsn, id: ob.id, ino: ob.ino})
-			st.mu.Unlock()
+			st.register(f, lsn, size, mtime)
 			st.Records.Add(1)
 			st.PagesStaged.Add(uint64(len(rec.Data) / staging.PageSize))
 		}
@@ -489,6 +506,55 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 		f.mu.Unlock()
 	}
 	return 0
+}
+
+// register records that f's record lsn (of size and mtime) is durable.
+func (st *stager) register(f *stagedFile, lsn uint64, size, mtime int64) {
+	f.mu.Lock()
+	f.size, f.mtime = size, mtime
+	f.mu.Unlock()
+	st.mu.Lock()
+	f.last = max(f.last, lsn)
+	// In lsn order: appends return out of order, and a trim covers only
+	// a run of registered records (checkpoint).
+	i, _ := slices.BinarySearchFunc(st.recs, lsn, func(r stagedRec, l uint64) int { return cmpU64(r.lsn, l) })
+	st.recs = slices.Insert(st.recs, i, stagedRec{lsn: lsn, id: f.id, ino: f.ino})
+	st.mu.Unlock()
+}
+
+// logTruncate logs, durably, that ob is about to be cut to size (a
+// truncate that shrinks it), before the blob is cut: replay then cuts it
+// there too, so that no earlier record's size and pages past the cut
+// come back over a home that lost them. It costs one flush of the log
+// (shared with concurrent fsyncs). A failure is the file's fsync failure
+// too (sticky EIO).
+func (s *Service) logTruncate(ob *openBlob, size int64) error {
+	st, f := s.stg, ob.sf
+	if !st.opened.Load() {
+		return syscall.EIO
+	}
+	f.mu.Lock()
+	err := f.err
+	f.mu.Unlock()
+	if err != nil {
+		return syscall.EIO
+	}
+	mtime := time.Now().UnixNano()
+	lsn, err := st.append(&staging.Record{Blob: uint64(ob.id), Ino: ob.ino, Size: size, MtimeNs: mtime, DataVersion: ob.dv.Load(), Flags: staging.FlagTruncate})
+	if err != nil {
+		f.mu.Lock()
+		if f.err == nil {
+			st.FailedFiles.Add(1)
+		}
+		f.err = err
+		f.mu.Unlock()
+		st.lastErr.Store(&err)
+		s.log.Error("truncate: logging the cut failed; this and every later fsync of the file return EIO", "blob", ob.id, "error", err)
+		return syscall.EIO
+	}
+	st.register(f, lsn, size, mtime)
+	st.Truncates.Add(1)
+	return nil
 }
 
 func cmpU64(a, b uint64) int {
@@ -661,6 +727,15 @@ func (st *stager) append(rec *staging.Record) (uint64, error) {
 	}
 }
 
+// resynced asks the checkpointer for a pass now, even in a backoff: the
+// metadata service is back.
+func (st *stager) resynced() {
+	select {
+	case st.resync <- struct{}{}:
+	default:
+	}
+}
+
 // poke asks the checkpointer for a pass now (a no-op before open).
 func (st *stager) poke() {
 	select {
@@ -681,12 +756,14 @@ func (st *stager) checkpointer() {
 	for {
 		kick := st.kick
 		if failed {
-			kick = nil // pokes do not cut a backoff short
+			kick = nil // pokes do not cut a backoff short; a resync does
 		}
 		select {
 		case <-st.stop:
 			return
 		case <-kick:
+		case <-st.resync:
+			backoff = checkpointAfter
 		case <-t.C:
 		}
 		err := st.checkpoint(context.Background(), false)
@@ -726,7 +803,9 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 			break
 		}
 		upto = r.lsn
-		todo[r.id] = r.ino
+		if r.id != 0 {
+			todo[r.id] = r.ino
+		}
 	}
 	closed := map[backend.BlobID]bool{}
 	for id, f := range st.files {
@@ -734,7 +813,7 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 			break
 		}
 		f.mu.Lock()
-		if f.refs == 0 && f.last == 0 && (f.nchanged > 0 || f.dirtyHome) {
+		if f.refs == 0 && f.last == 0 && (f.nchanged > 0 || f.dirtyHome || !f.named) {
 			if _, ok := todo[id]; !ok {
 				todo[id] = f.ino
 				closed[id] = true
@@ -894,10 +973,45 @@ func (st *stager) checkpointFile(id backend.BlobID, ino uint64, forget bool) (*l
 		return nil, err
 	}
 	st.Checkpoints.Add(1)
-	if mtime == 0 {
-		return nil, nil // written through no record and no opening here: metadata knows it
-	}
+	// mtime 0 (no write here, no record): the metadata service keeps its.
 	return &liveReport{f: f, ino: ino, size: size, mtime: mtime, dv: dv}, nil
+}
+
+// stagedSizes returns a size report of every file with live records: the
+// size io serves it with (its blob's, or its open blob's live size), the
+// mtime of its last write here or its last record, and a new data
+// version (the resync set the floor: newer than any report applied).
+func (st *stager) stagedSizes() []control.SetLive {
+	if !st.opened.Load() {
+		return nil
+	}
+	s := st.svc
+	st.mu.Lock()
+	var files []*stagedFile
+	for _, f := range st.files {
+		if f.last != 0 {
+			files = append(files, f)
+		}
+	}
+	st.mu.Unlock()
+	var out []control.SetLive
+	for _, f := range files {
+		s.mu.Lock()
+		ob, err := s.openBlobLocked(f.id, f.ino, false)
+		s.mu.Unlock()
+		if err != nil {
+			continue // being deleted
+		}
+		size, mtime, _ := ob.live()
+		f.mu.Lock()
+		if !ob.wrote.Load() {
+			mtime = f.mtime
+		}
+		f.mu.Unlock()
+		s.releaseBlob(ob)
+		out = append(out, control.SetLive{Ino: f.ino, Size: size, Mtime: mtime, DV: s.dv.Add(1)}) // mtime 0: kept
+	}
+	return out
 }
 
 // awaitTrimmed returns once no live record names blob id (true), poking
@@ -929,9 +1043,10 @@ func (st *stager) halt() {
 	st.mu.Lock()
 	st.stopping = true
 	st.room.Broadcast()
+	started := st.started
 	st.mu.Unlock()
-	if st.opened.Load() {
-		close(st.stop)
+	close(st.stop)
+	if started {
 		<-st.done
 	}
 }
@@ -962,7 +1077,14 @@ func (st *stager) close(ctx context.Context) error {
 				kept++
 			}
 		}
-		st.svc.log.Info("staging records stay live for the next start to replay (the metadata service could not take the sizes)",
+		lvl := hclog.Info
+		if kept < len(files) {
+			// A file without its home record: the next start's replay
+			// takes it back to its last fsync (the log was full, or the
+			// device failed).
+			lvl = hclog.Error
+		}
+		st.svc.log.Log(lvl, "staging records stay live for the next start to replay (the metadata service could not take the sizes)",
 			"records", st.log.Stats().Live, "files", len(files), "home_records", kept, "reason", err)
 		err = nil
 	}
@@ -1016,6 +1138,7 @@ func (st *stager) snapshot(m map[string]any) {
 	m["staging_replayed"] = st.Replayed.Load()
 	m["staging_replay_skipped"] = st.Skipped.Load()
 	m["staging_empty_fsyncs"] = st.Empty.Load()
+	m["staging_truncates"] = st.Truncates.Load()
 	if p := st.lastCkptErr.Load(); p != nil {
 		m["staging_checkpoint_error"] = (*p).Error()
 	}

@@ -428,6 +428,11 @@ func (s *Service) onSetLive(m *nats.Msg) {
 // applyLive records a size and mtime from io if dv is newer than the
 // last report applied to the file, so that a size never goes backwards.
 func (s *Service) applyLive(ino ns.Ino, size, mtime int64, dv uint64) error {
+	if mtime == 0 { // io knows of no write: keep the recorded mtime
+		if a, err := s.ns.GetAttr(ino); err == nil {
+			mtime = a.Mtime
+		}
+	}
 	s.mu.Lock()
 	f := s.files[ino]
 	if f != nil && mtime <= f.timesSet {

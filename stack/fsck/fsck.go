@@ -42,7 +42,7 @@ type Problem struct {
 	Ino    uint64 `json:"ino,omitempty"`
 	Blob   uint64 `json:"blob,omitempty"`
 	Detail string `json:"detail"`
-	Note   bool   `json:"note,omitempty"` // not a problem: the services finish it at their next start
+	Note   bool   `json:"note,omitempty"` // not a problem: the services finish it at their next start (or the file's next open: a blob larger than the size recorded)
 }
 
 // Report is what a check found.
@@ -322,6 +322,9 @@ func sizeProblem(a ns.Attr, blob int64) (Problem, bool) {
 	case blob == a.Size:
 		return p, false
 	case blob > a.Size:
+		// Not damage: writes no fsync acknowledged reached the device
+		// (io died before it reported their size). A note.
+		p.Note = true
 		p.Detail = fmt.Sprintf("the namespace records %d bytes, the blob holds %d: %d bytes written after the size last reached the namespace (at an fsync or a close) are on the device, but the crash came before their size was recorded; nothing is lost, and the next open of the file takes the blob's size", a.Size, blob, blob-a.Size)
 	default:
 		p.Detail = fmt.Sprintf("the namespace records %d bytes, the blob holds %d: the last %d bytes were written after the last fsync and did not reach the device before the crash (they are lost); the next open of the file takes the blob's size", a.Size, blob, a.Size-blob)
