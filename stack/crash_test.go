@@ -216,7 +216,8 @@ func (f *crashFile) fits(got []byte) string {
 	if len(got) < lo || len(got) > hi {
 		return fmt.Sprintf("%d bytes, its states since the acknowledged fsync have %d to %d", len(got), lo, hi)
 	}
-	for off := 0; off < len(got); off += 4096 {
+	var bad []string
+	for off := 0; off < len(got) && len(bad) < 4; off += 4096 {
 		end := min(off+4096, len(got))
 		ok := false
 		for i, s := range f.states {
@@ -234,11 +235,11 @@ func (f *crashFile) fits(got []byte) string {
 			for _, st := range f.states {
 				runs = append(runs, pageRuns(st, off, end))
 			}
-			return fmt.Sprintf("page %d holds bytes of none of its %d states since the acknowledged fsync (%d bytes acknowledged): found %s; states %s",
-				off/4096, len(f.states), len(f.states[0]), pageRuns(got, off, end), strings.Join(runs, " | "))
+			bad = append(bad, fmt.Sprintf("page %d holds bytes of none of its %d states since the acknowledged fsync (%d bytes acknowledged, %d found): found %s; states %s",
+				off/4096, len(f.states), len(f.states[0]), len(got), pageRuns(got, off, end), strings.Join(runs, " | ")))
 		}
 	}
-	return ""
+	return strings.Join(bad, "; ")
 }
 
 // pageRuns describes b[off:end] (zero-extended) as runs of equal bytes.

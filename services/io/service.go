@@ -799,13 +799,28 @@ func (s *Service) cacheMemory() int64 {
 // truncateBlob truncates the blob and drops its cached pages past the new
 // size; no fill or write of the region runs meanwhile.
 func (s *Service) truncateBlob(ob *openBlob, size int64) error {
+	logged := false
 	if ob.sf != nil && size < ob.logical() {
 		// A shrink cuts the blob at once: logged first (staged.go
 		// logTruncate), outside the region's locks (it may wait for the
-		// checkpointer, which takes them).
+		// checkpointer, which takes them), and the cut made durable
+		// after, so that replay never finds bytes from before the cut
+		// past it (the records before it are clipped there).
 		if err := s.logTruncate(ob, size); err != nil {
 			return err
 		}
+		logged = true
+	}
+	cutDurable := func() error {
+		if !logged {
+			return nil
+		}
+		if err := ob.b.Sync(); err != nil {
+			err = fmt.Errorf("sync blob %d after a truncate: %w", ob.id, err)
+			s.syncFailed(err)
+			return err
+		}
+		return nil
 	}
 	r, unlock := ob.cachedGated()
 	defer unlock()
@@ -819,13 +834,13 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		}
 		r.truncated(size)
 		ob.size.Store(size)
-		return nil
+		return cutDurable()
 	}
 	if err := ob.b.Truncate(size); err != nil {
 		return err
 	}
 	ob.size.Store(size)
-	return nil
+	return cutDurable()
 }
 
 // flushBlob writes the blob's dirty pages home (waiting for pages busy

@@ -568,6 +568,28 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 // count, or the errno of a write that wrote nothing (a partial write
 // reports its count, as write(2) does).
 func deviceWrite(ob *openBlob, runs [][]byte, off int64) (int64, syscall.Errno) {
+	if len(runs) > 1 {
+		// One device write, not one per run of arena segments: a run
+		// boundary falls anywhere in a page, and a crash between two
+		// writes would leave a page half old, half new (TestCrash found
+		// one). A single write tears at a page at worst.
+		total := 0
+		for _, r := range runs {
+			total += len(r)
+		}
+		var buf []byte
+		if total <= bounceSize {
+			b := getBounce()
+			defer putBounce(b)
+			buf = (*b)[:0]
+		} else {
+			buf = make([]byte, 0, total)
+		}
+		for _, r := range runs {
+			buf = append(buf, r...)
+		}
+		runs = [][]byte{buf}
+	}
 	var n int64
 	for _, run := range runs {
 		m, err := ob.b.WriteAt(run, off+n)

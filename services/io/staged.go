@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -298,7 +299,9 @@ func validRecord(r *staging.Record) string {
 }
 
 // replay applies the live records to their blobs, in lsn order, skipping
-// each file's records before its last FlagHome one, and syncs each blob
+// each file's records before its last FlagHome one and each record's bytes
+// past a later FlagTruncate record's cut, sets each blob to its last
+// record's size, and syncs each blob
 // after its last record (then closes it: only blobs whose records
 // interleave are open together). The records stay
 // live: the checkpointer trims them once the sizes are durable at
@@ -313,6 +316,22 @@ func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
 	s := st.svc
 	from := map[uint64]uint64{} // blob -> lsn of its last FlagHome record
 	last := map[uint64]int{}    // blob -> index of its last record
+	// cutAfter[i]: the smallest size a truncate record of record i's blob
+	// after it cut the file to: record i's bytes past it are older than
+	// the cut, and home past it holds only what came after the cut.
+	cutAfter := make([]int64, len(recs))
+	cut := map[uint64]int64{}
+	for i := len(recs) - 1; i >= 0; i-- {
+		r := &recs[i]
+		c, ok := cut[r.Blob]
+		if !ok {
+			c = math.MaxInt64
+		}
+		cutAfter[i] = c
+		if r.Flags&staging.FlagTruncate != 0 {
+			cut[r.Blob] = min(c, r.Size)
+		}
+	}
 	for i, r := range recs {
 		if r.Flags&staging.FlagHome != 0 {
 			from[r.Blob] = r.LSN
@@ -361,13 +380,26 @@ func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
 		at := 0
 		for _, e := range r.Extents {
 			n := int(e.Pages) * staging.PageSize
-			if _, err := b.WriteAt(r.Data[at:at+n], int64(e.First)*staging.PageSize); err != nil {
+			data, off := r.Data[at:at+n], int64(e.First)*staging.PageSize
+			at += n
+			// Not past a later cut: those bytes are older than it.
+			if c := cutAfter[i]; off+int64(len(data)) > c {
+				data = data[:max(0, c-off)]
+			}
+			if len(data) == 0 {
+				continue
+			}
+			if _, err := b.WriteAt(data, off); err != nil {
 				return nil, fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
 			}
-			at += n
 		}
-		if err := b.Truncate(r.Size); err != nil {
-			return nil, fmt.Errorf("replay staging record %d (blob %d): size %d: %w", r.LSN, id, r.Size, err)
+		// The size: the blob's last record's only. No cut in between (an
+		// earlier record's size, or a truncate record's): that would tear
+		// a page home holds in a later state (TestCrash found both).
+		if last[r.Blob] == i {
+			if err := b.Truncate(r.Size); err != nil {
+				return nil, fmt.Errorf("replay staging record %d (blob %d): size %d: %w", r.LSN, id, r.Size, err)
+			}
 		}
 		st.Replayed.Add(1)
 		if last[r.Blob] == i {
