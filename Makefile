@@ -39,7 +39,7 @@ help:
 	@echo "bench-transport  ring vs Unix socket vs pipe, two processes"
 	@echo "bench-fileops    weir client vs os (buffered, O_DIRECT): 4 KiB random, metadata, sequential"
 	@echo "bench-backend    backends at the interface: raw O_DIRECT, file, SPDK aio and malloc (spdk tag if SPDK is found)"
-	@echo "bench-fsync      the staging log's append + flush against write + fdatasync, 1/4/8 writers, flushes per op"
+	@echo "bench-fsync      weir's fsync (client processes, with and without the staging log) against write + fdatasync on root, journaled ext4 and XFS: 1/4/8 writers, flushes, write amplification, CPU (about 4 min)"
 	@echo "bench-quick      every benchmark with small sizes and short windows, and the report (about 1.5 min)"
 
 DATA ?= ./weir-data

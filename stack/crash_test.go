@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -565,6 +566,27 @@ func TestCrash(t *testing.T) {
 	t.Logf("%d rounds; SIGKILLs: %v; %d acknowledged fsyncs and directory fsyncs; %d files checked; 0 lost", rounds, kills, acked, checked)
 }
 
+// readAll reads name to its end as io serves it, not to the size a stat
+// reports (after a crash, the metadata service may record a size smaller
+// than the blob holds until the file's first read or write grant puts it
+// right: a note of weir check).
+func readAll(fsys *client.FS, name string) ([]byte, error) {
+	f, err := fsys.OpenFile(name, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	n, err := f.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if n == len(buf) {
+		return nil, fmt.Errorf("%s: larger than the harness reads", name)
+	}
+	return buf[:n], nil
+}
+
 // readCrashDirs reads every file of the workers' directories through a new
 // client, waiting for the services to serve again.
 func readCrashDirs(t *testing.T, ctx context.Context, mdSock, ioSock string, dirs []*crashDir) []map[string][]byte {
@@ -590,7 +612,7 @@ func readCrashDirs(t *testing.T, ctx context.Context, mdSock, ioSock string, dir
 		}
 		for _, e := range ents {
 			p := d.path + "/" + e.Name()
-			b, err := fsys.ReadFile(p)
+			b, err := readAll(fsys, p)
 			if err != nil {
 				t.Fatalf("read %s after the crash: %v", p, err)
 			}

@@ -183,7 +183,16 @@ func (s *session) attach(q *ring.Request) (int64, uint64) {
 		return fail(syscall.EISCONN)
 	}
 	inc := svc.inc.Load()
-	if inc == 0 || proto.IncarnationOf(r.Session) != inc {
+	switch si := proto.IncarnationOf(r.Session); {
+	case inc == 0 || si > inc:
+		// Not resynchronised by the session's metadata incarnation yet
+		// (io just started, or metadata's resync is on its way): the
+		// client tries again. ESTALE would tell it its metadata session
+		// is gone, and it would reopen every file in a new one, which
+		// the same metadata incarnation refuses (the handles are its
+		// own): TestIORestartUnderLoad failed so under load.
+		return fail(syscall.EAGAIN)
+	case si != inc:
 		return fail(proto.ErrStale) // the session is of a metadata service that is gone
 	}
 	resync := svc.resyncs.Load()
@@ -207,7 +216,7 @@ func (s *session) attach(q *ring.Request) (int64, uint64) {
 	svc.mu.Lock()
 	if svc.resyncs.Load() != resync {
 		svc.mu.Unlock()
-		return fail(proto.ErrStale) // a resync came in between
+		return fail(syscall.EAGAIN) // a resync came in between: the next try sees which
 	}
 	if s.sid != 0 && svc.sessions[s.sid] == s {
 		delete(svc.sessions, s.sid)
