@@ -17,12 +17,21 @@ import (
 // staging log's live records replayed into them.
 func afterKill(t *testing.T, be backend.Backend) map[backend.BlobID][]byte {
 	t.Helper()
+	return recovered(t, blobsOf(t, be, false))
+}
+
+// blobsOf reads every blob of be (the staging log's too, unless files).
+func blobsOf(t *testing.T, be backend.Backend, files bool) map[backend.BlobID][]byte {
+	t.Helper()
 	ids, err := be.List()
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := map[backend.BlobID][]byte{}
+	out := map[backend.BlobID][]byte{}
 	for _, id := range ids {
+		if files && id == backend.StagingBlob {
+			continue
+		}
 		b, err := be.Open(id)
 		if err != nil {
 			t.Fatal(err)
@@ -32,9 +41,9 @@ func afterKill(t *testing.T, be backend.Backend) map[backend.BlobID][]byte {
 			t.Fatal(err)
 		}
 		b.Close()
-		now[id] = d
+		out[id] = d
 	}
-	return recovered(t, now)
+	return out
 }
 
 // recovered writes state into a new store, replays its staging log and
@@ -48,27 +57,7 @@ func recovered(t *testing.T, state map[backend.BlobID][]byte) map[backend.BlobID
 	if _, err := iosvc.Replay(img, nil); err != nil {
 		t.Fatalf("replay: %v", err)
 	}
-	ids, err := img.List()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[backend.BlobID][]byte{}
-	for _, id := range ids {
-		if id == backend.StagingBlob {
-			continue
-		}
-		b, err := img.Open(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d := make([]byte, b.Size())
-		if _, err := b.ReadAt(d, 0); err != nil && len(d) > 0 {
-			t.Fatal(err)
-		}
-		b.Close()
-		out[id] = d
-	}
-	return out
+	return blobsOf(t, img, true)
 }
 
 // afterCut is what a restart finds after a power cut now: the durable
