@@ -306,7 +306,7 @@ func (s *Service) onResync(m *nats.Msg) {
 		// recovery of every acknowledged fsync, and nothing may read a
 		// blob before it.
 		blocks := uint64(max(s.opts.StagingBytes/staging.BlockSize, 16))
-		if _, err := st.open(blocks); err != nil {
+		if err := st.open(blocks); err != nil {
 			err = fmt.Errorf("staging log: %w", err)
 			s.host.Refuse(m, "staging_failed", control.ResyncReply{}, err.Error())
 			if s.storeErr.CompareAndSwap(nil, &err) {

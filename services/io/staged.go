@@ -1,6 +1,7 @@
 package iosvc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -182,9 +183,9 @@ func newStager(s *Service) *stager {
 // has none), replays its live records into their blobs and syncs them;
 // the first resync calls it, once the store is known to be this stack's
 // and before any session can attach (start then runs the checkpointer).
-// The files it replayed are returned, for the resync's reply: the
-// metadata service records their sizes before it serves anyone.
-func (st *stager) open(blocks uint64) ([]replayed, error) {
+// (The resync's reply then carries the replayed files' sizes:
+// stagedSizes.)
+func (st *stager) open(blocks uint64) error {
 	s := st.svc
 	b, err := s.be.Open(backend.StagingBlob)
 	if errors.Is(err, syscall.ENOENT) {
@@ -200,16 +201,16 @@ func (st *stager) open(blocks uint64) ([]replayed, error) {
 			}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("make the staging log: %w", err)
+			return fmt.Errorf("make the staging log: %w", err)
 		}
 		s.log.Info("staging log made", "ring_bytes", blocks*staging.BlockSize)
 	} else if err != nil {
-		return nil, fmt.Errorf("open the staging log: %w", err)
+		return fmt.Errorf("open the staging log: %w", err)
 	}
 	l, recs, err := staging.Open(b)
 	if err != nil {
 		b.Close()
-		return nil, fmt.Errorf("open the staging log: %w", err)
+		return fmt.Errorf("open the staging log: %w", err)
 	}
 	ring := l.Stats().RingBytes / staging.BlockSize
 	// A record takes at most a quarter of the ring: more changed pages
@@ -218,14 +219,13 @@ func (st *stager) open(blocks uint64) ([]replayed, error) {
 	if uint64(ring) != blocks {
 		s.log.Warn("the staging log keeps the size it was made with", "ring_bytes", ring*staging.BlockSize, "configured", blocks*staging.BlockSize)
 	}
-	done, err := st.replay(recs)
-	if err != nil {
+	if err := st.replay(recs); err != nil {
 		b.Close()
-		return nil, err
+		return err
 	}
 	st.log, st.blob = l, b
 	st.opened.Store(true)
-	return done, nil
+	return nil
 }
 
 // start runs the checkpointer (once the resync that opened the log has
@@ -239,13 +239,6 @@ func (st *stager) start() {
 	}
 	st.started = true
 	go st.checkpointer()
-}
-
-// replayed is a file a replay wrote: its size and mtime as its last
-// record gave them.
-type replayed struct {
-	ino         uint64
-	size, mtime int64
 }
 
 // Replay opens the staging log on be, a stopped IO service's store,
@@ -269,7 +262,7 @@ func Replay(be backend.Backend, log hclog.Logger) (int, error) {
 	s := &Service{be: be, log: log}
 	s.creates.be = be
 	st := newStager(s)
-	if _, err := st.open(16); err != nil {
+	if err := st.open(16); err != nil {
 		return 0, err
 	}
 	defer st.blob.Close()
@@ -308,10 +301,10 @@ func validRecord(r *staging.Record) string {
 // metadata (a crash before that replays them again, to the same result).
 // A record replay cannot apply (its fields out of range: not one this
 // code wrote) is skipped and logged.
-func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
+func (st *stager) replay(recs []staging.Record) error {
 	st.recs, st.files = nil, map[backend.BlobID]*stagedFile{} // a failed open may be tried again
 	if len(recs) == 0 {
-		return nil, nil
+		return nil
 	}
 	s := st.svc
 	from := map[uint64]uint64{} // blob -> lsn of its last FlagHome record
@@ -338,7 +331,7 @@ func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
 		}
 		last[r.Blob] = i
 	}
-	var out []replayed
+	files := 0
 	open := map[backend.BlobID]backend.Blob{}
 	defer func() {
 		for _, b := range open {
@@ -373,7 +366,7 @@ func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
 				}
 			}
 			if err != nil {
-				return nil, fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
+				return fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
 			}
 			open[id] = b
 		}
@@ -390,7 +383,7 @@ func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
 				continue
 			}
 			if _, err := b.WriteAt(data, off); err != nil {
-				return nil, fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
+				return fmt.Errorf("replay staging record %d (blob %d): %w", r.LSN, id, err)
 			}
 		}
 		// The size: the blob's last record's only. No cut in between (an
@@ -398,24 +391,24 @@ func (st *stager) replay(recs []staging.Record) ([]replayed, error) {
 		// a page home holds in a later state (TestCrash found both).
 		if last[r.Blob] == i {
 			if err := b.Truncate(r.Size); err != nil {
-				return nil, fmt.Errorf("replay staging record %d (blob %d): size %d: %w", r.LSN, id, r.Size, err)
+				return fmt.Errorf("replay staging record %d (blob %d): size %d: %w", r.LSN, id, r.Size, err)
 			}
 		}
 		st.Replayed.Add(1)
 		if last[r.Blob] == i {
 			if err := b.Sync(); err != nil {
-				return nil, fmt.Errorf("replay staging: sync blob %d: %w", id, err)
+				return fmt.Errorf("replay staging: sync blob %d: %w", id, err)
 			}
 			b.Close()
 			delete(open, id)
-			out = append(out, replayed{ino: r.Ino, size: r.Size, mtime: r.MtimeNs})
+			files++
 		}
 	}
 	if err := s.be.Sync(); err != nil {
-		return nil, fmt.Errorf("replay staging: sync the backend: %w", err)
+		return fmt.Errorf("replay staging: sync the backend: %w", err)
 	}
-	s.log.Info("staging log replayed", "records", len(recs), "files", len(out))
-	return out, nil
+	s.log.Info("staging log replayed", "records", len(recs), "files", files)
+	return nil
 }
 
 // fileLocked returns the staging state of blob id, making it. st.mu is
@@ -515,15 +508,7 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 		}
 	}
 	if err != nil {
-		f.mu.Lock()
-		if f.err == nil {
-			st.FailedFiles.Add(1)
-		}
-		f.err = err
-		f.changed, f.nchanged = nil, 0 // nothing of the file is staged again
-		f.mu.Unlock()
-		st.lastErr.Store(&err)
-		s.log.Error("fsync failed: this and every later fsync of the file return EIO", "blob", ob.id, "ino", ob.ino, "error", err)
+		st.failed(f, err, "fsync failed")
 		return syscall.EIO
 	}
 	if !named {
@@ -549,7 +534,7 @@ func (st *stager) register(f *stagedFile, lsn uint64, size, mtime int64) {
 	f.last = max(f.last, lsn)
 	// In lsn order: appends return out of order, and a trim covers only
 	// a run of registered records (checkpoint).
-	i, _ := slices.BinarySearchFunc(st.recs, lsn, func(r stagedRec, l uint64) int { return cmpU64(r.lsn, l) })
+	i, _ := slices.BinarySearchFunc(st.recs, lsn, func(r stagedRec, l uint64) int { return cmp.Compare(r.lsn, l) })
 	st.recs = slices.Insert(st.recs, i, stagedRec{lsn: lsn, id: f.id, ino: f.ino})
 	st.mu.Unlock()
 }
@@ -574,14 +559,7 @@ func (s *Service) logTruncate(ob *openBlob, size int64) error {
 	mtime := time.Now().UnixNano()
 	lsn, err := st.append(&staging.Record{Blob: uint64(ob.id), Ino: ob.ino, Size: size, MtimeNs: mtime, DataVersion: ob.dv.Load(), Flags: staging.FlagTruncate})
 	if err != nil {
-		f.mu.Lock()
-		if f.err == nil {
-			st.FailedFiles.Add(1)
-		}
-		f.err = err
-		f.mu.Unlock()
-		st.lastErr.Store(&err)
-		s.log.Error("truncate: logging the cut failed; this and every later fsync of the file return EIO", "blob", ob.id, "error", err)
+		st.failed(f, err, "truncate: logging the cut failed")
 		return syscall.EIO
 	}
 	st.register(f, lsn, size, mtime)
@@ -589,14 +567,18 @@ func (s *Service) logTruncate(ob *openBlob, size int64) error {
 	return nil
 }
 
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
+// failed makes err f's sticky failure: every later fsync of the file
+// returns EIO, and nothing of it is staged again.
+func (st *stager) failed(f *stagedFile, err error, what string) {
+	f.mu.Lock()
+	if f.err == nil {
+		st.FailedFiles.Add(1)
 	}
-	return 0
+	f.err = err
+	f.changed, f.nchanged = nil, 0
+	f.mu.Unlock()
+	st.lastErr.Store(&err)
+	st.svc.log.Error(what+": this and every later fsync of the file return EIO", "blob", f.id, "ino", f.ino, "error", err)
 }
 
 // isRefusal says the metadata service answered and refused (as opposed to
