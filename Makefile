@@ -10,11 +10,13 @@ FUZZTIME  ?= 12000000x
 SHORTFUZZ ?= 200000x
 RESULTS   ?= bench/results
 # package:target for every fuzzer in the tree (ring ABI decoding, the
-# request protocol's bodies, the metadata WAL and checkpoints, the staging log).
+# request protocol's bodies, the metadata WAL and checkpoints, the staging log,
+# the journal service's session with io).
 FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:FuzzServerSlot \
 	./proto:FuzzBodies ./proto/cache:FuzzAttach \
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
-	./internal/wal:FuzzScanSegment ./internal/staging:FuzzDecode
+	./internal/wal:FuzzScanSegment ./internal/staging:FuzzDecode \
+	./internal/journalproto:FuzzDecodeBatch ./internal/journalproto:FuzzDecodeReport
 # Only in `make fuzz`: FuzzServiceRequest builds a whole stack with fuzzing
 # instrumentation (about a minute before the first input; make test runs
 # its seeds, and TestHostileRequests sends 3000 hostile requests);

@@ -151,6 +151,27 @@ io {
   staging_size = "64MiB"
 }
 
+# The journal service (Split Journaling): it checkpoints the staging log in
+# the background, pass after pass: io writes the files' pages home, the
+# metadata service commits their sizes and mtimes in one WAL record, io
+# trims the log. While it is down, fsync goes on until the log is full and
+# then waits for it (weir status says so).
+journal {
+  # Run the journal service; false makes io checkpoint the log itself.
+  enabled = true
+
+  # The IO service's socket the journal service opens its session on
+  # (0600, the service user only). Default: <run_dir>/io.journal.sock.
+  # socket = "/run/weir/io.journal.sock"
+
+  # The longest a pass waits when nothing asks for one (1ms to 1s).
+  interval = "200ms"
+
+  # Ablation of the benchmark: every fsync waits until its record is
+  # checkpointed ("no background journaling"). Not for production.
+  foreground = false
+}
+
 # Shape of the shared-memory rings created for each client session.
 ring {
   # Submission queue slots: a power of two from 2 to 32768. The completion

@@ -24,8 +24,10 @@ import (
 // The crash harness (issue 10): client processes run a mixed workload
 // (writes, appends, overwrites, truncates, fsync, create, rename, unlink,
 // directory fsync) while the test SIGKILLs the IO service, the metadata
-// service or both, with the clients, at a random moment; then it starts
-// what it killed again and checks every file and name against a model of
+// service, the journal service or all three, with the clients, at a
+// random moment; in a quarter of the rounds the journal service is down
+// from the round's start (its records pile up in the staging log, and the
+// kill finds them live). Then it starts what it killed again and checks every file and name against a model of
 // what was acknowledged, through a new client. Every few rounds, and at
 // the end, it stops the services cleanly and runs `weir check`, which
 // must find nothing wrong.
@@ -436,7 +438,7 @@ func TestCrash(t *testing.T) {
 	t.Logf("seed %d (WEIR_CRASH_SEED), %d rounds (WEIR_CRASH_ROUNDS)", seed, rounds)
 	rng := rand.New(rand.NewPCG(seed, 5))
 	cfg := testConfig(t)
-	url, md, iop := startPair(t, cfg)
+	url, md, iop, jr := startTrio(t, cfg)
 	const workers = 3
 	dirs := make([]*crashDir, workers)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
@@ -468,7 +470,13 @@ func TestCrash(t *testing.T) {
 	}
 	kills := map[string]int{}
 	checked, acked := 0, 0
+	journalDown := 0
 	for round := range rounds {
+		downAll := rng.IntN(4) == 0
+		if downAll {
+			jr.kill(t)
+			journalDown++
+		}
 		// The workers, as processes of this test binary.
 		var wg sync.WaitGroup
 		events := make([][]crashEvent, workers)
@@ -498,15 +506,19 @@ func TestCrash(t *testing.T) {
 			})
 		}
 		time.Sleep(time.Duration(100+rng.IntN(700)) * time.Millisecond)
-		victim := []string{"io", "metadata", "both"}[rng.IntN(3)]
+		victim := []string{"io", "metadata", "journal", "all"}[rng.IntN(4)]
 		kills[victim]++
+		killIO, killMD, killJR := victim == "io" || victim == "all", victim == "metadata" || victim == "all", victim == "journal" || victim == "all"
 		// The services first, then the clients: a client must not see a
 		// reply the services' death would not have let it see.
-		if victim != "metadata" {
+		if killIO {
 			iop.kill(t)
 		}
-		if victim != "io" {
+		if killMD {
 			md.kill(t)
+		}
+		if killJR && !downAll {
+			jr.kill(t)
 		}
 		for _, c := range cmds {
 			_ = c.Process.Kill()
@@ -523,7 +535,7 @@ func TestCrash(t *testing.T) {
 				}
 			}
 		}
-		if victim == "both" && rng.IntN(2) == 0 {
+		if victim == "all" && rng.IntN(2) == 0 {
 			// The crash image, before anything recovers it: weir check
 			// must read it (the staging log included) and find no
 			// damage; sizes the replay will set are notes. Allowed: a
@@ -539,11 +551,14 @@ func TestCrash(t *testing.T) {
 				}
 			}
 		}
-		if victim != "metadata" {
+		if killIO {
 			iop = startService(t, buildWeir(t), "io", cfg, url)
 		}
-		if victim != "io" {
+		if killMD {
 			md = startService(t, buildWeir(t), "metadata", cfg, url)
+		}
+		if killJR || downAll {
+			jr = startService(t, buildWeir(t), "journal", cfg, url)
 		}
 		found := readCrashDirs(t, ctx, cfg.Metadata.Socket, cfg.IO.Socket, dirs)
 		for i, d := range dirs {
@@ -554,6 +569,7 @@ func TestCrash(t *testing.T) {
 			}
 		}
 		if round%25 == 24 || round == rounds-1 {
+			jr.stop()
 			iop.stop()
 			md.stop()
 			if code, rep, stderr := weirCheck(t, cfg); code != 0 || !rep.OK() {
@@ -561,9 +577,10 @@ func TestCrash(t *testing.T) {
 			}
 			md = startService(t, buildWeir(t), "metadata", cfg, url)
 			iop = startService(t, buildWeir(t), "io", cfg, url)
+			jr = startService(t, buildWeir(t), "journal", cfg, url)
 		}
 	}
-	t.Logf("%d rounds; SIGKILLs: %v; %d acknowledged fsyncs and directory fsyncs; %d files checked; 0 lost", rounds, kills, acked, checked)
+	t.Logf("%d rounds (%d with the journal service down from the start); SIGKILLs: %v; %d acknowledged fsyncs and directory fsyncs; %d files checked; 0 lost", rounds, journalDown, kills, acked, checked)
 }
 
 // readAll reads name to its end as io serves it, not to the size a stat

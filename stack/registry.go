@@ -9,6 +9,7 @@ import (
 
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/services/journal"
 	"github.com/weir-storage/weir/services/metadata"
 )
 
@@ -32,9 +33,14 @@ type Spec struct {
 	// Halt, if set, runs after Shutdown and right before the process
 	// exits (the IO service stops SPDK's thread).
 	Halt func() error
+	// Enabled, if set, says whether a stack of c runs the service.
+	Enabled func(c *config.Config) bool
 	// stopRank orders the stop: lower first.
 	stopRank int
 }
+
+// runs says whether a stack of c runs the service.
+func (s Spec) runs(c *config.Config) bool { return s.Enabled == nil || s.Enabled(c) }
 
 // Role is the spec's NATS credentials role.
 func (s Spec) Role() control.Role { return control.Role(s.Name) }
@@ -63,14 +69,39 @@ var registry = []Spec{
 		Halt:     HaltBackends,
 		stopRank: 1,
 	},
+	{
+		// The journal service checkpoints io's staging log: it starts
+		// after io (it dials io's journal socket, and keeps dialing),
+		// and stops first, so that its pass in flight ends before the
+		// services it drives stop.
+		Name: "journal",
+		New: func(c *config.Config, nc *nats.Conn, log hclog.Logger) (Service, error) {
+			return journal.New(JournalOptions(c, nc, log))
+		},
+		Enabled:  JournalEnabled,
+		stopRank: -1,
+	},
 }
 
-// Services returns the registry in start order.
-func Services() []Spec { return slices.Clone(registry) }
+// JournalEnabled says whether a stack of c runs the journal service: it
+// is enabled and there is a staging log to checkpoint.
+func JournalEnabled(c *config.Config) bool { return c.Journal.Enabled && c.IO.StagingSize > 0 }
 
-// StopOrder returns the registry in the order services stop.
-func StopOrder() []Spec {
-	s := Services()
+// Services returns the services a stack of c runs, in start order; nil c
+// means the whole registry.
+func Services(c *config.Config) []Spec {
+	var s []Spec
+	for _, sp := range registry {
+		if c == nil || sp.runs(c) {
+			s = append(s, sp)
+		}
+	}
+	return s
+}
+
+// StopOrder returns the services of a stack of c in the order they stop.
+func StopOrder(c *config.Config) []Spec {
+	s := Services(c)
 	slices.SortStableFunc(s, func(a, b Spec) int { return a.stopRank - b.stopRank })
 	return s
 }
@@ -84,11 +115,11 @@ func Lookup(name string) (Spec, bool) {
 	return registry[i], true
 }
 
-// ServiceNames are the services of a stack, by their names on NATS: the
-// ones `weir status` expects to find in the stack's namespace.
-func ServiceNames() []string {
+// ServiceNames are the services of a stack of c, by their names on NATS:
+// the ones `weir status` expects to find in the stack's namespace.
+func ServiceNames(c *config.Config) []string {
 	var names []string
-	for _, s := range registry {
+	for _, s := range Services(c) {
 		names = append(names, s.NATSName())
 	}
 	return names

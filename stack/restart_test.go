@@ -256,6 +256,7 @@ func TestMetadataRestartUnderLoad(t *testing.T) {
 	t.Cleanup(srv.Shutdown)
 	md := startService(t, exe, "metadata", cfg, srv.URL())
 	startService(t, exe, "io", cfg, srv.URL())
+	startService(t, exe, "journal", cfg, srv.URL())
 
 	// A raw session of the first incarnation with a granted handle.
 	old := rawDial(t, cfg)
@@ -418,6 +419,15 @@ func TestMetadataRestartUnderLoad(t *testing.T) {
 // IO services of cfg as processes; extra flags go to both services.
 func startPair(t *testing.T, cfg *config.Config, extra ...string) (url string, md, io *serviceProc) {
 	t.Helper()
+	url, md, io, _ = startTrio(t, cfg, extra...)
+	return url, md, io
+}
+
+// startTrio starts the services of cfg as processes, as weir up does, on
+// an embedded NATS server of the test: metadata, io and, when cfg runs
+// one, the journal service (nil otherwise).
+func startTrio(t *testing.T, cfg *config.Config, extra ...string) (url string, md, io, jr *serviceProc) {
+	t.Helper()
 	exe := buildWeir(t)
 	users, err := stack.Users(cfg)
 	if err != nil {
@@ -430,7 +440,10 @@ func startPair(t *testing.T, cfg *config.Config, extra ...string) (url string, m
 	t.Cleanup(srv.Shutdown)
 	md = startService(t, exe, "metadata", cfg, srv.URL(), extra...)
 	io = startService(t, exe, "io", cfg, srv.URL(), extra...)
-	return srv.URL(), md, io
+	if stack.JournalEnabled(cfg) {
+		jr = startService(t, exe, "journal", cfg, srv.URL(), extra...)
+	}
+	return srv.URL(), md, io, jr
 }
 
 // dataDigest maps every file under dir to its contents' digest.
@@ -542,7 +555,7 @@ func TestDeleteSurvivesCrash(t *testing.T) {
 	}
 	defer cli.Close()
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		st, err := control.Status(ctx, cli, cfg.NATS.Namespace, stack.ServiceNames()...)
+		st, err := control.Status(ctx, cli, cfg.NATS.Namespace, stack.ServiceNames(nil)...)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -48,8 +48,9 @@ func runPeerAttacker(socket string) int {
 	return 0
 }
 
-// TestServiceSocketIsTheServiceUsers: the service socket that io keeps
-// its session with metadata on is mode 0600, and a process of another uid
+// TestServiceSocketIsTheServiceUsers: the service sockets (metadata's,
+// that io keeps its session on, and io's journal socket, that the journal
+// service keeps its session on) are mode 0600, and a process of another uid
 // that gets past the mode (a socket whose mode was opened, or a system
 // that does not honour socket modes) is refused by its peer credentials
 // and counted in service_peers_refused; the metadata service runs on.
@@ -67,62 +68,73 @@ func TestServiceSocketIsTheServiceUsers(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
-	sock := c.Metadata.ServiceSocket
-	fi, err := os.Stat(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if fi.Mode().Perm() != 0o600 {
-		t.Errorf("service socket %s is mode %v, want 0600", sock, fi.Mode().Perm())
-	}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	exe := publicCopy(t, self)
-	try := func() (int, string) {
-		t.Helper()
-		cmd := exec.Command(exe, "-test.run=^$")
-		cmd.Env = append(os.Environ(), peerAttackerEnv+"="+sock)
-		runAsNobody(t, cmd)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("peer attacker: %v\n%s", err, stderr.String())
-		}
-		var r struct {
-			UID   int    `json:"uid"`
-			Error string `json:"error"`
-		}
-		if err := json.Unmarshal(out, &r); err != nil {
-			t.Fatalf("peer attacker printed %q: %v", out, err)
-		}
-		return r.UID, r.Error
-	}
-	if uid, e := try(); uid != nobodyUID || !strings.Contains(e, "permission denied") {
-		t.Errorf("uid %d on the 0600 service socket: error %q, want permission denied", uid, e)
-	}
-	if err := os.Chmod(sock, 0o666); err != nil {
-		t.Fatal(err)
-	}
-	before := st.Metadata.Snapshot()["service_peers_refused"]
-	if _, e := try(); e == "" {
-		t.Error("another uid got a session on the service socket once its mode was opened")
-	} else {
-		t.Logf("refused: %s", e)
-	}
-	// The listener counts after it closed the connection: wait for it.
-	for deadline := time.Now().Add(10 * time.Second); toUint(st.Metadata.Snapshot()["service_peers_refused"]) != toUint(before)+1; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("service_peers_refused = %v, was %v: want one more", st.Metadata.Snapshot()["service_peers_refused"], before)
-		}
-	}
-	if err := st.Metadata.Health(); err != nil {
-		t.Errorf("metadata after the refused peer: %v", err)
-	}
-	if st.Metadata.Snapshot()["io_connected"] != true {
-		t.Error("io's own service session is gone")
+	for _, sv := range []struct {
+		name, sock, connected string // connected: the stats key of the rightful peer's session
+		snapshot                     func() map[string]any
+		health                       func() error
+	}{
+		{"metadata", c.Metadata.ServiceSocket, "io_connected", st.Metadata.Snapshot, st.Metadata.Health},
+		{"io (journal socket)", c.Journal.Socket, "journal_connected", st.IO.Snapshot, st.IO.Health},
+	} {
+		t.Run(sv.name, func(t *testing.T) {
+			sock := sv.sock
+			fi, err := os.Stat(sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode().Perm() != 0o600 {
+				t.Errorf("service socket %s is mode %v, want 0600", sock, fi.Mode().Perm())
+			}
+			try := func() (int, string) {
+				t.Helper()
+				cmd := exec.Command(exe, "-test.run=^$")
+				cmd.Env = append(os.Environ(), peerAttackerEnv+"="+sock)
+				runAsNobody(t, cmd)
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				out, err := cmd.Output()
+				if err != nil {
+					t.Fatalf("peer attacker: %v\n%s", err, stderr.String())
+				}
+				var r struct {
+					UID   int    `json:"uid"`
+					Error string `json:"error"`
+				}
+				if err := json.Unmarshal(out, &r); err != nil {
+					t.Fatalf("peer attacker printed %q: %v", out, err)
+				}
+				return r.UID, r.Error
+			}
+			if uid, e := try(); uid != nobodyUID || !strings.Contains(e, "permission denied") {
+				t.Errorf("uid %d on the 0600 service socket: error %q, want permission denied", uid, e)
+			}
+			if err := os.Chmod(sock, 0o666); err != nil {
+				t.Fatal(err)
+			}
+			before := sv.snapshot()["service_peers_refused"]
+			if _, e := try(); e == "" {
+				t.Error("another uid got a session on the service socket once its mode was opened")
+			} else {
+				t.Logf("refused: %s", e)
+			}
+			// The listener counts after it closed the connection: wait for it.
+			for deadline := time.Now().Add(10 * time.Second); toUint(sv.snapshot()["service_peers_refused"]) != toUint(before)+1; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("service_peers_refused = %v, was %v: want one more", sv.snapshot()["service_peers_refused"], before)
+				}
+			}
+			if err := sv.health(); err != nil {
+				t.Errorf("%s after the refused peer: %v", sv.name, err)
+			}
+			if sv.snapshot()[sv.connected] != true {
+				t.Errorf("the rightful peer's service session is gone (%s)", sv.connected)
+			}
+		})
 	}
 }
 

@@ -32,6 +32,7 @@ import (
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/file"
 	"github.com/weir-storage/weir/services/io/backend/mem"
+	"github.com/weir-storage/weir/services/journal"
 	"github.com/weir-storage/weir/services/metadata"
 	"github.com/weir-storage/weir/services/metadata/ns"
 )
@@ -150,19 +151,43 @@ func openBackend(c *config.Config, log hclog.Logger, readOnly bool) (backend.Bac
 // IOOptions builds the IO service's options around an opened backend.
 func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Logger) iosvc.Options {
 	return iosvc.Options{
-		Socket:         c.IO.Socket,
-		MetadataSocket: c.Metadata.ServiceSocket,
-		Backend:        be,
+		Socket:               c.IO.Socket,
+		MetadataSocket:       c.Metadata.ServiceSocket,
+		Backend:              be,
+		NATS:                 nc,
+		NATSNamespace:        c.NATS.Namespace,
+		RequestTimeout:       c.NATS.RequestTimeout,
+		Version:              Version,
+		Ring:                 RingConfig(c),
+		WaitMode:             waitMode(c),
+		Logger:               log,
+		CacheSize:            int64(c.IO.CacheSize),
+		Readahead:            int64(c.IO.Readahead),
+		StagingBytes:         int64(c.IO.StagingSize),
+		JournalSocket:        journalSocket(c),
+		ForegroundCheckpoint: JournalEnabled(c) && c.Journal.Foreground,
+	}
+}
+
+// journalSocket is io's journal socket, "" when the stack runs no journal
+// service (io checkpoints its log itself).
+func journalSocket(c *config.Config) string {
+	if !JournalEnabled(c) {
+		return ""
+	}
+	return c.Journal.Socket
+}
+
+// JournalOptions builds the journal service's options.
+func JournalOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) journal.Options {
+	return journal.Options{
+		IOSocket:       c.Journal.Socket,
 		NATS:           nc,
 		NATSNamespace:  c.NATS.Namespace,
 		RequestTimeout: c.NATS.RequestTimeout,
 		Version:        Version,
-		Ring:           RingConfig(c),
-		WaitMode:       waitMode(c),
+		Interval:       c.Journal.Interval,
 		Logger:         log,
-		CacheSize:      int64(c.IO.CacheSize),
-		Readahead:      int64(c.IO.Readahead),
-		StagingBytes:   int64(c.IO.StagingSize),
 	}
 }
 
@@ -192,7 +217,7 @@ func Prepare(c *config.Config, log hclog.Logger) (*control.Creds, error) {
 		}
 		log.Warn("data directory was open to other users; made it private", "dir", c.DataDir, "was", fmt.Sprintf("%#o", m), "now", fmt.Sprintf("%#o", m&0o700))
 	}
-	for _, d := range []string{c.RunDir, filepath.Dir(c.Metadata.Socket), filepath.Dir(c.IO.Socket), filepath.Dir(c.Metadata.ServiceSocket)} {
+	for _, d := range []string{c.RunDir, filepath.Dir(c.Metadata.Socket), filepath.Dir(c.IO.Socket), filepath.Dir(c.Metadata.ServiceSocket), filepath.Dir(c.Journal.Socket)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, hint(d, err)
 		}
@@ -288,6 +313,7 @@ type Stack struct {
 	Creds    *control.Creds
 	Metadata *metadata.Service
 	IO       *iosvc.Service
+	Journal  *journal.Service // nil when the stack runs none (journal.enabled false, no staging log)
 	url      string
 	conns    []*nats.Conn
 	noCreds  bool
@@ -333,7 +359,7 @@ func StartWith(c *config.Config, log hclog.Logger, h Hooks) (st *Stack, err erro
 		}
 		st.url = st.NATS.URL()
 	}
-	for _, spec := range Services() {
+	for _, spec := range Services(c) {
 		nc, err := st.Connect(spec.Role(), log.Named(spec.Name))
 		if err != nil {
 			return st, err
@@ -367,6 +393,11 @@ func StartWith(c *config.Config, log hclog.Logger, h Hooks) (st *Stack, err erro
 				h.IOService(st.IO)
 			}
 			err = st.IO.Start()
+		case "journal":
+			if st.Journal, err = journal.New(JournalOptions(c, nc, log.Named("journal"))); err != nil {
+				return st, err
+			}
+			err = st.Journal.Start()
 		default:
 			err = fmt.Errorf("stack: no in-process builder for service %q", spec.Name)
 		}
@@ -407,8 +438,10 @@ func (st *Stack) Dial(ctx context.Context) (*client.FS, error) {
 // reported back), then NATS.
 func (st *Stack) Shutdown(ctx context.Context) error {
 	var errs []error
-	for _, spec := range StopOrder() {
+	for _, spec := range StopOrder(st.Config) {
 		switch {
+		case spec.Name == "journal" && st.Journal != nil:
+			errs = append(errs, st.Journal.Shutdown(ctx))
 		case spec.Name == "metadata" && st.Metadata != nil:
 			errs = append(errs, st.Metadata.Shutdown(ctx))
 		case spec.Name == "io" && st.IO != nil:

@@ -105,7 +105,7 @@ func TestStacksShareNATS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		st, err := control.Status(ctx, nc, ns, stack.ServiceNames()...)
+		st, err := control.Status(ctx, nc, ns, stack.ServiceNames(nil)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,8 +120,8 @@ func TestStacksShareNATS(t *testing.T) {
 			}
 			ids[s.ID] = ns
 		}
-		if strings.Join(names, ",") != "weir-io,weir-metadata" {
-			t.Errorf("status of stack %s lists %v, want its weir-io and weir-metadata", ns, names)
+		if strings.Join(names, ",") != "weir-io,weir-journal,weir-metadata" {
+			t.Errorf("status of stack %s lists %v, want its weir-io, weir-journal and weir-metadata", ns, names)
 		}
 	}
 }

@@ -84,7 +84,7 @@ func (s *Supervisor) Start() error {
 	if err := os.WriteFile(filepath.Join(s.Config.RunDir, NATSURLFile), []byte(s.url+"\n"), 0o644); err != nil {
 		return fmt.Errorf("record NATS URL: %w", err)
 	}
-	for _, spec := range Services() {
+	for _, spec := range Services(s.Config) {
 		if err := s.startChild(spec.Name); err != nil {
 			return err
 		}
@@ -193,7 +193,7 @@ func describeExit(err error) string {
 // is Wait's to report, not Stop's.
 func (s *Supervisor) Stop() error {
 	var errs []error
-	for _, spec := range StopOrder() {
+	for _, spec := range StopOrder(s.Config) {
 		k := s.kid(spec.Name)
 		if k == nil {
 			continue

@@ -163,7 +163,7 @@ func TestSupervisor(t *testing.T) {
 		}
 		names = append(names, x.Name)
 	}
-	if strings.Join(names, ",") != "weir-io,weir-metadata" {
+	if strings.Join(names, ",") != "weir-io,weir-journal,weir-metadata" {
 		t.Fatalf("status found %v", names)
 	}
 
@@ -216,7 +216,7 @@ func TestStatusSeesStoppedService(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		st, err := control.Status(ctx, nc, cfg.NATS.Namespace, stack.ServiceNames()...)
+		st, err := control.Status(ctx, nc, cfg.NATS.Namespace, stack.ServiceNames(nil)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,7 +238,7 @@ func TestStatusSeesStoppedService(t *testing.T) {
 		}
 	}()
 	st := status()
-	if x := st["weir-io"]; len(st) != 2 || x.Healthy || !strings.Contains(x.Error, "no reply within") {
+	if x := st["weir-io"]; len(st) != 3 || x.Healthy || !strings.Contains(x.Error, "no reply within") {
 		t.Errorf("status with io stopped: io is %+v", x)
 	}
 	if x := st["weir-metadata"]; !x.Healthy {
@@ -413,19 +413,19 @@ func TestSupervisorsOnExternalNATS(t *testing.T) {
 			t.Fatalf("stack %s: read %q %v", ns, got, err)
 		}
 		c.Close()
-		st, err := control.Status(ctx, status[ns], ns, stack.ServiceNames()...)
+		st, err := control.Status(ctx, status[ns], ns, stack.ServiceNames(nil)...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(st) != 2 || !st[0].Healthy || !st[1].Healthy {
+		if len(st) != 3 || !st[0].Healthy || !st[1].Healthy || !st[2].Healthy {
 			t.Fatalf("status of stack %s: %+v", ns, st)
 		}
 	}
 	if err := sups["alpha"].Stop(); err != nil {
 		t.Fatalf("stop alpha: %v", err)
 	}
-	st, err := control.Status(ctx, status["beta.two"], "beta.two", stack.ServiceNames()...)
-	if err != nil || len(st) != 2 || !st[0].Healthy || !st[1].Healthy {
+	st, err := control.Status(ctx, status["beta.two"], "beta.two", stack.ServiceNames(nil)...)
+	if err != nil || len(st) != 3 || !st[0].Healthy || !st[1].Healthy || !st[2].Healthy {
 		t.Fatalf("beta.two after alpha stopped: %+v %v", st, err)
 	}
 	if !status["beta.two"].IsConnected() {

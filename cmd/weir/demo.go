@@ -284,7 +284,7 @@ func printStatus(w io.Writer, c *config.Config, url string, asJSON bool) error {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := control.Status(ctx, nc, namespace, stack.ServiceNames()...)
+	st, err := control.Status(ctx, nc, namespace, stack.ServiceNames(c)...)
 	if err != nil {
 		return err
 	}

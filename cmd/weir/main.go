@@ -47,7 +47,7 @@ var commands = map[string]command{
 // Every service of the registry is a command that runs it in this
 // process (what weir up starts as a child).
 func init() {
-	for _, spec := range stack.Services() {
+	for _, spec := range stack.Services(nil) {
 		commands[spec.Name] = command{"run the " + spec.Name + " service in this process",
 			func(a []string) int { return cmdService(spec, a) }}
 	}

@@ -55,6 +55,7 @@ type Config struct {
 	NATS      NATS     // block "nats"
 	Metadata  Metadata // block "metadata"
 	IO        IO       // block "io"
+	Journal   Journal  // block "journal"
 	Ring      Ring     // block "ring"
 
 	// derived records which paths still hold a default computed from
@@ -63,7 +64,7 @@ type Config struct {
 }
 
 type derivedPaths struct {
-	runDir, metadataSocket, metadataServiceSocket, ioSocket, credsDir bool
+	runDir, metadataSocket, metadataServiceSocket, ioSocket, credsDir, journalSocket bool
 }
 
 // NATS configures the control plane.
@@ -135,6 +136,26 @@ type IO struct {
 	StagingSize Size
 }
 
+// Journal configures the journal service, which checkpoints the staging
+// log (Split Journaling).
+type Journal struct {
+	// enabled: run the journal service (weir up starts it); false makes
+	// the IO service checkpoint its staging log itself. Default true.
+	Enabled bool
+	// socket: the IO service's service socket the journal service opens
+	// its session on (0600, the service user only); default
+	// "<RunDir>/io.journal.sock".
+	Socket string
+	// interval: how long the journal service waits between passes when
+	// nothing asks for one (an fsync waiting for room asks at once);
+	// default 200ms.
+	Interval time.Duration
+	// foreground: every fsync waits until its record is checkpointed
+	// (the benchmark's ablation "no background journaling"); default
+	// false.
+	Foreground bool
+}
+
 // Ring sizes the shared-memory rings a service creates for each session.
 type Ring struct {
 	SQEntries int  // sq_entries: power of two in [2, 32768]; default 256 (the CQ gets twice as many)
@@ -163,6 +184,8 @@ const (
 	DefaultCacheSize       = 1 * GiB
 	DefaultReadahead       = 512 * KiB
 	DefaultStagingSize     = 64 * MiB
+	// DefaultJournalInterval is journal.interval's default.
+	DefaultJournalInterval = 200 * time.Millisecond
 	// MinStagingSize is the smallest staging ring (io.staging_size).
 	MinStagingSize = 1 * MiB
 	// MaxReadahead bounds io.readahead.
@@ -207,12 +230,13 @@ func Default() *Config {
 			StagingSize: DefaultStagingSize,
 			Readahead:   DefaultReadahead,
 		},
+		Journal: Journal{Enabled: true, Interval: DefaultJournalInterval},
 		Ring: Ring{
 			SQEntries: DefaultSQEntries,
 			ArenaSize: DefaultArenaSize,
 			BlockSize: DefaultBlockSize,
 		},
-		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true},
+		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true, journalSocket: true},
 	}
 	c.derivePaths()
 	return c
@@ -247,5 +271,8 @@ func (c *Config) derivePaths() {
 	}
 	if c.derived.ioSocket {
 		c.IO.Socket = filepath.Join(c.RunDir, "io.sock")
+	}
+	if c.derived.journalSocket {
+		c.Journal.Socket = filepath.Join(c.RunDir, "io.journal.sock")
 	}
 }

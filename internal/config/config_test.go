@@ -41,8 +41,9 @@ func TestDefault(t *testing.T) {
 			Socket: "/run/weir/io.sock", Backend: "file", Direct: "auto",
 			WaitMode: "adaptive", SPDKWorkers: 1, CacheSize: DefaultCacheSize, Readahead: DefaultReadahead, StagingSize: DefaultStagingSize,
 		},
+		Journal: Journal{Enabled: true, Socket: "/run/weir/io.journal.sock", Interval: 200 * time.Millisecond},
 		Ring:    Ring{SQEntries: 256, ArenaSize: 8 << 20, BlockSize: 4096},
-		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true},
+		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true, journalSocket: true},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Default() =\n%+v\nwant\n%+v", c, want)
@@ -87,6 +88,12 @@ io {
   readahead  = 0
   staging_size = "8MiB"
 }
+journal {
+  enabled    = true
+  socket     = "j.sock"
+  interval   = "50ms"
+  foreground = true
+}
 ring {
   sq_entries = 1024
   arena_size = 67108864
@@ -115,7 +122,8 @@ ring {
 			Socket: filepath.Join(dir, "io.sock"), Backend: "mem", Direct: "off",
 			WaitMode: "busy-poll", SPDKWorkers: 1, CacheSize: 64 * MiB, StagingSize: 8 * MiB,
 		},
-		Ring: Ring{SQEntries: 1024, ArenaSize: 64 * MiB, BlockSize: 64 * KiB},
+		Journal: Journal{Enabled: true, Socket: filepath.Join(dir, "j.sock"), Interval: 50 * time.Millisecond, Foreground: true},
+		Ring:    Ring{SQEntries: 1024, ArenaSize: 64 * MiB, BlockSize: 64 * KiB},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load =\n%+v\nwant\n%+v", c, want)

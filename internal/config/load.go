@@ -82,6 +82,7 @@ type (
 		NATS      *natsBlock     `hcl:"nats,block"`
 		Metadata  *metadataBlock `hcl:"metadata,block"`
 		IO        *ioBlock       `hcl:"io,block"`
+		Journal   *journalBlock  `hcl:"journal,block"`
 		Ring      *ringBlock     `hcl:"ring,block"`
 	}
 	natsBlock struct {
@@ -116,6 +117,12 @@ type (
 		CacheSize       *hcl.Attribute `hcl:"cache_size,optional"`
 		StagingSize     *hcl.Attribute `hcl:"staging_size,optional"`
 		Readahead       *hcl.Attribute `hcl:"readahead,optional"`
+	}
+	journalBlock struct {
+		Enabled    *hcl.Attribute `hcl:"enabled,optional"`
+		Socket     *hcl.Attribute `hcl:"socket,optional"`
+		Interval   *hcl.Attribute `hcl:"interval,optional"`
+		Foreground *hcl.Attribute `hcl:"foreground,optional"`
 	}
 	ringBlock struct {
 		SQEntries *hcl.Attribute `hcl:"sq_entries,optional"`
@@ -213,6 +220,14 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.size("io.cache_size", b.CacheSize, &c.IO.CacheSize)
 		d.size("io.staging_size", b.StagingSize, &c.IO.StagingSize)
 		d.size("io.readahead", b.Readahead, &c.IO.Readahead)
+	}
+	if b := fc.Journal; b != nil {
+		d.bool("journal.enabled", b.Enabled, &c.Journal.Enabled)
+		if d.path("journal.socket", b.Socket, &c.Journal.Socket) {
+			c.derived.journalSocket = false
+		}
+		d.duration("journal.interval", b.Interval, &c.Journal.Interval)
+		d.bool("journal.foreground", b.Foreground, &c.Journal.Foreground)
 	}
 	if b := fc.Ring; b != nil {
 		d.int("ring.sq_entries", b.SQEntries, &c.Ring.SQEntries)

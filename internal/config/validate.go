@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 
@@ -32,6 +33,10 @@ const (
 // Validate checks every setting and reports all problems at once as an
 // *Error. Load and ApplyFlags call it; code that builds a Config by hand
 // should too.
+// journalMaxIntervalMs bounds journal.interval: the longest wait the
+// journal's session lets io take (journalproto.MaxWaitMs).
+const journalMaxIntervalMs = 1000
+
 func (c *Config) Validate() error {
 	return errorOf(c.validate(nil))
 }
@@ -131,6 +136,16 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	}
 	if ss := c.IO.StagingSize; ss != 0 && (ss%(4*KiB) != 0 || ss < MinStagingSize || ss > 1<<40) {
 		bad(at("io.staging_size"), "io.staging_size", "%s: want a multiple of 4KiB from %s to 1TiB (0 turns the staging log off)", ss, Size(MinStagingSize))
+	}
+	socket("journal.socket", c.Journal.Socket, "journal.socket", "run_dir", "data_dir")
+	if slices.Contains([]string{c.IO.Socket, c.Metadata.Socket, c.Metadata.ServiceSocket}, c.Journal.Socket) {
+		bad(at("journal.socket"), "journal.socket", "%q is also another socket of the stack", c.Journal.Socket)
+	}
+	if c.Journal.Interval < time.Millisecond || c.Journal.Interval > time.Duration(journalMaxIntervalMs)*time.Millisecond {
+		bad(at("journal.interval"), "journal.interval", "%v: want 1ms to %ds", c.Journal.Interval, journalMaxIntervalMs/1000)
+	}
+	if c.Journal.Foreground && (!c.Journal.Enabled || c.IO.StagingSize == 0) {
+		bad(at("journal.foreground"), "journal.foreground", "needs the journal service and the staging log (journal.enabled, io.staging_size)")
 	}
 	if ra := c.IO.Readahead; ra%(4*KiB) != 0 || ra > MaxReadahead {
 		bad(at("io.readahead"), "io.readahead", "%s: want a multiple of 4KiB up to %s (0 turns readahead off)", ra, Size(MaxReadahead))

@@ -88,7 +88,7 @@ func PermissionsOf(namespace string, r Role) Permissions {
 	case RoleMetadata:
 		return Permissions{
 			Publish:   []string{s.Grant, s.Revoke, s.Live, s.Delete, s.Resync, s.Alloc, s.Blobs},
-			Subscribe: append([]string{s.Session, s.SetLive, inbox}, service("metadata")...),
+			Subscribe: append([]string{s.Session, s.SetLive, s.SetLiveBatch, inbox}, service("metadata")...),
 			Responses: true,
 		}
 	case RoleIO:
@@ -97,7 +97,13 @@ func PermissionsOf(namespace string, r Role) Permissions {
 			Subscribe: append([]string{s.IO, inbox, namespace + ".io.*." + DropCacheEndpoint}, service("io")...),
 			Responses: true,
 		}
-	case RoleJournal, RoleVerifier:
+	case RoleJournal:
+		return Permissions{
+			Publish:   []string{s.SetLiveBatch},
+			Subscribe: append([]string{inbox}, service("journal")...),
+			Responses: true,
+		}
+	case RoleVerifier:
 		return Permissions{
 			Subscribe: append([]string{inbox}, service(string(r))...),
 			Responses: true,

@@ -72,6 +72,10 @@ type Subjects struct {
 	// fsync (Sync = true: durable before the reply), at io shutdown, or
 	// after a resync dropped its grants.
 	SetLive string
+	// SetLiveBatch: journal -> metadata, SetLiveBatch: the sizes and
+	// mtimes of a checkpoint's files, made durable in one WAL commit
+	// before the reply (SetLiveBatchReply).
+	SetLiveBatch string
 }
 
 // SubjectsIn returns the control subjects of the stack whose NATS
@@ -94,6 +98,8 @@ func SubjectsIn(namespace string) Subjects {
 		Blobs:     p + "io.blobs",
 		Session:   p + "meta.session",
 		SetLive:   p + "meta.setlive",
+
+		SetLiveBatch: p + "meta.setlivebatch",
 	}
 }
 
@@ -254,6 +260,32 @@ type SetLive struct {
 	Mtime int64  `json:"mtime"`
 	DV    uint64 `json:"dv"`
 	Sync  bool   `json:"sync,omitempty"`
+}
+
+// MaxLiveBatch bounds a SetLiveBatch's files.
+const MaxLiveBatch = 4096
+
+// SetLiveBatch reports the files of one checkpoint of the staging log:
+// the journal service's commit of their inode fields. The metadata
+// service applies each as a SetLive and makes them durable with one sync
+// of its WAL before it replies.
+type SetLiveBatch struct {
+	Live []SetLive `json:"live"`
+}
+
+// SetLiveBatchReply answers SetLiveBatch: Gone lists the inodes that are
+// no longer files (removed since; their reports need nothing more).
+type SetLiveBatchReply struct {
+	Gone  []uint64 `json:"gone,omitempty"`
+	Error string   `json:"error,omitempty"`
+}
+
+// Err is the refusal the reply carries, or nil.
+func (r *SetLiveBatchReply) Err() error {
+	if r.Error == "" {
+		return nil
+	}
+	return &Refusal{Msg: r.Error}
 }
 
 // Ack answers a control request.

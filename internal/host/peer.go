@@ -36,6 +36,7 @@ var PeerRing = ring.Config{SQEntries: 16, CQEntries: 32, ArenaSize: 64 << 10, Bl
 type Peers struct {
 	roles    []string
 	onChange func(role string, up bool)
+	ops      map[uint8]ring.HandlerFunc
 
 	mu   sync.Mutex
 	conn map[string]bool // roles connected now; protected by mu
@@ -47,7 +48,14 @@ type Peers struct {
 // session ends. onChange runs on the session's goroutine; it must not
 // block for long.
 func (h *Host) ServePeers(socket string, roles []string, onChange func(role string, up bool)) *Peers {
-	p := &Peers{roles: slices.Clone(roles), onChange: onChange, conn: map[string]bool{}}
+	return h.ServePeersWith(socket, roles, onChange, nil)
+}
+
+// ServePeersWith is ServePeers with the opcodes the service serves on
+// these sessions: each is served only after the session's hello (a
+// request before it is answered -EPERM), on the session's poller.
+func (h *Host) ServePeersWith(socket string, roles []string, onChange func(role string, up bool), ops map[uint8]ring.HandlerFunc) *Peers {
+	p := &Peers{roles: slices.Clone(roles), onChange: onChange, conn: map[string]bool{}, ops: ops}
 	h.Serve(&Listener{Socket: socket, ServiceOnly: true, Ring: PeerRing, Mode: ring.WaitAdaptive,
 		New: func() Session { return newPeerSession(p) }})
 	return p
@@ -69,6 +77,14 @@ type peerSession struct {
 func newPeerSession(p *Peers) *peerSession {
 	s := &peerSession{p: p, mux: ring.NewMux()}
 	s.mux.Handle(OpPeerHello, s.hello)
+	for op, f := range p.ops {
+		s.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
+			if s.role == "" {
+				return -int64(syscall.EPERM), 0
+			}
+			return f(q)
+		})
+	}
 	return s
 }
 
@@ -140,6 +156,15 @@ func DialPeer(socket, role string, log hclog.Logger, onChange func(up bool)) *Pe
 		stop: make(chan struct{}), done: make(chan struct{})}
 	go p.loop()
 	return p
+}
+
+// Client returns the session's ring, or nil while it is not up. A call
+// on it after the session ended fails with ring.ErrPeerGone or
+// ring.ErrClosed.
+func (p *Peer) Client() *ring.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cli
 }
 
 // Up reports whether the session is established.

@@ -59,6 +59,14 @@ type Options struct {
 	// syncs the blob, the backend and the metadata service's WAL in the
 	// foreground, as before Split Journaling (the benchmark's ablation).
 	StagingBytes int64
+	// JournalSocket is the service socket the journal service opens its
+	// session on (journal.go): io then leaves the checkpoint of the
+	// staging log to it. "" means io checkpoints the log itself (an IO
+	// service alone, in tests).
+	JournalSocket string
+	// ForegroundCheckpoint makes every fsync wait until its record is
+	// checkpointed (the benchmark's ablation "no background journaling").
+	ForegroundCheckpoint bool
 }
 
 // Stats are the service's counters, reported on NATS.
@@ -282,6 +290,7 @@ type Service struct {
 	grants   map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
 	sessions map[uint64]*session          // attached sessions by metadata session id; protected by mu
 	peer     *host.Peer                   // the service session with metadata; immutable after Start
+	jpeers   *host.Peers                  // the journal service's session (journal.go); immutable after Start
 	meta     metaLink                     // requests to metadata fail at once while its session is down
 	listing  blobListing                  // for the metadata service's orphan scan
 	closed   atomic.Bool
@@ -376,6 +385,9 @@ func (s *Service) Start() error {
 	})
 	s.host.Serve(&host.Listener{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode,
 		New: func() host.Session { return newSession(s) }, NewRegion: s.createRegion})
+	if s.stg != nil && s.opts.JournalSocket != "" {
+		s.serveJournal()
+	}
 	if err := s.host.Start(s.Health, s.Snapshot); err != nil {
 		return fmt.Errorf("iosvc: %w", err)
 	}

@@ -78,6 +78,12 @@ type stager struct {
 	stopping, started bool
 	lastCkptErr       atomic.Pointer[error]
 
+	// ckptMu serialises checkpoint passes: io's own and the journal
+	// service's (journal.go), whose batch jb is; nextBatch numbers them.
+	ckptMu    sync.Mutex
+	jb        *journalBatch
+	nextBatch uint64
+
 	// Counters (weir status, the stats endpoint).
 	Records     atomic.Uint64 // records appended by fsyncs
 	HomeSyncs   atomic.Uint64 // fsyncs that made the file durable at home (FlagHome records)
@@ -91,7 +97,10 @@ type stager struct {
 	Empty       atomic.Uint64 // fsyncs with nothing to stage: no record
 	Truncates   atomic.Uint64 // truncates that shrank a file, logged (FlagTruncate)
 	FailedFiles atomic.Uint64 // files whose fsync failed (sticky EIO)
-	lastErr     atomic.Pointer[error]
+	// JournalBatches and JournalCommits count the journal service's
+	// batches and the ones it committed.
+	JournalBatches, JournalCommits atomic.Uint64
+	lastErr                        atomic.Pointer[error]
 }
 
 // stagedRec is a live record: which file it staged.
@@ -238,7 +247,11 @@ func (st *stager) start() {
 		return
 	}
 	st.started = true
-	go st.checkpointer()
+	if st.svc.opts.JournalSocket == "" {
+		go st.checkpointer()
+	} else {
+		close(st.done) // the journal service checkpoints
+	}
 }
 
 // Replay opens the staging log on be, a stopped IO service's store,
@@ -492,6 +505,7 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 		home = true // more than a record should carry: the file's home instead
 	}
 	var err error
+	var lsn uint64
 	if home {
 		rec.Flags, rec.Extents = staging.FlagHome, nil
 		err = s.syncHome(ob)
@@ -500,7 +514,6 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 		err = s.readPages(ob, &rec)
 	}
 	if err == nil {
-		var lsn uint64
 		if lsn, err = st.append(&rec); err == nil {
 			st.register(f, lsn, size, mtime)
 			st.Records.Add(1)
@@ -521,6 +534,13 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 		f.mu.Lock()
 		f.named = true
 		f.mu.Unlock()
+	}
+	if s.opts.ForegroundCheckpoint {
+		// The ablation without background journaling: the fsync
+		// returns once its record is checkpointed.
+		if err := st.awaitCheckpointed(lsn); err != nil {
+			return syscall.EIO
+		}
 	}
 	return 0
 }
@@ -802,49 +822,19 @@ func (st *stager) checkpointer() {
 // size durable at metadata, then trims the log up to the last record it
 // covered. A closed file with changes and no live record is synced home
 // too, and its changes forgotten. With final (Shutdown) only the live
-// records' files.
+// records' files. This is the pass io runs itself (no journal service, or
+// at Shutdown); the journal service runs the same steps over its session
+// (journal.go).
 func (st *stager) checkpoint(ctx context.Context, final bool) error {
-	s := st.svc
-	trim := st.log.Stats().TrimLSN
-	st.mu.Lock()
-	// Only a run of registered records from the trim point: a record
-	// with a smaller lsn may still be on its way (appended, not yet
-	// registered), and its file would not be checkpointed.
-	upto := trim
-	todo := map[backend.BlobID]uint64{}
-	for _, r := range st.recs {
-		if r.lsn != upto+1 {
-			break
-		}
-		upto = r.lsn
-		if r.id != 0 {
-			todo[r.id] = r.ino
-		}
-	}
-	closed := map[backend.BlobID]bool{}
-	for id, f := range st.files {
-		if final {
-			break
-		}
-		f.mu.Lock()
-		if f.refs == 0 && f.last == 0 && (f.nchanged > 0 || f.dirtyHome || !f.named) {
-			if _, ok := todo[id]; !ok {
-				todo[id] = f.ino
-				closed[id] = true
-			}
-		}
-		f.mu.Unlock()
-	}
-	st.mu.Unlock()
-	if len(todo) == 0 {
+	st.ckptMu.Lock()
+	defer st.ckptMu.Unlock()
+	b := st.collect(final, 0)
+	if b == nil {
 		return nil
 	}
-	// Reports of one incarnation of the metadata service only: a restart
-	// between them would lose those sent before it.
-	resyncs := s.resyncs.Load()
 	var reports []liveReport
-	for _, id := range slices.Sorted(maps.Keys(todo)) {
-		l, err := st.checkpointFile(id, todo[id], closed[id])
+	for _, id := range b.order {
+		l, err := st.checkpointFile(id, b.todo[id], b.closed[id])
 		if err != nil {
 			return err
 		}
@@ -852,26 +842,100 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 			reports = append(reports, *l)
 		}
 	}
-	if err := st.report(ctx, reports); err != nil {
+	accepted, err := st.report(ctx, reports)
+	if err != nil {
 		return err
 	}
-	if s.resyncs.Load() != resyncs {
+	return st.commit(b, accepted)
+}
+
+// ckptBatch is the work of one checkpoint pass: the files to make durable
+// at home and report, and the last record the pass covers.
+type ckptBatch struct {
+	id         uint64
+	trim, upto uint64                    // the log's trim point when collected; the pass trims up to upto
+	todo       map[backend.BlobID]uint64 // blob -> inode
+	closed     map[backend.BlobID]bool   // closed files with changes and no live record
+	order      []backend.BlobID          // todo's blobs, ascending
+	// resyncs is the service's resync count when collected: reports of
+	// one incarnation of the metadata service only, since a restart
+	// between them would lose those not yet synced.
+	resyncs uint64
+}
+
+// collect returns the next pass's batch, nil if there is nothing to do.
+// limit > 0 bounds its files: the records it covers stop before the first
+// whose file would be one too many.
+func (st *stager) collect(final bool, limit int) *ckptBatch {
+	b := &ckptBatch{trim: st.log.Stats().TrimLSN, todo: map[backend.BlobID]uint64{}, closed: map[backend.BlobID]bool{}}
+	full := func(id backend.BlobID) bool {
+		_, ok := b.todo[id]
+		return limit > 0 && !ok && len(b.todo) >= limit
+	}
+	st.mu.Lock()
+	// Only a run of registered records from the trim point: a record
+	// with a smaller lsn may still be on its way (appended, not yet
+	// registered), and its file would not be checkpointed.
+	b.upto = b.trim
+	for _, r := range st.recs {
+		if r.lsn != b.upto+1 || (r.id != 0 && full(r.id)) {
+			break
+		}
+		b.upto = r.lsn
+		if r.id != 0 {
+			b.todo[r.id] = r.ino
+		}
+	}
+	for id, f := range st.files {
+		if final {
+			break
+		}
+		f.mu.Lock()
+		if f.refs == 0 && f.last == 0 && (f.nchanged > 0 || f.dirtyHome || !f.named) && !full(id) {
+			if _, ok := b.todo[id]; !ok {
+				b.todo[id] = f.ino
+				b.closed[id] = true
+			}
+		}
+		f.mu.Unlock()
+	}
+	st.mu.Unlock()
+	if len(b.todo) == 0 && b.upto == b.trim {
+		return nil
+	}
+	b.order = slices.Sorted(maps.Keys(b.todo))
+	b.resyncs = st.svc.resyncs.Load()
+	return b
+}
+
+// commit ends the pass of b, whose files are durable at home and whose
+// accepted reports the metadata service made durable: it marks their
+// names durable, trims the log up to b.upto and forgets what the trim
+// covered.
+func (st *stager) commit(b *ckptBatch, accepted []*liveReport) error {
+	if st.svc.resyncs.Load() != b.resyncs {
 		return errors.New("the metadata service resynchronised during the checkpoint's reports")
 	}
-	if upto > trim {
-		if err := st.log.Trim(upto); err != nil {
+	for _, l := range accepted {
+		l.f.mu.Lock()
+		l.f.named = true // made durable by the synced report
+		l.f.size = l.size
+		l.f.mu.Unlock()
+	}
+	if b.upto > b.trim {
+		if err := st.log.Trim(b.upto); err != nil {
 			return fmt.Errorf("trim the staging log: %w", err)
 		}
 	}
 	st.mu.Lock()
 	i := 0
-	for i < len(st.recs) && st.recs[i].lsn <= upto {
+	for i < len(st.recs) && st.recs[i].lsn <= b.upto {
 		i++
 	}
 	st.recs = slices.Delete(st.recs, 0, i)
 	for id, f := range st.files {
 		f.mu.Lock()
-		if f.last <= upto {
+		if f.last <= b.upto {
 			f.last = 0
 		}
 		if f.refs == 0 && f.cleanLocked() {
@@ -885,9 +949,10 @@ func (st *stager) checkpoint(ctx context.Context, final bool) error {
 }
 
 // report sends the size reports, then makes them durable with one synced
-// report (of the last file still there): a report refused because its
-// file is gone needs nothing more; any other failure fails the pass.
-func (st *stager) report(ctx context.Context, reports []liveReport) error {
+// report (of the last file still there), and returns the reports taken:
+// a report refused because its file is gone needs nothing more; any
+// other failure fails the pass.
+func (st *stager) report(ctx context.Context, reports []liveReport) ([]*liveReport, error) {
 	s := st.svc
 	var accepted []*liveReport
 	for i := range reports {
@@ -897,29 +962,21 @@ func (st *stager) report(ctx context.Context, reports []liveReport) error {
 		case err == nil:
 			accepted = append(accepted, l)
 		case !fileGone(err):
-			return err
+			return nil, err
 		}
 	}
-	for k := len(accepted) - 1; ; k-- {
-		if k < 0 {
-			return nil // every file is gone
-		}
+	for k := len(accepted) - 1; k >= 0; k-- {
 		l := accepted[k]
 		err := s.reportLive(ctx, l.ino, l.size, l.mtime, l.dv, true)
 		if err == nil {
 			break
 		}
 		if !fileGone(err) {
-			return err
+			return nil, err
 		}
+		accepted = accepted[:k] // gone since: its report needs nothing more
 	}
-	for _, l := range accepted {
-		l.f.mu.Lock()
-		l.f.named = true // made durable by the synced report
-		l.f.size = l.size
-		l.f.mu.Unlock()
-	}
-	return nil
+	return accepted, nil
 }
 
 // fileGone says a report was refused because its file no longer exists.
@@ -1148,6 +1205,15 @@ func (st *stager) snapshot(m map[string]any) {
 	m["staging_full_waits"] = st.FullWaits.Load()
 	m["staging_waiting"] = st.Waiting.Load()
 	m["staging_checkpoint_passes"] = st.Passes.Load()
+	if st.svc.opts.JournalSocket != "" {
+		connected := st.svc.journalConnected()
+		m["journal_connected"] = connected
+		m["journal_batches"] = st.JournalBatches.Load()
+		m["journal_commits"] = st.JournalCommits.Load()
+		if st.Waiting.Load() > 0 && !connected {
+			m["staging_backpressure"] = "the staging log is full and no journal service is connected to checkpoint it: fsync waits until one is"
+		}
+	}
 	m["staging_checkpointed_files"] = st.Checkpoints.Load()
 	m["staging_replayed"] = st.Replayed.Load()
 	m["staging_replay_skipped"] = st.Skipped.Load()

@@ -103,6 +103,7 @@ type Stats struct {
 	Revokes        atomic.Uint64 // revocations io acknowledged
 	RevokeRetries  atomic.Uint64 // revocations sent again after a failure
 	StaleReports   atomic.Uint64 // size reports older than one already applied: ignored
+	LiveBatches    atomic.Uint64 // checkpoint batches of the journal service committed
 	Resyncs        atomic.Uint64 // resynchronisations of the IO service
 	OrphansFound   atomic.Uint64 // blobs of no file found in the backend, now deleted
 	DeletesDone    atomic.Uint64
@@ -117,7 +118,7 @@ func (s *Service) Snapshot() map[string]any {
 		"reopens": st.Reopens.Load(), "handles": st.Handles.Load(), "errors": st.Errors.Load(),
 		"grants": st.Grants.Load(), "grant_failures": st.GrantFailures.Load(),
 		"revokes": st.Revokes.Load(), "revoke_retries": st.RevokeRetries.Load(),
-		"stale_reports": st.StaleReports.Load(), "resyncs": st.Resyncs.Load(),
+		"stale_reports": st.StaleReports.Load(), "resyncs": st.Resyncs.Load(), "live_batches": st.LiveBatches.Load(),
 		"orphans_found":   st.OrphansFound.Load(),
 		"deletes_pending": s.dels.pending(), "deletes_done": st.DeletesDone.Load(),
 		"delete_failures": st.DeleteFailures.Load(),
@@ -237,6 +238,7 @@ func (s *Service) Start() error {
 	s.mu.Unlock()
 	s.host.Handle(s.subj.Session, s.onSession)
 	s.host.Handle(s.subj.SetLive, s.onSetLive)
+	s.host.Handle(s.subj.SetLiveBatch, s.onSetLiveBatch)
 	s.host.Serve(&host.Listener{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode,
 		New: func() host.Session { return newSession(s) }})
 	if s.opts.ServiceSocket != "" {
@@ -423,6 +425,45 @@ func (s *Service) onSetLive(m *nats.Msg) {
 		return
 	}
 	control.Respond(m, control.Ack{})
+}
+
+// onSetLiveBatch records the sizes and mtimes of a checkpoint's files
+// (from the journal service) and makes them durable with one WAL sync:
+// the journal's commit. Files that are gone are named in the reply.
+func (s *Service) onSetLiveBatch(m *nats.Msg) {
+	var b control.SetLiveBatch
+	if err := control.Decode(m.Data, &b); err != nil {
+		s.host.Refuse(m, "malformed", control.SetLiveBatchReply{}, err.Error())
+		return
+	}
+	if len(b.Live) > control.MaxLiveBatch {
+		s.host.Refuse(m, "malformed", control.SetLiveBatchReply{}, fmt.Sprintf("%d files in one batch; at most %d", len(b.Live), control.MaxLiveBatch))
+		return
+	}
+	for _, l := range b.Live {
+		if l.Ino == 0 || l.Size < 0 || l.DV == 0 || l.Mtime < 0 || l.Sync {
+			s.host.Refuse(m, "malformed", control.SetLiveBatchReply{}, fmt.Sprintf("ino %d, size %d, mtime %d, data version %d, sync %v", l.Ino, l.Size, l.Mtime, l.DV, l.Sync))
+			return
+		}
+	}
+	var reply control.SetLiveBatchReply
+	for _, l := range b.Live {
+		a, err := s.ns.GetAttr(ns.Ino(l.Ino))
+		if err != nil || a.IsDir() {
+			reply.Gone = append(reply.Gone, l.Ino)
+			continue
+		}
+		if err := s.applyLive(ns.Ino(l.Ino), l.Size, l.Mtime, l.DV); err != nil {
+			control.Respond(m, control.SetLiveBatchReply{Error: err.Error()})
+			return
+		}
+	}
+	if err := s.ns.Sync(); err != nil {
+		control.Respond(m, control.SetLiveBatchReply{Error: err.Error()})
+		return
+	}
+	s.Stats.LiveBatches.Add(1)
+	control.Respond(m, reply)
 }
 
 // applyLive records a size and mtime from io if dv is newer than the
