@@ -5,8 +5,10 @@
 //     overwrite + fsync, 64 KiB append + fsync, by 1, 4 and 8 client
 //     processes (each on a file of its own), against the services as
 //     processes on the file backend, with the staging log (Split
-//     Journaling) and, as the ablation, without it (staging_size 0: fsync
-//     syncs the file, the store and the metadata WAL in the foreground);
+//     Journaling) and, as the ablations, without it (staging_size 0: fsync
+//     syncs the file, the store and the metadata WAL in the foreground)
+//     and without background journaling (journal.foreground: fsync waits
+//     for the journal service's checkpoint of its record);
 //   - the file system's write + fdatasync, appending and overwriting, by
 //     as many writers (goroutines, a file each);
 //   - the staging log alone (its append + flush, no client, no service).
@@ -17,7 +19,8 @@
 // row reports p50/p99, ops/s, the device's flush requests per op
 // (/proc/diskstats), write amplification (device bytes written per byte
 // acknowledged, after the row settles: a checkpoint's or a journal's
-// later writes count) and, for weir, the services' CPU per op.
+// later writes count) and, for weir, the services' CPU per op and the
+// journal service's share of it.
 //
 // Usage:
 //
@@ -60,7 +63,8 @@ type Row struct {
 	// counted until the row settled (a checkpoint's later writes count).
 	WriteAmplification float64 `json:"write_amplification"`
 	Mode               string  `json:"mode,omitempty"`                  // weir rows: staging or the ablation
-	ServiceCPUusPerOp  float64 `json:"service_cpu_us_per_op,omitempty"` // weir rows: metadata + io CPU
+	ServiceCPUusPerOp  float64 `json:"service_cpu_us_per_op,omitempty"` // weir rows: metadata + io + journal CPU
+	JournalCPUusPerOp  float64 `json:"journal_cpu_us_per_op,omitempty"` // weir rows: the journal service's share
 }
 
 // settle waits for what a row left in flight (a checkpoint, the file
@@ -124,7 +128,7 @@ func main() {
 			for _, wl := range []string{wlWeirAppend, wlAppend, wlWeirOverwrite, wlOverwrite, wlWeirAppend64, wlStaging} {
 				modes := []string{""}
 				if strings.HasPrefix(wl, "weir") {
-					modes = []string{modeStaging, modeNoStaging}
+					modes = []string{modeStaging, modeNoStaging, modeNoBackground}
 				}
 				for _, mode := range modes {
 					var row Row
@@ -320,31 +324,31 @@ func (d fileDevice) Sync() error { return unix.Fdatasync(int(d.Fd())) }
 func report(parent string, ops int, rows []Row, fsNotes []string) (string, error) {
 	var b strings.Builder
 	host, _ := benchutil.HostInfo()
-	fmt.Fprintf(&b, "# fsync: weir (staging log, and without it) against the file system's fdatasync\n\n")
+	fmt.Fprintf(&b, "# fsync: weir (staging log, and its ablations) against the file system's fdatasync\n\n")
 	fmt.Fprintf(&b, "- Date: %s\n- Machine: %d CPUs, %s; %s\n- Directory: %s\n",
 		time.Now().UTC().Format(time.RFC3339), host.NProc, host.CPUModel, host.Kernel, parent)
 	for _, n := range fsNotes {
 		fmt.Fprintf(&b, "- %s\n", n)
 	}
 	b.WriteString("- Flushes: the flush requests the file system's block device completed (/proc/diskstats) during the ops; other activity on that device counts too. Write amplification: bytes the device wrote per byte acknowledged, counted until 1.5 s after the row and a sync (a checkpoint's or a journal's later writes count).\n")
-	fmt.Fprintf(&b, "- %d ops per row, shared by the writers. weir: client processes, a file each, services as processes on the file backend with their data directory on the file system of the row; CPU is the metadata and IO processes' per op. File system: goroutines, a file each. Overwrites at random 4 KiB offsets of an 8 MiB written file. Staging log alone: a 32 MiB log of a file, trimmed whole when full.\n", ops)
-	b.WriteString("- Ablation: weir without the staging log (io.staging_size 0), fsync as before Split Journaling: the file's blob, the store, then the metadata WAL through a NATS round trip. Not built: the ablation without background journaling (a journal service in the foreground of fsync); there is no journal service process yet, the checkpoint runs in io.\n\n")
-	b.WriteString("| File system | Workload | mode | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | write ampl. | services CPU µs / op |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	fmt.Fprintf(&b, "- %d ops per row, shared by the writers. weir: client processes, a file each, services as processes on the file backend with their data directory on the file system of the row; CPU is the metadata, IO and journal processes' per op, the journal's share apart. File system: goroutines, a file each. Overwrites at random 4 KiB offsets of an 8 MiB written file. Staging log alone: a 32 MiB log of a file, trimmed whole when full.\n", ops)
+	b.WriteString("- Ablations: **no staging** (io.staging_size 0), fsync as before Split Journaling: the file's blob, the store, then the metadata WAL through a NATS round trip; **no background journaling** (journal.foreground), fsync stages its record, then waits until the journal service has checkpointed it (home sync, metadata WAL commit, trim).\n\n")
+	b.WriteString("| File system | Workload | mode | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | write ampl. | services CPU µs / op | journal CPU µs / op |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rows {
 		if r.NA != "" {
-			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | | | |\n", r.FS, r.NA)
+			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | | | | |\n", r.FS, r.NA)
 			continue
 		}
-		mode, cpu := "", "—"
+		mode, cpu, jcpu := "", "—", "—"
 		if r.Mode != "" {
-			mode = "staging"
-			if r.Mode == modeNoStaging {
-				mode = "no staging"
-			}
+			mode = map[string]string{modeStaging: "staging", modeNoStaging: "no staging", modeNoBackground: "no background journaling"}[r.Mode]
 			cpu = benchutil.Fnum(r.ServiceCPUusPerOp)
+			if r.Mode != modeNoStaging {
+				jcpu = benchutil.Fnum(r.JournalCPUusPerOp)
+			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", r.FS, r.Workload, mode, r.Writers, benchutil.Fint(float64(r.Ops)),
-			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), benchutil.Fnum(r.WriteAmplification), cpu)
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.FS, r.Workload, mode, r.Writers, benchutil.Fint(float64(r.Ops)),
+			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), benchutil.Fnum(r.WriteAmplification), cpu, jcpu)
 	}
 	b.WriteString("\n## weir with the staging log against the file system, same file system, same writers\n\n")
 	b.WriteString("| File system | writers | append p50: fs / weir | append ops/s: weir / fs | overwrite p50: fs / weir | overwrite ops/s: weir / fs |\n|---|--:|--:|--:|--:|--:|\n")

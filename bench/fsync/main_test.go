@@ -67,7 +67,7 @@ func TestWeirRows(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, mode := range []string{modeStaging, modeNoStaging} {
+	for _, mode := range []string{modeStaging, modeNoStaging, modeNoBackground} {
 		row, err := runWeir(exe, dir, mode, wlWeirAppend, 2, 60)
 		if err != nil {
 			t.Fatalf("%s: %v", mode, err)

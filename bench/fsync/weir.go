@@ -35,8 +35,9 @@ const (
 	wlWeirCreate    = "weir: create + 4 KiB write + fsync (a new file)"
 	wlWeirDirSync   = "weir: create + directory fsync"
 
-	modeStaging   = "staging log (Split Journaling)"
-	modeNoStaging = "ablation: no staging (fsync syncs file, store and metadata WAL in the foreground)"
+	modeStaging      = "staging log (Split Journaling)"
+	modeNoStaging    = "ablation: no staging (fsync syncs file, store and metadata WAL in the foreground)"
+	modeNoBackground = "ablation: no background journaling (fsync waits for the journal service's checkpoint of its record)"
 )
 
 var (
@@ -168,12 +169,15 @@ func startWeir(exe, dir, mode string) (*weirStack, error) {
 	if err != nil {
 		return nil, err
 	}
-	staging := ""
-	if mode == modeNoStaging {
+	staging, journal := "", ""
+	switch mode {
+	case modeNoStaging:
 		staging = "  staging_size = 0\n"
+	case modeNoBackground:
+		journal = "journal {\n  foreground = true\n}\n"
 	}
-	text := fmt.Sprintf("# written by bench/fsync; every other setting is the default\ndata_dir = %q\nrun_dir = %q\nio {\n  backend = \"file\"\n%s}\n",
-		filepath.Join(dir, "weir"), run, staging)
+	text := fmt.Sprintf("# written by bench/fsync; every other setting is the default\ndata_dir = %q\nrun_dir = %q\nio {\n  backend = \"file\"\n%s}\n%s",
+		filepath.Join(dir, "weir"), run, staging, journal)
 	path := filepath.Join(dir, "weir.hcl")
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		return nil, err
@@ -196,17 +200,20 @@ func (w *weirStack) stop() {
 	os.RemoveAll(w.run)
 }
 
-// servicesCPU is the CPU time the metadata and IO processes have used.
-func (w *weirStack) servicesCPU() (time.Duration, error) {
-	var sum time.Duration
-	for _, pid := range w.sup.PIDs() {
+// servicesCPU is the CPU time the service processes have used, and the
+// journal service's share of it.
+func (w *weirStack) servicesCPU() (sum, journal time.Duration, err error) {
+	for name, pid := range w.sup.PIDs() {
 		c, err := benchutil.ProcCPU(pid)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		sum += c
+		if name == "journal" {
+			journal = c
+		}
 	}
-	return sum, nil
+	return sum, journal, nil
 }
 
 // runWeir measures ops of workload wl by w client processes against a
@@ -264,7 +271,7 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
-	cpu0, err := st.servicesCPU()
+	cpu0, jcpu0, err := st.servicesCPU()
 	if err != nil {
 		return Row{}, err
 	}
@@ -298,7 +305,7 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 	for err := range errs {
 		return Row{}, err
 	}
-	cpu1, err := st.servicesCPU()
+	cpu1, jcpu1, err := st.servicesCPU()
 	if err != nil {
 		return Row{}, err
 	}
@@ -312,5 +319,6 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 		FlushesPerOp:       float64(after.Flushes-before.Flushes) / float64(n),
 		WriteAmplification: float64(after.BytesWritten-before.BytesWritten) / float64(n*payload(wl)),
 		ServiceCPUusPerOp:  float64((cpu1 - cpu0).Microseconds()) / float64(n),
+		JournalCPUusPerOp:  float64((jcpu1 - jcpu0).Microseconds()) / float64(n),
 	}, nil
 }
