@@ -97,7 +97,8 @@ func attach(ctx context.Context, data *ring.Client, c *conn) error {
 // is EIO (the service answered something the request cannot carry), so
 // out[:Result] is always valid.
 func call(ctx context.Context, c *ring.Client, op uint8, arg uint32, handle, offset uint64, in, out []byte) (ring.Completion, error) {
-	rc := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset}
+	// A sync waits for a device flush: a long call (ring.Call.Long).
+	rc := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset, Long: op == proto.OpSync || op == proto.OpSyncMeta}
 	n := max(len(in), len(out))
 	if n > 0 {
 		b, err := c.Alloc(ctx, n)

@@ -30,6 +30,10 @@ const (
 	wDelivering
 	wDone
 	wAbandoned // the caller gave up; the completion frees the slot
+	// wSleeping: a long call's caller sleeps on the CQ doorbell itself
+	// (no reaper, no goroutine hand-off); a deliverer other than the
+	// caller rings the doorbell after it.
+	wSleeping
 )
 
 type waiter struct {
@@ -44,6 +48,9 @@ type ClientStats struct {
 	Calls  atomic.Uint64
 	Stray  atomic.Uint64 // completions naming no waiting request
 	Parked atomic.Uint64 // calls that went to sleep
+	// LongParked counts long calls (Call.Long) that slept on the
+	// completion queue's doorbell.
+	LongParked atomic.Uint64
 }
 
 // Client submits requests on one ring region. Any number of goroutines may
@@ -284,6 +291,14 @@ type Call struct {
 	Handle uint64
 	Offset uint64
 	Buf    *Buffer // payload, or nil
+	// Long says the call waits long (a device flush): in adaptive mode
+	// the caller spins for it only as long as for the first 32 polls,
+	// then sleeps on the completion queue's doorbell itself (sleepLong),
+	// and the spin budget of quick calls is left as it is. Spinning
+	// through a flush would save the wake-up, but on a small machine the
+	// spinner takes the CPU that the service and the kernel's I/O threads
+	// need to complete it (docs/benchmarks.md, fsync).
+	Long bool
 }
 
 // Do submits call and waits for its completion. The returned error is about
@@ -337,7 +352,7 @@ func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
 		c.putWaiter(idx, w)
 		return Completion{}, err
 	}
-	return c.wait(ctx, idx, w)
+	return c.wait(ctx, idx, w, call.Long)
 }
 
 // submit puts d on the SQ. In-flight requests never outnumber SQ slots
@@ -382,15 +397,19 @@ func (c *Client) putWaiter(idx uint32, w *waiter) {
 
 // wait spins (helping to drain the CQ) and, in adaptive mode, parks until
 // the completion for w arrives.
-func (c *Client) wait(ctx context.Context, idx uint32, w *waiter) (Completion, error) {
+func (c *Client) wait(ctx context.Context, idx uint32, w *waiter, long bool) (Completion, error) {
+	take := c.collect
+	if long {
+		take = c.collectLong
+	}
 	var start time.Time
 	for i := 0; ; i++ {
 		if w.state.Load() == wDone {
-			return c.collect(idx, w), nil
+			return take(idx, w), nil
 		}
 		c.reap()
 		if w.state.Load() == wDone {
-			return c.collect(idx, w), nil
+			return take(idx, w), nil
 		}
 		if err := c.Err(); err != nil {
 			return c.giveUp(idx, w, err)
@@ -411,11 +430,15 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter) (Completion, e
 		// would complete their requests (measured: 10k against 15k 4 KiB
 		// reads/s through weir at QD32 on the 2-CPU reference VM).
 		runtime.Gosched()
+		now := time.Now()
 		if start.IsZero() {
-			start = time.Now()
+			start = now
+		}
+		if long {
+			return c.sleepLong(ctx, idx, w)
 		}
 		budget := time.Duration(c.spinNs.Load())
-		if time.Since(start) < budget {
+		if now.Sub(start) < budget {
 			continue
 		}
 		c.spinNs.Store(int64(max(budget/2, minSpin)))
@@ -444,7 +467,45 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter) (Completion, e
 			<-w.ch
 		}
 		c.parked.Add(-1)
-		return c.collect(idx, w), nil
+		return take(idx, w), nil
+	}
+}
+
+// sleepLong waits for a long call's completion asleep on the CQ doorbell,
+// reaping the CQ itself when it wakes: one thread wake-up between the
+// service's completion and the caller, where parking costs two (the
+// reaper's, then the caller goroutine's). A cancelled ctx is seen within
+// maxSleep (the longest doorbell sleep).
+func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter) (Completion, error) {
+	if !w.state.CompareAndSwap(wPending, wSleeping) {
+		for w.state.Load() != wDone { // being delivered right now
+			pollPause(1)
+		}
+		return c.collectLong(idx, w), nil
+	}
+	c.Stats.LongParked.Add(1)
+	ready := func() bool {
+		return w.state.Load() == wDone || c.cq.ready() || c.Err() != nil || ctx.Err() != nil
+	}
+	for {
+		c.cqBell.sleep(ready)
+		c.reap()
+		if w.state.Load() == wDone {
+			return c.collectLong(idx, w), nil
+		}
+		err := c.Err()
+		if err == nil {
+			err = ctx.Err()
+		}
+		if err != nil {
+			if w.state.CompareAndSwap(wSleeping, wAbandoned) {
+				return Completion{}, err
+			}
+			for w.state.Load() != wDone {
+				pollPause(1)
+			}
+			return c.collectLong(idx, w), nil
+		}
 	}
 }
 
@@ -459,6 +520,14 @@ func (c *Client) giveUp(idx uint32, w *waiter, err error) (Completion, error) {
 		pollPause(1)
 	}
 	return c.collect(idx, w), nil
+}
+
+// collectLong takes a long call's completion: the spin budget of quick
+// calls stays as it was.
+func (c *Client) collectLong(idx uint32, w *waiter) Completion {
+	res := w.res
+	c.putWaiter(idx, w)
+	return res
 }
 
 func (c *Client) collect(idx uint32, w *waiter) Completion {
@@ -504,14 +573,17 @@ func (c *Client) deliver(comp Completion) {
 	}
 	for {
 		switch st := w.state.Load(); st {
-		case wPending, wParked:
+		case wPending, wParked, wSleeping:
 			if !w.state.CompareAndSwap(st, wDelivering) {
 				continue
 			}
 			w.res = comp
 			w.state.Store(wDone)
-			if st == wParked {
+			switch st {
+			case wParked:
 				w.ch <- struct{}{}
+			case wSleeping:
+				c.cqBell.notify() // a caller asleep on the doorbell: wake it
 			}
 			return
 		case wAbandoned:

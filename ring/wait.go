@@ -81,13 +81,17 @@ func (d doorbell) kick() {
 
 // sleep blocks until the bell moves or maxSleep passes, unless ready()
 // (which must also report close and peer death) is already true.
+//
+// waiters counts the sleepers (a client's reaper and its long calls may
+// sleep on the CQ doorbell together): a producer wakes them all while it
+// is not zero.
 func (d doorbell) sleep(ready func() bool) {
 	v := d.r.load32(d.bell)
-	d.r.store32(d.waiters, 1)
+	d.r.add32(d.waiters, 1)
 	if !ready() {
 		d.r.futexWait(d.bell, v, maxSleep)
 	}
-	d.r.store32(d.waiters, 0)
+	d.r.add32(d.waiters, ^uint32(0))
 }
 
 // spinner is the adaptive part: the budget doubles when work arrived while

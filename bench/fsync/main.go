@@ -87,6 +87,7 @@ func main() {
 	writersFlag := flag.String("writers", "1,4,8", "writer counts, comma-separated")
 	fsFlag := flag.String("fs", "root,ext4,xfs", "file systems: root (that of -dir), ext4 and xfs (made on loop devices; root only)")
 	out := flag.String("out", "bench/results", "directory for fsync.md and fsync.json")
+	only := flag.String("only", "", `run only the rows whose "workload / mode" contains this text (default: every row)`)
 	flag.Parse()
 	if *workerMD != "" {
 		if err := worker(); err != nil {
@@ -131,6 +132,9 @@ func main() {
 					modes = []string{modeStaging, modeNoStaging, modeNoBackground}
 				}
 				for _, mode := range modes {
+					if *only != "" && !strings.Contains(wl+" / "+mode, *only) {
+						continue
+					}
 					var row Row
 					var err error
 					if mode != "" {
@@ -151,6 +155,9 @@ func main() {
 		}
 		// What a new name costs: one writer, the staging mode.
 		for _, wl := range []string{wlWeirCreate, wlWeirDirSync} {
+			if *only != "" && !strings.Contains(wl, *only) {
+				continue
+			}
 			row, err := runWeir(exe, dir, modeStaging, wl, 1, min(*ops, 500))
 			if err != nil {
 				cleanup()
