@@ -75,8 +75,8 @@ func TestServiceSocketIsTheServiceUsers(t *testing.T) {
 	exe := publicCopy(t, self)
 	for _, sv := range []struct {
 		name, sock, connected string // connected: the stats key of the rightful peer's session
-		snapshot                     func() map[string]any
-		health                       func() error
+		snapshot              func() map[string]any
+		health                func() error
 	}{
 		{"metadata", c.Metadata.ServiceSocket, "io_connected", st.Metadata.Snapshot, st.Metadata.Health},
 		{"io (journal socket)", c.Journal.Socket, "journal_connected", st.IO.Snapshot, st.IO.Health},
