@@ -232,7 +232,8 @@ func TestForgedControlMessages(t *testing.T) {
 
 // TestRoleCannotForge: a process that holds a service's credentials may
 // do only what that service does: the io role cannot send a grant or a
-// delete, the cli role neither; the victim stays intact and io applies
+// delete, the cli role neither, the journal role neither, and only the
+// journal role may commit a checkpoint's sizes (SetLiveBatch); the victim stays intact and io applies
 // nothing.
 func TestRoleCannotForge(t *testing.T) {
 	st, blob, secret := victimStack(t, false)
@@ -249,13 +250,22 @@ func TestRoleCannotForge(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, m := range []struct {
+		forged := []struct {
 			subj string
 			msg  any
 		}{
 			{sj.Delete, control.Delete{Blob: blob}},
 			{sj.Grant, control.Grant{Session: 1, Handle: 1, Ino: blob, Blob: blob, Read: true, Ver: 1}},
-		} {
+		}
+		if role != control.RoleJournal {
+			// Only the journal service commits a checkpoint's sizes: a
+			// forged one would cut the victim to 0.
+			forged = append(forged, struct {
+				subj string
+				msg  any
+			}{sj.SetLiveBatch, control.SetLiveBatch{Live: []control.SetLive{{Ino: blob, Size: 0, DV: 1 << 62}}}})
+		}
+		for _, m := range forged {
 			var ack control.Ack
 			err := control.Request(nc, m.subj, m.msg, &ack, 500*time.Millisecond)
 			if err == nil && ack.Error == "" {

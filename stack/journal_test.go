@@ -218,6 +218,13 @@ func dialJournal(t *testing.T, sock string, hello string) (*journalSession, int6
 // do runs call with in as its payload, or an out buffer of out bytes.
 func (s *journalSession) do(call *ring.Call, in []byte, out int) ring.Completion {
 	s.t.Helper()
+	c, _ := s.doOut(call, in, out)
+	return c
+}
+
+// doOut is do that also returns the out buffer's bytes.
+func (s *journalSession) doOut(call *ring.Call, in []byte, out int) (ring.Completion, []byte) {
+	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n := max(len(in), out)
@@ -234,7 +241,11 @@ func (s *journalSession) do(call *ring.Call, in []byte, out int) ring.Completion
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	return comp
+	got := make([]byte, n)
+	if call.Buf != nil {
+		call.Buf.CopyTo(got)
+	}
+	return comp, got
 }
 
 // TestJournalSessionHostile: io checks everything a journal session
@@ -322,5 +333,186 @@ func TestJournalSessionHostile(t *testing.T) {
 	})
 	if got, err := fsys.ReadFile("f"); err != nil || string(got) != "staged" {
 		t.Fatalf("read back %q, %v", got, err)
+	}
+}
+
+// TestSetLiveBatchRefusal: the metadata service refuses a malformed
+// checkpoint batch with an error the journal sees (not an empty success,
+// after which io would trim sizes metadata never took), and names the
+// files of a batch that are gone while it applies the others.
+func TestSetLiveBatchRefusal(t *testing.T) {
+	c := stacktest.Config(t, "")
+	c.IO.Backend = "mem"
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	fsys, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	if err := fsys.WriteFile("f", []byte("abc"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := fsys.Stat("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ino := fi.Sys().(*syscall.Stat_t).Ino
+	nc, err := st.Connect(control.RoleJournal, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := control.SubjectsIn(c.NATS.Namespace).SetLiveBatch
+	var reply control.SetLiveBatchReply
+	err = control.Request(nc, subj, control.SetLiveBatch{Live: []control.SetLive{{Ino: ino, Size: 1, Mtime: -1, DV: 1 << 62}}}, &reply, 5*time.Second)
+	if err != nil || reply.Err() == nil {
+		t.Fatalf("a batch with a negative mtime: %v, reply %+v; want a refusal", err, reply)
+	}
+	reply = control.SetLiveBatchReply{}
+	err = control.Request(nc, subj, control.SetLiveBatch{Live: []control.SetLive{
+		{Ino: ino, Size: 2, DV: 1 << 62}, {Ino: 1 << 40, Size: 5, DV: 1 << 62},
+	}}, &reply, 5*time.Second)
+	if err != nil || reply.Err() != nil || len(reply.Gone) != 1 || reply.Gone[0] != 1<<40 {
+		t.Fatalf("a batch with a gone file: %v, reply %+v; want inode %d gone", err, reply, uint64(1<<40))
+	}
+	if fi, err := fsys.Stat("f"); err != nil || fi.Size() != 2 {
+		t.Fatalf("after the batch: %v, %v; want size 2 applied", fi, err)
+	}
+}
+
+// TestJournalCommitKeepsLaterRecordSize: a file staged again while its
+// batch is between checkpoint and commit (a shrinking truncate: a
+// truncate record) keeps that record's size as the size of its last
+// record: the commit does not put the batch's older size back, so the
+// next fsync after the file grows again writes a record, and its
+// acknowledged size does not rest on a record that replay would cut.
+func TestJournalCommitKeepsLaterRecordSize(t *testing.T) {
+	c := stacktest.Config(t, "")
+	c.IO.Backend = "mem"
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	waitFor(t, "the journal service's session", func() bool { return st.IO.Snapshot()["journal_connected"] == true })
+	stopJournal(t, st)
+	fsys, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	f, err := fsys.OpenFile("f", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(bytes.Repeat([]byte{'x'}, 100)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	s, r := dialJournal(t, c.Journal.Socket, "journal")
+	if r != 0 {
+		t.Fatalf("hello: %d", r)
+	}
+	comp, raw := s.doOut(&ring.Call{Op: journalproto.OpNext}, nil, 4096)
+	b, err := journalproto.DecodeBatch(raw, int(comp.Result))
+	if err != nil || len(b.Files) != 1 {
+		t.Fatalf("OpNext: %d, %v", comp.Result, err)
+	}
+	comp, raw = s.doOut(&ring.Call{Op: journalproto.OpCheckpoint, Handle: b.Files[0].Blob, Offset: b.ID}, nil, journalproto.ReportSize)
+	rep, err := journalproto.DecodeReport(raw)
+	if comp.Result != 1 || err != nil || rep.Size != 100 {
+		t.Fatalf("OpCheckpoint: %d, %+v, %v", comp.Result, rep, err)
+	}
+	// Between the checkpoint and the commit: cut to 50 (a truncate
+	// record), grow back to 100 (no record).
+	if err := f.Truncate(50); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(100); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := st.Connect(control.RoleJournal, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply control.SetLiveBatchReply
+	if err := control.Request(nc, control.SubjectsIn(c.NATS.Namespace).SetLiveBatch,
+		control.SetLiveBatch{Live: []control.SetLive{{Ino: b.Files[0].Ino, Size: rep.Size, Mtime: rep.Mtime, DV: rep.DV}}}, &reply, 5*time.Second); err != nil || reply.Err() != nil {
+		t.Fatalf("SetLiveBatch: %v %v", err, reply.Err())
+	}
+	if r := s.do(&ring.Call{Op: journalproto.OpCommit, Offset: b.ID}, nil, 0).Result; r != 0 {
+		t.Fatalf("OpCommit: %d", r)
+	}
+	before := st.IO.Snapshot()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	after := st.IO.Snapshot()
+	if toUint(after["staging_records"]) != toUint(before["staging_records"])+1 || toUint(after["staging_empty_fsyncs"]) != toUint(before["staging_empty_fsyncs"]) {
+		t.Fatalf("the fsync after the file grew back wrote no record (records %v -> %v, empty fsyncs %v -> %v): its size 100 rests on the truncate record's 50",
+			before["staging_records"], after["staging_records"], before["staging_empty_fsyncs"], after["staging_empty_fsyncs"])
+	}
+}
+
+// TestJournalShutdownWithFsyncWaiting: io stops cleanly while an fsync
+// waits for room with no journal service: the fsync fails (it was never
+// acknowledged), and Shutdown does not wait for it until its deadline.
+func TestJournalShutdownWithFsyncWaiting(t *testing.T) {
+	c := stacktest.Config(t, "")
+	c.IO.StagingSize = 1 << 20
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the journal service's session", func() bool { return st.IO.Snapshot()["journal_connected"] == true })
+	stopJournal(t, st)
+	fsys, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fsys.Close()
+	f, err := fsys.OpenFile("log", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := f.Write(make([]byte, 64<<10)); err != nil {
+				done <- err
+				return
+			}
+			if err := f.Sync(); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	waitFor(t, "an fsync waiting for room", func() bool { return toUint(st.IO.Snapshot()["staging_waiting"]) > 0 })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := st.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown with an fsync waiting for room: %v", err)
+	}
+	if err := guardErr(t, done); err == nil {
+		t.Fatal("the waiting fsync succeeded")
+	}
+}
+
+func guardErr(t *testing.T, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("the fsync loop did not end")
+		return nil
 	}
 }

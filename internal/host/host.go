@@ -291,7 +291,8 @@ func (h *Host) Request(ctx context.Context, subj string, msg any, reply interfac
 }
 
 // Refuse answers a control message that the service will not act on:
-// reply (an Ack, SessionInfo or BlobsReply, whose Error field it sets to
+// reply (an Ack, SessionInfo, BlobsReply, ResyncReply or
+// SetLiveBatchReply, whose Error field it sets to
 // "<kind>: <detail>") goes back to the sender, the refusal is counted
 // under kind in stats, and the first refusal of each kind is logged as a
 // warning (later ones at debug level). Nothing else changes.
@@ -311,6 +312,14 @@ func (h *Host) Refuse(m *nats.Msg, kind string, reply any, detail string) {
 	case control.ResyncReply:
 		r.Error = msg
 		reply = r
+	case control.SetLiveBatchReply:
+		r.Error = msg
+		reply = r
+	default:
+		// Every reply type has an "error" field: a refusal of a type
+		// not listed above still goes back as one, never as a success.
+		h.log.Error("refusal of a reply type Refuse does not know; sent as a bare error", "type", fmt.Sprintf("%T", reply))
+		reply = map[string]string{"error": msg}
 	}
 	control.Respond(m, reply)
 }

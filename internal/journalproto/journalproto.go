@@ -31,7 +31,12 @@ import (
 
 const (
 	// OpNext asks for the next batch. Arg: how long io may wait for
-	// work, in milliseconds (at most MaxWaitMs). Buf: where io writes the
+	// work, in milliseconds (at most MaxWaitMs); a poke (an fsync waiting
+	// for room, a delete) or a resync ends the wait. Offset: the journal's
+	// failed passes in a row (0: the last one committed); while it is not
+	// 0 only a resync ends the wait (the journal's backoff), and io's
+	// status shows it. A run of void records only (files replay found
+	// gone) io trims itself and answers 0. Buf: where io writes the
 	// batch (Batch layout), at least BatchHeader bytes; its size bounds
 	// the batch's files. Result: the batch's files (0: nothing to do; no
 	// batch written), or -errno (EAGAIN: io's staging log is not open

@@ -1,7 +1,6 @@
 package iosvc
 
 import (
-	"errors"
 	"syscall"
 	"time"
 
@@ -61,8 +60,10 @@ func (s *Service) journalConnected() bool {
 	return s.jpeers != nil && s.jpeers.Up(string(control.RoleJournal))
 }
 
-// jNext serves OpNext: waits for work (a poke, a resync, the wait), then
-// returns the next batch.
+// jNext serves OpNext: waits for work (a poke, a resync, the wait; after
+// failed passes, q.Offset of them, only a resync or the wait, so that
+// pokes do not cut the journal's backoff short), then returns the next
+// batch.
 func (st *stager) jNext(q *ring.Request) (int64, uint64) {
 	if q.Arg > journalproto.MaxWaitMs || q.Length < journalproto.BatchHeader || q.Length > uint64(host.PeerRing.ArenaSize) {
 		return -int64(syscall.EINVAL), 0
@@ -76,10 +77,15 @@ func (st *stager) jNext(q *ring.Request) (int64, uint64) {
 	if !started || stopping {
 		return -int64(syscall.EAGAIN), 0
 	}
+	st.journalFailing.Store(q.Offset)
 	if q.Arg > 0 {
+		kick := st.kick
+		if q.Offset > 0 {
+			kick = nil
+		}
 		t := time.NewTimer(time.Duration(q.Arg) * time.Millisecond)
 		select {
-		case <-st.kick:
+		case <-kick:
 		case <-st.resync:
 		case <-st.stop:
 		case <-t.C:
@@ -91,8 +97,15 @@ func (st *stager) jNext(q *ring.Request) (int64, uint64) {
 	st.jb = nil
 	limit := int(q.Length-journalproto.BatchHeader) / journalproto.File
 	b := st.collect(false, max(limit, 1))
-	if b == nil || len(b.todo) > limit {
+	switch {
+	case b == nil || len(b.todo) > limit:
 		st.passEnded(nil)
+		return 0, 0
+	case len(b.todo) == 0:
+		// Only void records (replay found their files gone): nothing
+		// to make durable, trim them here.
+		err := st.commit(b, nil)
+		st.passEnded(err)
 		return 0, 0
 	}
 	st.nextBatch++
@@ -193,6 +206,7 @@ func (st *stager) jCommit(q *ring.Request) (int64, uint64) {
 	switch {
 	case err == nil:
 		st.JournalCommits.Add(1)
+		st.lastCkptErr.Store(nil)
 		return 0, 0
 	case st.svc.resyncs.Load() != jb.b.resyncs:
 		return -int64(syscall.ESTALE), 0
@@ -202,6 +216,7 @@ func (st *stager) jCommit(q *ring.Request) (int64, uint64) {
 }
 
 // passEnded ends a checkpoint pass: fsyncs waiting for room try again.
+// A failure is kept for status until a commit succeeds.
 func (st *stager) passEnded(err error) {
 	st.mu.Lock()
 	st.pass++
@@ -209,23 +224,21 @@ func (st *stager) passEnded(err error) {
 	st.mu.Unlock()
 	if err != nil {
 		st.lastCkptErr.Store(&err)
-	} else {
-		st.lastCkptErr.Store(nil)
 	}
 }
 
 // awaitCheckpointed waits until the log is trimmed past lsn (the
-// ablation without background journaling: an fsync returns only once
-// its record is checkpointed), or the service stops.
-func (st *stager) awaitCheckpointed(lsn uint64) error {
+// ablation without background journaling: an fsync returns only once its
+// record is checkpointed). It also ends when no checkpoint can come (the
+// service stops, or its storage failed): the record is durable, and so
+// is the fsync.
+func (st *stager) awaitCheckpointed(lsn uint64) {
+	st.Waiting.Add(1)
+	defer st.Waiting.Add(-1)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	for st.log.Stats().TrimLSN < lsn {
-		if st.stopping {
-			return errors.New("the IO service is stopping")
-		}
+	for st.log.Stats().TrimLSN < lsn && !st.stopping && st.svc.syncFailure.Load() == nil {
 		st.poke()
 		st.room.Wait()
 	}
-	return nil
 }

@@ -532,6 +532,12 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
+	if s.stg != nil {
+		// fsyncs waiting for room (or, in the foreground ablation, for
+		// their checkpoint) end now: the sessions' end below waits for
+		// them, and the journal service has stopped already.
+		s.stg.endWaits()
+	}
 	if err := s.host.Shutdown(ctx); err != nil {
 		// Sessions that did not end in time still have requests running:
 		// nothing may be closed under them. Write home what is dirty and

@@ -100,6 +100,9 @@ type stager struct {
 	// JournalBatches and JournalCommits count the journal service's
 	// batches and the ones it committed.
 	JournalBatches, JournalCommits atomic.Uint64
+	// journalFailing: the journal service's failed passes in a row, as
+	// its last OpNext said.
+	journalFailing atomic.Uint64
 	lastErr                        atomic.Pointer[error]
 }
 
@@ -538,19 +541,17 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 	if s.opts.ForegroundCheckpoint {
 		// The ablation without background journaling: the fsync
 		// returns once its record is checkpointed.
-		if err := st.awaitCheckpointed(lsn); err != nil {
-			return syscall.EIO
-		}
+		st.awaitCheckpointed(lsn)
 	}
 	return 0
 }
 
 // register records that f's record lsn (of size and mtime) is durable.
 func (st *stager) register(f *stagedFile, lsn uint64, size, mtime int64) {
+	st.mu.Lock()
 	f.mu.Lock()
 	f.size, f.mtime = size, mtime
 	f.mu.Unlock()
-	st.mu.Lock()
 	f.last = max(f.last, lsn)
 	// In lsn order: appends return out of order, and a trim covers only
 	// a run of registered records (checkpoint).
@@ -916,12 +917,20 @@ func (st *stager) commit(b *ckptBatch, accepted []*liveReport) error {
 	if st.svc.resyncs.Load() != b.resyncs {
 		return errors.New("the metadata service resynchronised during the checkpoint's reports")
 	}
+	st.mu.Lock()
 	for _, l := range accepted {
 		l.f.mu.Lock()
 		l.f.named = true // made durable by the synced report
-		l.f.size = l.size
+		if l.f.last <= b.upto {
+			// No record since the batch: the size reported is the
+			// file's durable state. A later record's size stays
+			// (register sets it with last, under st.mu): an fsync
+			// compares with it to find nothing to stage.
+			l.f.size = l.size
+		}
 		l.f.mu.Unlock()
 	}
+	st.mu.Unlock()
 	if b.upto > b.trim {
 		if err := st.log.Trim(b.upto); err != nil {
 			return fmt.Errorf("trim the staging log: %w", err)
@@ -1108,12 +1117,21 @@ func (st *stager) awaitTrimmed(id backend.BlobID) bool {
 	}
 }
 
-// halt stops the checkpointer and every wait for it (Shutdown, before it
-// waits for background work: deletes wait in awaitTrimmed).
-func (st *stager) halt() {
+// endWaits ends every wait for the checkpointer: fsyncs waiting for room
+// fail (EIO: not acknowledged), deletes in awaitTrimmed give up
+// (Shutdown, before the sessions end).
+func (st *stager) endWaits() {
 	st.mu.Lock()
 	st.stopping = true
 	st.room.Broadcast()
+	st.mu.Unlock()
+}
+
+// halt stops the checkpointer and every wait for it (Shutdown, before it
+// waits for background work: deletes wait in awaitTrimmed).
+func (st *stager) halt() {
+	st.endWaits()
+	st.mu.Lock()
 	started := st.started
 	st.mu.Unlock()
 	close(st.stop)
@@ -1210,8 +1228,14 @@ func (st *stager) snapshot(m map[string]any) {
 		m["journal_connected"] = connected
 		m["journal_batches"] = st.JournalBatches.Load()
 		m["journal_commits"] = st.JournalCommits.Load()
-		if st.Waiting.Load() > 0 && !connected {
-			m["staging_backpressure"] = "the staging log is full and no journal service is connected to checkpoint it: fsync waits until one is"
+		failing := st.journalFailing.Load()
+		m["journal_failing_passes"] = failing
+		switch {
+		case st.Waiting.Load() == 0:
+		case !connected:
+			m["staging_backpressure"] = "fsyncs wait for a checkpoint (the staging log is full) and no journal service is connected: they wait until one is"
+		case failing > 0:
+			m["staging_backpressure"] = fmt.Sprintf("fsyncs wait for a checkpoint (the staging log is full) and the journal service's last %d passes failed (its last_error in weir status says why)", failing)
 		}
 	}
 	m["staging_checkpointed_files"] = st.Checkpoints.Load()

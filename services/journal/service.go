@@ -81,6 +81,9 @@ func New(opts Options) (*Service, error) {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
 	}
+	// io waits at most MaxWaitMs for work; a wait under a millisecond
+	// would be none.
+	opts.Interval = min(max(opts.Interval, time.Millisecond), journalproto.MaxWaitMs*time.Millisecond)
 	h, err := host.New(host.Options{
 		Name: ServiceName, Description: "checkpoints the staging log: home locations through io, inode fields to metadata",
 		Version: opts.Version, Namespace: opts.NATSNamespace, NATS: opts.NATS, Logger: opts.Logger,
@@ -167,11 +170,14 @@ func (s *Service) Snapshot() map[string]any {
 	return m
 }
 
-// run does passes until Shutdown: after a failure it backs off from the
-// interval to 5s; a new session with io cuts the backoff.
+// run does passes until Shutdown. After a failed pass the next one waits
+// in io for a resync of io by the metadata service (the usual end of a
+// failure: metadata was down) or for a backoff from the interval to 5s,
+// whichever comes first; a new session with io cuts the backoff too.
 func (s *Service) run() {
 	defer close(s.done)
 	backoff := s.opts.Interval
+	var failures uint64
 	var warned string
 	for {
 		select {
@@ -180,18 +186,23 @@ func (s *Service) run() {
 		default:
 		}
 		c := s.peer.Client()
-		if c == nil {
+		if c == nil || c.Err() != nil {
 			select {
 			case <-s.stop:
 				return
 			case <-s.up:
-			case <-time.After(s.opts.Interval):
+				backoff, failures = s.opts.Interval, 0
+			case <-time.After(min(s.opts.Interval, 20*time.Millisecond)):
 			}
 			continue
 		}
-		err := s.pass(c)
+		wait := s.opts.Interval
+		if failures > 0 {
+			wait = backoff
+		}
+		err := s.pass(c, wait, failures)
 		if err == nil {
-			backoff = s.opts.Interval
+			backoff, failures = s.opts.Interval, 0
 			warned = ""
 			s.lastErr.Store(nil)
 			continue
@@ -199,28 +210,23 @@ func (s *Service) run() {
 		if errors.Is(err, ring.ErrPeerGone) || errors.Is(err, ring.ErrClosed) {
 			continue // the session ended: the peer dials again
 		}
+		failures++
 		s.Stats.Failures.Add(1)
 		s.lastErr.Store(&err)
 		if err.Error() != warned {
 			warned = err.Error()
-			s.log.Warn("checkpoint pass did not finish; it is tried again", "error", err, "retry_in", backoff)
+			s.log.Warn("checkpoint pass did not finish; it is tried again", "error", err, "retry_within", backoff)
 		}
-		select {
-		case <-s.stop:
-			return
-		case <-s.up:
-			backoff = s.opts.Interval
-		case <-time.After(backoff):
-			backoff = min(2*backoff, 5*time.Second)
-		}
+		backoff = min(2*backoff, 5*time.Second)
 	}
 }
 
 // errAgain: io has nothing to give yet (its log not open); not a failure.
 var errAgain = errors.New("journal: the IO service's staging log is not open yet")
 
-// pass runs one checkpoint pass on session c.
-func (s *Service) pass(c *ring.Client) error {
+// pass runs one checkpoint pass on session c: io may wait up to wait
+// for work (failures: the failed passes before this one).
+func (s *Service) pass(c *ring.Client, wait time.Duration, failures uint64) error {
 	// No cancellation: io's wait is at most Interval, and a pass's
 	// device work is not cut short (Shutdown waits for it).
 	ctx := context.Background()
@@ -229,7 +235,7 @@ func (s *Service) pass(c *ring.Client) error {
 		return fmt.Errorf("journal: batch buffer: %w", err)
 	}
 	defer buf.Release()
-	comp, err := c.Do(ctx, &ring.Call{Op: journalproto.OpNext, Arg: uint32(s.opts.Interval.Milliseconds()), Buf: buf})
+	comp, err := c.Do(ctx, &ring.Call{Op: journalproto.OpNext, Arg: uint32(min(wait.Milliseconds(), journalproto.MaxWaitMs)), Offset: failures, Buf: buf})
 	if err != nil {
 		return fmt.Errorf("journal: next batch: %w", err)
 	}
@@ -288,11 +294,25 @@ func (s *Service) pass(c *ring.Client) error {
 			return fmt.Errorf("journal: commit %d files to the metadata service: %w", len(msg.Live), err)
 		}
 	}
-	// Then the trim.
+	// Then the trim. The files metadata says are gone: only the batch's,
+	// each once.
+	inBatch := make(map[uint64]bool, len(msg.Live))
+	for _, l := range msg.Live {
+		inBatch[l.Ino] = true
+	}
+	var goneInos []uint64
+	for _, ino := range reply.Gone {
+		if inBatch[ino] {
+			goneInos = append(goneInos, ino)
+			delete(inBatch, ino)
+		}
+	}
 	call := &ring.Call{Op: journalproto.OpCommit, Offset: b.ID}
-	if len(reply.Gone) > 0 {
-		gone := journalproto.EncodeInodes(reply.Gone)
-		gb, err := c.Alloc(context.Background(), len(gone))
+	if len(goneInos) > 0 {
+		gone := journalproto.EncodeInodes(goneInos)
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		gb, err := c.Alloc(actx, len(gone))
 		if err != nil {
 			return fmt.Errorf("journal: commit buffer: %w", err)
 		}
