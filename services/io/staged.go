@@ -103,7 +103,7 @@ type stager struct {
 	// journalFailing: the journal service's failed passes in a row, as
 	// its last OpNext said.
 	journalFailing atomic.Uint64
-	lastErr                        atomic.Pointer[error]
+	lastErr        atomic.Pointer[error]
 }
 
 // stagedRec is a live record: which file it staged.
