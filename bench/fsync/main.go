@@ -36,6 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,6 +66,7 @@ type Row struct {
 	Mode               string  `json:"mode,omitempty"`                  // weir rows: staging or the ablation
 	ServiceCPUusPerOp  float64 `json:"service_cpu_us_per_op,omitempty"` // weir rows: metadata + io + journal CPU
 	JournalCPUusPerOp  float64 `json:"journal_cpu_us_per_op,omitempty"` // weir rows: the journal service's share
+	MachineBusyPct     float64 `json:"machine_busy_pct"`                // every CPU's busy time (kernel's I/O threads included) over the ops' time, % of all CPUs
 }
 
 // settle waits for what a row left in flight (a checkpoint, the file
@@ -130,6 +132,9 @@ func main() {
 				modes := []string{""}
 				if strings.HasPrefix(wl, "weir") {
 					modes = []string{modeStaging, modeNoStaging, modeNoBackground}
+					if w == 1 && wl == wlWeirAppend {
+						modes = append(modes, modePollClient)
+					}
 				}
 				for _, mode := range modes {
 					if *only != "" && !strings.Contains(wl+" / "+mode, *only) {
@@ -276,6 +281,7 @@ func run(parent, wl string, w, ops int) (Row, error) {
 	}
 	hists := make([]benchutil.Histogram, w)
 	errs := make(chan error, w)
+	cpu0, _ := benchutil.ReadMachineCPU()
 	start := time.Now()
 	var wg sync.WaitGroup
 	for i := range w {
@@ -295,6 +301,7 @@ func run(parent, wl string, w, ops int) (Row, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu1, _ := benchutil.ReadMachineCPU()
 	close(errs)
 	for err := range errs {
 		return Row{}, err
@@ -315,11 +322,21 @@ func run(parent, wl string, w, ops int) (Row, error) {
 	n := int(all.Count())
 	row := Row{Workload: wl, Writers: w, Ops: n, OpsPerSec: float64(n) / elapsed.Seconds(),
 		P50us: all.QuantileUs(0.5), P99us: all.QuantileUs(0.99), FlushesPerOp: float64(after-before) / float64(n),
-		WriteAmplification: float64(written.BytesWritten-before0.BytesWritten) / float64(n*4096)}
+		WriteAmplification: float64(written.BytesWritten-before0.BytesWritten) / float64(n*4096),
+		MachineBusyPct:     machineBusy(cpu0, cpu1, elapsed)}
 	if logFlushes != nil {
 		row.LogFlushPerOp = float64(logFlushes()-logBefore) / float64(n)
 	}
 	return row, nil
+}
+
+// machineBusy is the machines' CPUs' busy share between two samples, in
+// percent of all CPUs over elapsed.
+func machineBusy(a, b benchutil.MachineCPU, elapsed time.Duration) float64 {
+	if elapsed <= 0 {
+		return 0
+	}
+	return 100 * float64(b.Busy-a.Busy) / (float64(elapsed) * float64(runtime.NumCPU()))
 }
 
 // fileDevice is a staging log on a file: flushes are fdatasync (the ring
@@ -340,22 +357,24 @@ func report(parent string, ops int, rows []Row, fsNotes []string) (string, error
 	b.WriteString("- Flushes: the flush requests the file system's block device completed (/proc/diskstats) during the ops; other activity on that device counts too. Write amplification: bytes the device wrote per byte acknowledged, counted until 1.5 s after the row and a sync (a checkpoint's or a journal's later writes count).\n")
 	fmt.Fprintf(&b, "- %d ops per row, shared by the writers. weir: client processes, a file each, services as processes on the file backend with their data directory on the file system of the row; CPU is the metadata, IO and journal processes' per op, the journal's share apart. File system: goroutines, a file each. Overwrites at random 4 KiB offsets of an 8 MiB written file. Staging log alone: a 32 MiB log of a file, trimmed whole when full.\n", ops)
 	b.WriteString("- Ablations: **no staging** (io.staging_size 0), fsync as before Split Journaling: the file's blob, the store, then the metadata WAL through a NATS round trip; **no background journaling** (journal.foreground), fsync stages its record, then waits until the journal service has checkpointed it (home sync, metadata WAL commit, trim).\n\n")
-	b.WriteString("| File system | Workload | mode | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | write ampl. | services CPU µs / op | journal CPU µs / op |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("- Polling client (one row per file system): the staging mode with the writer's rings in busy-poll mode (`client.Options.Mode = ring.WaitBusyPoll`): it spins through the fsync instead of sleeping, which saves the wake-up of its thread and costs a CPU while it waits.\n")
+	b.WriteString("- Machine CPU: every CPU's busy time (user, system, irq: clients, services, the kernel's I/O threads) over the row's ops, in % of all CPUs: near 100 the row is CPU-bound.\n\n")
+	b.WriteString("| File system | Workload | mode | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | write ampl. | services CPU µs / op | journal CPU µs / op | machine CPU % |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rows {
 		if r.NA != "" {
-			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | | | | |\n", r.FS, r.NA)
+			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | | | | | |\n", r.FS, r.NA)
 			continue
 		}
 		mode, cpu, jcpu := "", "—", "—"
 		if r.Mode != "" {
-			mode = map[string]string{modeStaging: "staging", modeNoStaging: "no staging", modeNoBackground: "no background journaling"}[r.Mode]
+			mode = map[string]string{modeStaging: "staging", modeNoStaging: "no staging", modeNoBackground: "no background journaling", modePollClient: "staging, polling client"}[r.Mode]
 			cpu = benchutil.Fnum(r.ServiceCPUusPerOp)
 			if r.Mode != modeNoStaging {
 				jcpu = benchutil.Fnum(r.JournalCPUusPerOp)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.FS, r.Workload, mode, r.Writers, benchutil.Fint(float64(r.Ops)),
-			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), benchutil.Fnum(r.WriteAmplification), cpu, jcpu)
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.0f |\n", r.FS, r.Workload, mode, r.Writers, benchutil.Fint(float64(r.Ops)),
+			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), benchutil.Fnum(r.WriteAmplification), cpu, jcpu, r.MachineBusyPct)
 	}
 	b.WriteString("\n## weir with the staging log against the file system, same file system, same writers\n\n")
 	b.WriteString("| File system | writers | append p50: fs / weir | append ops/s: weir / fs | overwrite p50: fs / weir | overwrite ops/s: weir / fs |\n|---|--:|--:|--:|--:|--:|\n")

@@ -18,6 +18,7 @@ import (
 	"github.com/weir-storage/weir/bench/internal/benchutil"
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/stack"
 )
 
@@ -38,6 +39,7 @@ const (
 	modeStaging      = "staging log (Split Journaling)"
 	modeNoStaging    = "ablation: no staging (fsync syncs file, store and metadata WAL in the foreground)"
 	modeNoBackground = "ablation: no background journaling (fsync waits for the journal service's checkpoint of its record)"
+	modePollClient   = "staging log, clients busy-poll (ring.WaitBusyPoll: a CPU per writer, no wake-up)"
 )
 
 var (
@@ -46,6 +48,7 @@ var (
 	workerFile = flag.String("worker-file", "", "internal: the worker's file")
 	workerWL   = flag.String("worker-wl", "", "internal: the worker's workload")
 	workerOps  = flag.Int("worker-ops", 0, "internal: the worker's op count")
+	workerPoll = flag.Bool("worker-poll", false, "internal: the worker's rings busy-poll")
 	weirExe    = flag.String("weir", "", "weir binary for the services (default: built from this module)")
 )
 
@@ -63,7 +66,11 @@ func payload(wl string) int {
 func worker() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: *workerMD, IOSocket: *workerIO})
+	mode := ring.WaitAdaptive
+	if *workerPoll {
+		mode = ring.WaitBusyPoll
+	}
+	fsys, err := client.Dial(ctx, client.Options{MetadataSocket: *workerMD, IOSocket: *workerIO, Mode: mode})
 	if err != nil {
 		return err
 	}
@@ -242,7 +249,8 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 	procs := make([]*proc, w)
 	for i := range procs {
 		cmd := exec.Command(self, "-worker-md", st.cfg.Metadata.Socket, "-worker-io", st.cfg.IO.Socket,
-			"-worker-file", fmt.Sprintf("w%d", i), "-worker-wl", wl, "-worker-ops", fmt.Sprint(ops/w))
+			"-worker-file", fmt.Sprintf("w%d", i), "-worker-wl", wl, "-worker-ops", fmt.Sprint(ops/w),
+			fmt.Sprintf("-worker-poll=%v", mode == modePollClient))
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
@@ -275,6 +283,7 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 	if err != nil {
 		return Row{}, err
 	}
+	mcpu0, _ := benchutil.ReadMachineCPU()
 	start := time.Now()
 	for _, p := range procs {
 		if _, err := p.in.WriteString("go\n"); err != nil {
@@ -301,6 +310,7 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	mcpu1, _ := benchutil.ReadMachineCPU()
 	close(errs)
 	for err := range errs {
 		return Row{}, err
@@ -320,5 +330,6 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 		WriteAmplification: float64(after.BytesWritten-before.BytesWritten) / float64(n*payload(wl)),
 		ServiceCPUusPerOp:  float64((cpu1 - cpu0).Microseconds()) / float64(n),
 		JournalCPUusPerOp:  float64((jcpu1 - jcpu0).Microseconds()) / float64(n),
+		MachineBusyPct:     machineBusy(mcpu0, mcpu1, elapsed),
 	}, nil
 }
