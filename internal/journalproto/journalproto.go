@@ -65,6 +65,9 @@ const (
 	File        = 24
 	// ReportSize is the size of a Report.
 	ReportSize = 24
+	// Version is the protocol's version, in every batch: a journal
+	// service takes only batches of its own version.
+	Version = 1
 )
 
 // Batch is what OpNext writes:
@@ -73,7 +76,7 @@ const (
 //	 8  u64 trim lsn: the log's trim point when io made the batch
 //	16  u64 upto lsn: OpCommit trims the log up to it
 //	24  u32 files
-//	28  u32 0
+//	28  u32 version (Version: 1)
 //	32  files × { u64 blob, u64 inode, u32 flags, u32 0 }
 //	    flags bit 0: a closed file with changes and no live record
 //	    (written back, not fsynced)
@@ -101,7 +104,7 @@ func (b *Batch) Encode(dst []byte) {
 	le.PutUint64(dst[8:], b.Trim)
 	le.PutUint64(dst[16:], b.Upto)
 	le.PutUint32(dst[24:], uint32(len(b.Files)))
-	le.PutUint32(dst[28:], 0)
+	le.PutUint32(dst[28:], Version)
 	for i, f := range b.Files {
 		e := dst[BatchHeader+File*i:]
 		le.PutUint64(e[0:], f.Blob)
@@ -134,8 +137,8 @@ func DecodeBatch(src []byte, files int) (*Batch, error) {
 		return nil, fmt.Errorf("%w: batch up to lsn %d, below its trim point %d", ErrMalformed, b.Upto, b.Trim)
 	case int64(n) != int64(files) || files < 0:
 		return nil, fmt.Errorf("%w: batch says %d files, the completion %d", ErrMalformed, n, files)
-	case le.Uint32(src[28:]) != 0:
-		return nil, fmt.Errorf("%w: batch header reserved bytes set", ErrMalformed)
+	case le.Uint32(src[28:]) != Version:
+		return nil, fmt.Errorf("%w: batch of protocol version %d; this journal speaks %d", ErrMalformed, le.Uint32(src[28:]), Version)
 	case (len(src)-BatchHeader)/File < files:
 		return nil, fmt.Errorf("%w: %d files do not fit in %d bytes", ErrMalformed, files, len(src))
 	}

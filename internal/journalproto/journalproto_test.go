@@ -20,7 +20,7 @@ func TestBatchRoundTrip(t *testing.T) {
 	}
 	bad := map[string]func([]byte){
 		"count":          func(p []byte) { p[24] = 3 },
-		"reserved":       func(p []byte) { p[28] = 1 },
+		"version":        func(p []byte) { p[28] = 2 },
 		"id 0":           func(p []byte) { clear(p[0:8]) },
 		"upto < trim":    func(p []byte) { p[16] = 9 },
 		"flags":          func(p []byte) { p[BatchHeader+16] = 2 },
