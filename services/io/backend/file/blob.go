@@ -27,9 +27,20 @@ type blobFile struct {
 	// the blob, Truncate and closing hold it exclusively. So the size
 	// never changes under a shared holder, and the bytes of the file past
 	// the size are always absent or zero outside an exclusive holder.
-	mu      sync.RWMutex
-	fd      int           // protected by mu; valid while !closed
-	closed  bool          // protected by mu
+	mu     sync.RWMutex
+	fd     int  // protected by mu; valid while !closed
+	closed bool // protected by mu
+	// tailFD is a buffered (not O_DIRECT) descriptor of the same file,
+	// opened at the first write that ends inside a block past the end:
+	// that block is written through it, to the exact end, so that the
+	// file is never longer than the blob, not even for the instant
+	// between an O_DIRECT write of the whole block and a cut back (a
+	// SIGKILL there left zeros past the end, and the blob's size is the
+	// file's: TestCrash found it). -1 until opened; set under tailMu
+	// (writes within the size, under a shared mu, use it for the blob's
+	// last block too), read by its users after tail returns it.
+	tailMu  sync.Mutex
+	tailFD  int
 	size    atomic.Int64  // the blob size; written with mu held exclusively
 	sizeGen atomic.Uint64 // bumped at every size change, with mu held exclusively
 
@@ -59,7 +70,16 @@ func (b *blobFile) closeFile() error {
 		return nil
 	}
 	b.closed = true
-	if err := unix.Close(b.fd); err != nil {
+	var err error
+	b.tailMu.Lock()
+	defer b.tailMu.Unlock()
+	if b.tailFD >= 0 {
+		err = unix.Close(b.tailFD)
+	}
+	if cerr := unix.Close(b.fd); cerr != nil {
+		err = cerr
+	}
+	if err != nil {
 		return errorf("close", b.id, err)
 	}
 	return nil
@@ -225,13 +245,20 @@ func (b *blobFile) writeDirectLocked(p []byte, off, size int64) (n int, last int
 	defer putBounce(bp)
 	buf := *bp
 	end := off + int64(len(p))
+	newEnd := max(size, end)
 	pos := off
 	for pos < end {
 		start := alignDown(pos)
 		if pos != start || end < start+blockSize {
 			m := min(end, start+blockSize) - pos
 			last = start + blockSize
-			if err := b.patchBlock(buf[:blockSize], start, p[pos-off:pos-off+m], int(pos-start), size); err != nil {
+			exact := int64(blockSize)
+			if last > newEnd {
+				// The block runs past the blob's new end: written to
+				// that end exactly, through the buffered descriptor.
+				exact, last = newEnd-start, newEnd
+			}
+			if err := b.patchBlock(buf[:blockSize], start, p[pos-off:pos-off+m], int(pos-start), size, int(exact)); err != nil {
 				return int(pos - off), last, err
 			}
 			pos += m
@@ -247,7 +274,9 @@ func (b *blobFile) writeDirectLocked(p []byte, off, size int64) (n int, last int
 			copy(chunk, p[pos-off:])
 		}
 		last = pos + int64(len(chunk))
-		if _, err := pwriteFull(b.fd, chunk, pos); err != nil {
+		_, err := pwriteFull(b.fd, chunk, pos)
+		b.afterWrite()
+		if err != nil {
 			return int(pos - off), last, err
 		}
 		pos += int64(len(chunk))
@@ -259,7 +288,12 @@ func (b *blobFile) writeDirectLocked(p []byte, off, size int64) (n int, last int
 // keeping the block's other bytes: it reads the block first when the block
 // starts below size (the bytes at and past size are zeros by invariant), all
 // under the block's edge lock.
-func (b *blobFile) patchBlock(block []byte, start int64, data []byte, in int, size int64) error {
+//
+// A block written short of blockSize (exact: the blob ends inside it) goes
+// through tailFD with its exact length; its read above, with O_DIRECT,
+// sees bytes written that way too (the kernel writes cached pages of the
+// range back before a direct read, and drops them at a direct write).
+func (b *blobFile) patchBlock(block []byte, start int64, data []byte, in int, size int64, exact int) error {
 	mu := &b.edge[(start/blockSize)%edgeStripes]
 	mu.Lock()
 	defer mu.Unlock()
@@ -275,8 +309,47 @@ func (b *blobFile) patchBlock(block []byte, start int64, data []byte, in int, si
 	}
 	copy(block[in:], data)
 	b.be.edgeWrites.Add(1)
+	if exact < blockSize {
+		fd, err := b.tail()
+		if err != nil {
+			return err
+		}
+		_, err = pwriteFull(fd, block[:exact], start)
+		b.afterWrite()
+		return err
+	}
 	_, err := pwriteFull(b.fd, block, start)
+	b.afterWrite()
 	return err
+}
+
+// testAfterWrite, set by tests, runs after each device write of a
+// direct-mode write, with the file's size on disk then.
+var testAfterWrite atomic.Pointer[func(onDisk int64)]
+
+func (b *blobFile) afterWrite() {
+	if h := testAfterWrite.Load(); h != nil {
+		var st unix.Stat_t
+		if unix.Fstat(b.fd, &st) == nil {
+			(*h)(st.Size)
+		}
+	}
+}
+
+// tail returns tailFD, opening it at the first use (b.mu held, shared or
+// exclusive: closeFile cannot run).
+func (b *blobFile) tail() (int, error) {
+	b.tailMu.Lock()
+	defer b.tailMu.Unlock()
+	if b.tailFD >= 0 {
+		return b.tailFD, nil
+	}
+	fd, err := openFile(b.be.path(b.id), unix.O_RDWR, 0)
+	if err != nil {
+		return -1, err
+	}
+	b.tailFD = fd
+	return fd, nil
 }
 
 func (h *handle) Truncate(size int64) error {

@@ -64,6 +64,9 @@
 // the aligned blocks between are written without a read. Each edge block's
 // read-modify-write holds a lock striped by block number, so concurrent
 // writers to disjoint ranges that share a block keep each other's bytes.
-// The exact byte size is kept with ftruncate after a write whose last block
-// runs past the end.
+// A block that the blob ends inside is written through a second, buffered
+// descriptor of the file, to the exact end: an O_DIRECT write of the whole
+// block would make the file longer than the blob until a cut back, and a
+// crash in between would leave zeros past the end that the next start
+// takes for data (the blob's size is its file's).
 package file

@@ -19,3 +19,13 @@ func RefuseDirect(opts Options) Options {
 	opts.refuseDirect = true
 	return opts
 }
+
+// SetAfterWriteHook makes every device write of a direct-mode write call
+// fn with the blob file's size on disk right after it; nil removes it.
+func SetAfterWriteHook(fn func(onDisk int64)) {
+	if fn == nil {
+		testAfterWrite.Store(nil)
+		return
+	}
+	testAfterWrite.Store(&fn)
+}

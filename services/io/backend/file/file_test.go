@@ -3,9 +3,11 @@ package file_test
 import (
 	"bytes"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -207,6 +209,44 @@ func TestEdgeOnlyRMW(t *testing.T) {
 	}
 	if !fb.Stats().Direct {
 		t.Fatal("Stats().Direct is false with DirectOn")
+	}
+}
+
+// TestNeverLongerOnDisk: with O_DIRECT, no write makes the blob's file
+// longer than the blob, not even between its device writes: a crash
+// there would leave zeros past the end, and the next open takes the
+// file's size for the blob's (TestCrash found one: a SIGKILL of io
+// between the whole last block's write and the cut back).
+func TestNeverLongerOnDisk(t *testing.T) {
+	be, _ := directBackend(t)
+	h := createOpen(t, be, 1)
+	var limit, worst atomic.Int64
+	file.SetAfterWriteHook(func(onDisk int64) {
+		if onDisk > limit.Load() && onDisk > worst.Load() {
+			worst.Store(onDisk)
+		}
+	})
+	defer file.SetAfterWriteHook(nil)
+	size := int64(0)
+	for _, w := range []struct{ off, n int64 }{
+		{0, 100}, {100, 5000}, {23137, 432}, {23000, 9000}, {40000, 4096}, {8192, 4096}, {65536, 1},
+	} {
+		end := max(size, w.off+w.n)
+		limit.Store(end)
+		if _, err := h.WriteAt(bytes.Repeat([]byte{7}, int(w.n)), w.off); err != nil {
+			t.Fatal(err)
+		}
+		if got := worst.Load(); got != 0 {
+			t.Fatalf("write of %d bytes at %d: the file was %d bytes on disk during it, the blob %d", w.n, w.off, got, end)
+		}
+		if h.Size() != end {
+			t.Fatalf("blob size %d, want %d", h.Size(), end)
+		}
+		size = end
+	}
+	got := make([]byte, size)
+	if n, err := h.ReadAt(got, 0); int64(n) != size || (err != nil && err != io.EOF) {
+		t.Fatalf("read back %d, %v", n, err)
 	}
 }
 
