@@ -1,6 +1,7 @@
 package iosvc
 
 import (
+	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
@@ -510,14 +511,69 @@ func (r *region) hasDirtyIn(p0, p1 uint64) bool {
 	return false
 }
 
+// writeRun writes home the run of pages busy (pages, each busy with the
+// word in words), the want bytes from off, and ends their transitions.
+// The pages are busy only while they are copied (a shadow copy, as
+// Oxbow's checkpoint has it): a writer to one of them waits for the copy,
+// never for the device write. They stay dirty during the write; after it,
+// each page whose bytes are still the copy's is clean, one changed since
+// (a write, or a direct write whose own device write the copy's may have
+// overtaken) stays dirty for the next flush, as does a page busy then. A
+// page past the size keeps its dirt: writes make the size cover their
+// bytes before they make a page dirty, so such a page cannot be (a
+// truncate drops them), but its bytes must never be taken for written.
+// Truncates are held off by the caller (trunc), and evictions skip dirty
+// pages, so no fill brings back the device's bytes before the write.
+func (r *region) writeRun(cr *cache.Region, b backend.Blob, pages []uint64, words []cache.Word, off, want int64) error {
+	if want <= 0 {
+		for i, w := range words {
+			_ = cr.Publish(pages[i], w, true)
+		}
+		return nil
+	}
+	data, _ := cr.Data(pages[0], len(words))
+	var shadow []byte
+	if want <= bounceSize {
+		bp := getBounce()
+		defer putBounce(bp)
+		shadow = (*bp)[:want]
+	} else {
+		shadow = make([]byte, want)
+	}
+	copy(shadow, data[:want])
+	for i, w := range words {
+		_ = cr.Publish(pages[i], w, true)
+	}
+	if _, err := b.WriteAt(shadow, off); err != nil {
+		return err
+	}
+	for _, p := range pages {
+		pOff := int64(p) * cache.PageSize
+		if pOff >= off+want {
+			continue // past the size
+		}
+		w, err := cr.Begin(p)
+		if err != nil {
+			continue // busy (a write on it): written again by the next flush
+		}
+		n := min(int64(cache.PageSize), off+want-pOff)
+		pg, _ := cr.Data(p, 1)
+		clean := bytes.Equal(pg[:n], shadow[pOff-off:pOff-off+n])
+		if clean {
+			r.clearDirty(p)
+		}
+		_ = cr.Publish(p, w, !clean)
+	}
+	return nil
+}
+
 // maxFlushRun bounds the pages one write-back write carries (1 MiB).
 const maxFlushRun = 256
 
 // flush writes the dirty pages home through b, the file of size bytes
 // (size() is read per run: a write may extend it meanwhile), in runs of
 // adjacent pages (one chunk, at most maxFlushRun), each one device write
-// made straight from the region while its pages are busy: nothing changes
-// them, and no fill or eviction can interleave. Pages busy in another
+// of a copy of the pages (writeRun): they are busy only for the copy. Pages busy in another
 // transition are left for the next flush, unless wait. A page whose write
 // fails stays dirty. It returns the pages written and the first error.
 func (r *region) flush(b backend.Blob, size func() int64, wait bool) (int, error) {
@@ -572,22 +628,7 @@ func (r *region) flushRange(b backend.Blob, size func() int64, wait bool, p0, p1
 		pages = pages[len(busy):]
 		off := int64(run[0]) * cache.PageSize
 		want := min(int64(len(busy))*cache.PageSize, size()-off)
-		var err error
-		if want > 0 {
-			data, _ := cr.Data(run[0], len(busy))
-			_, err = b.WriteAt(data[:want], off)
-		}
-		for i, w := range busy {
-			// A page past the size keeps its dirt: writes make the size
-			// cover their bytes before they make a page dirty, so such a
-			// page cannot be (a truncate drops them), but its bytes must
-			// never be taken for written.
-			home := err == nil && int64(run[i])*cache.PageSize < off+max(want, 0)
-			if home {
-				r.clearDirty(run[i])
-			}
-			_ = cr.Publish(run[i], w, !home)
-		}
+		err := r.writeRun(cr, b, run[:len(busy)], busy, off, want)
 		if err != nil {
 			r.pc.WritebackErrors.Add(1)
 			if first == nil {

@@ -13,6 +13,9 @@ import (
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/services/io/backend"
+	"github.com/weir-storage/weir/services/io/backend/faulty"
+	"github.com/weir-storage/weir/services/io/backend/mem"
 )
 
 // cachedIO runs the services on the file backend with the page cache on.
@@ -386,4 +389,73 @@ func TestCacheSyncWritesRaceTruncates(t *testing.T) {
 			t.Fatal("O_SYNC writes and truncates of one file hung")
 		}
 	}
+}
+
+// TestWriteBackHoldsPagesOnlyForTheCopy: while the checkpoint writes a
+// file's dirty pages home, a writer to one of them waits only for the
+// copy the write-back makes, not for its device write (Oxbow's shadow
+// copy); the page, changed during the write, stays dirty, and the next
+// write-back takes its new bytes home.
+func TestWriteBackHoldsPagesOnlyForTheCopy(t *testing.T) {
+	fb := faulty.New(mem.New())
+	e := startIOWith(t, fb, nil, func(c *config.Config) { c.IO.CacheSize = 16 << 20 })
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := bytes.Repeat([]byte{'a'}, 8192), bytes.Repeat([]byte{'b'}, 4096)
+	if _, err := f.WriteAt(a, 0); err != nil {
+		t.Fatal(err)
+	}
+	blob := backend.BlobID(inoOf(t, f))
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	fb.Inject(func(op faulty.Op) error {
+		if op.Kind == faulty.Write && op.Blob == blob {
+			once.Do(func() {
+				close(entered)
+				<-release
+			})
+		}
+		return nil
+	})
+	if err := f.Sync(); err != nil { // staged; the checkpointer then writes the pages home
+		t.Fatal(err)
+	}
+	select {
+	case <-entered:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no write-back of the file's pages within 30s")
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := f.WriteAt(b, 0)
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		close(release)
+		t.Fatal("a write to a page being written back waited for the device write")
+	}
+	close(release)
+	if err := f.Close(); err != nil { // the last close writes the dirty pages home
+		t.Fatal(err)
+	}
+	want := append(bytes.Clone(b), a[4096:]...)
+	waitFor(t, "the page's new bytes at home", func() bool {
+		h, err := fb.Inner().Open(blob)
+		if err != nil {
+			return false
+		}
+		defer h.Close()
+		got := make([]byte, len(want))
+		n, _ := h.ReadAt(got, 0)
+		return n == len(want) && bytes.Equal(got, want)
+	})
 }
