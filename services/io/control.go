@@ -252,6 +252,9 @@ func (s *Service) onDelete(m *nats.Msg) {
 			}
 		}
 		err := s.be.Delete(id)
+		if s.stg != nil && (err == nil || errors.Is(err, syscall.ENOENT)) && s.stg.opened.Load() {
+			s.stg.forget(id) // before done(): a checkpoint must not open it again
+		}
 		<-s.delSem
 		done()
 		if err != nil && !errors.Is(err, syscall.ENOENT) {

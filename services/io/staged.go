@@ -1008,6 +1008,14 @@ type liveReport struct {
 // out of its staging state, unless an fsync of it runs.
 func (st *stager) checkpointFile(id backend.BlobID, ino uint64, forget bool) (*liveReport, error) {
 	s := st.svc
+	st.mu.Lock()
+	_, known := st.files[id]
+	st.mu.Unlock()
+	if !known {
+		// Deleted since the batch was made (onDelete forgot it): opening
+		// it now would make the blob again.
+		return nil, nil
+	}
 	s.mu.Lock()
 	ob, err := s.openBlobLocked(id, ino, false)
 	s.mu.Unlock()
@@ -1125,6 +1133,17 @@ func (st *stager) endWaits() {
 	st.stopping = true
 	st.room.Broadcast()
 	st.mu.Unlock()
+}
+
+// forget drops the staging state of blob id once the blob is deleted: no
+// live record names it (onDelete waited for that), no session has it
+// open, and its changes went with it.
+func (st *stager) forget(id backend.BlobID) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if f := st.files[id]; f != nil && f.refs == 0 && f.last == 0 {
+		delete(st.files, id)
+	}
 }
 
 // halt stops the checkpointer and every wait for it (Shutdown, before it
