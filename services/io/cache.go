@@ -225,6 +225,17 @@ type region struct {
 
 	wbMu sync.Mutex // one write-back of the region at a time
 
+	// flight is the byte range of the write-back's device write in
+	// progress (writeRun), whose pages are no longer busy: a direct or
+	// write-through write of the region waits for it before its own
+	// device write to an overlapping range, so that the two never
+	// overlap at the device (a page torn between them).
+	flightMu   sync.Mutex
+	flightCond *sync.Cond // on flightMu; made with the region
+	flightOn   bool
+	flightLo   int64
+	flightHi   int64
+
 	raBusy atomic.Int32 // asynchronous readaheads running (at most maxReadaheads)
 }
 
@@ -293,6 +304,7 @@ func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*regi
 		return nil, fmt.Errorf("cache region of file %d: read-only description: %w", ino, err)
 	}
 	r := &region{pc: pc, id: id, ino: ino, fd: f, ro: ro}
+	r.flightCond = sync.NewCond(&r.flightMu)
 	capa := regionCapacity(size)
 	if capa > cache.MaxCapacity {
 		capa = cache.MaxCapacity
@@ -541,10 +553,13 @@ func (r *region) writeRun(cr *cache.Region, b backend.Blob, pages []uint64, word
 		shadow = make([]byte, want)
 	}
 	copy(shadow, data[:want])
+	r.flightBegin(off, off+want) // while the pages are still busy
 	for i, w := range words {
 		_ = cr.Publish(pages[i], w, true)
 	}
-	if _, err := b.WriteAt(shadow, off); err != nil {
+	_, err := b.WriteAt(shadow, off)
+	r.flightEnd()
+	if err != nil {
 		return err
 	}
 	for _, p := range pages {
@@ -565,6 +580,28 @@ func (r *region) writeRun(cr *cache.Region, b backend.Blob, pages []uint64, word
 		_ = cr.Publish(p, w, !clean)
 	}
 	return nil
+}
+
+func (r *region) flightBegin(lo, hi int64) {
+	r.flightMu.Lock()
+	r.flightOn, r.flightLo, r.flightHi = true, lo, hi
+	r.flightMu.Unlock()
+}
+
+func (r *region) flightEnd() {
+	r.flightMu.Lock()
+	r.flightOn = false
+	r.flightCond.Broadcast()
+	r.flightMu.Unlock()
+}
+
+// flightWait waits until no write-back device write overlaps [lo, hi).
+func (r *region) flightWait(lo, hi int64) {
+	r.flightMu.Lock()
+	for r.flightOn && r.flightLo < hi && lo < r.flightHi {
+		r.flightCond.Wait()
+	}
+	r.flightMu.Unlock()
 }
 
 // maxFlushRun bounds the pages one write-back write carries (1 MiB).
