@@ -571,15 +571,28 @@ func (r *region) writeRun(cr *cache.Region, b backend.Blob, pages []uint64, word
 		if err != nil {
 			continue // busy (a write on it): written again by the next flush
 		}
+		// The whole page: the copy's bytes up to the size, zeros past it
+		// (a write that extended the file into the page meanwhile put
+		// bytes there that the copy has not).
 		n := min(int64(cache.PageSize), off+want-pOff)
 		pg, _ := cr.Data(p, 1)
-		clean := bytes.Equal(pg[:n], shadow[pOff-off:pOff-off+n])
+		clean := bytes.Equal(pg[:n], shadow[pOff-off:pOff-off+n]) && allZero(pg[n:])
 		if clean {
 			r.clearDirty(p)
 		}
 		_ = cr.Publish(p, w, !clean)
 	}
 	return nil
+}
+
+// allZero reports whether b holds only zero bytes.
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (r *region) flightBegin(lo, hi int64) {

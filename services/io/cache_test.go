@@ -394,8 +394,9 @@ func TestCacheSyncWritesRaceTruncates(t *testing.T) {
 // TestWriteBackHoldsPagesOnlyForTheCopy: while the checkpoint writes a
 // file's dirty pages home, a writer to one of them waits only for the
 // copy the write-back makes, not for its device write (Oxbow's shadow
-// copy); the page, changed during the write, stays dirty, and the next
-// write-back takes its new bytes home.
+// copy); a page changed during the write (over the copy's bytes, or past
+// its end, inside its last page) stays dirty, and the next write-back
+// takes its new bytes home.
 func TestWriteBackHoldsPagesOnlyForTheCopy(t *testing.T) {
 	fb := faulty.New(mem.New())
 	e := startIOWith(t, fb, nil, func(c *config.Config) { c.IO.CacheSize = 16 << 20 })
@@ -405,7 +406,9 @@ func TestWriteBackHoldsPagesOnlyForTheCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := bytes.Repeat([]byte{'a'}, 8192), bytes.Repeat([]byte{'b'}, 4096)
+	// Two pages, the second partial: the write-back's copy ends at the
+	// size, inside it.
+	a, b, c := bytes.Repeat([]byte{'a'}, 8092), bytes.Repeat([]byte{'b'}, 4096), bytes.Repeat([]byte{'c'}, 50)
 	if _, err := f.WriteAt(a, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -431,7 +434,10 @@ func TestWriteBackHoldsPagesOnlyForTheCopy(t *testing.T) {
 	}
 	wrote := make(chan error, 1)
 	go func() {
-		_, err := f.WriteAt(b, 0)
+		_, err := f.WriteAt(b, 0) // over the copy's bytes
+		if err == nil {
+			_, err = f.WriteAt(c, 8092) // past the copy's end, in its last page
+		}
 		wrote <- err
 	}()
 	select {
@@ -447,7 +453,7 @@ func TestWriteBackHoldsPagesOnlyForTheCopy(t *testing.T) {
 	if err := f.Close(); err != nil { // the last close writes the dirty pages home
 		t.Fatal(err)
 	}
-	want := append(bytes.Clone(b), a[4096:]...)
+	want := append(append(bytes.Clone(b), a[4096:]...), c...)
 	waitFor(t, "the page's new bytes at home", func() bool {
 		h, err := fb.Inner().Open(blob)
 		if err != nil {
