@@ -52,7 +52,7 @@ func TestStatusExitCode(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("status of a healthy stack exited %d: %s%s", code, out, errOut)
 	}
-	if m := decode(out); len(m) != 2 || !m["weir-metadata"].Healthy || !m["weir-io"].Healthy {
+	if m := decode(out); len(m) != 3 || !m["weir-metadata"].Healthy || !m["weir-io"].Healthy || !m["weir-journal"].Healthy {
 		t.Fatalf("status --json = %s", out)
 	}
 
@@ -62,7 +62,7 @@ func TestStatusExitCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, out, errOut = status("--json", "--config", cfg)
-	if m := decode(out); code != 1 || len(m) != 2 || m["weir-metadata"].Healthy || m["weir-io"].Healthy {
+	if m := decode(out); code != 1 || len(m) != 3 || m["weir-metadata"].Healthy || m["weir-io"].Healthy || m["weir-journal"].Healthy {
 		t.Errorf("status in another namespace exited %d: %s%s", code, out, errOut)
 	}
 
