@@ -564,7 +564,7 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 	} else {
 		s.svc.pc.WriteThroughs.Add(1)
 	}
-	r.flightWait(off, off+n) // not over a write-back's device write to these pages
+	r.flightWait(off, off+n)           // not over a write-back's device write to these pages
 	n, e := deviceWrite(ob, runs, off) // extends the size before the pages go
 	if e != 0 && n == 0 {
 		lr.release()
