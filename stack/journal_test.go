@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/host"
 	"github.com/weir-storage/weir/internal/journalproto"
@@ -19,6 +20,24 @@ import (
 	"github.com/weir-storage/weir/stack"
 	"github.com/weir-storage/weir/stack/stacktest"
 )
+
+// journalStack starts a stack of stacktest.Config, as edit changes it,
+// stopped when the test ends, and waits for its journal service's
+// session with io.
+func journalStack(t *testing.T, edit func(*config.Config)) (*stack.Stack, *config.Config) {
+	t.Helper()
+	c := stacktest.Config(t, "")
+	if edit != nil {
+		edit(c)
+	}
+	st, err := stack.Start(c, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	waitFor(t, "the journal service's session", func() bool { return st.IO.Snapshot()["journal_connected"] == true })
+	return st, c
+}
 
 // startJournal starts a journal service for st in this process; st's
 // Shutdown stops it.
@@ -64,14 +83,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // returns, the log empties, every byte reads back, and the sizes reached
 // the metadata service.
 func TestJournalDownBackpressure(t *testing.T) {
-	c := stacktest.Config(t, "")
-	c.IO.StagingSize = 1 << 20 // the smallest: fills after a few fsyncs
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
-	waitFor(t, "the journal service's session", func() bool { return st.IO.Snapshot()["journal_connected"] == true })
+	st, _ := journalStack(t, func(c *config.Config) {
+		c.IO.StagingSize = 1 << 20 // the smallest: fills after a few fsyncs
+	})
 	stopJournal(t, st)
 
 	fsys, err := st.Dial(context.Background())
@@ -161,13 +175,9 @@ func TestJournalDownBackpressure(t *testing.T) {
 // background journaling) an fsync returns only once its record is
 // checkpointed: the log holds none after it.
 func TestJournalForeground(t *testing.T) {
-	c := stacktest.Config(t, "")
-	c.Journal.Foreground = true
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	st, _ := journalStack(t, func(c *config.Config) {
+		c.Journal.Foreground = true
+	})
 	fsys, err := st.Dial(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -254,14 +264,9 @@ func (s *journalSession) doOut(call *ring.Call, in []byte, out int) (ring.Comple
 // checkpointed, bad buffers; each gets its errno, and io serves on. A
 // journal service started afterwards empties the log.
 func TestJournalSessionHostile(t *testing.T) {
-	c := stacktest.Config(t, "")
-	c.IO.Backend = "mem"
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
-	waitFor(t, "the journal service's session", func() bool { return st.IO.Snapshot()["journal_connected"] == true })
+	st, c := journalStack(t, func(c *config.Config) {
+		c.IO.Backend = "mem"
+	})
 	if _, r := dialJournal(t, c.Journal.Socket, "journal"); r != -int64(syscall.EBUSY) {
 		t.Errorf("a second journal session's hello: %d, want -EBUSY", r)
 	}
@@ -341,13 +346,9 @@ func TestJournalSessionHostile(t *testing.T) {
 // after which io would trim sizes metadata never took), and names the
 // files of a batch that are gone while it applies the others.
 func TestSetLiveBatchRefusal(t *testing.T) {
-	c := stacktest.Config(t, "")
-	c.IO.Backend = "mem"
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
+	st, c := journalStack(t, func(c *config.Config) {
+		c.IO.Backend = "mem"
+	})
 	fsys, err := st.Dial(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -390,14 +391,9 @@ func TestSetLiveBatchRefusal(t *testing.T) {
 // next fsync after the file grows again writes a record, and its
 // acknowledged size does not rest on a record that replay would cut.
 func TestJournalCommitKeepsLaterRecordSize(t *testing.T) {
-	c := stacktest.Config(t, "")
-	c.IO.Backend = "mem"
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.Shutdown(context.Background()) })
-	waitFor(t, "the journal service's session", func() bool { return st.IO.Snapshot()["journal_connected"] == true })
+	st, c := journalStack(t, func(c *config.Config) {
+		c.IO.Backend = "mem"
+	})
 	stopJournal(t, st)
 	fsys, err := st.Dial(context.Background())
 	if err != nil {
@@ -464,13 +460,9 @@ func TestJournalCommitKeepsLaterRecordSize(t *testing.T) {
 // waits for room with no journal service: the fsync fails (it was never
 // acknowledged), and Shutdown does not wait for it until its deadline.
 func TestJournalShutdownWithFsyncWaiting(t *testing.T) {
-	c := stacktest.Config(t, "")
-	c.IO.StagingSize = 1 << 20
-	st, err := stack.Start(c, hclog.NewNullLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the journal service's session", func() bool { return st.IO.Snapshot()["journal_connected"] == true })
+	st, _ := journalStack(t, func(c *config.Config) {
+		c.IO.StagingSize = 1 << 20
+	})
 	stopJournal(t, st)
 	fsys, err := st.Dial(context.Background())
 	if err != nil {

@@ -51,7 +51,7 @@
  *                                               publish/recycle
  *   sq_bell, cq_bell      the producing side    __atomic_fetch_add SEQ_CST;
  *                                               the sleeper loads ACQUIRE
- *   sq_waiters,           the consuming side    __atomic_store_n SEQ_CST;
+ *   sq_waiters,           the consuming side    __atomic_fetch_add/sub SEQ_CST;
  *   cq_waiters                                  the producer loads SEQ_CST
  *   server_state          the server only       store RELEASE, load ACQUIRE
  *   client_state          the client only       store RELEASE, load ACQUIRE
@@ -64,7 +64,7 @@
  * between the two accesses) gives:
  *
  *   producer: store seq (publish)    ; load waiters ; if != 0 ring the bell
- *   consumer: store waiters = 1      ; load seq (re-check) ; if empty sleep
+ *   consumer: add waiters 1          ; load seq (re-check) ; if empty sleep
  *
  * At least one side then sees the other's store, so no wake-up is lost.
  *
@@ -117,15 +117,19 @@
  * Doorbells
  * ------------------------------------------------------------------------
  * The futexes are NOT private (no FUTEX_PRIVATE_FLAG): the words are in a
- * MAP_SHARED memfd mapping and the sleeper is in the other process. Each
- * doorbell has at most one sleeper per side: waiters is a 0/1 flag, not a
- * count. A consumer going to sleep does
+ * MAP_SHARED memfd mapping and the sleeper is in the other process.
+ * waiters counts the consuming side's sleepers (the Go client's reaper and
+ * its callers of long calls, such as a sync, may sleep on cq_bell
+ * together); the producer wakes them all while it is not zero. A consumer
+ * going to sleep does
  *
  *   uint32_t v = __atomic_load_n(&hdr->cq_bell, __ATOMIC_ACQUIRE);
- *   __atomic_store_n(&hdr->cq_waiters, 1, __ATOMIC_SEQ_CST);
+ *   __atomic_fetch_add(&hdr->cq_waiters, 1, __ATOMIC_SEQ_CST);
  *   if (!ready())                              // SEQ_CST load of next seq
  *       syscall(SYS_futex, &hdr->cq_bell, FUTEX_WAIT, v, &ts, NULL, 0);
- *   __atomic_store_n(&hdr->cq_waiters, 0, __ATOMIC_SEQ_CST);
+ *   __atomic_fetch_sub(&hdr->cq_waiters, 1, __ATOMIC_SEQ_CST);
+ *
+ * (a side with one sleeper may store 1 and 0 instead)
  *
  * with ts no longer than WEIR_MAX_SLEEP_NS, so that it re-checks the peer's
  * liveness (socket EOF, pidfd, state word) at least that often. EAGAIN,

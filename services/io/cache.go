@@ -528,7 +528,8 @@ func (r *region) hasDirtyIn(p0, p1 uint64) bool {
 // The pages are busy only while they are copied (a shadow copy, as
 // Oxbow's checkpoint has it): a writer to one of them waits for the copy,
 // never for the device write. They stay dirty during the write; after it,
-// each page whose bytes are still the copy's is clean, one changed since
+// each page all of whose bytes are still the copy's (zeros past the size
+// included) is clean, one changed since
 // (a write, or a direct write whose own device write the copy's may have
 // overtaken) stays dirty for the next flush, as does a page busy then. A
 // page past the size keeps its dirt: writes make the size cover their
@@ -623,9 +624,10 @@ const maxFlushRun = 256
 // flush writes the dirty pages home through b, the file of size bytes
 // (size() is read per run: a write may extend it meanwhile), in runs of
 // adjacent pages (one chunk, at most maxFlushRun), each one device write
-// of a copy of the pages (writeRun): they are busy only for the copy. Pages busy in another
-// transition are left for the next flush, unless wait. A page whose write
-// fails stays dirty. It returns the pages written and the first error.
+// of a copy of the pages (writeRun): they are busy only for the copy.
+// Pages busy in another transition are left for the next flush, unless
+// wait. A page whose write fails stays dirty. It returns the pages written
+// and the first error.
 func (r *region) flush(b backend.Blob, size func() int64, wait bool) (int, error) {
 	return r.flushRange(b, size, wait, 0, math.MaxUint64)
 }
