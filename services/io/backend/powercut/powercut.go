@@ -35,17 +35,33 @@ type Backend struct {
 	AfterSync func()
 
 	mu      sync.Mutex
-	pending map[backend.BlobID]bool   // creates (true) and deletes (false) since the last Sync
-	exists  map[backend.BlobID]bool   // existence as of the last Sync
-	content map[backend.BlobID][]byte // bytes as of each blob's last Sync
+	seq     uint64                     // numbers every create, delete and blob sync, in call order
+	pending map[backend.BlobID]change  // creates and deletes since the last Sync
+	exists  map[backend.BlobID]change  // existence as of the last Sync
+	content map[backend.BlobID]durable // bytes as of each blob's last Sync
+}
+
+// change is a create (true) or a delete, numbered. Syncs may overlap and
+// return out of order: a sync that returns records only what is newer than
+// what is recorded, as a device that completed the later flush keeps what
+// it covered whatever an earlier one covered.
+type change struct {
+	created bool
+	seq     uint64
+}
+
+// durable is a blob's bytes as of the sync numbered seq.
+type durable struct {
+	data []byte
+	seq  uint64
 }
 
 var _ backend.Backend = (*Backend)(nil)
 
 // New wraps inner.
 func New(inner backend.Backend) *Backend {
-	return &Backend{inner: inner, pending: map[backend.BlobID]bool{},
-		exists: map[backend.BlobID]bool{}, content: map[backend.BlobID][]byte{}}
+	return &Backend{inner: inner, pending: map[backend.BlobID]change{},
+		exists: map[backend.BlobID]change{}, content: map[backend.BlobID]durable{}}
 }
 
 // Cut returns what a power cut now would leave: every blob that exists
@@ -54,9 +70,13 @@ func (b *Backend) Cut() map[backend.BlobID][]byte {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := make(map[backend.BlobID][]byte)
-	for id, ok := range b.exists {
-		if ok {
-			out[id] = append([]byte(nil), b.content[id]...)
+	for id, c := range b.exists {
+		if c.created {
+			d := b.content[id]
+			if d.seq < c.seq {
+				d.data = nil // synced before its create: a blob of that id deleted since
+			}
+			out[id] = append([]byte(nil), d.data...)
 		}
 	}
 	return out
@@ -97,7 +117,8 @@ func (b *Backend) Create(id backend.BlobID) error {
 		return err
 	}
 	b.mu.Lock()
-	b.pending[id] = true
+	b.seq++
+	b.pending[id] = change{created: true, seq: b.seq}
 	b.mu.Unlock()
 	return nil
 }
@@ -117,7 +138,8 @@ func (b *Backend) Delete(id backend.BlobID) error {
 		return err
 	}
 	b.mu.Lock()
-	b.pending[id] = false
+	b.seq++
+	b.pending[id] = change{seq: b.seq}
 	b.mu.Unlock()
 	return nil
 }
@@ -135,13 +157,12 @@ func (b *Backend) Sync() error {
 		return err
 	}
 	b.mu.Lock()
-	for id, created := range snap {
-		if b.pending[id] == created {
+	for id, c := range snap {
+		if b.pending[id] == c {
 			delete(b.pending, id)
 		}
-		b.exists[id] = created
-		if !created {
-			delete(b.content, id)
+		if c.seq > b.exists[id].seq {
+			b.exists[id] = c
 		}
 	}
 	b.mu.Unlock()
@@ -170,8 +191,13 @@ type blob struct {
 // Sync implements backend.Blob: the bytes as they are when it is called
 // become the blob's durable bytes when it returns.
 func (h *blob) Sync() error {
+	// The number and the copy together: a later number holds later bytes.
+	h.be.mu.Lock()
+	h.be.seq++
+	seq := h.be.seq
 	data := make([]byte, h.Size())
 	n, err := h.ReadAt(data, 0)
+	h.be.mu.Unlock()
 	if err != nil && err != io.EOF {
 		return fmt.Errorf("powercut: read blob %d for its durable copy: %w", h.ID(), err)
 	}
@@ -180,7 +206,9 @@ func (h *blob) Sync() error {
 		return err
 	}
 	h.be.mu.Lock()
-	h.be.content[h.ID()] = data
+	if seq > h.be.content[h.ID()].seq {
+		h.be.content[h.ID()] = durable{data: data, seq: seq}
+	}
 	h.be.mu.Unlock()
 	if h.be.AfterSync != nil {
 		h.be.AfterSync()

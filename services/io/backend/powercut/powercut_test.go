@@ -86,3 +86,48 @@ func TestModel(t *testing.T) {
 		t.Fatalf("restored blob 1 = %q", buf[:n])
 	}
 }
+
+// slowSync holds its first Sync until release is closed: two syncs of the
+// backend then return out of order.
+type slowSync struct {
+	backend.Backend
+	held    chan struct{} // closed once the first Sync waits
+	release chan struct{}
+	first   bool
+}
+
+func (s *slowSync) Sync() error {
+	if !s.first {
+		s.first = true
+		close(s.held)
+		<-s.release
+	}
+	return s.Backend.Sync()
+}
+
+// TestSyncsReturnOutOfOrder: a sync that began before a delete and
+// returns after a later sync made the delete durable does not bring the
+// blob back.
+func TestSyncsReturnOutOfOrder(t *testing.T) {
+	inner := &slowSync{Backend: mem.New(), held: make(chan struct{}), release: make(chan struct{})}
+	pc := powercut.New(inner)
+	if err := pc.Create(7); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error)
+	go func() { done <- pc.Sync() }() // covers the create; returns last
+	<-inner.held
+	if err := pc.Delete(7); err != nil {
+		t.Fatal(err)
+	}
+	if err := pc.Sync(); err != nil { // covers the delete; returns first
+		t.Fatal(err)
+	}
+	close(inner.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := pc.Cut(); len(got) != 0 {
+		t.Fatalf("a cut keeps %v: the delete was made durable by a sync that returned", got)
+	}
+}
