@@ -780,3 +780,25 @@ func (f *FS) WriteFile(name string, data []byte, perm fs.FileMode) error {
 	}
 	return err
 }
+
+// WaitStats are counters of how the calls of this FS's current data
+// (IO) ring waited for their completions (ring.ClientStats): calls,
+// calls that slept, long calls (fsync) that slept, and of those the ones
+// whose completion the hybrid wait caught spinning or missed.
+type WaitStats struct {
+	Calls, Parked, LongParked, LongSpun, LongMissed uint64
+}
+
+// DataWaitStats returns the WaitStats of the current data ring (a
+// recovery starts a new one, from zero).
+func (f *FS) DataWaitStats() WaitStats {
+	f.mu.RLock()
+	c := f.cur
+	f.mu.RUnlock()
+	if c == nil || c.data == nil {
+		return WaitStats{}
+	}
+	st := &c.data.Stats
+	return WaitStats{Calls: st.Calls.Load(), Parked: st.Parked.Load(), LongParked: st.LongParked.Load(),
+		LongSpun: st.LongSpun.Load(), LongMissed: st.LongMissed.Load()}
+}

@@ -51,6 +51,10 @@ type ClientStats struct {
 	// LongParked counts long calls (Call.Long) that slept on the
 	// completion queue's doorbell.
 	LongParked atomic.Uint64
+	// LongSpun counts long calls whose completion the caller caught in
+	// the spin after its timed sleep (hybrid wait: no wake-up);
+	// LongMissed those whose spin ended first (it slept again).
+	LongSpun, LongMissed atomic.Uint64
 }
 
 // Client submits requests on one ring region. Any number of goroutines may
@@ -74,6 +78,9 @@ type Client struct {
 
 	maxBlocks int           // blocks one Buffer may hold
 	spinNs    atomic.Int64  // adaptive spin budget shared by callers
+	longNs    atomic.Int64  // long calls' median completion time (estimate), 0 before the first
+	longHits  atomic.Int32  // hybrid waits' recent catches: +1 a catch, -1 a miss (longHit)
+	longCalls atomic.Uint32 // long calls so far (a hybrid probe every hybridProbe)
 	parked    atomic.Int32  // callers asleep on their channel
 	reapWake  chan struct{} // tells the reaper a caller parked
 	done      chan struct{} // closed on Close, peer loss or damage
@@ -293,11 +300,13 @@ type Call struct {
 	Buf    *Buffer // payload, or nil
 	// Long says the call waits long (a device flush): in adaptive mode
 	// the caller spins for it only as long as for the first 32 polls,
-	// then sleeps on the completion queue's doorbell itself (sleepLong),
-	// and the spin budget of quick calls is left as it is. Spinning
-	// through a flush would save the wake-up, but on a small machine the
-	// spinner takes the CPU that the service and the kernel's I/O threads
-	// need to complete it (docs/benchmarks.md, fsync).
+	// then waits hybrid (sleepLong): asleep on the completion queue's
+	// doorbell for most of the median time long calls take, then
+	// spinning for the completion, as Linux's hybrid block polling does; the spin budget
+	// of quick calls is left as it is. Spinning through the whole flush
+	// would take the CPU that the service and the kernel's I/O threads
+	// need to complete it on a small machine; sleeping through all of it
+	// costs a thread wake-up after it (docs/benchmarks.md, fsync).
 	Long bool
 }
 
@@ -403,6 +412,10 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter, long bool) (Co
 		take = c.collectLong
 	}
 	var start time.Time
+	var submitted time.Time
+	if long {
+		submitted = time.Now()
+	}
 	for i := 0; ; i++ {
 		if w.state.Load() == wDone {
 			return take(idx, w), nil
@@ -435,7 +448,7 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter, long bool) (Co
 			start = now
 		}
 		if long {
-			return c.sleepLong(ctx, idx, w)
+			return c.sleepLong(ctx, idx, w, submitted)
 		}
 		budget := time.Duration(c.spinNs.Load())
 		if now.Sub(start) < budget {
@@ -471,27 +484,79 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter, long bool) (Co
 	}
 }
 
-// sleepLong waits for a long call's completion asleep on the CQ doorbell,
-// reaping the CQ itself when it wakes: one thread wake-up between the
-// service's completion and the caller, where parking costs two (the
-// reaper's, then the caller goroutine's). A cancelled ctx is seen within
-// maxSleep (the longest doorbell sleep).
-func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter) (Completion, error) {
+// Hybrid waits of long calls (sleepLong).
+const (
+	// hybridMinSleep: a timed sleep shorter than this is not worth its
+	// wake-up (and the timer's slack, 50 µs by default, is as long).
+	hybridMinSleep = 20 * time.Microsecond
+	// hybridMaxSpin bounds one spin after the timed sleep: the CPU a
+	// catch may cost, whatever the estimate.
+	hybridMaxSpin = 300 * time.Microsecond
+	// hybridOff, hybridProbe: once spins have missed hybridOff times more
+	// than they caught (recently: longHits counts within ±2·hybridOff),
+	// as on a loaded machine or with completion times that vary more
+	// than a spin covers, only every hybridProbe-th long call waits
+	// hybrid, to see whether that changed; the others sleep until the
+	// doorbell rings.
+	hybridOff   = 4
+	hybridProbe = 16
+)
+
+// sleepLong waits for a long call's completion, submitted at submitted.
+// Hybrid, once long calls have a median completion time: asleep on the
+// CQ doorbell for half of it, or until hybridMaxSpin/2 before it when
+// that is later (any completion rings the doorbell and ends the sleep
+// early), then spinning, for at most the median again and hybridMaxSpin:
+// a completion caught spinning costs no wake-up of the caller's thread,
+// which on a VM is tens of µs after the flush and leaves its CPU cold
+// (docs/benchmarks.md, fsync). Otherwise, and after a spin that missed,
+// asleep on the doorbell until it rings, reaping the CQ itself when it
+// wakes: one thread wake-up between the service's completion and the
+// caller, where parking costs two (the reaper's, then the caller
+// goroutine's). A cancelled ctx is seen within maxSleep (the longest
+// doorbell sleep).
+func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted time.Time) (Completion, error) {
 	if !w.state.CompareAndSwap(wPending, wSleeping) {
 		for w.state.Load() != wDone { // being delivered right now
 			pollPause(1)
 		}
-		return c.collectLong(idx, w), nil
+		return c.longDone(idx, w, submitted), nil
 	}
 	c.Stats.LongParked.Add(1)
 	ready := func() bool {
 		return w.state.Load() == wDone || c.cq.ready() || c.Err() != nil || ctx.Err() != nil
 	}
+	if est := time.Duration(c.longNs.Load()); est > 0 && (c.longHits.Load() > -hybridOff || c.longCalls.Add(1)%hybridProbe == 0) {
+		// Until then, or the doorbell: a futex wait also ends at a
+		// signal (the Go runtime's preemption) or a stray bell.
+		wake := submitted.Add(max(est/2, est-hybridMaxSpin/2))
+		for d := time.Until(wake); d >= hybridMinSleep && !ready(); d = time.Until(wake) {
+			c.cqBell.sleepFor(ready, d)
+		}
+		spinEnd := time.Now().Add(min(est, hybridMaxSpin))
+		for i := 0; ; i++ {
+			c.reap()
+			if w.state.Load() == wDone {
+				c.Stats.LongSpun.Add(1)
+				c.longHit(1)
+				return c.longDone(idx, w, submitted), nil
+			}
+			if c.Err() != nil || ctx.Err() != nil {
+				break
+			}
+			if i&15 == 15 && time.Now().After(spinEnd) {
+				c.Stats.LongMissed.Add(1)
+				c.longHit(-1)
+				break
+			}
+			pollPause(i)
+		}
+	}
 	for {
 		c.cqBell.sleep(ready)
 		c.reap()
 		if w.state.Load() == wDone {
-			return c.collectLong(idx, w), nil
+			return c.longDone(idx, w, submitted), nil
 		}
 		err := c.Err()
 		if err == nil {
@@ -504,9 +569,35 @@ func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter) (Completi
 			for w.state.Load() != wDone {
 				pollPause(1)
 			}
-			return c.collectLong(idx, w), nil
+			return c.longDone(idx, w, submitted), nil
 		}
 	}
+}
+
+// longHit moves the hybrid waits' record of catches by d, within
+// ±2·hybridOff.
+func (c *Client) longHit(d int32) {
+	if h := c.longHits.Load(); (d > 0 && h < 2*hybridOff) || (d < 0 && h > -2*hybridOff) {
+		c.longHits.Add(d)
+	}
+}
+
+// longDone takes a long call's completion and moves the estimate of the
+// median completion time towards its time, by a sixteenth: up if it took
+// longer, down if not (a streaming median; a mean would follow the tail
+// of flushes that take milliseconds, and sleep through the common case).
+// Racing callers may lose an update, which only slows the estimate.
+func (c *Client) longDone(idx uint32, w *waiter, submitted time.Time) Completion {
+	took := int64(time.Since(submitted))
+	switch old := c.longNs.Load(); {
+	case old == 0:
+		c.longNs.Store(took)
+	case took > old:
+		c.longNs.Store(old + max(old/16, 1))
+	default:
+		c.longNs.Store(old - old/16)
+	}
+	return c.collectLong(idx, w)
 }
 
 // giveUp abandons a pending request: its slot is freed when (if) its

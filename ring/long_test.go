@@ -58,3 +58,44 @@ func TestLongCalls(t *testing.T) {
 		t.Fatalf("a long call after the cancelled one: %v", err)
 	}
 }
+
+// TestHybridLongWait: once long calls have a median time, a long call
+// sleeps for most of it and spins for the rest (sleepLong). Every call
+// still gets its own completion, from one caller or several at once,
+// with completion times steady or swinging between none and 900 µs.
+func TestHybridLongWait(t *testing.T) {
+	e := newPipe(t, Config{SQEntries: 64, ArenaSize: 1 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
+	call := func(i int, delay uint64) error {
+		c, err := e.cli.Do(context.Background(), &Call{Op: opAsyncXor, Handle: uint64(i), Offset: delay, Long: true})
+		if err == nil && c.Aux != uint64(i) {
+			err = fmt.Errorf("call %d got the completion of %d", i, c.Aux)
+		}
+		return err
+	}
+	for i := range 40 {
+		if err := call(i, 900); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := &e.cli.Stats
+	if st.LongSpun.Load()+st.LongMissed.Load() == 0 {
+		t.Fatalf("40 long calls of 900 µs, and none waited hybrid: %d slept on the doorbell", st.LongParked.Load())
+	}
+	t.Logf("steady: %d long calls asleep, %d caught spinning, %d missed", st.LongParked.Load(), st.LongSpun.Load(), st.LongMissed.Load())
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			var err error
+			for i := 0; i < 50 && err == nil; i++ {
+				err = call(g*1000+i, uint64(900*(i%2)))
+			}
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := guard(t, errs, "a caller's calls"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("then: %d asleep, %d caught spinning, %d missed", st.LongParked.Load(), st.LongSpun.Load(), st.LongMissed.Load())
+}

@@ -85,11 +85,14 @@ func (d doorbell) kick() {
 // waiters counts the sleepers (a client's reaper and its long calls may
 // sleep on the CQ doorbell together): a producer wakes them all while it
 // is not zero.
-func (d doorbell) sleep(ready func() bool) {
+func (d doorbell) sleep(ready func() bool) { d.sleepFor(ready, maxSleep) }
+
+// sleepFor is sleep ending after dur (at most maxSleep) at the latest.
+func (d doorbell) sleepFor(ready func() bool, dur time.Duration) {
 	v := d.r.load32(d.bell)
 	d.r.add32(d.waiters, 1)
 	if !ready() {
-		d.r.futexWait(d.bell, v, maxSleep)
+		d.r.futexWait(d.bell, v, min(dur, maxSleep))
 	}
 	d.r.add32(d.waiters, ^uint32(0))
 }

@@ -67,6 +67,10 @@ type Row struct {
 	ServiceCPUusPerOp  float64 `json:"service_cpu_us_per_op,omitempty"` // weir rows: metadata + io + journal CPU
 	JournalCPUusPerOp  float64 `json:"journal_cpu_us_per_op,omitempty"` // weir rows: the journal service's share
 	MachineBusyPct     float64 `json:"machine_busy_pct"`                // every CPU's busy time (kernel's I/O threads included) over the ops' time, % of all CPUs
+	// CaughtSpinningPct, weir rows: the fsyncs whose completion the
+	// client's hybrid wait caught spinning after its timed sleep (no
+	// wake-up of its thread), in % of the fsyncs that slept.
+	CaughtSpinningPct float64 `json:"caught_spinning_pct,omitempty"`
 }
 
 // settle waits for what a row left in flight (a checkpoint, the file
@@ -89,7 +93,7 @@ func main() {
 	writersFlag := flag.String("writers", "1,4,8", "writer counts, comma-separated")
 	fsFlag := flag.String("fs", "root,ext4,xfs", "file systems: root (that of -dir), ext4 and xfs (made on loop devices; root only)")
 	out := flag.String("out", "bench/results", "directory for fsync.md and fsync.json")
-	only := flag.String("only", "", `run only the rows whose "workload / mode" contains this text (default: every row)`)
+	only := flag.String("only", "", `run only the rows whose "workload / mode" contains one of these |-separated texts (default: every row)`)
 	flag.Parse()
 	if *workerMD != "" {
 		if err := worker(); err != nil {
@@ -137,7 +141,7 @@ func main() {
 					}
 				}
 				for _, mode := range modes {
-					if *only != "" && !strings.Contains(wl+" / "+mode, *only) {
+					if !picked(*only, wl+" / "+mode) {
 						continue
 					}
 					var row Row
@@ -160,7 +164,7 @@ func main() {
 		}
 		// What a new name costs: one writer, the staging mode.
 		for _, wl := range []string{wlWeirCreate, wlWeirDirSync} {
-			if *only != "" && !strings.Contains(wl, *only) {
+			if !picked(*only, wl) {
 				continue
 			}
 			row, err := runWeir(exe, dir, modeStaging, wl, 1, min(*ops, 500))
@@ -358,14 +362,18 @@ func report(parent string, ops int, rows []Row, fsNotes []string) (string, error
 	fmt.Fprintf(&b, "- %d ops per row, shared by the writers. weir: client processes, a file each, services as processes on the file backend with their data directory on the file system of the row; CPU is the metadata, IO and journal processes' per op, the journal's share apart. File system: goroutines, a file each. Overwrites at random 4 KiB offsets of an 8 MiB written file. Staging log alone: a 32 MiB log of a file, trimmed whole when full.\n", ops)
 	b.WriteString("- Ablations: **no staging** (io.staging_size 0), fsync as before Split Journaling: the file's blob, the store, then the metadata WAL through a NATS round trip; **no background journaling** (journal.foreground), fsync stages its record, then waits until the journal service has checkpointed it (home sync, metadata WAL commit, trim).\n\n")
 	b.WriteString("- Polling client (one row per file system): the staging mode with the writer's rings in busy-poll mode (`client.Options.Mode = ring.WaitBusyPoll`): it spins through the fsync instead of sleeping, which saves the wake-up of its thread and costs a CPU while it waits.\n")
+	b.WriteString("- Caught spinning: weir's default client waits for an fsync hybrid (ring.Call.Long): asleep for most of the median time fsyncs take, then spinning; the share of the fsyncs whose completion it caught spinning, without a wake-up of its thread (a polling client spins throughout: —).\n")
 	b.WriteString("- Machine CPU: every CPU's busy time (user, system, irq: clients, services, the kernel's I/O threads) over the row's ops, in % of all CPUs: near 100 the row is CPU-bound.\n\n")
-	b.WriteString("| File system | Workload | mode | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | write ampl. | services CPU µs / op | journal CPU µs / op | machine CPU % |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
+	b.WriteString("| File system | Workload | mode | writers | ops | ops/s | p50 µs | p99 µs | device flushes / op | write ampl. | services CPU µs / op | journal CPU µs / op | machine CPU % | caught spinning % |\n|---|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rows {
 		if r.NA != "" {
-			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | | | | | |\n", r.FS, r.NA)
+			fmt.Fprintf(&b, "| %s | n/a: %s | | | | | | | | | | | | |\n", r.FS, r.NA)
 			continue
 		}
-		mode, cpu, jcpu := "", "—", "—"
+		mode, cpu, jcpu, caught := "", "—", "—", "—"
+		if r.Mode != "" && r.Mode != modePollClient {
+			caught = fmt.Sprintf("%.0f", r.CaughtSpinningPct)
+		}
 		if r.Mode != "" {
 			mode = map[string]string{modeStaging: "staging", modeNoStaging: "no staging", modeNoBackground: "no background journaling", modePollClient: "staging, polling client"}[r.Mode]
 			cpu = benchutil.Fnum(r.ServiceCPUusPerOp)
@@ -373,8 +381,8 @@ func report(parent string, ops int, rows []Row, fsNotes []string) (string, error
 				jcpu = benchutil.Fnum(r.JournalCPUusPerOp)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.0f |\n", r.FS, r.Workload, mode, r.Writers, benchutil.Fint(float64(r.Ops)),
-			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), benchutil.Fnum(r.WriteAmplification), cpu, jcpu, r.MachineBusyPct)
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %s |\n", r.FS, r.Workload, mode, r.Writers, benchutil.Fint(float64(r.Ops)),
+			benchutil.Fint(r.OpsPerSec), benchutil.Fnum(r.P50us), benchutil.Fnum(r.P99us), benchutil.Fnum(r.FlushesPerOp), benchutil.Fnum(r.WriteAmplification), cpu, jcpu, r.MachineBusyPct, caught)
 	}
 	b.WriteString("\n## weir with the staging log against the file system, same file system, same writers\n\n")
 	b.WriteString("| File system | writers | append p50: fs / weir | append ops/s: weir / fs | overwrite p50: fs / weir | overwrite ops/s: weir / fs |\n|---|--:|--:|--:|--:|--:|\n")
@@ -475,4 +483,18 @@ func mountFS(parent, fs string) (string, string, func(), error) {
 		return fail(err)
 	}
 	return mnt, fmt.Sprintf("%s, made by `%s` on %s (direct I/O) over a 2 GiB image file in the directory", d, strings.Join(mkfs, " "), loop), cleanup, nil
+}
+
+// picked says whether row is one -only asks for: it contains one of the
+// |-separated texts of only, or only is empty.
+func picked(only, row string) bool {
+	if only == "" {
+		return true
+	}
+	for _, t := range strings.Split(only, "|") {
+		if strings.Contains(row, t) {
+			return true
+		}
+	}
+	return false
 }

@@ -60,6 +60,13 @@ func payload(wl string) int {
 	return 4 << 10
 }
 
+// workerOut is what a worker prints: its ops' latencies (ns) and how its
+// data ring's calls waited.
+type workerOut struct {
+	Lat   []int64          `json:"lat"`
+	Waits client.WaitStats `json:"waits"`
+}
+
 // worker runs in a client process: it opens its file (an overwrite's is
 // written in full and fsynced first), says "ready", waits for a line on
 // stdin, runs its ops and prints their latencies (ns) as JSON.
@@ -117,7 +124,7 @@ func worker() error {
 		}
 		lat = append(lat, int64(time.Since(t)))
 	}
-	return json.NewEncoder(os.Stdout).Encode(lat)
+	return json.NewEncoder(os.Stdout).Encode(workerOut{Lat: lat, Waits: fsys.DataWaitStats()})
 }
 
 // createWorker makes a new file per op in a directory of its own: written
@@ -161,7 +168,7 @@ func createWorker(fsys *client.FS) error {
 		}
 		lat = append(lat, int64(time.Since(t)))
 	}
-	return json.NewEncoder(os.Stdout).Encode(lat)
+	return json.NewEncoder(os.Stdout).Encode(workerOut{Lat: lat, Waits: fsys.DataWaitStats()})
 }
 
 // weirStack is the services on a data directory under dir.
@@ -291,20 +298,23 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 		}
 	}
 	var all benchutil.Histogram
+	var waits client.WaitStats
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	errs := make(chan error, w)
 	for i, p := range procs {
 		wg.Go(func() {
-			var lat []int64
-			if err := json.NewDecoder(p.out).Decode(&lat); err != nil {
+			var out workerOut
+			if err := json.NewDecoder(p.out).Decode(&out); err != nil {
 				errs <- fmt.Errorf("worker %d: %w", i, err)
 				return
 			}
 			mu.Lock()
-			for _, v := range lat {
+			for _, v := range out.Lat {
 				all.Record(v)
 			}
+			waits.LongParked += out.Waits.LongParked
+			waits.LongSpun += out.Waits.LongSpun
 			mu.Unlock()
 		})
 	}
@@ -331,5 +341,6 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 		ServiceCPUusPerOp:  float64((cpu1 - cpu0).Microseconds()) / float64(n),
 		JournalCPUusPerOp:  float64((jcpu1 - jcpu0).Microseconds()) / float64(n),
 		MachineBusyPct:     machineBusy(mcpu0, mcpu1, elapsed),
+		CaughtSpinningPct:  100 * float64(waits.LongSpun) / float64(max(waits.LongParked, 1)),
 	}, nil
 }
