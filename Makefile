@@ -97,10 +97,10 @@ crash-loop:
 	$(GO) test -count=20 -run '^TestSIGKILL$$' ./services/metadata/ns
 
 # crash: the process crash harness (stack TestCrash): client processes run
-# a mixed workload while a random service (io, metadata or both) is
-# SIGKILLed, CRASH_ITERATIONS times (make test runs 3), every acknowledged
-# fsync and directory fsync checked after each restart, weir check every
-# 25 rounds; then the staging power-cut models 20 times over.
+# a mixed workload while a random service (io, metadata, the journal or all
+# three) is SIGKILLed, CRASH_ITERATIONS times (make test runs 3), every
+# acknowledged fsync and directory fsync checked after each restart, weir
+# check every 25 rounds; then the staging power-cut models 20 times over.
 CRASH_ITERATIONS ?= 300
 crash:
 	bash -o pipefail -c "WEIR_CRASH_ROUNDS=$(CRASH_ITERATIONS) $(GO) test -count=1 -timeout 60m -v -run '^TestCrash$$' ./stack | grep -E '^(---|ok|FAIL|panic)|crash_test.go'"
