@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -10,6 +11,9 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path"
+	"strings"
+	"testing/fstest"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -38,7 +42,12 @@ const (
 	opStat      = "stat"            // stat them, in a shuffled order
 	opUnlink    = "unlink"          // remove them, in another shuffled order
 	opRemove    = "remove"          // close and remove File
-	opOpen      = "open"            // open the existing File (another driver prepared it) and keep it open
+	opOpen      = "open"            // open the existing File (another driver prepared it) O_RDWR, write Block bytes at 0 (if any), keep it open
+	opMkFiles   = "mkfiles"         // create Count files of Block bytes in directory File, each written and closed
+	opMkTree    = "mktree"          // create Count files of 1 byte to 4 KiB under File, treeDirFiles per directory
+	opOpenRead  = "openread"        // open one of the mkfiles files, read Block bytes, close; in turn, in a shuffled order
+	opStatFile  = "statfile"        // stat File over and over, then check that it has Size bytes
+	opFSTest    = "fstest"          // fstest.TestFS over the mktree tree under File
 )
 
 // request is one workload for a driver.
@@ -238,17 +247,21 @@ func (d *driver) do(q request) (r result) {
 	case opSeqRead:
 		r, err = d.seqRead(q)
 	case opOpen:
-		var f dataFile
-		if f, err = d.t.OpenFile(q.File, os.O_RDWR, 0); err == nil {
-			if old := d.files[q.File]; old != nil {
-				old.Close()
-			}
-			d.files[q.File] = f
-		}
+		err = d.open(q)
 	case opMkdir:
 		err = d.t.MkdirAll(q.File)
 	case opCreate, opStat, opUnlink:
 		r, err = d.meta(q)
+	case opMkFiles:
+		err = d.mkFiles(q)
+	case opMkTree:
+		err = d.mkTree(q)
+	case opOpenRead:
+		r, err = d.openRead(q)
+	case opStatFile:
+		r, err = d.statFile(q)
+	case opFSTest:
+		r, err = d.fsTest(q)
 	case opRemove:
 		if f := d.files[q.File]; f != nil {
 			err = f.Close()
@@ -273,6 +286,29 @@ func (d *driver) block(q request) ([]byte, []byte, error) {
 		return nil, nil, fmt.Errorf("block size %d: want a multiple of %d up to %d", q.Block, stamp, maxBlock)
 	}
 	return d.wbuf[:q.Block], d.rbuf[:q.Block], nil
+}
+
+// open opens the existing file for reading and writing and keeps it open;
+// with Block, it then writes Block bytes at offset 0 (not synced).
+func (d *driver) open(q request) error {
+	if q.Block < 0 || q.Block > maxBlock {
+		return fmt.Errorf("block size %d: want up to %d", q.Block, maxBlock)
+	}
+	f, err := d.t.OpenFile(q.File, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	if old := d.files[q.File]; old != nil {
+		old.Close()
+	}
+	d.files[q.File] = f
+	if q.Block == 0 {
+		return nil
+	}
+	w := d.wbuf[:q.Block]
+	restamp(w, 0)
+	_, err = f.WriteAt(w, 0)
+	return err
 }
 
 // prepare writes the file of the random workloads in full and syncs it.
@@ -443,14 +479,17 @@ func (d *driver) meta(q request) (result, error) {
 	}
 	names := make([]string, q.Count)
 	for i := range names {
-		names[i] = fmt.Sprintf("%s/f%07d", q.File, i)
+		names[i] = fileName(q.File, i)
 	}
 	var op func(string) error
 	switch q.Op {
 	case opCreate:
 		op = d.t.Create
 	case opStat:
-		op = d.t.Stat
+		op = func(name string) error {
+			_, err := d.t.Stat(name)
+			return err
+		}
 	case opUnlink:
 		op = d.t.Remove
 	}
@@ -460,6 +499,161 @@ func (d *driver) meta(q request) (result, error) {
 	}
 	q.MaxOps, q.Window, q.Warmup = q.Count, 0, 0
 	return measure(q, func(i int) error { return op(names[i]) })
+}
+
+// fileName is the name of the i-th file of the metadata and small-files
+// workloads in directory dir.
+func fileName(dir string, i int) string { return fmt.Sprintf("%s/f%07d", dir, i) }
+
+// mkFiles creates Count files of Block bytes in directory File, in name
+// order, each written in one write and closed; nothing is synced.
+func (d *driver) mkFiles(q request) error {
+	if q.Count <= 0 || q.Block < 0 || q.Block > maxBlock {
+		return fmt.Errorf("count %d, block size %d: want a positive count and a block up to %d", q.Count, q.Block, maxBlock)
+	}
+	if err := d.t.MkdirAll(q.File); err != nil {
+		return err
+	}
+	w := d.wbuf[:q.Block]
+	restamp(w, 0)
+	for i := range q.Count {
+		if err := d.writeFile(fileName(q.File, i), w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// treeName is the name of the i-th file of the fstest tree, relative to
+// the tree's root.
+func treeName(i int) string { return fmt.Sprintf("d%03d/f%04d", i/treeDirFiles, i%treeDirFiles) }
+
+// mkTree creates Count files under directory File, treeDirFiles to a
+// directory, of 1 byte to 4 KiB each (pseudo-random sizes from Seed, the
+// same on every target).
+func (d *driver) mkTree(q request) error {
+	if q.Count <= 0 {
+		return fmt.Errorf("count %d", q.Count)
+	}
+	rng := rand.New(rand.NewPCG(q.Seed, 11))
+	for i := range q.Count {
+		if i%treeDirFiles == 0 {
+			if err := d.t.MkdirAll(q.File + "/" + path.Dir(treeName(i))); err != nil {
+				return err
+			}
+		}
+		if err := d.writeFile(q.File+"/"+treeName(i), d.wbuf[:1+rng.IntN(randBlock)]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeFile creates (or truncates) name and writes b to it in one write.
+func (d *driver) writeFile(name string, b []byte) error {
+	f, err := d.t.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if len(b) > 0 {
+		if _, err := f.WriteAt(b, 0); err != nil {
+			f.Close()
+			return err
+		}
+	}
+	return f.Close()
+}
+
+// openRead opens one of the Count files mkFiles made in directory File,
+// reads its Block bytes and closes it, each op the next file of one
+// shuffled order (starting over after the last: with MaxOps = Count and
+// no warm-up each file is opened once). The last block read is checked
+// against what mkFiles wrote after the window.
+func (d *driver) openRead(q request) (result, error) {
+	if q.Count <= 0 {
+		return result{}, fmt.Errorf("count %d", q.Count)
+	}
+	_, rb, err := d.block(q)
+	if err != nil {
+		return result{}, err
+	}
+	names := make([]string, q.Count)
+	for i := range names {
+		names[i] = fileName(q.File, i)
+	}
+	rng := rand.New(rand.NewPCG(q.Seed, 13))
+	rng.Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
+	r, err := measure(q, func(i int) error {
+		f, err := d.t.OpenFile(names[i%len(names)], os.O_RDONLY, 0)
+		if err != nil {
+			return err
+		}
+		n, err := f.ReadAt(rb, 0)
+		if n == len(rb) && errors.Is(err, io.EOF) {
+			err = nil // the read ends at the end of the file
+		}
+		if err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	})
+	if err != nil {
+		return r, err
+	}
+	r.Bytes = int64(r.Ops) * int64(q.Block)
+	w := d.wbuf[:q.Block]
+	restamp(w, 0)
+	if !bytes.Equal(rb, w) {
+		return r, errors.New("the last file read does not hold the bytes written to it")
+	}
+	return r, nil
+}
+
+// statFile stats File over and over, then checks that the size it reports
+// is Size: on the stat row, what the process holding the file open wrote.
+func (d *driver) statFile(q request) (result, error) {
+	r, err := measure(q, func(int) error {
+		_, err := d.t.Stat(q.File)
+		return err
+	})
+	if err != nil {
+		return r, err
+	}
+	fi, err := d.t.Stat(q.File)
+	if err != nil {
+		return r, err
+	}
+	if fi.Size() != q.Size {
+		return r, fmt.Errorf("stat of %s reports %d bytes, want the %d the other process wrote", q.File, fi.Size(), q.Size)
+	}
+	return r, nil
+}
+
+// fsTestErrLines bounds the lines of a failed TestFS's error kept in the
+// result (it lists every misbehaviour it found, which may be thousands).
+const fsTestErrLines = 20
+
+// fsTest runs fstest.TestFS on the tree mkTree made under File (Count
+// files), expecting its first, middle and last files; each run is one op.
+func (d *driver) fsTest(q request) (result, error) {
+	if q.Count <= 0 {
+		return result{}, fmt.Errorf("count %d", q.Count)
+	}
+	fsys, err := d.t.FS(q.File)
+	if err != nil {
+		return result{}, err
+	}
+	want := []string{treeName(0), treeName(q.Count / 2), treeName(q.Count - 1)}
+	r, err := measure(q, func(int) error { return fstest.TestFS(fsys, want...) })
+	if err != nil {
+		lines := strings.Split(err.Error(), "\n")
+		if len(lines) > fsTestErrLines {
+			lines = append(lines[:fsTestErrLines], fmt.Sprintf("(and %d more lines)", len(lines)-fsTestErrLines))
+		}
+		return r, errors.New(strings.Join(lines, "\n"))
+	}
+	return r, nil
 }
 
 // cpuSample is the CPU time of the driver, of the services and of the

@@ -41,7 +41,7 @@ func TestSmoke(t *testing.T) {
 	cfg := options{
 		out: t.TempDir(), dir: t.TempDir(), weirBin: exe, direct: "auto", wait: "adaptive",
 		s: settings{RandSize: 2 * mib, SeqSize: 2 * mib, Files: 20, Warmup: 5 * time.Millisecond,
-			Window: 20 * time.Millisecond, FsyncOps: 5, FsyncWindow: 5 * time.Second},
+			Window: 20 * time.Millisecond, FsyncOps: 5, FsyncWindow: 5 * time.Second, ColdFiles: 20},
 	}
 	logger := log.New(io.Discard, "", 0)
 	if testing.Verbose() {
@@ -52,7 +52,7 @@ func TestSmoke(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	want := len(dataTargets)*(3+2+6) + len(nsTargets)*3
+	want := len(dataTargets)*(3+2+6) + len(nsTargets)*(3+4)
 	if len(rep.Rows) != want {
 		t.Errorf("%d rows, want %d", len(rep.Rows), want)
 	}
@@ -97,6 +97,7 @@ func TestSmoke(t *testing.T) {
 	}
 	for _, s := range []string{"## 4 KiB random", "## Metadata", "## Sequential", "## Cache", "## Peak RSS", "| read | weir |", "| create | os |", "io service",
 		"| warm 4 KiB random read | os |", "| two processes: 4 KiB random read, the other writing | weir |",
+		"## Small files", "| open + read 4 KiB + close, cold | weir |", "| fstest.TestFS over 1,000 files | os |",
 		"## Limits measured in this run", "| memcpy of 4 KiB from a random page of a shared memfd mapping", "## Memory after each cache row"} {
 		if !strings.Contains(md, s) {
 			t.Errorf("markdown lacks %q", s)
@@ -149,21 +150,21 @@ func TestParseFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.s.RandSize != 256*mib || cfg.s.SeqSize != 512*mib || cfg.s.Files != 10000 || cfg.s.Quick {
+	if cfg.s.RandSize != 256*mib || cfg.s.SeqSize != 512*mib || cfg.s.Files != 10000 || cfg.s.ColdFiles != 2000 || cfg.s.Quick {
 		t.Errorf("defaults: %+v", cfg.s)
 	}
 	cfg, err = parse("-quick", "-files", "300")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.s.RandSize != 64*mib || cfg.s.SeqSize != 64*mib || cfg.s.Files != 300 || !cfg.s.Quick {
+	if cfg.s.RandSize != 64*mib || cfg.s.SeqSize != 64*mib || cfg.s.Files != 300 || cfg.s.ColdFiles != 500 || !cfg.s.Quick {
 		t.Errorf("-quick -files 300: %+v", cfg.s)
 	}
-	cfg, err = parse("-only", "metadata, random")
-	if err != nil || !slices.Equal(cfg.only, []string{famMeta, famRandom}) {
+	cfg, err = parse("-only", "metadata, random,smallfiles")
+	if err != nil || !slices.Equal(cfg.only, []string{famMeta, famRandom, famSmall}) {
 		t.Errorf("-only: %v, %v", cfg.only, err)
 	}
-	for _, bad := range [][]string{{"-only", "nope"}, {"-files", "0"}, {"-direct", "maybe"}, {"-wait", "sleep"}, {"-rand-mib", "-1"}, {"extra"}} {
+	for _, bad := range [][]string{{"-only", "nope"}, {"-files", "0"}, {"-cold-files", "0"}, {"-direct", "maybe"}, {"-wait", "sleep"}, {"-rand-mib", "-1"}, {"extra"}} {
 		if _, err := parse(bad...); err == nil {
 			t.Errorf("%q accepted", bad)
 		}

@@ -18,7 +18,11 @@
 //   - the cache rows (issue 9): 4 KiB random and 1 MiB sequential reads of
 //     a -rand-mib file, warm (just written) and cold (after dropping the
 //     kernel's caches: root only), and two processes on one file, one
-//     writing at random while the other reads.
+//     writing at random while the other reads;
+//   - small files (weir and os only): open + read 4 KiB + close of one of
+//     16 files in turn (warm) and of each of -cold-files files once (cold),
+//     stat of a file another driver process holds open for writing, and
+//     fstest.TestFS over a tree of 1,000 small files.
 //
 // The program prints Markdown tables and writes them to <out>/fileops.md,
 // with a JSON copy (fileops.json) and latency CDF plots (fileops-*.png).
@@ -27,7 +31,8 @@
 //
 //	go run ./bench/fileops [-quick] [-out bench/results] [-dir PARENT]
 //	    [-rand-mib 256] [-seq-mib 512] [-files 10000] [-window 3s] [-warmup 500ms]
-//	    [-fsync-ops 2000] [-weir PATH] [-direct auto|on|off] [-wait adaptive|busy-poll]
+//	    [-fsync-ops 2000] [-cold-files 2000] [-weir PATH] [-direct auto|on|off] [-wait adaptive|busy-poll]
+//	    [-only random,metadata,sequential,cache,smallfiles]
 package main
 
 import (
@@ -68,6 +73,7 @@ type settings struct {
 	Window      time.Duration `json:"window_ns"`
 	FsyncOps    int           `json:"fsync_ops"`
 	FsyncWindow time.Duration `json:"fsync_window_ns"` // cap on the write+fsync rows
+	ColdFiles   int           `json:"cold_files"`      // files of the cold open + read + close row
 	Only        []string      `json:"only,omitempty"`  // families run, when not all
 }
 
@@ -122,8 +128,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.StringVar(&cfg.wait, "wait", "adaptive", "weir wait mode (services and client): adaptive or busy-poll")
 	fs.BoolVar(&cfg.keep, "keep", false, "keep the run directory (data, configuration) instead of removing it")
 	fs.BoolVar(&cfg.verbose, "v", false, "copy the services' log to stderr")
-	only := fs.String("only", "", "comma-separated families to run: random, metadata, sequential, cache (default: all)")
-	quick := fs.Bool("quick", false, "small sizes and short windows (64 MiB files, 2,000 files, 500 ms windows, 200 fsyncs) unless given explicitly")
+	only := fs.String("only", "", "comma-separated families to run: "+familyNames+" (default: all)")
+	quick := fs.Bool("quick", false, "small sizes and short windows (64 MiB files, 2,000 files, 500 ms windows, 200 fsyncs, 500 cold files) unless given explicitly")
 	randMiB := fs.Int("rand-mib", 256, "size of the random-I/O file per target, MiB")
 	seqMiB := fs.Int("seq-mib", 512, "size of the sequential file per target, MiB")
 	fs.IntVar(&cfg.s.Files, "files", 10000, "files created, stat'ed and unlinked in one directory")
@@ -131,6 +137,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 	fs.DurationVar(&cfg.s.Warmup, "warmup", 500*time.Millisecond, "warm-up before each random row's window")
 	fs.IntVar(&cfg.s.FsyncOps, "fsync-ops", 2000, "ops of each 4 KiB write + fsync row")
 	fs.DurationVar(&cfg.s.FsyncWindow, "fsync-window", 20*time.Second, "time cap of each write + fsync row")
+	fs.IntVar(&cfg.s.ColdFiles, "cold-files", 2000, "4 KiB files of the cold open + read + close row, each opened once (or until the window ends)")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -153,13 +160,14 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		set("warmup", func() { cfg.s.Warmup = 100 * time.Millisecond })
 		set("fsync-ops", func() { cfg.s.FsyncOps = 200 })
 		set("fsync-window", func() { cfg.s.FsyncWindow = 5 * time.Second })
+		set("cold-files", func() { cfg.s.ColdFiles = 500 })
 	}
 	cfg.s.RandSize, cfg.s.SeqSize = int64(*randMiB)*mib, int64(*seqMiB)*mib
 	if *only != "" {
 		for _, f := range strings.Split(*only, ",") {
 			f = strings.TrimSpace(f)
 			if _, ok := familyFlag[f]; !ok {
-				return cfg, fmt.Errorf("-only: unknown family %q (have random, metadata, sequential)", f)
+				return cfg, fmt.Errorf("-only: unknown family %q (have %s)", f, familyNames)
 			}
 			cfg.only = append(cfg.only, familyFlag[f])
 		}
@@ -170,6 +178,8 @@ func parseFlags(fs *flag.FlagSet, args []string) (options, error) {
 		return cfg, errors.New("-rand-mib and -seq-mib must be positive")
 	case cfg.s.Files <= 0:
 		return cfg, errors.New("-files must be positive")
+	case cfg.s.ColdFiles <= 0:
+		return cfg, errors.New("-cold-files must be positive")
 	case cfg.s.Window <= 0 || cfg.s.Warmup < 0 || cfg.s.FsyncWindow <= 0:
 		return cfg, errors.New("-window and -fsync-window must be positive and -warmup not negative")
 	case cfg.s.FsyncOps <= 0:

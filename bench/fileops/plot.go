@@ -26,6 +26,8 @@ func plotName(family string) string {
 		return "fileops-sequential.png"
 	case famCache:
 		return "fileops-cache.png"
+	case famSmall:
+		return "fileops-smallfiles.png"
 	}
 	return ""
 }

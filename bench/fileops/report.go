@@ -274,7 +274,7 @@ func (r *report) columns(family string) []column {
 		{"ops", "--:", func(w *Row) string { return fint(float64(w.Ops)) }},
 		{"ops/s", "--:", func(w *Row) string { return fint(w.OpsPerSec) }},
 	}
-	if family != famMeta {
+	if family != famMeta && family != famSmall {
 		cols = append(cols, column{"MB/s", "--:", func(w *Row) string { return fnum(w.MBps) }})
 	}
 	cols = append(cols,
@@ -382,6 +382,12 @@ func (r *report) markdown() string {
 		"Cold: after `echo 3 > /proc/sys/vm/drop_caches` (root only; the rows are n/a otherwise) before each target, and only a sixteenth of the file's blocks read at random, so that the row does not warm the cache much. "+
 		"weir's cold rows also empty its page cache first (`weir drop-caches`). Two processes: a second driver process of the target opens the file; one writes 4 KiB blocks at random while the other reads, for the same window; "+
 		"their service CPU is the services' for both processes' ops.\n", s.RandSize/mib)
+	fmt.Fprintf(&b, "- Small files (weir and os only; every file written and closed first, nothing synced): open (O_RDONLY) + 4 KiB read + close of one of %d 4 KiB files in turn, "+
+		"warm-up and window as the random rows (warm); the same over %s files, each opened once in a shuffled order, until all were or the window ends (cold: not opened since written; "+
+		"the kernel's caches are not dropped, so for os the inodes and data are cached). Stat: a second driver process of the target opens the file O_RDWR, writes 4 KiB and holds it open "+
+		"while the measured one stats it (and checks the size is 4 KiB). fstest.TestFS: %s files of 1 byte to 4 KiB, %d to a directory, made first; one op is one whole TestFS run "+
+		"(os: `os.DirFS`; weir: `fs.Sub` of the client's `FS`), as many as fit in the window, at most %d, and an error it reports fails the row.\n",
+		warmFiles, fint(float64(s.ColdFiles)), fint(treeFiles), treeDirFiles, fstestRuns)
 	b.WriteString("- Durability: no row's writes are followed by fsync except the write + fsync rows and the final fsync column. " +
 		"os buffered writes end in the page cache, and its buffered reads of files it has just written come from the page cache.\n")
 	fmt.Fprintf(&b, "- Latency: wall time of each op in a log-linear histogram (buckets 0.8 %% wide); p99.9 only for rows with ≥ %s ops. "+

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -26,12 +27,16 @@ const (
 	famMeta   = "metadata, one directory"
 	famSeq    = "sequential 1 MiB"
 	famCache  = "cache: warm and cold reads, two processes on one file"
+	famSmall  = "small files"
 )
 
-var families = []string{famRandom, famMeta, famSeq, famCache}
+var families = []string{famRandom, famMeta, famSeq, famCache, famSmall}
 
 // familyFlag maps the names -only takes to the families.
-var familyFlag = map[string]string{"random": famRandom, "metadata": famMeta, "sequential": famSeq, "cache": famCache}
+var familyFlag = map[string]string{"random": famRandom, "metadata": famMeta, "sequential": famSeq, "cache": famCache, "smallfiles": famSmall}
+
+// familyNames are familyFlag's keys in report order, for help and errors.
+const familyNames = "random, metadata, sequential, cache, smallfiles"
 
 // Workload names within their family.
 const (
@@ -50,12 +55,18 @@ const (
 	wlWarmSeq   = "warm 1 MiB sequential read"
 	wlTwoReader = "two processes: 4 KiB random read, the other writing"
 	wlTwoWriter = "two processes: 4 KiB random write, the other reading"
+	// The small-files family.
+	wlWarmOpen = "open + read 4 KiB + close, warm"
+	wlColdOpen = "open + read 4 KiB + close, cold"
+	wlStatHeld = "stat of a file another process holds open for writing"
+	wlFSTest   = "fstest.TestFS over 1,000 files"
 )
 
 // readOnly are the workloads that change nothing and run alone (their
 // "other CPU" is disturbance, not work done for them; the two-process
 // reader's includes the writer's).
-var readOnly = map[string]bool{wlRead: true, wlStat: true, wlWarmRand: true, wlColdRand: true, wlColdSeq: true, wlWarmSeq: true}
+var readOnly = map[string]bool{wlRead: true, wlStat: true, wlWarmRand: true, wlColdRand: true, wlColdSeq: true, wlWarmSeq: true,
+	wlWarmOpen: true, wlColdOpen: true, wlStatHeld: true, wlFSTest: true}
 
 // Names of the files and directory each target works on.
 const (
@@ -64,6 +75,24 @@ const (
 	cacheFile = "cache.dat"
 	metaDir   = "meta"
 	seed      = 42
+	// The small-files family's directories: the warm and the cold rows'
+	// 4 KiB files, the file the stat row's second process holds open, and
+	// the tree fstest.TestFS walks.
+	warmDir = "small/warm"
+	coldDir = "small/cold"
+	heldDir = "small/held"
+	treeDir = "small/tree"
+)
+
+// Sizes of the small-files rows.
+const (
+	warmFiles = 16   // files the warm open + read + close row cycles through
+	treeFiles = 1000 // files of the fstest.TestFS tree, in directories of treeDirFiles
+	// treeDirFiles is the files per directory of the tree.
+	treeDirFiles = 100
+	// fstestRuns bounds the TestFS runs of its row: as many as fit in the
+	// window, at least one.
+	fstestRuns = 5
 )
 
 // run brings weir up, runs every workload on every target and builds the
@@ -230,7 +259,12 @@ func (r *runner) workloads(s settings, only []string) error {
 		}
 	}
 	if run(famCache) {
-		return r.cache(s)
+		if err := r.cache(s); err != nil {
+			return err
+		}
+	}
+	if run(famSmall) {
+		return r.smallFiles(s)
 	}
 	return nil
 }
@@ -367,6 +401,88 @@ func (r *runner) cache(s settings) error {
 		}
 	}
 	return nil
+}
+
+// smallFiles runs the rows of small files on weir and os, each file
+// written and closed first:
+//
+//   - open, read 4 KiB of and close one of warmFiles files, in turn: warm,
+//     every file opened many times, with a warm-up before the window;
+//   - the same on s.ColdFiles files, each opened once in a shuffled order,
+//     until all were or the window ends: cold for the client, which has
+//     not opened the file since writing it (the kernel's caches are not
+//     dropped: for os the inode and the data are cached);
+//   - stat of a file a second driver process of the target opened for
+//     writing (O_RDWR) and wrote 4 KiB to, holding it open for the row: a
+//     file some session may be writing, whose size weir's metadata cannot
+//     answer alone;
+//   - fstest.TestFS over a tree of treeFiles files of 1 byte to 4 KiB,
+//     which opens, reads, stats and lists every file and directory several
+//     times, as a program relying on io/fs would: os.DirFS for os, the
+//     client's FS (fs.Sub at the tree) for weir. It runs as many times as
+//     fit in the window, at least once; an error it finds fails the row.
+func (r *runner) smallFiles(s settings) error {
+	for _, t := range nsTargets {
+		for _, q := range []request{
+			{Op: opMkFiles, File: warmDir, Count: warmFiles, Block: randBlock},
+			{Op: opMkFiles, File: coldDir, Count: s.ColdFiles, Block: randBlock},
+			{Op: opMkFiles, File: heldDir, Count: 1}, // empty: the second process writes it
+			{Op: opMkTree, File: treeDir, Count: treeFiles, Seed: seed},
+		} {
+			if err := r.prepare(t, q); err != nil {
+				return err
+			}
+		}
+	}
+	open := request{Op: opOpenRead, Block: randBlock, Seed: seed}
+	warm := with(open, func(q *request) { q.File, q.Count, q.Warmup, q.Window = warmDir, warmFiles, s.Warmup, s.Window })
+	cold := with(open, func(q *request) { q.File, q.Count, q.MaxOps, q.Window = coldDir, s.ColdFiles, s.ColdFiles, s.Window })
+	for _, step := range []struct {
+		wl string
+		q  request
+	}{{wlWarmOpen, warm}, {wlColdOpen, cold}} {
+		for _, t := range nsTargets {
+			if err := r.row(famSmall, step.wl, t, step.q); err != nil {
+				return err
+			}
+		}
+	}
+	held := request{Op: opStatFile, File: fileName(heldDir, 0), Size: randBlock, Warmup: s.Warmup, Window: s.Window}
+	for _, t := range nsTargets {
+		if err := r.statHeld(t, held); err != nil {
+			return err
+		}
+	}
+	for _, t := range nsTargets {
+		if err := r.row(famSmall, wlFSTest, t, request{Op: opFSTest, File: treeDir, Count: treeFiles, MaxOps: fstestRuns, Window: s.Window}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// statHeld runs the stat row q on target t while a second driver process
+// of t holds q.File open for writing, having written q.Size bytes to it.
+func (r *runner) statHeld(t string, q request) error {
+	second, err := startDriver(t, r.driverArgs[t], os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := second.stop(); err != nil {
+			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("second %s driver: %v", t, err))
+		}
+	}()
+	res, err := second.call(request{Op: opOpen, File: q.File, Block: int(q.Size)})
+	if err == nil && res.Error+res.NA != "" {
+		err = errors.New(res.Error + res.NA)
+	}
+	if err != nil {
+		why := fmt.Sprintf("the second process could not open the file for writing and write %d bytes: %v", q.Size, err)
+		r.record(newRow(famSmall, wlStatHeld, t, q, result{Error: why}))
+		return nil
+	}
+	return r.row(famSmall, wlStatHeld, t, q)
 }
 
 // twoProcesses runs write on target t's driver and, at the same time, read

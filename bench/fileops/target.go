@@ -40,9 +40,12 @@ type target interface {
 	// Create is the metadata workload's create: open with
 	// O_CREATE|O_EXCL|O_WRONLY, then close.
 	Create(name string) error
-	Stat(name string) error
+	Stat(name string) (fs.FileInfo, error)
 	Remove(name string) error
 	MkdirAll(name string) error
+	// FS is the directory dir as an fs.FS, as a program would read it
+	// through io/fs.
+	FS(dir string) (fs.FS, error)
 	Close() error
 }
 
@@ -82,10 +85,10 @@ func (w *weirTarget) Create(name string) error {
 	return f.Close()
 }
 
-func (w *weirTarget) Stat(name string) error {
-	_, err := w.fs.Stat(w.path(name))
-	return err
-}
+func (w *weirTarget) Stat(name string) (fs.FileInfo, error) { return w.fs.Stat(w.path(name)) }
+
+// FS is the client's fs.FS (rooted at the namespace's root) below dir.
+func (w *weirTarget) FS(dir string) (fs.FS, error) { return fs.Sub(w.fs, w.path(dir)) }
 
 func (w *weirTarget) Remove(name string) error   { return w.fs.Remove(w.path(name)) }
 func (w *weirTarget) MkdirAll(name string) error { return w.fs.MkdirAll(w.path(name), 0o755) }
@@ -121,10 +124,9 @@ func (o *osTarget) Create(name string) error {
 	return f.Close()
 }
 
-func (o *osTarget) Stat(name string) error {
-	_, err := os.Stat(o.path(name))
-	return err
-}
+func (o *osTarget) Stat(name string) (fs.FileInfo, error) { return os.Stat(o.path(name)) }
+
+func (o *osTarget) FS(dir string) (fs.FS, error) { return os.DirFS(o.path(dir)), nil }
 
 func (o *osTarget) Remove(name string) error   { return os.Remove(o.path(name)) }
 func (o *osTarget) MkdirAll(name string) error { return os.MkdirAll(o.path(name), 0o755) }
