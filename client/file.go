@@ -29,17 +29,18 @@ type File struct {
 
 	// hmu protects the handle and what belongs to it: the handle is valid
 	// in sessions of generation gen; a recovery reopens it (rebind).
-	hmu       sync.Mutex
-	handle    uint64
-	meta      *ring.Client // the metadata session the handle belongs to
-	gen       uint64
-	granted   bool // the IO service accepts the handle (in gen)
-	ticket    proto.Ticket
-	hasTicket bool
-	gone      error  // the file could not be reopened after a recovery
-	writes    uint64 // writes done, and as of the last successful Sync:
-	synced    uint64 // the file is dirty while they differ
-	lost      error  // writes lost with an IO service that died: the next Sync returns it, once
+	hmu        sync.Mutex
+	handle     uint64
+	dataHandle uint64       // the handle IO requests name: handle, or the session's kept lease of the file (FeatureLeases)
+	meta       *ring.Client // the metadata session the handle belongs to
+	gen        uint64
+	granted    bool // the IO service accepts the handle (in gen)
+	ticket     proto.Ticket
+	hasTicket  bool
+	gone       error  // the file could not be reopened after a recovery
+	writes     uint64 // writes done, and as of the last successful Sync:
+	synced     uint64 // the file is dirty while they differ
+	lost       error  // writes lost with an IO service that died: the next Sync returns it, once
 
 	// The cache region's mapping (cache.go): fcache is the mapping of
 	// generation fcache.gen; noCache is 1 + the generation in which
@@ -130,18 +131,18 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 				return err
 			}
 		}
-		withTicket := c.features&proto.FeatureReopen != 0
-		out := make([]byte, proto.OpenRespSize(withTicket))
+		out := make([]byte, proto.OpenRespSize(c.features))
 		comp, err := call(bgctx, c.meta, proto.OpOpen, uint32(flag&^syscall.O_CLOEXEC), h, 0, body, out)
 		if err != nil {
 			return err
 		}
-		r, err := proto.DecodeOpenResp(out[:comp.Result], withTicket)
+		r, err := proto.DecodeOpenResp(out[:comp.Result], c.features)
 		if err != nil {
 			return badCompletion(proto.OpOpen, "open answer does not decode")
 		}
 		file = &File{fs: f, name: name, flags: flag, dir: r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR,
-			handle: r.Handle, meta: c.meta, gen: c.gen, granted: r.Granted, ticket: r.Ticket, hasTicket: r.HasTicket}
+			handle: r.Handle, dataHandle: r.IOHandle(), meta: c.meta, gen: c.gen, granted: r.Granted,
+			ticket: r.Ticket, hasTicket: r.HasTicket}
 		return nil
 	})
 	if err != nil {
@@ -250,16 +251,16 @@ func (fl *File) reopenLocked(c *conn) error {
 	if !fl.hasTicket {
 		return errors.New("no reopen ticket")
 	}
-	out := make([]byte, proto.OpenRespSize(true))
+	out := make([]byte, proto.OpenRespSize(c.features|proto.FeatureReopen))
 	comp, err := call(bgctx, c.meta, proto.OpReopen, 0, 0, 0, fl.ticket[:], out)
 	if err != nil {
 		return err
 	}
-	r, err := proto.DecodeOpenResp(out[:comp.Result], true)
+	r, err := proto.DecodeOpenResp(out[:comp.Result], c.features|proto.FeatureReopen)
 	if err != nil || (r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR) != fl.dir {
 		return badCompletion(proto.OpReopen, "reopen answer does not decode or names another kind of file")
 	}
-	fl.handle, fl.meta, fl.gen, fl.granted, fl.ticket = r.Handle, c.meta, c.gen, r.Granted, r.Ticket
+	fl.handle, fl.dataHandle, fl.meta, fl.gen, fl.granted, fl.ticket = r.Handle, r.IOHandle(), c.meta, c.gen, r.Granted, r.Ticket
 	return nil
 }
 
@@ -283,22 +284,32 @@ func (fl *File) handleInLocked(c *conn) (uint64, error) {
 	return fl.handle, nil
 }
 
-// grantedHandle returns the handle in c, asking the metadata service, once
-// per session generation, to grant it at the IO service: opening a file
-// costs no round trip to the IO service until the file is read or
+// grantedHandle returns the data handle in c (what IO requests name),
+// asking the metadata service, once per session generation, to grant the
+// handle at the IO service unless open said it is (a kept lease): opening
+// a file costs no round trip to the IO service until the file is read or
 // written.
 func (fl *File) grantedHandle(c *conn) (uint64, error) {
 	fl.hmu.Lock()
 	defer fl.hmu.Unlock()
 	h, err := fl.handleInLocked(c)
-	if err != nil || fl.granted {
-		return h, err
-	}
-	if _, err := call(bgctx, c.meta, proto.OpGrant, 0, h, 0, nil, nil); err != nil {
+	if err != nil {
 		return 0, err
 	}
-	fl.granted = true
-	return h, nil
+	if fl.granted {
+		return fl.dataHandle, nil
+	}
+	comp, err := call(bgctx, c.meta, proto.OpGrant, 0, h, 0, nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	// The handle's own grant, or the kept lease it uses at open if that
+	// is still good (FeatureLeases: the aux says which).
+	fl.granted, fl.dataHandle = true, h
+	if c.features&proto.FeatureLeases != 0 && comp.Aux != 0 {
+		fl.dataHandle = comp.Aux
+	}
+	return fl.dataHandle, nil
 }
 
 // dataOp runs fn with the file's granted handle in the current sessions,

@@ -300,17 +300,24 @@ func DecodeDirents(b []byte) ([]Dirent, error) {
 // of the metadata service (FeatureReopen). It is opaque to the client.
 type Ticket [TicketSize]byte
 
-// OpenRespSize is the length of OpOpen's response, with or without a
-// ticket.
-func OpenRespSize(withTicket bool) int {
+// OpenRespSize is the length of OpOpen's response in a session that
+// negotiated features.
+func OpenRespSize(features uint64) int {
 	n := 8 + AttrSize + 2
-	if withTicket {
+	if features&FeatureReopen != 0 {
 		n += TicketSize
+	}
+	if features&FeatureLeases != 0 {
+		n += 8
 	}
 	return n
 }
 
-// OpenResp is the response of OpOpen and OpReopen.
+// OpenResp is the response of OpOpen and OpReopen:
+//
+//	0  u64 handle   8  attr (AttrSize)   8+AttrSize  u8 created   +1  u8 granted
+//	then, with FeatureReopen, the ticket (TicketSize);
+//	then, with FeatureLeases, u64 data handle
 type OpenResp struct {
 	Handle  uint64
 	Attr    Attr
@@ -319,6 +326,11 @@ type OpenResp struct {
 	// Ticket is present when HasTicket (FeatureReopen was negotiated).
 	HasTicket bool
 	Ticket    Ticket
+	// DataHandle, present when HasDataHandle (FeatureLeases), is the
+	// handle the file's IO requests name: Handle, or the id of the
+	// session's kept lease of the file (then Granted).
+	HasDataHandle bool
+	DataHandle    uint64
 }
 
 // Append encodes r.
@@ -331,16 +343,24 @@ func (r *OpenResp) Append(b []byte) []byte {
 	if r.HasTicket {
 		e.Bytes(r.Ticket[:])
 	}
+	if r.HasDataHandle {
+		e.U64(r.DataHandle)
+	}
 	return e.B
 }
 
-// DecodeOpenResp decodes the response of OpOpen or OpReopen, with a ticket
-// when withTicket.
-func DecodeOpenResp(b []byte, withTicket bool) (OpenResp, error) {
+// DecodeOpenResp decodes the response of OpOpen or OpReopen in a session
+// that negotiated features (the ticket with FeatureReopen, the data
+// handle with FeatureLeases).
+func DecodeOpenResp(b []byte, features uint64) (OpenResp, error) {
 	d := NewDec(b)
-	r := OpenResp{Handle: d.U64(), Attr: d.Attr(), Created: d.Bool(), Granted: d.Bool(), HasTicket: withTicket}
-	if withTicket {
+	r := OpenResp{Handle: d.U64(), Attr: d.Attr(), Created: d.Bool(), Granted: d.Bool(),
+		HasTicket: features&FeatureReopen != 0, HasDataHandle: features&FeatureLeases != 0}
+	if r.HasTicket {
 		d.Fixed(r.Ticket[:])
+	}
+	if r.HasDataHandle {
+		r.DataHandle = d.U64()
 	}
 	if err := d.End(); err != nil {
 		return OpenResp{}, err
@@ -349,6 +369,15 @@ func DecodeOpenResp(b []byte, withTicket bool) (OpenResp, error) {
 		return OpenResp{}, syscall.EINVAL
 	}
 	return r, nil
+}
+
+// IOHandle is the handle the file's IO requests name: DataHandle when
+// the response has one (FeatureLeases), Handle otherwise.
+func (r *OpenResp) IOHandle() uint64 {
+	if r.HasDataHandle && r.DataHandle != 0 {
+		return r.DataHandle
+	}
+	return r.Handle
 }
 
 // DecodeTicket decodes OpReopen's request.

@@ -64,10 +64,13 @@ func codecs() []codec {
 			func(b []byte) (any, error) { return DecodeDirents(b) }, true},
 		{"open-resp", OpenResp{Handle: MakeID(1, 2), Attr: attr, Created: true},
 			func(v any) []byte { r := v.(OpenResp); return r.Append(nil) },
-			func(b []byte) (any, error) { return DecodeOpenResp(b, false) }, true},
+			func(b []byte) (any, error) { return DecodeOpenResp(b, 0) }, true},
 		{"open-resp-ticket", OpenResp{Handle: 9, Attr: attr, Granted: true, HasTicket: true, Ticket: Ticket{4: 4}},
 			func(v any) []byte { r := v.(OpenResp); return r.Append(nil) },
-			func(b []byte) (any, error) { return DecodeOpenResp(b, true) }, true},
+			func(b []byte) (any, error) { return DecodeOpenResp(b, FeatureReopen) }, true},
+		{"open-resp-leases", OpenResp{Handle: 9, Attr: attr, Granted: true, HasTicket: true, Ticket: Ticket{4: 4}, HasDataHandle: true, DataHandle: 5},
+			func(v any) []byte { r := v.(OpenResp); return r.Append(nil) },
+			func(b []byte) (any, error) { return DecodeOpenResp(b, FeatureReopen|FeatureLeases) }, true},
 		{"ticket", Ticket{0: 1, 31: 2},
 			func(v any) []byte { t := v.(Ticket); return t[:] },
 			func(b []byte) (any, error) { return DecodeTicket(b) }, false},
@@ -119,12 +122,12 @@ func TestResponsesValidated(t *testing.T) {
 	if _, err := DecodeAttr(AppendAttr(nil, &good)); err != nil {
 		t.Errorf("DecodeAttr(good) = %v", err)
 	}
-	if _, err := DecodeOpenResp((&OpenResp{Attr: good}).Append(nil), false); err == nil {
+	if _, err := DecodeOpenResp((&OpenResp{Attr: good}).Append(nil), 0); err == nil {
 		t.Error("DecodeOpenResp accepted handle 0")
 	}
 	bad := (&OpenResp{Handle: 1, Attr: good}).Append(nil)
 	bad[8+AttrSize] = 2 // created is neither 0 nor 1
-	if _, err := DecodeOpenResp(bad, false); err == nil {
+	if _, err := DecodeOpenResp(bad, 0); err == nil {
 		t.Error("DecodeOpenResp accepted created = 2")
 	}
 	for name, ents := range map[string][]Dirent{

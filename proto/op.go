@@ -19,9 +19,16 @@ const (
 	// saves the service a MAC per open.
 	FeatureReopen uint64 = 1 << 0
 
+	// FeatureLeases: a session keeps the read grant of a read-only open
+	// after its close (a kept lease, services/metadata/leases.go), and
+	// OpOpen and OpReopen answer the handle to use on the IO ring
+	// (OpenResp.DataHandle): that lease's, when the session holds one of
+	// the file, so that the open needs no grant.
+	FeatureLeases uint64 = 1 << 1
+
 	// KnownFeatures are the bits this version defines; a service answers
 	// no others.
-	KnownFeatures = FeatureReopen
+	KnownFeatures = FeatureReopen | FeatureLeases
 )
 
 // Opcodes. The numbers are the ABI: they are written out, never iota, and

@@ -18,13 +18,13 @@ import (
 // the handle granted at the IO service.
 func (e *hostileEnv) openRaw(t *testing.T, c *ring.Client, path string, flag int) uint64 {
 	t.Helper()
-	out := make([]byte, proto.OpenRespSize(true))
+	out := make([]byte, proto.OpenRespSize(proto.FeatureReopen))
 	body := (&proto.ModePathReq{Mode: 0o644, Path: path}).Append(nil)
 	comp := e.do(t, c, &ring.Call{Op: proto.OpOpen, Arg: uint32(flag), Handle: proto.RootHandle}, body, out)
 	if comp.Result < 0 {
 		t.Fatalf("open %s: %v", path, syscall.Errno(-comp.Result))
 	}
-	r, err := proto.DecodeOpenResp(out[:comp.Result], true)
+	r, err := proto.DecodeOpenResp(out[:comp.Result], proto.FeatureReopen)
 	if err != nil {
 		t.Fatal(err)
 	}

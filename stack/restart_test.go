@@ -190,10 +190,10 @@ func rawDo(t *testing.T, c *ring.Client, op uint8, handle, off uint64, in, out [
 // handle: the raw session can then read it at io.
 func (s *rawSession) open(t *testing.T, name string) uint64 {
 	t.Helper()
-	out := make([]byte, proto.OpenRespSize(false))
+	out := make([]byte, proto.OpenRespSize(0))
 	in := (&proto.ModePathReq{Mode: 0o600, Path: name}).Append(nil)
 	c := rawCall(t, s.meta, proto.OpOpen, syscall.O_RDWR|syscall.O_CREAT, 0, in, out)
-	r, err := proto.DecodeOpenResp(out[:max(c.Result, 0)], false)
+	r, err := proto.DecodeOpenResp(out[:max(c.Result, 0)], 0)
 	if err != nil {
 		t.Fatalf("open %s: %+v %v", name, c, err)
 	}

@@ -41,10 +41,10 @@ func dialMeta(t *testing.T, socket string) *metaSession {
 // open opens name with flags (creating it 0644) and returns its response.
 func (m *metaSession) open(t *testing.T, name string, flags int) proto.OpenResp {
 	t.Helper()
-	out := make([]byte, proto.OpenRespSize(true))
+	out := make([]byte, proto.OpenRespSize(proto.FeatureReopen))
 	in := (&proto.ModePathReq{Mode: 0o644, Path: name}).Append(nil)
 	c := rawCall(t, m.c, proto.OpOpen, uint32(flags|syscall.O_CREAT), 0, in, out)
-	r, err := proto.DecodeOpenResp(out[:max(c.Result, 0)], true)
+	r, err := proto.DecodeOpenResp(out[:max(c.Result, 0)], proto.FeatureReopen)
 	if err != nil {
 		t.Fatalf("open %s: %+v %v", name, c, err)
 	}
@@ -54,12 +54,12 @@ func (m *metaSession) open(t *testing.T, name string, flags int) proto.OpenResp 
 // reopen sends OpReopen with tk: the response, or the errno.
 func (m *metaSession) reopen(t *testing.T, tk proto.Ticket) (proto.OpenResp, syscall.Errno) {
 	t.Helper()
-	out := make([]byte, proto.OpenRespSize(true))
+	out := make([]byte, proto.OpenRespSize(proto.FeatureReopen))
 	c := rawCall(t, m.c, proto.OpReopen, 0, 0, tk[:], out)
 	if c.Result < 0 {
 		return proto.OpenResp{}, syscall.Errno(-c.Result)
 	}
-	r, err := proto.DecodeOpenResp(out[:c.Result], true)
+	r, err := proto.DecodeOpenResp(out[:c.Result], proto.FeatureReopen)
 	if err != nil {
 		t.Fatalf("reopen: %+v %v", c, err)
 	}

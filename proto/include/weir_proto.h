@@ -19,10 +19,12 @@
  *        the pid and uid the kernel reports for both sockets); EAGAIN if
  *        the IO service could not reach the metadata service: try again
  *   3. metadata ring: WEIR_OP_OPEN -> handle, attr, created, granted
- *        (and a reopen ticket with WEIR_FEATURE_REOPEN)
- *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1
+ *        (and a reopen ticket with WEIR_FEATURE_REOPEN, and the data
+ *        handle with WEIR_FEATURE_LEASES)
+ *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1; the
+ *        data handle is the handle from then on
  *   5. io ring: WEIR_OP_READ / WRITE / TRUNCATE / SYNC / GETATTR on the
- *        handle
+ *        data handle (the handle without WEIR_FEATURE_LEASES)
  *   6. metadata ring: WEIR_OP_CLOSE {handle}
  *
  * The grant rule: the IO service serves a handle only after the metadata
@@ -94,7 +96,8 @@
 #define WEIR_PROTO_MAX_VERSION 1u
 
 #define WEIR_FEATURE_REOPEN 0x1ull
-#define WEIR_KNOWN_PROTO_FEATURES 0x1ull
+#define WEIR_FEATURE_LEASES 0x2ull
+#define WEIR_KNOWN_PROTO_FEATURES 0x3ull
 
 /* Metadata ring opcodes: 0x10-0x3f. */
 #define WEIR_FIRST_METADATA_OP 0x10u
@@ -186,8 +189,10 @@ struct weir_attach_req {
 };
 
 /* OPEN and REOPEN response: u64 handle, attr, u8 created, u8 granted,
- * then the ticket when WEIR_FEATURE_REOPEN was negotiated. Not a struct:
- * the ticket sits at an offset C would pad. */
+ * then the ticket when WEIR_FEATURE_REOPEN was negotiated, then the u64
+ * data handle when WEIR_FEATURE_LEASES was (the handle of the session's
+ * kept lease of the file, granted = 1, or the handle itself). Not a
+ * struct: the ticket sits at an offset C would pad. */
 #define WEIR_OPEN_RESP_OFF_HANDLE 0u
 #define WEIR_OPEN_RESP_OFF_ATTR 8u
 #define WEIR_OPEN_RESP_OFF_CREATED 64u
@@ -195,6 +200,8 @@ struct weir_attach_req {
 #define WEIR_OPEN_RESP_OFF_TICKET 66u
 #define WEIR_OPEN_RESP_SIZE 66u
 #define WEIR_OPEN_RESP_SIZE_TICKET 98u
+#define WEIR_OPEN_RESP_SIZE_LEASES 74u
+#define WEIR_OPEN_RESP_SIZE_TICKET_LEASES 106u
 
 /* GETATTR response: i64 size, i64 mtime, u8 changed. */
 #define WEIR_GETATTR_RESP_OFF_SIZE 0u

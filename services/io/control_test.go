@@ -388,10 +388,10 @@ func TestRevokeRefusesNewRequests(t *testing.T) {
 	if c := rawCall(t, data, proto.OpAttach, 0, 0, 0, att.Append(nil), nil); c.Result != 0 {
 		t.Fatalf("attach: %+v", c)
 	}
-	oout := make([]byte, proto.OpenRespSize(false))
+	oout := make([]byte, proto.OpenRespSize(0))
 	oin := (&proto.ModePathReq{Mode: 0o644, Path: "f"}).Append(nil)
 	c := rawCall(t, meta, proto.OpOpen, syscall.O_RDWR|syscall.O_CREAT, 0, 0, oin, oout)
-	open, err := proto.DecodeOpenResp(oout[:max(c.Result, 0)], false)
+	open, err := proto.DecodeOpenResp(oout[:max(c.Result, 0)], 0)
 	if err != nil {
 		t.Fatalf("open: %+v %v", c, err)
 	}

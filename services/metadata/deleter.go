@@ -164,6 +164,7 @@ func (d *deleter) final(ctx context.Context) {
 
 // deleteBlob deletes one blob at io and records it gone.
 func (s *Service) deleteBlob(blob uint64) error {
+	s.endLeasesOfBlob(blob) // io deletes no blob a grant holds
 	var ack control.Ack
 	err := s.request(s.subj.Delete, control.Delete{Blob: blob}, &ack)
 	if err != nil {

@@ -108,6 +108,8 @@ type Stats struct {
 	OrphansFound   atomic.Uint64 // blobs of no file found in the backend, now deleted
 	DeletesDone    atomic.Uint64
 	DeleteFailures atomic.Uint64 // attempts that failed (each is retried)
+	LeaseOpens     atomic.Uint64 // opens that used the session's kept lease: no grant (leases.go)
+	LeasesEnded    atomic.Uint64 // kept leases revoked (session end, chmod/chown, delete, too many idle)
 }
 
 // Snapshot returns the counters for the stats endpoint.
@@ -122,7 +124,8 @@ func (s *Service) Snapshot() map[string]any {
 		"orphans_found":   st.OrphansFound.Load(),
 		"deletes_pending": s.dels.pending(), "deletes_done": st.DeletesDone.Load(),
 		"delete_failures": st.DeleteFailures.Load(),
-		"incarnation":     s.inc, "io_connected": s.io.isUp(),
+		"leases":          s.leases.count(), "lease_opens": st.LeaseOpens.Load(), "leases_ended": st.LeasesEnded.Load(),
+		"incarnation": s.inc, "io_connected": s.io.isUp(),
 	}
 	maps.Copy(m, s.host.Counters())
 	return m
@@ -152,6 +155,7 @@ type Service struct {
 	dels     *deleter             // blob deletes at the IO service
 	alloc    allocation           // blob ids io accepts grants for
 	revokes  *retrier             // revocations to send again
+	leases   *leaseTable          // kept read leases (leases.go)
 	reclaim  *time.Timer          // ReleaseHeld after the grace; protected by mu
 	started  time.Time            // when Start began the grace; protected by mu
 	macs     sync.Pool            // keyed HMAC states for tickets (tickets.go)
@@ -197,6 +201,7 @@ func New(opts Options) (*Service, error) {
 		sessions: make(map[uint64]*session),
 		files:    make(map[ns.Ino]*openFile),
 		closedDV: make(map[ns.Ino]closedDV),
+		leases:   newLeaseTable(),
 		stop:     make(chan struct{}),
 	}
 	s.version.Store(uint64(s.inc) << proto.CounterBits)

@@ -24,7 +24,8 @@ type handle struct {
 	grantEpoch uint64
 	pending    *control.Grant // the grant to ask for at the first read or write
 	write      bool
-	unpriv     bool // granted for writing to a non-root session: a write drops setuid/setgid
+	unpriv     bool   // granted for writing to a non-root session: a write drops setuid/setgid
+	lease      *lease // the kept lease it uses (leases.go), whose grant is its grant; nil if none
 }
 
 // session is one client's metadata ring. id, pid, cred and token are set
@@ -279,9 +280,19 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 			a.Size = size
 		}
 	}
+	dataHandle := id
+	if h.file != nil && se.features&proto.FeatureLeases != 0 && leaseable(flags) {
+		if l := s.useLease(se.id, a.Ino); l != nil {
+			// The session read the file before: its kept lease is the
+			// handle's grant, and io needs no word of this open.
+			h.lease, h.pending, h.grantEpoch = l, nil, l.epoch
+			dataHandle = l.id
+		}
+	}
 	se.handles[id] = h
 	s.Stats.Handles.Add(1)
-	resp := proto.OpenResp{Handle: id, Attr: toProto(a), Created: created, Granted: h.grantEpoch != 0}
+	resp := proto.OpenResp{Handle: id, Attr: toProto(a), Created: created, Granted: h.grantEpoch != 0,
+		HasDataHandle: se.features&proto.FeatureLeases != 0, DataHandle: dataHandle}
 	if se.features&proto.FeatureReopen != 0 {
 		resp.HasTicket = true
 		resp.Ticket = s.ticket(id, a.Ino, flags, se.cred.UID)
@@ -333,14 +344,26 @@ func (se *session) reopen(q *ring.Request) (int64, uint64) {
 
 // grantOp grants a handle before its first read or write; a handle whose
 // grant is void (the IO service restarted or was resynchronised) is
-// granted again.
+// granted again. The completion's aux is the data handle, what the
+// handle's IO requests name from then on: its own id, or the id of the
+// kept lease it uses (FeatureLeases).
 func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 	h := se.handles[q.Handle]
 	if h == nil || h.file == nil {
 		return se.errno(syscall.EBADF)
 	}
 	if h.grantEpoch != 0 && h.grantEpoch == se.svc.io.currentEpoch() {
-		return 0, 0
+		if h.lease != nil && se.features&proto.FeatureLeases != 0 {
+			return 0, h.lease.id // the data handle stays its lease's
+		}
+		return 0, q.Handle
+	}
+	if h.lease != nil {
+		// Its lease is void (io restarted): the handle gets a grant of
+		// its own, under its own id (the client names it from now on),
+		// which may become the session's new lease.
+		se.closeLeased(h)
+		h.grantEpoch = 0
 	}
 	if h.pending == nil {
 		// A void grant: ask for the same access again, without O_TRUNC.
@@ -356,7 +379,10 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 	if _, err := se.grant(h); err != nil {
 		return se.errno(err)
 	}
-	return 0, 0
+	if se.features&proto.FeatureLeases != 0 && leaseable(h.flags) {
+		se.keepLease(q.Handle, h)
+	}
+	return 0, q.Handle
 }
 
 func (se *session) close(q *ring.Request) (int64, uint64) {
@@ -377,7 +403,10 @@ func (se *session) close(q *ring.Request) (int64, uint64) {
 func (se *session) closeHandle(id uint64, h *handle) error {
 	se.svc.Stats.Handles.Add(-1)
 	var firstErr error
-	if h.file != nil {
+	switch {
+	case h.lease != nil:
+		se.closeLeased(h) // the grant stays, the session's kept lease
+	case h.file != nil:
 		firstErr = se.revoke(id, h)
 	}
 	if err := se.release(h); err != nil && firstErr == nil {
@@ -406,6 +435,7 @@ func (se *session) closeAll() {
 		}
 	}
 	se.handles = nil
+	se.svc.endLeasesOf(se.id)
 }
 
 func (se *session) mkdir(q *ring.Request) (int64, uint64) {
@@ -483,7 +513,19 @@ func (se *session) chmod(q *ring.Request) (int64, uint64) {
 	if err := se.svc.ns.ChmodAt(se.cred, dir, r.Path, r.Mode); err != nil {
 		return se.errno(err)
 	}
+	se.accessChangedAt(dir, r.Path)
 	return 0, 0
+}
+
+// accessChangedAt ends the kept leases of the file at path from dir,
+// whose mode or owner just changed (doomLeases).
+func (se *session) accessChangedAt(dir ns.Ino, path string) {
+	if se.svc.leases.count() == 0 {
+		return
+	}
+	if a, err := se.svc.ns.StatAt(se.cred, dir, path); err == nil {
+		se.svc.doomLeases(a.Ino)
+	}
 }
 
 // ownerArgs checks a chown's uid and gid: uid_t and gid_t are 32 bits,
@@ -511,6 +553,7 @@ func (se *session) chown(q *ring.Request) (int64, uint64) {
 	if err := se.svc.ns.ChownAt(se.cred, dir, r.Path, uid, gid); err != nil {
 		return se.errno(err)
 	}
+	se.accessChangedAt(dir, r.Path)
 	return 0, 0
 }
 
@@ -551,6 +594,7 @@ func (se *session) fchmod(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
+	se.svc.doomLeases(ino)
 	return 0, 0
 }
 
@@ -570,6 +614,7 @@ func (se *session) fchown(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
+	se.svc.doomLeases(ino)
 	return 0, 0
 }
 

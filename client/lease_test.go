@@ -1,0 +1,281 @@
+package client_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/ring"
+	"github.com/weir-storage/weir/stack"
+)
+
+// TestKeptLeaseReusedWithoutGrant: a read-only open, read and close of a
+// file the session read before uses its kept lease: no grant (no NATS
+// message to io). Another session's writes are what it reads.
+func TestKeptLeaseReusedWithoutGrant(t *testing.T) {
+	c, st := newFS(t)
+	if err := c.WriteFile("f", []byte("first"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	md := &st.Metadata.Stats
+	read := func(want string) {
+		t.Helper()
+		f, err := c.Open("f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if string(got) != want {
+			t.Fatalf("read %q, want %q", got, want)
+		}
+	}
+	read("first")
+	grants, leaseOpens := md.Grants.Load(), md.LeaseOpens.Load()
+	for range 5 {
+		read("first")
+	}
+	if g := md.Grants.Load() - grants; g != 0 {
+		t.Errorf("5 opens under a kept lease asked io for %d grants", g)
+	}
+	if n := md.LeaseOpens.Load() - leaseOpens; n != 5 {
+		t.Errorf("5 opens under a kept lease: %d used it", n)
+	}
+	// Another session (a writer is granted per handle) changes the file:
+	// the kept lease reads what it wrote.
+	c2, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if err := c2.WriteFile("f", []byte("second, longer"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	read("second, longer")
+	if n := st.Metadata.Snapshot()["leases"].(int); n != 1 {
+		t.Errorf("%d leases kept, want 1", n)
+	}
+	// A session that ends takes its leases with it.
+	c.Close()
+	waitUntil(t, "the ended session's lease revoked", func() bool { return st.Metadata.Snapshot()["leases"].(int) == 0 })
+}
+
+// rawSession is a metadata and an IO ring with the handshake done by
+// hand, so that a test can name any handle on the IO ring, as a hostile
+// client would.
+type rawSession struct {
+	meta, data *ring.Client
+}
+
+func dialRaw(t *testing.T, st *stack.Stack, features uint64) *rawSession {
+	t.Helper()
+	ctx := context.Background()
+	meta, err := ring.Dial(ctx, st.Config.Metadata.Socket, ring.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := ring.Dial(ctx, st.Config.IO.Socket, ring.ClientOptions{})
+	if err != nil {
+		meta.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { data.Close(); meta.Close() })
+	buf := make([]byte, proto.HelloRespSize)
+	copy(buf, (&proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: features}).Append(nil))
+	if r := rawCall(t, meta, proto.OpHello, 0, buf); r.Result != proto.HelloRespSize {
+		t.Fatalf("hello: %+v", r)
+	}
+	hr, err := proto.DecodeHelloResp(buf)
+	if err != nil || hr.Features != features {
+		t.Fatalf("hello: %+v %v (asked for features %#x)", hr, err, features)
+	}
+	if r := rawCall(t, data, proto.OpAttach, 0, (&proto.AttachReq{Version: proto.Version, Session: hr.Session, Token: hr.Token}).Append(nil)); r.Result < 0 {
+		t.Fatalf("attach: %+v", r.Err())
+	}
+	return &rawSession{meta: meta, data: data}
+}
+
+// open opens name read-only and returns the open's answer.
+func (s *rawSession) open(t *testing.T, name string) proto.OpenResp {
+	t.Helper()
+	req := (&proto.ModePathReq{Path: name}).Append(nil)
+	buf := make([]byte, max(len(req), proto.OpenRespSize(proto.FeatureLeases)))
+	copy(buf, req)
+	b, err := s.meta.Alloc(context.Background(), len(buf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	b.CopyFrom(buf[:len(req)])
+	comp, err := s.meta.Do(context.Background(), &ring.Call{Op: proto.OpOpen, Arg: uint32(os.O_RDONLY), Handle: proto.RootHandle, Buf: b})
+	if err != nil || comp.Result < 0 {
+		t.Fatalf("open %s: %v %v", name, err, comp.Err())
+	}
+	b.CopyTo(buf)
+	r, err := proto.DecodeOpenResp(buf[:comp.Result], proto.FeatureLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// read reads 16 bytes at 0 naming handle on the IO ring.
+func (s *rawSession) read(t *testing.T, handle uint64) ([]byte, error) {
+	t.Helper()
+	buf := make([]byte, 16)
+	r := rawCall(t, s.data, proto.OpRead, handle, buf)
+	if r.Result < 0 {
+		return nil, r.Err()
+	}
+	return buf[:r.Result], nil
+}
+
+// TestKeptLeaseEnds: a kept lease lets its session read the file after
+// the close, as an open read-only handle would, and no longer once the
+// file's mode changed, once the file is deleted, or once the session
+// keeps too many; the IO service refuses reads naming it (EBADF).
+func TestKeptLeaseEnds(t *testing.T) {
+	c, st := newFS(t)
+	for _, n := range []string{"a", "b"} {
+		if err := c.WriteFile(n, []byte("contents of "+n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := dialRaw(t, st, proto.FeatureLeases)
+	lease := func(name string) uint64 {
+		t.Helper()
+		r := s.open(t, name)
+		comp := bare(t, s.meta, proto.OpGrant, r.Handle)
+		if comp.Result < 0 || comp.Aux != r.Handle {
+			t.Fatalf("grant of %s: %+v (want aux %d, the handle)", name, comp, r.Handle)
+		}
+		if got, err := s.read(t, r.Handle); err != nil || string(got) != "contents of "+name {
+			t.Fatalf("read of %s: %q %v", name, got, err)
+		}
+		if comp := bare(t, s.meta, proto.OpClose, r.Handle); comp.Result < 0 {
+			t.Fatalf("close: %v", comp.Err())
+		}
+		// Reopened: the answer names the kept lease, granted.
+		again := s.open(t, name)
+		if !again.Granted || again.IOHandle() != r.Handle {
+			t.Fatalf("reopen of %s: granted %v, data handle %d; want the kept lease %d", name, again.Granted, again.IOHandle(), r.Handle)
+		}
+		if comp := bare(t, s.meta, proto.OpClose, again.Handle); comp.Result < 0 {
+			t.Fatalf("close: %v", comp.Err())
+		}
+		return r.Handle
+	}
+	la, lb := lease("a"), lease("b")
+	if got, err := s.read(t, la); err != nil || string(got) != "contents of a" {
+		t.Fatalf("read under the kept lease after close: %q %v", got, err)
+	}
+	ended := st.Metadata.Stats.LeasesEnded.Load()
+	if err := c.Chmod("a", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.read(t, la); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("read under a kept lease of a file whose mode changed: %v, want EBADF", err)
+	}
+	if err := c.Remove("b"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "b's blob deleted", func() bool { return len(st.Metadata.NS().PendingDeletes()) == 0 })
+	if _, err := s.read(t, lb); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("read under a kept lease of a deleted file: %v, want EBADF", err)
+	}
+	if n := st.Metadata.Stats.LeasesEnded.Load() - ended; n != 2 {
+		t.Errorf("%d leases ended, want 2", n)
+	}
+
+	// A session keeps at most 256 idle leases: the least recently used
+	// go first.
+	const files = 300
+	for i := range files {
+		if err := c.WriteFile(fmt.Sprintf("n%d", i), []byte(fmt.Sprint("contents of n", i)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := uint64(0)
+	for i := range files {
+		r := s.open(t, fmt.Sprintf("n%d", i))
+		if comp := bare(t, s.meta, proto.OpGrant, r.Handle); comp.Result < 0 {
+			t.Fatal(comp.Err())
+		}
+		if i == 0 {
+			first = r.Handle
+		}
+		if comp := bare(t, s.meta, proto.OpClose, r.Handle); comp.Result < 0 {
+			t.Fatal(comp.Err())
+		}
+	}
+	if n := st.Metadata.Snapshot()["leases"].(int); n > 256 {
+		t.Fatalf("%d leases kept by one session", n)
+	}
+	if _, err := s.read(t, first); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("read under the least recently used lease, pushed out: %v, want EBADF", err)
+	}
+}
+
+// TestNoLeasesWithoutTheFeature: a session that did not negotiate
+// FeatureLeases gets per-handle grants, revoked at close, as before.
+func TestNoLeasesWithoutTheFeature(t *testing.T) {
+	c, st := newFS(t)
+	if err := c.WriteFile("f", []byte("contents of f"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := dialRaw(t, st, 0)
+	req := (&proto.ModePathReq{Path: "f"}).Append(nil)
+	buf := make([]byte, max(len(req), proto.OpenRespSize(0)))
+	copy(buf, req)
+	r := rawCall(t, s.meta, proto.OpOpen, proto.RootHandle, buf)
+	if r.Result < 0 {
+		t.Fatal(r.Err())
+	}
+	or, err := proto.DecodeOpenResp(buf[:r.Result], 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if comp := bare(t, s.meta, proto.OpGrant, or.Handle); comp.Result < 0 {
+		t.Fatal(comp.Err())
+	}
+	if got, err := s.read(t, or.Handle); err != nil || !bytes.Equal(got, []byte("contents of f")) {
+		t.Fatalf("read: %q %v", got, err)
+	}
+	if comp := bare(t, s.meta, proto.OpClose, or.Handle); comp.Result < 0 {
+		t.Fatal(comp.Err())
+	}
+	if _, err := s.read(t, or.Handle); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("read after close without FeatureLeases: %v, want EBADF", err)
+	}
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// bare is a call without a payload.
+func bare(t *testing.T, c *ring.Client, op uint8, handle uint64) ring.Completion {
+	t.Helper()
+	r, err := c.Do(context.Background(), &ring.Call{Op: op, Handle: handle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}

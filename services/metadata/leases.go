@@ -1,0 +1,308 @@
+package metadata
+
+import (
+	"container/list"
+	"errors"
+	"sync"
+	"syscall"
+
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/services/metadata/ns"
+)
+
+// Kept read leases (FeatureLeases).
+//
+// A session's first read grant of a file, for a read-only open, outlives
+// the handle it was made for: when the handle closes, the IO service keeps
+// the grant, under the handle's id (the lease id), and the session's next
+// read-only opens of the file use it (proto.OpenResp.DataHandle) without
+// asking io again. An open + read + close of a file the session read
+// before then costs the open's and the close's metadata ring round trips
+// and no NATS message at all, where a grant and a revoke at io cost two
+// (issue 13).
+//
+// What a kept lease lets its session do is what an open read-only handle
+// does: read the file at io. It is ended (revoked at io):
+//   - when its session ends;
+//   - when its file's mode or owner changes (chmod, chown: the session
+//     might no longer be allowed to open it): at once if no handle uses
+//     it, at its last close otherwise (an open handle keeps its access,
+//     as on Linux);
+//   - before its file's blob is deleted (the file lost its last name and
+//     last open: io deletes no blob a grant holds);
+//   - when the session keeps more than maxIdleLeases that no handle uses,
+//     or all sessions together more than maxIdleLeasesTotal: the least
+//     recently used of the session goes;
+//   - by an io restart or resynchronisation, which drops every grant: a
+//     lease of an io epoch that is over is void, and the next open asks
+//     for a new one.
+//
+// Leases are shared (read) only, so no two sessions' leases conflict: a
+// writer of the file, in any session, is granted per handle as before and
+// writes through io's page cache, which every reader reads. Exclusive
+// leases, recalls and trust groups are not built yet (docs/architecture.md).
+type lease struct {
+	sid   uint64 // the session
+	id    uint64 // the handle id io knows the grant by
+	ino   ns.Ino
+	blob  uint64
+	file  *openFile // a reference on the file's open state, held while the lease lives
+	epoch uint64    // io epoch of the grant
+
+	// Protected by leaseTable.mu:
+	refs   int           // open handles using it
+	doomed bool          // end it at its last close (its file's mode or owner changed)
+	idle   *list.Element // in its session's idle list while refs == 0
+}
+
+// maxIdleLeases bounds the leases a session keeps that no handle uses,
+// maxIdleLeasesTotal those of all sessions together: each holds a grant
+// and an open blob (a file descriptor, on the file backend) at io.
+const (
+	maxIdleLeases      = 256
+	maxIdleLeasesTotal = 4096
+)
+
+// leaseTable holds every kept lease of the service.
+type leaseTable struct {
+	mu    sync.Mutex
+	byIno map[ns.Ino]map[uint64]*lease // ino -> session -> lease
+	idle  map[uint64]*list.List        // session -> its idle leases, least recently used first
+	n     int                          // leases
+	nIdle int                          // of which idle
+}
+
+func newLeaseTable() *leaseTable {
+	return &leaseTable{byIno: map[ns.Ino]map[uint64]*lease{}, idle: map[uint64]*list.List{}}
+}
+
+// count returns the leases kept.
+func (t *leaseTable) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
+}
+
+// use returns the session's lease of ino if it is of the io epoch now,
+// with one more handle on it; nil if it has none. A void one (an epoch
+// that is over) is forgotten.
+func (s *Service) useLease(sid uint64, ino ns.Ino) *lease {
+	t := s.leases
+	epoch := s.io.currentEpoch()
+	t.mu.Lock()
+	l := t.byIno[ino][sid]
+	switch {
+	case l == nil:
+	case l.doomed:
+		l = nil // being ended: the open gets a grant of its own
+	case l.epoch != epoch || epoch == 0:
+		var void *lease
+		if l.refs == 0 {
+			void = l
+			t.dropLocked(l)
+		}
+		t.mu.Unlock()
+		if void != nil {
+			s.closeFileRef(void.file) // io dropped its grant with the epoch
+		}
+		return nil
+	default:
+		l.refs++
+		t.unidleLocked(l)
+	}
+	t.mu.Unlock()
+	if l != nil {
+		s.Stats.LeaseOpens.Add(1)
+	}
+	return l
+}
+
+// keepLease makes the grant h just got (read-only, for handle id) the
+// session's lease of its file, used by h, unless the session has one
+// already (then h's grant stays its own, revoked at its close).
+func (se *session) keepLease(id uint64, h *handle) {
+	s := se.svc
+	t := s.leases
+	t.mu.Lock()
+	m := t.byIno[h.ino]
+	if old := m[se.id]; old != nil && (old.refs > 0 || old.doomed || old.epoch == h.grantEpoch) {
+		t.mu.Unlock()
+		return
+	}
+	var void *lease
+	if old := m[se.id]; old != nil {
+		void = old // of an io epoch that is over, and idle
+		t.dropLocked(old)
+	}
+	if m == nil {
+		m = map[uint64]*lease{}
+		t.byIno[h.ino] = m
+	}
+	l := &lease{sid: se.id, id: id, ino: h.ino, blob: h.blob, file: s.openFileRef(h.ino), epoch: h.grantEpoch, refs: 1}
+	m[se.id] = l
+	t.n++
+	t.mu.Unlock()
+	if void != nil {
+		s.closeFileRef(void.file)
+	}
+	h.lease = l
+}
+
+// dropLocked forgets l; t.mu is held. The caller drops its file reference.
+func (t *leaseTable) dropLocked(l *lease) {
+	if m := t.byIno[l.ino]; m[l.sid] == l {
+		delete(m, l.sid)
+		if len(m) == 0 {
+			delete(t.byIno, l.ino)
+		}
+		t.n--
+	}
+	t.unidleLocked(l)
+}
+
+// unidleLocked takes l out of its session's idle list; t.mu is held.
+func (t *leaseTable) unidleLocked(l *lease) {
+	if l.idle != nil {
+		t.idle[l.sid].Remove(l.idle)
+		l.idle = nil
+		t.nIdle--
+	}
+}
+
+// closeLeased ends a handle's use of its lease: the lease stays, idle, or
+// ends if it is doomed; a session with too many idle leases ends its
+// least recently used one.
+func (se *session) closeLeased(h *handle) {
+	s := se.svc
+	t := s.leases
+	l := h.lease
+	h.lease = nil
+	var end []*lease
+	t.mu.Lock()
+	l.refs--
+	if l.refs == 0 {
+		if l.doomed || t.byIno[l.ino][l.sid] != l {
+			t.dropLocked(l)
+			end = append(end, l)
+		} else {
+			q := t.idle[l.sid]
+			if q == nil {
+				q = list.New()
+				t.idle[l.sid] = q
+			}
+			l.idle = q.PushBack(l)
+			t.nIdle++
+			// The session's own oldest go when it keeps too many, or
+			// when all sessions together do (it is the one adding).
+			for q.Len() > maxIdleLeases || (t.nIdle > maxIdleLeasesTotal && q.Len() > 0) {
+				old := q.Front().Value.(*lease)
+				t.dropLocked(old)
+				end = append(end, old)
+			}
+		}
+	}
+	t.mu.Unlock()
+	for _, l := range end {
+		s.endLease(l)
+	}
+}
+
+// endLeasesOf ends every lease of a session that ended (its handles are
+// closed: no handle uses them).
+func (s *Service) endLeasesOf(sid uint64) {
+	t := s.leases
+	var end []*lease
+	t.mu.Lock()
+	if q := t.idle[sid]; q != nil {
+		for e := q.Front(); e != nil; e = e.Next() {
+			end = append(end, e.Value.(*lease))
+		}
+	}
+	for _, l := range end {
+		t.dropLocked(l)
+	}
+	delete(t.idle, sid)
+	t.mu.Unlock()
+	for _, l := range end {
+		s.endLease(l)
+	}
+}
+
+// doomLeases ends the leases of ino that no handle uses and dooms the
+// others (they end at their last close): the file's mode or owner
+// changed, so their sessions might no longer be allowed to open it.
+func (s *Service) doomLeases(ino ns.Ino) {
+	t := s.leases
+	var end []*lease
+	t.mu.Lock()
+	for _, l := range t.byIno[ino] {
+		if l.refs == 0 {
+			end = append(end, l)
+		} else {
+			l.doomed = true
+		}
+	}
+	for _, l := range end {
+		t.dropLocked(l)
+	}
+	t.mu.Unlock()
+	for _, l := range end {
+		s.endLease(l)
+	}
+}
+
+// endLeasesOfBlob ends every lease of blob before its delete (the file
+// has no name and no open handle, so none uses them): io deletes no blob
+// a grant holds.
+func (s *Service) endLeasesOfBlob(blob uint64) {
+	t := s.leases
+	var end []*lease
+	t.mu.Lock()
+	for _, m := range t.byIno {
+		for _, l := range m {
+			if l.blob == blob {
+				end = append(end, l)
+			}
+		}
+	}
+	for _, l := range end {
+		t.dropLocked(l)
+	}
+	t.mu.Unlock()
+	for _, l := range end {
+		s.endLease(l)
+	}
+}
+
+// endLease revokes an ended lease at io (a grant of an io epoch that is
+// over needs nothing) and drops its file reference. A revoke io does not
+// answer is sent again (retrier) until that epoch ends.
+func (s *Service) endLease(l *lease) {
+	defer s.closeFileRef(l.file)
+	s.Stats.LeasesEnded.Add(1)
+	if l.epoch != s.io.currentEpoch() {
+		return
+	}
+	f := l.file
+	f.mu.Lock()
+	r := control.Revoke{Session: l.sid, Handle: l.id, Blob: l.blob, Ver: s.version.Add(1)}
+	var ack control.Ack
+	err := s.request(s.subj.Revoke, r, &ack)
+	f.mu.Unlock()
+	if err != nil {
+		var ref *control.Refusal
+		if !errors.As(err, &ref) && !errors.Is(err, errIODown) {
+			s.revokes.add(r, l.epoch)
+		}
+		s.log.Warn("revoke of a kept lease failed", "ino", l.ino, "session", l.sid, "error", err)
+		return
+	}
+	s.Stats.Revokes.Add(1)
+	s.noteDV(f, ack.DV) // a read grant wrote nothing
+}
+
+// leaseable says whether an open with flags may use or become a kept
+// lease: read-only, without O_TRUNC (which needs a grant that truncates).
+func leaseable(flags int) bool {
+	return flags&syscall.O_ACCMODE == syscall.O_RDONLY && flags&syscall.O_TRUNC == 0
+}
