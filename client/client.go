@@ -85,6 +85,9 @@ type FS struct {
 	filesMu sync.Mutex
 	files   map[*File]struct{} // open files, reopened at recovery; protected by filesMu
 
+	kept   keptCaches    // mappings of files closed under a kept lease (leases.go)
+	closes chan closeReq // read-only handles' closes for the closer (leases.go)
+
 	// Recoveries counts the times the sessions were re-established.
 	Recoveries atomic.Uint64
 	// CacheHits counts reads served from cache regions alone (no round
@@ -136,7 +139,7 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 	if opts.RecoverTimeout == 0 {
 		opts.RecoverTimeout = DefaultRecoverTimeout
 	}
-	f := &FS{opts: opts, umask: processUmask(), files: map[*File]struct{}{}}
+	f := &FS{opts: opts, umask: processUmask(), files: map[*File]struct{}{}, closes: make(chan closeReq, closerQueue)}
 	f.life, f.end = context.WithCancel(bgctx)
 	c, err := f.connect(ctx, nil)
 	if err != nil {
@@ -147,6 +150,7 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 	f.cur = c
 	f.gen.Store(c.gen)
 	go f.watch(c)
+	go f.closer()
 	return f, nil
 }
 
@@ -325,7 +329,9 @@ func (f *FS) Close() error {
 	defer f.recoverMu.Unlock()
 	c := f.current()
 	c.data.Close()
-	return c.meta.Close()
+	err := c.meta.Close()
+	f.kept.drop()
+	return err
 }
 
 // retryable says whether a request that failed with err on c may go again

@@ -143,6 +143,20 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 		file = &File{fs: f, name: name, flags: flag, dir: r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR,
 			handle: r.Handle, dataHandle: r.IOHandle(), meta: c.meta, gen: c.gen, granted: r.Granted,
 			ticket: r.Ticket, hasTicket: r.HasTicket}
+		if c.features&proto.FeatureLeases != 0 && !file.writable() && !file.dir {
+			// A read-only file's grant is kept after its close, and so is
+			// its mapping (leases.go): map at the first read, the next
+			// opens under the lease will not pay for it.
+			file.ringReads.Store(mapAfterReads)
+			if r.Granted && r.DataHandle != r.Handle {
+				// Under the session's kept lease: the mapping of its
+				// last close serves reads at once.
+				if fc := f.kept.take(r.DataHandle, c.gen); fc != nil {
+					file.fcache = fc
+					file.fcFast.Store(fc)
+				}
+			}
+		}
 		return nil
 	})
 	if err != nil {
@@ -361,19 +375,34 @@ func (fl *File) Close() error {
 	f.filesMu.Lock()
 	delete(f.files, fl)
 	f.filesMu.Unlock()
+	c := f.current()
+	fl.hmu.Lock()
+	h, dh, granted, gen, gone := fl.handle, fl.dataHandle, fl.granted, fl.gen, fl.gone
+	fl.hmu.Unlock()
+	// A read-only handle's grant is, or joins, the session's kept lease
+	// of the file: its mapping stays for the next open under it, and its
+	// close is sent in the background (leases.go).
+	leased := c.features&proto.FeatureLeases != 0 && !fl.writable() && !fl.dir && gone == nil && gen == c.gen
 	fl.cmu.Lock()
-	if fl.fcache != nil {
+	if fc := fl.fcache; fc != nil {
 		fl.fcFast.Store(nil)
-		fl.fcache.unmap()
+		if leased && granted && fc.gen == c.gen {
+			f.kept.put(dh, fc)
+		} else {
+			fc.unmap()
+		}
 		fl.fcache = nil
 	}
 	fl.cmu.Unlock()
-	c := f.current()
-	fl.hmu.Lock()
-	h, gen, gone := fl.handle, fl.gen, fl.gone
-	fl.hmu.Unlock()
 	if gone != nil || gen != c.gen {
 		return nil // the handle died with the sessions that opened it
+	}
+	if leased {
+		select {
+		case f.closes <- closeReq{meta: c.meta, handle: h}:
+			return nil
+		default: // the closer is behind: close now
+		}
 	}
 	if _, err := call(bgctx, c.meta, proto.OpClose, 0, h, 0, nil, nil); err != nil {
 		if lostSession(err) {

@@ -279,3 +279,65 @@ func bare(t *testing.T, c *ring.Client, op uint8, handle uint64) ring.Completion
 	}
 	return r
 }
+
+// TestKeptMappingReused: a read-only file maps its cache region at its
+// first read, and the mapping outlives the close: the next open under the
+// kept lease reads from it without mapping again, and sees what another
+// session wrote meanwhile (the region stays coherent while the lease
+// holds the file open at io). A lease that ended is not reused, nor its
+// mapping.
+func TestKeptMappingReused(t *testing.T) {
+	c, st := newFS(t)
+	if err := c.WriteFile("f", bytes.Repeat([]byte("a"), 8192), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	maps := func() uint64 { return st.IO.Snapshot()["cache_maps"].(uint64) }
+	readAll := func() string {
+		t.Helper()
+		f, err := c.Open("f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		b, err := io.ReadAll(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if got := readAll(); got != string(bytes.Repeat([]byte("a"), 8192)) {
+		t.Fatalf("first read: %d bytes", len(got))
+	}
+	m0, hits := maps(), c.CacheHits.Load()
+	c2, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	for i := range 4 {
+		want := fmt.Sprintf("version %d", i)
+		if err := c2.WriteFile("f", []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := readAll(); got != want {
+			t.Fatalf("read under the kept lease after another session's write: %q, want %q", got, want)
+		}
+	}
+	if m := maps() - m0; m != 0 {
+		t.Errorf("4 opens under the kept lease mapped the region %d times", m)
+	}
+	if c.CacheHits.Load() == hits {
+		t.Error("no read under the kept lease was served from the mapping")
+	}
+	// The mode changes: the lease ends; the next open is granted anew,
+	// maps anew, and reads the file right.
+	if err := c2.Chmod("f", 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if got := readAll(); got != "version 3" {
+		t.Fatalf("read after the lease ended: %q", got)
+	}
+	if m := maps() - m0; m != 1 {
+		t.Errorf("the open after the lease ended mapped %d times, want 1", m)
+	}
+}

@@ -1,0 +1,129 @@
+package client
+
+import (
+	"container/list"
+	"sync"
+
+	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/ring"
+)
+
+// Kept leases, the client's side (proto.FeatureLeases). The metadata
+// service keeps the read grant of a read-only open after its close, as
+// the session's lease of the file, and names it in the answer to the next
+// read-only open of the file (OpenResp.DataHandle, granted): that open
+// needs no grant. Two things make such an open + read + close cost little
+// more than the open's round trip:
+//
+//   - The file's cache mapping outlives the close, kept by data handle
+//     (keptCaches): the next File opened under the same lease reads from
+//     it at once, without asking the IO service for the region again. A
+//     lease that ended is never named again (a new grant has a new id), so
+//     a kept mapping is only ever adopted under the lease it was made in.
+//   - The close of a read-only handle is sent in the background (closer):
+//     it revokes nothing (the lease stays) and cannot fail in a way the
+//     caller could act on, as close(2) of a read-only descriptor.
+
+// maxKeptCaches bounds the mappings kept (metadata keeps at most as many
+// idle leases per session).
+const maxKeptCaches = 256
+
+// keptCaches are mappings of files closed under a kept lease, by data
+// handle, least recently kept first.
+type keptCaches struct {
+	mu  sync.Mutex
+	by  map[uint64]*list.Element // protected by mu
+	lru list.List                // of *keptCache; protected by mu
+}
+
+type keptCache struct {
+	handle uint64
+	fc     *fileCache
+}
+
+// take returns the mapping kept for data handle in session generation
+// gen, which the caller now owns; nil if there is none.
+func (k *keptCaches) take(handle, gen uint64) *fileCache {
+	k.mu.Lock()
+	e := k.by[handle]
+	if e == nil {
+		k.mu.Unlock()
+		return nil
+	}
+	delete(k.by, handle)
+	k.lru.Remove(e)
+	k.mu.Unlock()
+	fc := e.Value.(*keptCache).fc
+	if fc.gen != gen {
+		fc.unmap() // of sessions a recovery replaced
+		return nil
+	}
+	return fc
+}
+
+// put keeps fc, the mapping of a file closed under the lease named
+// handle, unmapping the least recently kept past maxKeptCaches (or one
+// kept for handle already).
+func (k *keptCaches) put(handle uint64, fc *fileCache) {
+	var drop []*fileCache
+	k.mu.Lock()
+	if k.by == nil {
+		k.by = map[uint64]*list.Element{}
+	}
+	if e := k.by[handle]; e != nil {
+		drop = append(drop, e.Value.(*keptCache).fc)
+		k.lru.Remove(e)
+	}
+	k.by[handle] = k.lru.PushBack(&keptCache{handle: handle, fc: fc})
+	for k.lru.Len() > maxKeptCaches {
+		e := k.lru.Front()
+		kc := e.Value.(*keptCache)
+		k.lru.Remove(e)
+		delete(k.by, kc.handle)
+		drop = append(drop, kc.fc)
+	}
+	k.mu.Unlock()
+	for _, fc := range drop {
+		fc.unmap()
+	}
+}
+
+// drop unmaps every kept mapping (FS.Close).
+func (k *keptCaches) drop() {
+	k.mu.Lock()
+	var drop []*fileCache
+	for e := k.lru.Front(); e != nil; e = e.Next() {
+		drop = append(drop, e.Value.(*keptCache).fc)
+	}
+	k.lru.Init()
+	k.by = nil
+	k.mu.Unlock()
+	for _, fc := range drop {
+		fc.unmap()
+	}
+}
+
+// closeReq is a read-only handle's close for the closer to send.
+type closeReq struct {
+	meta   *ring.Client
+	handle uint64
+}
+
+// closerQueue bounds the closes waiting for the closer; a close that
+// finds it full is sent at once by its caller.
+const closerQueue = 256
+
+// closer sends the closes of read-only handles (queued by File.Close)
+// until the FS is closed. A failure is of a session that is gone (the
+// handle went with it) or of a service that refuses a handle it no
+// longer has: nothing to do either way.
+func (f *FS) closer() {
+	for {
+		select {
+		case <-f.life.Done():
+			return
+		case r := <-f.closes:
+			_, _ = call(bgctx, r.meta, proto.OpClose, 0, r.handle, 0, nil, nil)
+		}
+	}
+}
