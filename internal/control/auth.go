@@ -88,7 +88,8 @@ func PermissionsOf(namespace string, r Role) Permissions {
 	case RoleMetadata:
 		return Permissions{
 			Publish:   []string{s.Grant, s.Revoke, s.Live, s.Delete, s.Resync, s.Alloc, s.Blobs},
-			Subscribe: append([]string{s.Session, s.SetLive, s.SetLiveBatch, inbox}, service("metadata")...),
+			Subscribe: append([]string{s.Session, s.SetLive, s.SetLiveBatch, inbox,
+				namespace + ".metadata.*." + LeasesEndpoint, namespace + ".metadata.*." + LeaseRevokeEndpoint}, service("metadata")...),
 			Responses: true,
 		}
 	case RoleIO:
@@ -112,7 +113,8 @@ func PermissionsOf(namespace string, r Role) Permissions {
 		return Permissions{
 			Publish: []string{"$SRV.PING", "$SRV.INFO", "$SRV.STATS",
 				namespace + ".*.*." + HealthEndpoint, namespace + ".*.*." + StatsEndpoint,
-				namespace + ".io.*." + DropCacheEndpoint},
+				namespace + ".io.*." + DropCacheEndpoint,
+				namespace + ".metadata.*." + LeasesEndpoint, namespace + ".metadata.*." + LeaseRevokeEndpoint},
 			Subscribe: []string{inbox},
 		}
 	}

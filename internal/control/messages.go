@@ -365,3 +365,31 @@ func ParseStack(s string) ([16]byte, error) {
 	}
 	return id, nil
 }
+
+// LeaseInfo is one kept lease, as the metadata service's leases endpoint
+// lists it (`weir lease ls`).
+type LeaseInfo struct {
+	Lease   uint64 `json:"lease"`   // the lease id: the handle io knows its grant by
+	Session uint64 `json:"session"` // the metadata session holding it
+	PID     int32  `json:"pid"`     // that session's process
+	UID     uint32 `json:"uid"`
+	Ino     uint64 `json:"ino"`
+	Handles int    `json:"handles"` // open handles using it (0: idle)
+	Doomed  bool   `json:"doomed"`  // ends at its last close
+	Epoch   uint64 `json:"epoch"`   // the io epoch of its grant
+}
+
+// LeaseRevokeRequest asks the metadata service's lease-revoke endpoint to
+// end one lease (Lease) or every lease of a file (Ino); exactly one is set.
+type LeaseRevokeRequest struct {
+	Lease uint64 `json:"lease,omitempty"`
+	Ino   uint64 `json:"ino,omitempty"`
+}
+
+// LeaseRevokeReply says what a lease-revoke did: leases ended now (idle
+// ones) and leases doomed (in use: each ends at its last close, as an
+// open descriptor keeps its access).
+type LeaseRevokeReply struct {
+	Ended  int `json:"ended"`
+	Doomed int `json:"doomed"`
+}

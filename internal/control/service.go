@@ -22,6 +22,11 @@ const (
 	// page cache, as `echo 3 > /proc/sys/vm/drop_caches` does the
 	// kernel's: `weir drop-caches`, and benchmarks of cold reads.
 	DropCacheEndpoint = "drop-cache"
+	// LeasesEndpoint (the metadata service's) lists the kept leases
+	// (`weir lease ls`); LeaseRevokeEndpoint ends them, by lease id or
+	// inode (a LeaseRevokeRequest: `weir lease revoke`).
+	LeasesEndpoint      = "leases"
+	LeaseRevokeEndpoint = "lease-revoke"
 )
 
 // ServiceInfo names a service. Name is "weir-<short>" with short made of
@@ -32,8 +37,10 @@ type ServiceInfo struct {
 	Name, Version, Description string
 	Namespace                  string
 	// Endpoints are more endpoints of the service's group, by name: each
-	// replies the JSON of what its function returns, or the error.
-	Endpoints map[string]func() (any, error)
+	// replies the JSON of what its function returns for the request's
+	// body (untrusted: any role the endpoint's subject admits may send
+	// any bytes), or the error.
+	Endpoints map[string]func(req []byte) (any, error)
 }
 
 // NamespaceKey is the micro service metadata key that holds the NATS
@@ -108,7 +115,7 @@ func Register(nc *nats.Conn, info ServiceInfo, healthFn func() error, statsFn fu
 			break
 		}
 		err = g.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
-			v, err := fn()
+			v, err := fn(req.Data())
 			if err != nil {
 				_ = req.Error("500", name+": "+err.Error(), nil)
 				return

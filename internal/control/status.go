@@ -199,12 +199,17 @@ func query(ctx context.Context, nc *nats.Conn, info micro.Info) ServiceStatus {
 // request sends an empty request to subject and decodes the JSON reply
 // into v, numbers as json.Number.
 func request(ctx context.Context, nc *nats.Conn, subject string, v any) error {
+	return requestWith(ctx, nc, subject, nil, v)
+}
+
+// requestWith is request with a body.
+func requestWith(ctx context.Context, nc *nats.Conn, subject string, body []byte, v any) error {
 	if subject == "" {
 		return errors.New("endpoint not registered")
 	}
 	ctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
-	m, err := nc.RequestWithContext(ctx, subject, nil)
+	m, err := nc.RequestWithContext(ctx, subject, body)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 		return fmt.Errorf("no reply within %v", requestTimeout)
 	}
@@ -285,6 +290,11 @@ func counters(stats map[string]any) string {
 // and sends each an empty request on its endpoint, returning the replies
 // by instance id. No instance within discoverMax is an error.
 func Call(ctx context.Context, nc *nats.Conn, namespace, service, endpoint string) (map[string]any, error) {
+	return CallWith(ctx, nc, namespace, service, endpoint, nil)
+}
+
+// CallWith is Call with a request body.
+func CallWith(ctx context.Context, nc *nats.Conn, namespace, service, endpoint string, body []byte) (map[string]any, error) {
 	infos, err := discover(ctx, nc, cmp.Or(namespace, DefaultNamespace), []string{service})
 	if err != nil {
 		return nil, err
@@ -301,7 +311,7 @@ func Call(ctx context.Context, nc *nats.Conn, namespace, service, endpoint strin
 			}
 		}
 		var v any
-		if err := request(ctx, nc, subj, &v); err != nil {
+		if err := requestWith(ctx, nc, subj, body, &v); err != nil {
 			return out, fmt.Errorf("%s %s: %w", service, info.ID, err)
 		}
 		out[info.ID] = v

@@ -51,7 +51,7 @@ type Options struct {
 	RequestTimeout time.Duration
 	// Endpoints are the service's own endpoints besides health and stats
 	// (control.ServiceInfo.Endpoints).
-	Endpoints map[string]func() (any, error)
+	Endpoints map[string]func(req []byte) (any, error)
 }
 
 // DefaultRequestTimeout bounds a control request when Options leave it 0.

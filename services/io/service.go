@@ -335,8 +335,8 @@ func New(opts Options) (*Service, error) {
 	h, err := host.New(host.Options{
 		Name: ServiceName, Description: "blob storage and the data path", Version: opts.Version,
 		Namespace: opts.NATSNamespace, NATS: opts.NATS, Logger: opts.Logger, RequestTimeout: opts.RequestTimeout,
-		Endpoints: map[string]func() (any, error){
-			control.DropCacheEndpoint: func() (any, error) { return s.DropCache(), nil },
+		Endpoints: map[string]func([]byte) (any, error){
+			control.DropCacheEndpoint: func([]byte) (any, error) { return s.DropCache(), nil },
 		},
 	})
 	if err != nil {

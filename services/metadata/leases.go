@@ -1,8 +1,12 @@
 package metadata
 
 import (
+	"cmp"
 	"container/list"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -305,4 +309,78 @@ func (s *Service) endLease(l *lease) {
 // lease: read-only, without O_TRUNC (which needs a grant that truncates).
 func leaseable(flags int) bool {
 	return flags&syscall.O_ACCMODE == syscall.O_RDONLY && flags&syscall.O_TRUNC == 0
+}
+
+// Leases lists the kept leases, by inode then session (the leases
+// endpoint: `weir lease ls`).
+func (s *Service) Leases() []control.LeaseInfo {
+	t := s.leases
+	t.mu.Lock()
+	var out []control.LeaseInfo
+	for _, m := range t.byIno {
+		for _, l := range m {
+			out = append(out, control.LeaseInfo{Lease: l.id, Session: l.sid, Ino: uint64(l.ino), Handles: l.refs, Doomed: l.doomed, Epoch: l.epoch})
+		}
+	}
+	t.mu.Unlock()
+	s.mu.Lock()
+	for i := range out {
+		if se := s.sessions[out[i].Session]; se != nil {
+			out[i].PID, out[i].UID = se.pid, se.cred.UID
+		}
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b control.LeaseInfo) int {
+		return cmp.Or(cmp.Compare(a.Ino, b.Ino), cmp.Compare(a.Session, b.Session))
+	})
+	return out
+}
+
+// revokeLeasesBody serves the lease-revoke endpoint: body is a
+// control.LeaseRevokeRequest (from the CLI role; checked as any input).
+func (s *Service) revokeLeasesBody(body []byte) (control.LeaseRevokeReply, error) {
+	var q control.LeaseRevokeRequest
+	if err := json.Unmarshal(body, &q); err != nil {
+		return control.LeaseRevokeReply{}, fmt.Errorf("lease-revoke: %w", err)
+	}
+	if (q.Lease == 0) == (q.Ino == 0) {
+		return control.LeaseRevokeReply{}, errors.New("lease-revoke: name a lease or an inode, one of them")
+	}
+	return s.RevokeLeases(q.Lease, ns.Ino(q.Ino)), nil
+}
+
+// RevokeLeases ends the lease with id, or every lease of ino (the other
+// is 0), as an operator asks: one no handle uses ends now, one in
+// use is doomed (it ends at its last close: an open descriptor keeps
+// its access).
+func (s *Service) RevokeLeases(id uint64, ino ns.Ino) control.LeaseRevokeReply {
+	t := s.leases
+	var end []*lease
+	var r control.LeaseRevokeReply
+	t.mu.Lock()
+	for i, m := range t.byIno {
+		if ino != 0 && i != ino {
+			continue
+		}
+		for _, l := range m {
+			if id != 0 && l.id != id {
+				continue
+			}
+			if l.refs == 0 {
+				end = append(end, l)
+			} else if !l.doomed {
+				l.doomed = true
+				r.Doomed++
+			}
+		}
+	}
+	for _, l := range end {
+		t.dropLocked(l)
+	}
+	t.mu.Unlock()
+	for _, l := range end {
+		s.endLease(l)
+	}
+	r.Ended = len(end)
+	return r
 }

@@ -184,9 +184,14 @@ func New(opts Options) (*Service, error) {
 	if opts.NS.Logger == nil {
 		opts.NS.Logger = opts.Logger.Named("ns")
 	}
+	var s *Service // the endpoints run once Start registered them, after New
 	h, err := host.New(host.Options{
 		Name: ServiceName, Description: "namespace, permissions, handles", Version: opts.Version,
 		Namespace: opts.NATSNamespace, NATS: opts.NATS, Logger: opts.Logger, RequestTimeout: opts.RequestTimeout,
+		Endpoints: map[string]func([]byte) (any, error){
+			control.LeasesEndpoint:      func([]byte) (any, error) { return s.Leases(), nil },
+			control.LeaseRevokeEndpoint: func(b []byte) (any, error) { return s.revokeLeasesBody(b) },
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("metadata: %w", err)
@@ -195,7 +200,7 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
-	s := &Service{
+	s = &Service{
 		opts: opts, log: opts.Logger, ns: n, host: h, subj: h.Subjects(),
 		inc: n.Incarnation(), key: n.TicketKey(),
 		sessions: make(map[uint64]*session),
