@@ -12,3 +12,11 @@ func CacheFile(f *File) *os.File {
 	}
 	return f.fcache.f
 }
+
+// KeptMappings returns how many cache mappings f keeps for files closed
+// under a kept lease.
+func KeptMappings(f *FS) int {
+	f.kept.mu.Lock()
+	defer f.kept.mu.Unlock()
+	return f.kept.lru.Len()
+}

@@ -143,18 +143,15 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 		file = &File{fs: f, name: name, flags: flag, dir: r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR,
 			handle: r.Handle, dataHandle: r.IOHandle(), meta: c.meta, gen: c.gen, granted: r.Granted,
 			ticket: r.Ticket, hasTicket: r.HasTicket}
-		if c.features&proto.FeatureLeases != 0 && !file.writable() && !file.dir {
-			// A read-only file's grant is kept after its close, and so is
-			// its mapping (leases.go): map at the first read, the next
-			// opens under the lease will not pay for it.
+		if c.features&proto.FeatureLeases != 0 && r.Granted && r.DataHandle != r.Handle && !file.writable() && !file.dir {
+			// Under the session's kept lease (leases.go): the file was
+			// opened before, and is likely to be again. The mapping of
+			// its last close serves reads at once; without one, it maps
+			// at its first read, and the next opens will not pay for it.
 			file.ringReads.Store(mapAfterReads)
-			if r.Granted && r.DataHandle != r.Handle {
-				// Under the session's kept lease: the mapping of its
-				// last close serves reads at once.
-				if fc := f.kept.take(r.DataHandle, c.gen); fc != nil {
-					file.fcache = fc
-					file.fcFast.Store(fc)
-				}
+			if fc := f.kept.take(r.DataHandle, c.gen); fc != nil {
+				file.fcache = fc
+				file.fcFast.Store(fc)
 			}
 		}
 		return nil

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/stack"
@@ -280,12 +281,12 @@ func bare(t *testing.T, c *ring.Client, op uint8, handle uint64) ring.Completion
 	return r
 }
 
-// TestKeptMappingReused: a read-only file maps its cache region at its
-// first read, and the mapping outlives the close: the next open under the
-// kept lease reads from it without mapping again, and sees what another
-// session wrote meanwhile (the region stays coherent while the lease
-// holds the file open at io). A lease that ended is not reused, nor its
-// mapping.
+// TestKeptMappingReused: a file opened under its kept lease maps its
+// cache region at its first read, and the mapping outlives the close: the
+// next opens under the lease read from it without mapping again, and see
+// what another session wrote meanwhile (the region stays coherent while
+// the lease holds the file open at io). A lease that ended is not reused:
+// the next open is granted anew.
 func TestKeptMappingReused(t *testing.T) {
 	c, st := newFS(t)
 	if err := c.WriteFile("f", bytes.Repeat([]byte("a"), 8192), 0o644); err != nil {
@@ -305,7 +306,7 @@ func TestKeptMappingReused(t *testing.T) {
 		}
 		return string(b)
 	}
-	if got := readAll(); got != string(bytes.Repeat([]byte("a"), 8192)) {
+	if got := readAll(); got != string(bytes.Repeat([]byte("a"), 8192)) { // the lease
 		t.Fatalf("first read: %d bytes", len(got))
 	}
 	m0, hits := maps(), c.CacheHits.Load()
@@ -323,21 +324,57 @@ func TestKeptMappingReused(t *testing.T) {
 			t.Fatalf("read under the kept lease after another session's write: %q, want %q", got, want)
 		}
 	}
+	// The first read of 8 KiB took more than mapAfterReads reads (ReadAll
+	// grows its buffer): it mapped, and its close kept the mapping.
 	if m := maps() - m0; m != 0 {
-		t.Errorf("4 opens under the kept lease mapped the region %d times", m)
+		t.Errorf("4 opens under the kept lease mapped the region %d times, want 0", m)
 	}
 	if c.CacheHits.Load() == hits {
 		t.Error("no read under the kept lease was served from the mapping")
 	}
-	// The mode changes: the lease ends; the next open is granted anew,
-	// maps anew, and reads the file right.
+	// The mode changes: the lease ends; the next open is granted anew
+	// and reads the file right.
 	if err := c2.Chmod("f", 0o640); err != nil {
 		t.Fatal(err)
 	}
+	grants := st.Metadata.Stats.Grants.Load()
 	if got := readAll(); got != "version 3" {
 		t.Fatalf("read after the lease ended: %q", got)
 	}
-	if m := maps() - m0; m != 1 {
-		t.Errorf("the open after the lease ended mapped %d times, want 1", m)
+	if g := st.Metadata.Stats.Grants.Load() - grants; g != 1 {
+		t.Errorf("the open after the lease ended was granted %d times, want 1", g)
+	}
+}
+
+// TestKeptMappingsEndWithTheFS: the FS keeps the mapping of a file closed
+// under its kept lease, and none once it is closed, also of a file closed
+// after it (a deferred Close runs after the FS's).
+func TestKeptMappingsEndWithTheFS(t *testing.T) {
+	c, _ := newFS(t)
+	if err := c.WriteFile("f", []byte("contents"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *client.File {
+		t.Helper()
+		f, err := c.OpenFile("f", os.O_RDONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadAll(f); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	open().Close() // the lease
+	f := open()    // under it: maps at its first read
+	f.Close()
+	if n := client.KeptMappings(c); n != 1 {
+		t.Fatalf("%d mappings kept after a close under the lease, want 1", n)
+	}
+	late := open()
+	c.Close()
+	late.Close()
+	if n := client.KeptMappings(c); n != 0 {
+		t.Fatalf("%d mappings kept after the FS closed, want 0", n)
 	}
 }

@@ -21,8 +21,10 @@ import (
 //     lease that ended is never named again (a new grant has a new id), so
 //     a kept mapping is only ever adopted under the lease it was made in.
 //   - The close of a read-only handle is sent in the background (closer):
-//     it revokes nothing (the lease stays) and cannot fail in a way the
-//     caller could act on, as close(2) of a read-only descriptor.
+//     it revokes nothing when the handle used or became the lease, and a
+//     read grant's revoke otherwise has nothing to report: it cannot fail
+//     in a way the caller could act on, as close(2) of a read-only
+//     descriptor.
 
 // maxKeptCaches bounds the mappings kept (metadata keeps at most as many
 // idle leases per session).
@@ -31,9 +33,10 @@ const maxKeptCaches = 256
 // keptCaches are mappings of files closed under a kept lease, by data
 // handle, least recently kept first.
 type keptCaches struct {
-	mu  sync.Mutex
-	by  map[uint64]*list.Element // protected by mu
-	lru list.List                // of *keptCache; protected by mu
+	mu     sync.Mutex
+	by     map[uint64]*list.Element // protected by mu
+	lru    list.List                // of *keptCache; protected by mu
+	closed bool                     // the FS is closed: keep nothing; protected by mu
 }
 
 type keptCache struct {
@@ -67,6 +70,11 @@ func (k *keptCaches) take(handle, gen uint64) *fileCache {
 func (k *keptCaches) put(handle uint64, fc *fileCache) {
 	var drop []*fileCache
 	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		fc.unmap() // a file closed after its FS
+		return
+	}
 	if k.by == nil {
 		k.by = map[uint64]*list.Element{}
 	}
@@ -88,9 +96,10 @@ func (k *keptCaches) put(handle uint64, fc *fileCache) {
 	}
 }
 
-// drop unmaps every kept mapping (FS.Close).
+// drop unmaps every kept mapping and keeps none from then on (FS.Close).
 func (k *keptCaches) drop() {
 	k.mu.Lock()
+	k.closed = true
 	var drop []*fileCache
 	for e := k.lru.Front(); e != nil; e = e.Next() {
 		drop = append(drop, e.Value.(*keptCache).fc)

@@ -21,8 +21,10 @@
  *   3. metadata ring: WEIR_OP_OPEN -> handle, attr, created, granted
  *        (and a reopen ticket with WEIR_FEATURE_REOPEN, and the data
  *        handle with WEIR_FEATURE_LEASES)
- *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1; the
- *        data handle is the handle from then on
+ *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1; with
+ *        WEIR_FEATURE_LEASES the completion's aux is the data handle from
+ *        then on (the handle, or the kept lease it uses if that is still
+ *        good)
  *   5. io ring: WEIR_OP_READ / WRITE / TRUNCATE / SYNC / GETATTR on the
  *        data handle (the handle without WEIR_FEATURE_LEASES)
  *   6. metadata ring: WEIR_OP_CLOSE {handle}

@@ -56,6 +56,7 @@ type lease struct {
 	// Protected by leaseTable.mu:
 	refs   int           // open handles using it
 	doomed bool          // end it at its last close (its file's mode or owner changed)
+	ended  bool          // out of the table, its end done or under way (by whoever set it)
 	idle   *list.Element // in its session's idle list while refs == 0
 }
 
@@ -138,7 +139,7 @@ func (se *session) keepLease(id uint64, h *handle) {
 		void = old // of an io epoch that is over, and idle
 		t.dropLocked(old)
 	}
-	if m == nil {
+	if m = t.byIno[h.ino]; m == nil { // (the drop may have removed it)
 		m = map[uint64]*lease{}
 		t.byIno[h.ino] = m
 	}
@@ -152,8 +153,10 @@ func (se *session) keepLease(id uint64, h *handle) {
 	h.lease = l
 }
 
-// dropLocked forgets l; t.mu is held. The caller drops its file reference.
+// dropLocked forgets l and marks it ended; t.mu is held. The caller ends
+// it (endLease), or drops its file reference for a void one.
 func (t *leaseTable) dropLocked(l *lease) {
+	l.ended = true
 	if m := t.byIno[l.ino]; m[l.sid] == l {
 		delete(m, l.sid)
 		if len(m) == 0 {
@@ -184,7 +187,7 @@ func (se *session) closeLeased(h *handle) {
 	var end []*lease
 	t.mu.Lock()
 	l.refs--
-	if l.refs == 0 {
+	if l.refs == 0 && !l.ended {
 		if l.doomed || t.byIno[l.ino][l.sid] != l {
 			t.dropLocked(l)
 			end = append(end, l)
@@ -262,11 +265,16 @@ func (s *Service) endLeasesOfBlob(blob uint64) {
 	t := s.leases
 	var end []*lease
 	t.mu.Lock()
-	for _, m := range t.byIno {
-		for _, l := range m {
-			if l.blob == blob {
-				end = append(end, l)
-			}
+	// A blob's id is its file's inode number (io refuses a grant where
+	// they differ). One in use cannot be (the file would have an open
+	// handle): doomed all the same, never ended twice.
+	for _, l := range t.byIno[ns.Ino(blob)] {
+		switch {
+		case l.blob != blob:
+		case l.refs > 0:
+			l.doomed = true
+		default:
+			end = append(end, l)
 		}
 	}
 	for _, l := range end {
