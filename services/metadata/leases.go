@@ -70,6 +70,11 @@ const (
 
 // leaseTable holds every kept lease of the service.
 type leaseTable struct {
+	// evicted are the leases pushed out of an idle list, for leaseEnder
+	// to end (not the session goroutine that pushed them: the revoke is a
+	// NATS round trip, and the session's next request would wait for it).
+	evicted chan *lease
+
 	mu    sync.Mutex
 	byIno map[ns.Ino]map[uint64]*lease // ino -> session -> lease
 	idle  map[uint64]*list.List        // session -> its idle leases, least recently used first
@@ -78,7 +83,7 @@ type leaseTable struct {
 }
 
 func newLeaseTable() *leaseTable {
-	return &leaseTable{byIno: map[ns.Ino]map[uint64]*lease{}, idle: map[uint64]*list.List{}}
+	return &leaseTable{byIno: map[ns.Ino]map[uint64]*lease{}, idle: map[uint64]*list.List{}, evicted: make(chan *lease, evictedQueue)}
 }
 
 // count returns the leases kept.
@@ -186,6 +191,7 @@ func (se *session) closeLeased(h *handle) {
 	h.lease = nil
 	var end []*lease
 	t.mu.Lock()
+	var evict []*lease
 	l.refs--
 	if l.refs == 0 && !l.ended {
 		if l.doomed || t.byIno[l.ino][l.sid] != l {
@@ -204,13 +210,36 @@ func (se *session) closeLeased(h *handle) {
 			for q.Len() > maxIdleLeases || (t.nIdle > maxIdleLeasesTotal && q.Len() > 0) {
 				old := q.Front().Value.(*lease)
 				t.dropLocked(old)
-				end = append(end, old)
+				evict = append(evict, old)
 			}
 		}
 	}
 	t.mu.Unlock()
 	for _, l := range end {
-		s.endLease(l)
+		s.endLease(l) // doomed: its end is what a chmod or delete waits for
+	}
+	for _, l := range evict {
+		select {
+		case t.evicted <- l:
+		default:
+			s.endLease(l) // leaseEnder is behind
+		}
+	}
+}
+
+// evictedQueue bounds the evicted leases waiting for leaseEnder.
+const evictedQueue = 1024
+
+// leaseEnder ends the evicted leases until the service stops (those
+// still queued then end with their sessions and io's grants with them).
+func (s *Service) leaseEnder() {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case l := <-s.leases.evicted:
+			s.endLease(l)
+		}
 	}
 }
 

@@ -263,9 +263,10 @@ func (s *Service) Start() error {
 	for _, b := range s.ns.PendingDeletes() {
 		s.dels.add(b)
 	}
-	s.bg.Add(2)
+	s.bg.Add(3)
 	go func() { defer s.bg.Done(); s.dels.run() }()
 	go func() { defer s.bg.Done(); s.revokes.run() }()
+	go func() { defer s.bg.Done(); s.leaseEnder() }()
 	if held := s.ns.Held(); len(held) > 0 {
 		s.log.Info("files unlinked while open are held for their holders to reopen", "files", len(held), "grace", s.opts.ReclaimGrace)
 	}
