@@ -214,6 +214,18 @@ func (s *Service) timesSetOf(ino ns.Ino) int64 {
 	return 0
 }
 
+// noteDVIfSame is noteDV of the answer to a revoke that wrote nothing,
+// only when the size it reports is the one recorded: other sessions may
+// have written the file since the last report applied (the revoke of a
+// read grant, or of a kept lease, can come at any time), and noting
+// their data version without their size would make the report that
+// brings it look stale (and drop it: a size lost).
+func (s *Service) noteDVIfSame(ino ns.Ino, f *openFile, ack control.Ack) {
+	if a, err := s.ns.GetAttr(ino); err == nil && a.Size == ack.Size {
+		s.noteDV(f, ack.DV)
+	}
+}
+
 // noteDV records that the file was as io reported at data version dv, so
 // that an older report is ignored.
 func (s *Service) noteDV(f *openFile, dv uint64) {
@@ -319,7 +331,7 @@ func (se *session) revoke(id uint64, h *handle) error {
 	}
 	s.Stats.Revokes.Add(1)
 	if !ack.Wrote {
-		s.noteDV(f, ack.DV)
+		s.noteDVIfSame(h.ino, f, ack)
 		return nil
 	}
 	var firstErr error

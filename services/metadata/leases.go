@@ -339,7 +339,7 @@ func (s *Service) endLease(l *lease) {
 		return
 	}
 	s.Stats.Revokes.Add(1)
-	s.noteDV(f, ack.DV) // a read grant wrote nothing
+	s.noteDVIfSame(l.ino, f, ack) // a read grant wrote nothing
 }
 
 // leaseable says whether an open with flags may use or become a kept
