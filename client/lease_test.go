@@ -380,3 +380,32 @@ func TestKeptMappingsEndWithTheFS(t *testing.T) {
 		t.Fatalf("%d mappings kept after the FS closed, want 0", n)
 	}
 }
+
+// TestRemoveFilesUnderKeptLeases: files the session read (so it keeps a
+// lease of each) and then removes are deleted at io: each delete ends
+// the leases of its blob first, its own and those another end (the
+// session's, an eviction) has under way.
+func TestRemoveFilesUnderKeptLeases(t *testing.T) {
+	c, st := newFS(t)
+	const n = 300
+	for i := range n {
+		name := fmt.Sprint("r", i)
+		if err := c.WriteFile(name, []byte(name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ReadFile(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	for i := range n {
+		if err := c.Remove(fmt.Sprint("r", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "every removed file's blob deleted", func() bool { return len(st.Metadata.NS().PendingDeletes()) == 0 })
+	t.Logf("%d removes and their deletes took %v", n, time.Since(start))
+	if f := st.Metadata.Stats.DeleteFailures.Load(); f != 0 {
+		t.Errorf("%d delete attempts failed", f)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/services/metadata/ns"
@@ -54,10 +55,12 @@ type lease struct {
 	epoch uint64    // io epoch of the grant
 
 	// Protected by leaseTable.mu:
-	refs   int           // open handles using it
-	doomed bool          // end it at its last close (its file's mode or owner changed)
-	ended  bool          // out of the table, its end done or under way (by whoever set it)
-	idle   *list.Element // in its session's idle list while refs == 0
+	refs   int  // open handles using it
+	doomed bool // end it at its last close (its file's mode or owner changed)
+	ended  bool // out of the table, its end done or under way (by whoever set it)
+
+	done chan struct{} // closed once it is ended (revoked at io, or void)
+	idle *list.Element // in its session's idle list while refs == 0
 }
 
 // maxIdleLeases bounds the leases a session keeps that no handle uses,
@@ -77,13 +80,17 @@ type leaseTable struct {
 
 	mu    sync.Mutex
 	byIno map[ns.Ino]map[uint64]*lease // ino -> session -> lease
-	idle  map[uint64]*list.List        // session -> its idle leases, least recently used first
-	n     int                          // leases
-	nIdle int                          // of which idle
+	// ending are the leases out of byIno whose end is under way (a revoke
+	// on its way to io), by inode: a delete of the blob waits for them.
+	ending map[ns.Ino]map[*lease]struct{}
+	idle   map[uint64]*list.List // session -> its idle leases, least recently used first
+	n      int                   // leases
+	nIdle  int                   // of which idle
 }
 
 func newLeaseTable() *leaseTable {
-	return &leaseTable{byIno: map[ns.Ino]map[uint64]*lease{}, idle: map[uint64]*list.List{}, evicted: make(chan *lease, evictedQueue)}
+	return &leaseTable{byIno: map[ns.Ino]map[uint64]*lease{}, ending: map[ns.Ino]map[*lease]struct{}{},
+		idle: map[uint64]*list.List{}, evicted: make(chan *lease, evictedQueue)}
 }
 
 // count returns the leases kept.
@@ -109,7 +116,7 @@ func (s *Service) useLease(sid uint64, ino ns.Ino) *lease {
 		var void *lease
 		if l.refs == 0 {
 			void = l
-			t.dropLocked(l)
+			t.dropVoidLocked(l)
 		}
 		t.mu.Unlock()
 		if void != nil {
@@ -142,13 +149,13 @@ func (se *session) keepLease(id uint64, h *handle) {
 	var void *lease
 	if old := m[se.id]; old != nil {
 		void = old // of an io epoch that is over, and idle
-		t.dropLocked(old)
+		t.dropVoidLocked(old)
 	}
 	if m = t.byIno[h.ino]; m == nil { // (the drop may have removed it)
 		m = map[uint64]*lease{}
 		t.byIno[h.ino] = m
 	}
-	l := &lease{sid: se.id, id: id, ino: h.ino, blob: h.blob, file: s.openFileRef(h.ino), epoch: h.grantEpoch, refs: 1}
+	l := &lease{sid: se.id, id: id, ino: h.ino, blob: h.blob, file: s.openFileRef(h.ino), epoch: h.grantEpoch, refs: 1, done: make(chan struct{})}
 	m[se.id] = l
 	t.n++
 	t.mu.Unlock()
@@ -158,10 +165,39 @@ func (se *session) keepLease(id uint64, h *handle) {
 	h.lease = l
 }
 
-// dropLocked forgets l and marks it ended; t.mu is held. The caller ends
-// it (endLease), or drops its file reference for a void one.
+// dropVoidLocked is dropLocked of a lease of an io epoch that is over:
+// there is nothing to revoke. The caller drops its file reference.
+func (t *leaseTable) dropVoidLocked(l *lease) {
+	t.dropLocked(l)
+	t.endedLocked(l)
+}
+
+// endedLocked records that l's end is done; t.mu is held.
+func (t *leaseTable) endedLocked(l *lease) {
+	if m := t.ending[l.ino]; m != nil {
+		delete(m, l)
+		if len(m) == 0 {
+			delete(t.ending, l.ino)
+		}
+	}
+	select {
+	case <-l.done:
+	default:
+		close(l.done)
+	}
+}
+
+// dropLocked forgets l and marks it ended, its end under way; t.mu is
+// held. The caller ends it (endLease).
 func (t *leaseTable) dropLocked(l *lease) {
+	if l.ended {
+		return
+	}
 	l.ended = true
+	if t.ending[l.ino] == nil {
+		t.ending[l.ino] = map[*lease]struct{}{}
+	}
+	t.ending[l.ino][l] = struct{}{}
 	if m := t.byIno[l.ino]; m[l.sid] == l {
 		delete(m, l.sid)
 		if len(m) == 0 {
@@ -313,12 +349,34 @@ func (s *Service) endLeasesOfBlob(blob uint64) {
 	for _, l := range end {
 		s.endLease(l)
 	}
+	// And the ends others began (a session's, an eviction): io deletes
+	// no blob a grant still holds.
+	t.mu.Lock()
+	var waits []chan struct{}
+	for l := range t.ending[ns.Ino(blob)] {
+		waits = append(waits, l.done)
+	}
+	t.mu.Unlock()
+	for _, w := range waits {
+		select {
+		case <-w:
+		case <-s.stop:
+			return
+		case <-time.After(2 * s.requestTimeout()):
+			return // the delete fails and is tried again
+		}
+	}
 }
 
 // endLease revokes an ended lease at io (a grant of an io epoch that is
 // over needs nothing) and drops its file reference. A revoke io does not
 // answer is sent again (retrier) until that epoch ends.
 func (s *Service) endLease(l *lease) {
+	defer func() {
+		s.leases.mu.Lock()
+		s.leases.endedLocked(l)
+		s.leases.mu.Unlock()
+	}()
 	defer s.closeFileRef(l.file)
 	s.Stats.LeasesEnded.Add(1)
 	if l.epoch != s.io.currentEpoch() {
