@@ -302,11 +302,12 @@ type Call struct {
 	// the caller spins for it only as long as for the first 32 polls,
 	// then waits hybrid (sleepLong): asleep on the completion queue's
 	// doorbell for most of the median time long calls take, then
-	// spinning for the completion, as Linux's hybrid block polling does; the spin budget
-	// of quick calls is left as it is. Spinning through the whole flush
-	// would take the CPU that the service and the kernel's I/O threads
-	// need to complete it on a small machine; sleeping through all of it
-	// costs a thread wake-up after it (docs/benchmarks.md, fsync).
+	// spinning for the completion, as Linux's hybrid block polling does;
+	// the spin budget of quick calls is left as it is. Spinning through
+	// the whole flush would take the CPU that the service and the
+	// kernel's I/O threads need to complete it on a small machine;
+	// sleeping through all of it costs a thread wake-up after it
+	// (docs/benchmarks.md, fsync).
 	Long bool
 }
 
@@ -529,8 +530,14 @@ func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted
 	if est := time.Duration(c.longNs.Load()); est > 0 && (c.longHits.Load() > -hybridOff || c.longCalls.Add(1)%hybridProbe == 0) {
 		// Until then, or the doorbell: a futex wait also ends at a
 		// signal (the Go runtime's preemption) or a stray bell.
+		// Other callers' completions are reaped on the way, not taken
+		// for the end of the sleep.
 		wake := submitted.Add(max(est/2, est-hybridMaxSpin/2))
-		for d := time.Until(wake); d >= hybridMinSleep && !ready(); d = time.Until(wake) {
+		for d := time.Until(wake); d >= hybridMinSleep; d = time.Until(wake) {
+			c.reap()
+			if w.state.Load() == wDone || c.Err() != nil || ctx.Err() != nil {
+				break
+			}
 			c.cqBell.sleepFor(ready, d)
 		}
 		spinEnd := time.Now().Add(min(est, hybridMaxSpin))

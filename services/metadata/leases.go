@@ -100,7 +100,7 @@ func (t *leaseTable) count() int {
 	return t.n
 }
 
-// use returns the session's lease of ino if it is of the io epoch now,
+// useLease returns the session's lease of ino if it is of the io epoch now,
 // with one more handle on it; nil if it has none. A void one (an epoch
 // that is over) is forgotten.
 func (s *Service) useLease(sid uint64, ino ns.Ino) *lease {

@@ -510,22 +510,12 @@ func (se *session) chmod(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	if err := se.svc.ns.ChmodAt(se.cred, dir, r.Path, r.Mode); err != nil {
+	ino, err := se.svc.ns.ChmodAt(se.cred, dir, r.Path, r.Mode)
+	if err != nil {
 		return se.errno(err)
 	}
-	se.accessChangedAt(dir, r.Path)
+	se.svc.doomLeases(ino) // its mode changed
 	return 0, 0
-}
-
-// accessChangedAt ends the kept leases of the file at path from dir,
-// whose mode or owner just changed (doomLeases).
-func (se *session) accessChangedAt(dir ns.Ino, path string) {
-	if se.svc.leases.count() == 0 {
-		return
-	}
-	if a, err := se.svc.ns.StatAt(se.cred, dir, path); err == nil {
-		se.svc.doomLeases(a.Ino)
-	}
 }
 
 // ownerArgs checks a chown's uid and gid: uid_t and gid_t are 32 bits,
@@ -550,10 +540,11 @@ func (se *session) chown(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	if err := se.svc.ns.ChownAt(se.cred, dir, r.Path, uid, gid); err != nil {
+	ino, err := se.svc.ns.ChownAt(se.cred, dir, r.Path, uid, gid)
+	if err != nil {
 		return se.errno(err)
 	}
-	se.accessChangedAt(dir, r.Path)
+	se.svc.doomLeases(ino) // its owner changed
 	return 0, 0
 }
 

@@ -597,7 +597,9 @@ func TestAtOperations(t *testing.T) {
 	if len(ents) != 0 {
 		t.Fatalf("sub still holds %v", ents)
 	}
-	must(t, n.ChmodAt(root, RootIno, "g", 0o600))
+	if _, err := n.ChmodAt(root, RootIno, "g", 0o600); err != nil {
+		t.Fatal(err)
+	}
 	must(t, n.FChmod(root, f.Ino, 0o640))
 	must(t, n.FChown(root, f.Ino, -1, 77))
 	must(t, n.FChtimes(root, f.Ino, 5, TimeOmit))

@@ -601,19 +601,24 @@ func (t target) resolve(s *state, c *Cred) (*inode, error) {
 // and root may; a caller that is neither root nor in the file's group
 // loses the setgid bit (as on Linux). ctime is updated.
 func (n *NS) Chmod(c Cred, path string, mode uint32) error {
-	return n.chmod(c, pathAt(RootIno, path), mode)
+	_, err := n.chmod(c, pathAt(RootIno, path), mode)
+	return err
 }
 
-// ChmodAt is Chmod of a path relative to directory dir, as fchmodat(2).
-func (n *NS) ChmodAt(c Cred, dir Ino, path string, mode uint32) error {
+// ChmodAt is Chmod of a path relative to directory dir, as fchmodat(2);
+// it returns the inode it changed.
+func (n *NS) ChmodAt(c Cred, dir Ino, path string, mode uint32) (Ino, error) {
 	return n.chmod(c, pathAt(dir, path), mode)
 }
 
 // FChmod is Chmod of the open inode ino, as fchmod(2).
-func (n *NS) FChmod(c Cred, ino Ino, mode uint32) error { return n.chmod(c, inodeTarget(ino), mode) }
+func (n *NS) FChmod(c Cred, ino Ino, mode uint32) error {
+	_, err := n.chmod(c, inodeTarget(ino), mode)
+	return err
+}
 
-func (n *NS) chmod(c Cred, at target, mode uint32) error {
-	_, err := n.setAttr(&c, at, func(nd *inode) (*setAttrRec, error) {
+func (n *NS) chmod(c Cred, at target, mode uint32) (Ino, error) {
+	a, err := n.setAttr(&c, at, func(nd *inode) (*setAttrRec, error) {
 		if !isOwner(&c, &nd.attr) {
 			return nil, syscall.EPERM
 		}
@@ -623,7 +628,7 @@ func (n *NS) chmod(c Cred, at target, mode uint32) error {
 		}
 		return &setAttrRec{ino: nd.attr.Ino, mask: setMode | setCtime, mode: m, ctime: n.now()}, nil
 	})
-	return err
+	return a.Ino, err
 }
 
 // Chown changes the owner and group of path. uid and gid are taken as
@@ -635,23 +640,26 @@ func (n *NS) chmod(c Cred, at target, mode uint32) error {
 // for root too (Linux since 2.2.13); a non-owner's no-op chown of such a
 // file is therefore EPERM. ctime is updated even when nothing else changes.
 func (n *NS) Chown(c Cred, path string, uid, gid int) error {
-	return n.chown(c, pathAt(RootIno, path), uid, gid)
+	_, err := n.chown(c, pathAt(RootIno, path), uid, gid)
+	return err
 }
 
-// ChownAt is Chown of a path relative to directory dir, as fchownat(2).
-func (n *NS) ChownAt(c Cred, dir Ino, path string, uid, gid int) error {
+// ChownAt is Chown of a path relative to directory dir, as fchownat(2);
+// it returns the inode it changed.
+func (n *NS) ChownAt(c Cred, dir Ino, path string, uid, gid int) (Ino, error) {
 	return n.chown(c, pathAt(dir, path), uid, gid)
 }
 
 // FChown is Chown of the open inode ino, as fchown(2).
 func (n *NS) FChown(c Cred, ino Ino, uid, gid int) error {
-	return n.chown(c, inodeTarget(ino), uid, gid)
+	_, err := n.chown(c, inodeTarget(ino), uid, gid)
+	return err
 }
 
-func (n *NS) chown(c Cred, at target, uid, gid int) error {
+func (n *NS) chown(c Cred, at target, uid, gid int) (Ino, error) {
 	const unchanged = 1<<32 - 1
 	u, g := uint32(uid), uint32(gid)
-	_, err := n.setAttr(&c, at, func(nd *inode) (*setAttrRec, error) {
+	got, err := n.setAttr(&c, at, func(nd *inode) (*setAttrRec, error) {
 		a := &nd.attr
 		rec := &setAttrRec{ino: a.Ino, mask: setCtime, ctime: n.now()}
 		if u != unchanged {
@@ -679,7 +687,7 @@ func (n *NS) chown(c Cred, at target, uid, gid int) error {
 		}
 		return rec, nil
 	})
-	return err
+	return got.Ino, err
 }
 
 // Chtimes sets the access and modification times of path (Unix
