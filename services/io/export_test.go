@@ -14,3 +14,19 @@ func SetHandOffAlways(s *Service, on bool) { s.handOffAlways.Store(on) }
 // SetAfterMark makes every cached write call f between marking its pages
 // changed for the next fsync and extending the size (nil: nothing).
 func SetAfterMark(f func()) { testAfterMark = f }
+
+// FlushAll writes every open blob's dirty pages home and waits, as the
+// flusher does every few seconds.
+func FlushAll(s *Service) { s.flushAll(true) }
+
+// HoldCheckpoints keeps checkpoint passes from running (the live records
+// stay live, as when a crash comes before the next pass) until the
+// returned func is called.
+func HoldCheckpoints(s *Service) (release func()) {
+	s.stg.ckptMu.Lock()
+	return s.stg.ckptMu.Unlock
+}
+
+// SetAfterTruncateLog makes every truncate that shrinks a file call f
+// between logging the cut and making it (nil: nothing).
+func SetAfterTruncateLog(f func()) { testAfterTruncateLog = f }

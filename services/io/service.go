@@ -823,11 +823,20 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		// logTruncate), outside the region's locks (it may wait for the
 		// checkpointer, which takes them), and the cut made durable
 		// after, so that replay never finds bytes from before the cut
-		// past it (the records before it are clipped there).
+		// past it (the records before it are clipped there). The file's
+		// fsyncs wait from the log to the durable cut: one between
+		// would record the size before the cut, and its replay would
+		// give the bytes the cut took as zeros
+		// (TestFsyncBetweenTruncateLogAndCut).
+		ob.sf.fsyncMu.Lock()
+		defer ob.sf.fsyncMu.Unlock()
 		if err := s.logTruncate(ob, size); err != nil {
 			return err
 		}
 		logged = true
+		if testAfterTruncateLog != nil {
+			testAfterTruncateLog()
+		}
 	}
 	cutDurable := func() error {
 		if !logged {

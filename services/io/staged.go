@@ -175,6 +175,10 @@ func (f *stagedFile) cleanLocked() bool {
 // between marking its pages changed and extending the size.
 var testAfterMark func()
 
+// testAfterTruncateLog, set by tests only (SetAfterTruncateLog), runs in
+// a truncate that shrinks a file between logging the cut and making it.
+var testAfterTruncateLog func()
+
 // maxChangedPages bounds the pages a file's changed bitmap covers (4 GiB
 // of file: a 128 KiB bitmap); a write past it marks the file dirtyHome.
 const maxChangedPages = 1 << 20
@@ -309,7 +313,8 @@ func validRecord(r *staging.Record) string {
 
 // replay applies the live records to their blobs, in lsn order, skipping
 // each file's records before its last FlagHome one and each record's bytes
-// past a later FlagTruncate record's cut, sets each blob to its last
+// past a later FlagTruncate record's cut (the cut's page written whole,
+// zeros past the cut), sets each blob to its last
 // record's size, and syncs each blob
 // after its last record (then closes it: only blobs whose records
 // interleave are open together). The records stay
@@ -391,9 +396,21 @@ func (st *stager) replay(recs []staging.Record) error {
 			n := int(e.Pages) * staging.PageSize
 			data, off := r.Data[at:at+n], int64(e.First)*staging.PageSize
 			at += n
-			// Not past a later cut: those bytes are older than it.
+			// Not past a later cut: those bytes are older than it. The
+			// page the cut falls in is written whole, zeros past the cut
+			// (the file's bytes there once it was cut): home may hold that
+			// page in a later state, and half of each is a page the file
+			// never had (TestReplayKeepsACutPageWhole). A later write to
+			// the page is in a later record, which replay applies after.
 			if c := cutAfter[i]; off+int64(len(data)) > c {
-				data = data[:max(0, c-off)]
+				keep := max(0, c-off)
+				whole := min(int64(len(data)), max(keep, alignPage(c)-off))
+				if whole > keep {
+					data = slices.Clone(data[:whole])
+					clear(data[keep:])
+				} else {
+					data = data[:keep]
+				}
 			}
 			if len(data) == 0 {
 				continue
@@ -425,6 +442,11 @@ func (st *stager) replay(recs []staging.Record) error {
 	}
 	s.log.Info("staging log replayed", "records", len(recs), "files", files)
 	return nil
+}
+
+// alignPage rounds n up to a multiple of the staging page size.
+func alignPage(n int64) int64 {
+	return (n + staging.PageSize - 1) / staging.PageSize * staging.PageSize
 }
 
 // fileLocked returns the staging state of blob id, making it. st.mu is

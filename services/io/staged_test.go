@@ -234,6 +234,9 @@ func TestStagedFsyncPowerCuts(t *testing.T) {
 			}
 			m.gone = true
 			what = "remove"
+		case k < 73: // write-back of pages no fsync covers, then a cut
+			iosvc.FlushAll(e.io)
+			what = "write-back"
 		default: // fsync, then a power cut
 			if err := m.f.Sync(); err != nil {
 				t.Fatal(err)
@@ -241,7 +244,7 @@ func TestStagedFsyncPowerCuts(t *testing.T) {
 			m.states = [][]byte{slices.Clone(m.cur)}
 			what = "fsync"
 		}
-		if what != "fsync" && what != "remove" {
+		if what != "fsync" && what != "remove" && what != "write-back" {
 			continue
 		}
 		cuts++
