@@ -18,9 +18,20 @@ const edgeStripes = 64
 
 // blobFile is the state of one blob shared by all its open handles.
 type blobFile struct {
-	be   *Backend       // immutable
-	id   backend.BlobID // immutable
-	refs int            // open handles; protected by be.mu
+	be *Backend       // immutable
+	id backend.BlobID // immutable
+	// direct: the file is open with O_DIRECT (the backend's mode), for
+	// every blob but the staging log, whose records are written through
+	// the kernel's page cache: a record's write then returns at once and
+	// the log's next flush (fdatasync) writes every record it covers and
+	// flushes the device. With O_DIRECT each record's write waited for the
+	// device itself, queued behind the flush before it, so an fsync cost
+	// two device round trips and fewer records shared a flush (bench/fsync,
+	// 8 writers on ext4, one binary after the other: 4,123 and 4,213
+	// fsyncs/s at 0.47 flushes per fsync with O_DIRECT, 4,619 and 5,532 at
+	// 0.36 buffered). Immutable.
+	direct bool
+	refs   int // open handles; protected by be.mu
 
 	// mu orders I/O against size changes and closing. Reads, and writes
 	// that end within the current size, hold it shared; writes that extend
@@ -119,7 +130,7 @@ func (h *handle) ReadAt(p []byte, off int64) (int, error) {
 	}
 	n := int(min(int64(len(p)), size-off))
 	var err error
-	if b.be.direct {
+	if b.direct {
 		err = b.readDirectLocked(p[:n], off)
 	} else {
 		var got int
@@ -203,7 +214,7 @@ func (b *blobFile) writeLocked(p []byte, off int64, excl bool) (int, error) {
 	size := b.size.Load()
 	var n int
 	var err error
-	if b.be.direct {
+	if b.direct {
 		var last int64
 		n, last, err = b.writeDirectLocked(p, off, size)
 		// The last block written may run past the end: cut the file

@@ -1,6 +1,10 @@
 package file
 
-import "github.com/weir-storage/weir/services/io/backend"
+import (
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/services/io/backend"
+)
 
 // SetSyncHook makes every blob sync of b call fn first; an error from fn
 // becomes the sync's result. nil removes the hook.
@@ -28,4 +32,13 @@ func SetAfterWriteHook(fn func(onDisk int64)) {
 		return
 	}
 	testAfterWrite.Store(&fn)
+}
+
+// OpenFlags returns the status flags (F_GETFL) of the descriptor behind
+// blob handle b.
+func OpenFlags(b backend.Blob) (int, error) {
+	h := b.(*handle)
+	h.b.mu.RLock()
+	defer h.b.mu.RUnlock()
+	return unix.FcntlInt(uintptr(h.b.fd), unix.F_GETFL, 0)
 }

@@ -498,7 +498,8 @@ func (be *Backend) Open(id backend.BlobID) (backend.Blob, error) {
 	if be.readOnly {
 		flags = unix.O_RDONLY
 	}
-	if be.direct {
+	direct := be.direct && id != backend.StagingBlob // blobFile.direct says why
+	if direct {
 		flags |= unix.O_DIRECT
 	}
 	fd, err := openFile(be.path(id), flags, 0)
@@ -510,7 +511,7 @@ func (be *Backend) Open(id backend.BlobID) (backend.Blob, error) {
 		unix.Close(fd)
 		return nil, errorf("open", id, err)
 	}
-	b := &blobFile{be: be, id: id, fd: fd, tailFD: -1, refs: 1, syncErr: be.failed[id]}
+	b := &blobFile{be: be, id: id, direct: direct, fd: fd, tailFD: -1, refs: 1, syncErr: be.failed[id]}
 	b.size.Store(st.Size)
 	be.open[id] = b
 	return &handle{b: b}, nil
