@@ -793,6 +793,9 @@ func (f *FS) WriteFile(name string, data []byte, perm fs.FileMode) error {
 // whose completion the hybrid wait caught spinning or missed.
 type WaitStats struct {
 	Calls, Parked, LongParked, LongSpun, LongMissed uint64
+	// NoSpin: waits that slept at once because io said its clients
+	// should not spin (ring.HintNoSpin: many requests in flight).
+	NoSpin uint64
 }
 
 // DataWaitStats returns the WaitStats of the current data ring (a
@@ -806,5 +809,5 @@ func (f *FS) DataWaitStats() WaitStats {
 	}
 	st := &c.data.Stats
 	return WaitStats{Calls: st.Calls.Load(), Parked: st.Parked.Load(), LongParked: st.LongParked.Load(),
-		LongSpun: st.LongSpun.Load(), LongMissed: st.LongMissed.Load()}
+		LongSpun: st.LongSpun.Load(), LongMissed: st.LongMissed.Load(), NoSpin: st.NoSpin.Load()}
 }

@@ -42,6 +42,7 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_STATE_INIT", uint64(StateInit)),
 		cheader.Def("WEIR_STATE_RUNNING", uint64(StateRunning)),
 		cheader.Def("WEIR_STATE_CLOSED", uint64(StateClosed)),
+		cheader.Def("WEIR_HINT_NO_SPIN", uint64(HintNoSpin)),
 
 		cheader.Def("WEIR_OP_NOP", uint64(OpNop)),
 		cheader.Def("WEIR_OP_ECHO", uint64(OpEcho)),
@@ -74,6 +75,7 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_HDR_OFF_CQ_BELL", offCQBell),
 		cheader.Def("WEIR_HDR_OFF_CQ_WAITERS", offCQWaiters),
 		cheader.Def("WEIR_HDR_OFF_SERVER_STATE", offServerState),
+		cheader.Def("WEIR_HDR_OFF_SERVER_HINTS", offServerHints),
 		cheader.Def("WEIR_HDR_OFF_CLIENT_STATE", offClientState),
 
 		cheader.Def("WEIR_SQE_OFF_SEQ", sqOffSeq),
@@ -129,6 +131,7 @@ func cLayout() (fields []cheader.Field, sizes map[string]uint64) {
 		cheader.At(hdr, "cq_bell", offCQBell, u32),
 		cheader.At(hdr, "cq_waiters", offCQWaiters, u32),
 		cheader.At(hdr, "server_state", offServerState, reflect.TypeOf(StateRunning)),
+		cheader.At(hdr, "server_hints", offServerHints, reflect.TypeOf(HintNoSpin)),
 		cheader.At(hdr, "client_state", offClientState, reflect.TypeOf(StateRunning)),
 
 		cheader.At(sqe, "seq", sqOffSeq, u64),

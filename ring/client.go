@@ -30,7 +30,8 @@ const (
 	wDelivering
 	wDone
 	wAbandoned // the caller gave up; the completion frees the slot
-	// wSleeping: a long call's caller sleeps on the CQ doorbell itself
+	// wSleeping: the caller (of a long call, or of a quick one told not
+	// to spin) sleeps on the CQ doorbell itself
 	// (no reaper, no goroutine hand-off); a deliverer other than the
 	// caller rings the doorbell after it.
 	wSleeping
@@ -55,6 +56,9 @@ type ClientStats struct {
 	// the spin after its timed sleep (hybrid wait: no wake-up);
 	// LongMissed those whose spin ended first (it slept again).
 	LongSpun, LongMissed atomic.Uint64
+	// NoSpin counts waits that slept at once, without a spin, because
+	// the server's last completion carried HintNoSpin.
+	NoSpin atomic.Uint64
 }
 
 // Client submits requests on one ring region. Any number of goroutines may
@@ -81,15 +85,18 @@ type Client struct {
 	longNs    atomic.Int64  // long calls' median completion time (estimate), 0 before the first
 	longHits  atomic.Int32  // hybrid waits' recent catches: +1 a catch, -1 a miss (longHit)
 	longCalls atomic.Uint32 // long calls so far (a hybrid probe every hybridProbe)
-	parked    atomic.Int32  // callers asleep on their channel
-	reapWake  chan struct{} // tells the reaper a caller parked
-	done      chan struct{} // closed on Close, peer loss or damage
-	doneOnce  sync.Once
-	doneErr   atomic.Pointer[error]
-	reaperWG  sync.WaitGroup
-	onClose   func() // handshake layer's clean-up; set before use
-	files     *files // what the server passed on the socket; nil without one
-	closeOnce sync.Once
+	// selfSleepers: quick calls asleep on the CQ doorbell themselves
+	// (sleepShort): at most one.
+	selfSleepers atomic.Int32
+	parked       atomic.Int32  // callers asleep on their channel
+	reapWake     chan struct{} // tells the reaper a caller parked
+	done         chan struct{} // closed on Close, peer loss or damage
+	doneOnce     sync.Once
+	doneErr      atomic.Pointer[error]
+	reaperWG     sync.WaitGroup
+	onClose      func() // handshake layer's clean-up; set before use
+	files        *files // what the server passed on the socket; nil without one
+	closeOnce    sync.Once
 
 	Stats ClientStats
 }
@@ -448,14 +455,25 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter, long bool) (Co
 		if start.IsZero() {
 			start = now
 		}
+		noSpin := c.r.load32(offServerHints)&HintNoSpin != 0
+		if noSpin {
+			c.Stats.NoSpin.Add(1)
+		}
 		if long {
-			return c.sleepLong(ctx, idx, w, submitted)
+			return c.sleepLong(ctx, idx, w, submitted, noSpin)
 		}
 		budget := time.Duration(c.spinNs.Load())
+		if noSpin {
+			budget = 0 // and the budget learnt stays for when the server is idle again
+		}
 		if now.Sub(start) < budget {
 			continue
 		}
-		c.spinNs.Store(int64(max(budget/2, minSpin)))
+		if !noSpin {
+			c.spinNs.Store(int64(max(budget/2, minSpin)))
+		} else if res, err, ok := c.sleepShort(ctx, idx, w); ok {
+			return res, err
+		}
 		if !w.state.CompareAndSwap(wPending, wParked) {
 			continue // being delivered right now
 		}
@@ -516,7 +534,7 @@ const (
 // caller, where parking costs two (the reaper's, then the caller
 // goroutine's). A cancelled ctx is seen within maxSleep (the longest
 // doorbell sleep).
-func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted time.Time) (Completion, error) {
+func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted time.Time, noSpin bool) (Completion, error) {
 	if !w.state.CompareAndSwap(wPending, wSleeping) {
 		for w.state.Load() != wDone { // being delivered right now
 			pollPause(1)
@@ -527,7 +545,7 @@ func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted
 	ready := func() bool {
 		return w.state.Load() == wDone || c.cq.ready() || c.Err() != nil || ctx.Err() != nil
 	}
-	if est := time.Duration(c.longNs.Load()); est > 0 && (c.longHits.Load() > -hybridOff || c.longCalls.Add(1)%hybridProbe == 0) {
+	if est := time.Duration(c.longNs.Load()); !noSpin && est > 0 && (c.longHits.Load() > -hybridOff || c.longCalls.Add(1)%hybridProbe == 0) {
 		// Until then, or the doorbell: a futex wait also ends at a
 		// signal (the Go runtime's preemption) or a stray bell.
 		// Other callers' completions are reaped on the way, not taken
@@ -559,11 +577,17 @@ func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted
 			pollPause(i)
 		}
 	}
+	return c.sleepOnBell(ctx, w, ready, func() Completion { return c.longDone(idx, w, submitted) })
+}
+
+// sleepOnBell sleeps on the CQ doorbell until w (wSleeping) is done, then
+// returns finish(); or abandons w once the client or ctx ends.
+func (c *Client) sleepOnBell(ctx context.Context, w *waiter, ready func() bool, finish func() Completion) (Completion, error) {
 	for {
 		c.cqBell.sleep(ready)
 		c.reap()
 		if w.state.Load() == wDone {
-			return c.longDone(idx, w, submitted), nil
+			return finish(), nil
 		}
 		err := c.Err()
 		if err == nil {
@@ -576,9 +600,33 @@ func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted
 			for w.state.Load() != wDone {
 				pollPause(1)
 			}
-			return c.longDone(idx, w, submitted), nil
+			return finish(), nil
 		}
 	}
+}
+
+// sleepShort is the wait of a quick call told not to spin (HintNoSpin):
+// asleep on the CQ doorbell itself, when no other caller does so now, so
+// that its completion costs one wake-up (the reaper's and then the
+// caller's are two). false: another caller sleeps there; park instead.
+func (c *Client) sleepShort(ctx context.Context, idx uint32, w *waiter) (Completion, error, bool) {
+	if c.selfSleepers.Add(1) > 1 {
+		c.selfSleepers.Add(-1)
+		return Completion{}, nil, false
+	}
+	defer c.selfSleepers.Add(-1)
+	if !w.state.CompareAndSwap(wPending, wSleeping) {
+		for w.state.Load() != wDone { // being delivered right now
+			pollPause(1)
+		}
+		return c.collectLong(idx, w), nil, true
+	}
+	c.Stats.Parked.Add(1)
+	ready := func() bool {
+		return w.state.Load() == wDone || c.cq.ready() || c.Err() != nil || ctx.Err() != nil
+	}
+	res, err := c.sleepOnBell(ctx, w, ready, func() Completion { return c.collectLong(idx, w) })
+	return res, err, true
 }
 
 // longHit moves the hybrid waits' record of catches by d, within

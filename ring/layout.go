@@ -58,6 +58,7 @@ const (
 	offCQBell      = 192 // u32 bell, u32 waiters: the client sleeps here
 	offCQWaiters   = 196
 	offServerState = 256 // u32, written only by the server
+	offServerHints = 260 // u32, written only by the server: Hint* bits
 	offClientState = 320 // u32, written only by the client
 )
 
@@ -102,6 +103,16 @@ const (
 	FlagIndirect uint8 = 1 << 0
 
 	knownFlags = FlagIndirect
+)
+
+// Server hints (offServerHints), advice to the client that it may ignore.
+const (
+	// HintNoSpin: the requests in flight across the server's sessions
+	// (Load) were at least half the host's CPUs when the server posted
+	// its last completion to this session: a client that spins for a
+	// completion then holds a CPU that the server, or another client,
+	// needs. The Go client sleeps at once instead.
+	HintNoSpin uint32 = 1 << 0
 )
 
 // Session states published in the header, one word per side.

@@ -3,6 +3,7 @@ package ring
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -295,6 +296,15 @@ type ServerSession struct {
 	asyncWG  sync.WaitGroup
 	asyncErr atomic.Pointer[error]
 
+	// load, when shared (ShareLoad), counts this session's requests in
+	// flight with its siblings'; outstanding is this session's part (a
+	// request taken but never answered, the session ended by damage, is
+	// given back at the end of Serve); hint is the hints word as last
+	// stored.
+	load        *Load
+	outstanding atomic.Int64
+	hint        atomic.Uint32
+
 	stopping atomic.Bool
 	peerGone atomic.Bool
 	done     chan struct{} // closed when Serve returns
@@ -322,6 +332,52 @@ func NewServerSession(r *Region, h Handler, mode WaitMode) *ServerSession {
 
 // Region returns the session's shared memory.
 func (s *ServerSession) Region() *Region { return s.r }
+
+// Load counts the requests in flight across a set of server sessions (a
+// service's client sessions), so that each completion can tell its client
+// whether to spin for the next (HintNoSpin). Requests that wait on
+// purpose (a long poll) belong in sessions that do not share it.
+type Load struct {
+	pending  atomic.Int64
+	noSpinAt int64
+}
+
+// NewLoad returns a Load whose sessions' clients are told not to spin
+// while at least half the host's CPUs' worth of requests are in flight.
+func NewLoad() *Load { return &Load{noSpinAt: int64(max(1, runtime.NumCPU()/2))} }
+
+// Pending returns the requests in flight now.
+func (l *Load) Pending() int64 { return l.pending.Load() }
+
+// ShareLoad makes s count its requests in l and publish HintNoSpin from
+// it. Call it before Serve.
+func (s *ServerSession) ShareLoad(l *Load) { s.load = l }
+
+// taken counts a request taken from the SQ.
+func (s *ServerSession) taken() {
+	if s.load != nil {
+		s.outstanding.Add(1)
+		s.load.pending.Add(1)
+	}
+}
+
+// answered ends a request's count and stores the hint its completion
+// carries: before the completion is published, so that the client sees
+// it when it takes the completion.
+func (s *ServerSession) answered() {
+	l := s.load
+	if l == nil {
+		return
+	}
+	s.outstanding.Add(-1)
+	var h uint32
+	if l.pending.Add(-1) >= l.noSpinAt {
+		h = HintNoSpin
+	}
+	if s.hint.Swap(h) != h {
+		s.r.store32(offServerHints, h)
+	}
+}
 
 // PeerGone tells the session that the client closed or died. Safe from any
 // goroutine; Serve returns ErrPeerGone soon after, once the async requests
@@ -401,6 +457,9 @@ func (s *ServerSession) Serve() (err error) {
 		// Async handlers may still use the arena and post completions:
 		// nobody may unmap the region before they are done.
 		s.asyncWG.Wait()
+		if s.load != nil {
+			s.load.pending.Add(-s.outstanding.Swap(0))
+		}
 		if errors.Is(err, ErrDamaged) {
 			s.Stats.Damaged.Store(true)
 		}
@@ -441,7 +500,7 @@ func (s *ServerSession) Serve() (err error) {
 			s.Stats.BusyPolls.Add(1)
 			pollPause(i)
 		default:
-			if !sp.spin(s.readyOrStopped) {
+			if !spinTurn() || !sp.spinOnce(s.readyOrStopped) {
 				s.sqBell.sleep(s.readyOrStopped)
 				s.Stats.Wakeups.Add(1)
 			}
@@ -485,6 +544,7 @@ func (s *ServerSession) Poll(max int) (int, error) {
 		copy(s.slotBuf[:], s.r.mem[off:off+SQSlotSize])
 		s.sq.recycle(pos, off)
 		s.Stats.Requests.Add(1)
+		s.taken()
 		d, _ := DecodeDescriptor(s.slotBuf[:])
 		if err := s.serveOne(&d); err != nil {
 			return n, err
@@ -575,6 +635,7 @@ func (s *ServerSession) fail(err error) {
 // post puts c on the CQ, or on the backlog if the client has not made room
 // or completions are waiting there already. Safe from any goroutine.
 func (s *ServerSession) post(c Completion) error {
+	s.answered()
 	if s.backlogN.Load() == 0 {
 		pos, off, ok, err := s.cq.claimProduce()
 		if err != nil {

@@ -54,6 +54,7 @@
  *   sq_waiters,           the consuming side    __atomic_fetch_add/sub SEQ_CST;
  *   cq_waiters                                  the producer loads SEQ_CST
  *   server_state          the server only       store RELEASE, load ACQUIRE
+ *   server_hints          the server only       store RELEASE, load ACQUIRE
  *   client_state          the client only       store RELEASE, load ACQUIRE
  *
  * ACQUIRE on a sequence load pairs with the RELEASE that stored it: a
@@ -176,6 +177,13 @@
 /* 2 is reserved: never written. */
 #define WEIR_STATE_CLOSED 3u
 
+/* Server hints (server_hints): advice a client may ignore. NO_SPIN: the
+ * requests in flight across the server's sessions were at least half the
+ * host's CPUs when it posted its last completion here; a client that spins
+ * for a completion then holds a CPU the server or another client needs,
+ * so it should sleep on cq_bell at once. */
+#define WEIR_HINT_NO_SPIN 0x1u
+
 /* Opcodes. 0 is invalid; 1..15 belong to the ring; services use 16..255. */
 #define WEIR_OP_NOP 1u
 #define WEIR_OP_ECHO 2u
@@ -212,6 +220,7 @@
 #define WEIR_HDR_OFF_CQ_BELL 192u
 #define WEIR_HDR_OFF_CQ_WAITERS 196u
 #define WEIR_HDR_OFF_SERVER_STATE 256u
+#define WEIR_HDR_OFF_SERVER_HINTS 260u
 #define WEIR_HDR_OFF_CLIENT_STATE 320u
 
 /* Submission descriptor field offsets (bytes from the start of a slot). */
@@ -268,7 +277,8 @@ struct weir_ring_header {
 	uint8_t _pad2[WEIR_HDR_OFF_SERVER_STATE - WEIR_HDR_OFF_CQ_WAITERS - 4];
 
 	uint32_t server_state; /* WEIR_STATE_*, written only by the server */
-	uint8_t _pad3[WEIR_HDR_OFF_CLIENT_STATE - WEIR_HDR_OFF_SERVER_STATE - 4];
+	uint32_t server_hints; /* WEIR_HINT_*, written only by the server */
+	uint8_t _pad3[WEIR_HDR_OFF_CLIENT_STATE - WEIR_HDR_OFF_SERVER_HINTS - 4];
 
 	uint32_t client_state; /* WEIR_STATE_*, written only by the client */
 	uint8_t _pad4[WEIR_RING_HEADER_SIZE - WEIR_HDR_OFF_CLIENT_STATE - 4];
@@ -324,6 +334,7 @@ WEIR_ASSERT_OFF(struct weir_ring_header, sq_waiters, WEIR_HDR_OFF_SQ_WAITERS);
 WEIR_ASSERT_OFF(struct weir_ring_header, cq_bell, WEIR_HDR_OFF_CQ_BELL);
 WEIR_ASSERT_OFF(struct weir_ring_header, cq_waiters, WEIR_HDR_OFF_CQ_WAITERS);
 WEIR_ASSERT_OFF(struct weir_ring_header, server_state, WEIR_HDR_OFF_SERVER_STATE);
+WEIR_ASSERT_OFF(struct weir_ring_header, server_hints, WEIR_HDR_OFF_SERVER_HINTS);
 WEIR_ASSERT_OFF(struct weir_ring_header, client_state, WEIR_HDR_OFF_CLIENT_STATE);
 _Static_assert(sizeof(struct weir_ring_header) == WEIR_RING_HEADER_SIZE, "weir_ring_header size");
 

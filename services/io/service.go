@@ -260,6 +260,10 @@ type Service struct {
 	// handOffAlways serves every read and write on a goroutine of its own,
 	// even one that is alone; tests of concurrency set it.
 	handOffAlways atomic.Bool
+	// load counts the requests in flight across the client sessions, so
+	// that their completions tell clients when not to spin
+	// (ring.HintNoSpin).
+	load *ring.Load
 
 	// inc is the metadata service's incarnation as of the last resync (0:
 	// none yet); resyncs counts resyncs: an IO session attached before the
@@ -348,7 +352,7 @@ func New(opts Options) (*Service, error) {
 	}
 	s = &Service{
 		opts: opts, log: opts.Logger, be: opts.Backend, host: h, subj: h.Subjects(),
-		reg: reg, newRegion: ring.Create,
+		reg: reg, newRegion: ring.Create, load: ring.NewLoad(),
 		blobs:      make(map[backend.BlobID]*openBlob),
 		deleting:   make(map[backend.BlobID]struct{}),
 		delSem:     make(chan struct{}, maxDeletes),

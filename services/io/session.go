@@ -56,6 +56,7 @@ func (s *session) Handler() ring.Handler { return s.mux }
 func (s *session) Started(sc *ring.ServerConn) error {
 	s.cred = sc.Cred
 	s.sc = sc
+	sc.ShareLoad(s.svc.load)
 	s.svc.Stats.Sessions.Add(1)
 	s.registerMem(sc.Region())
 	return nil
