@@ -3,13 +3,12 @@ package ring
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"sync"
 	"testing"
 )
 
 // newLoadAt is a Load whose hint turns on at n requests in flight.
-func newLoadAt(n int64) *Load { return &Load{noSpinAt: n} }
+func newLoadAt(n int64) *Load { return &Load{noSpinAt: n, spinLimit: 1} }
 
 // A server session that shares a Load tells its client not to spin while
 // the requests in flight across the Load's sessions are at its bound: the
@@ -132,20 +131,19 @@ func TestNoSpinCallsUnderLoad(t *testing.T) {
 	}
 }
 
-// At most half the Ps' worth of server sessions spin at once.
+// At most spinLimit sessions of a Load spin at once.
 func TestSpinTurnsAreBounded(t *testing.T) {
-	limit := max(1, runtime.GOMAXPROCS(0)/2)
-	for range limit {
-		if !spinTurn() {
+	l := &Load{spinLimit: 2}
+	for range 2 {
+		if !l.spinTurn() {
 			t.Fatal("a spin turn refused below the bound")
 		}
 	}
-	if spinTurn() {
+	if l.spinTurn() {
 		t.Fatal("a spin turn granted past the bound")
 	}
-	spinners.Add(int32(-limit))
-	if !spinTurn() {
-		t.Fatal("a spin turn refused once the others ended")
+	l.spinDone()
+	if !l.spinTurn() {
+		t.Fatal("a spin turn refused once another ended")
 	}
-	spinners.Add(-1)
 }

@@ -337,14 +337,51 @@ func (s *ServerSession) Region() *Region { return s.r }
 // service's client sessions), so that each completion can tell its client
 // whether to spin for the next (HintNoSpin). Requests that wait on
 // purpose (a long poll) belong in sessions that do not share it.
+//
+// The sessions sharing a Load also take turns to spin for their queues:
+// at most half the process's Ps (at least one) spin at once (spinTurn),
+// the others sleep on their bell at once. Past that a spinner holds a P
+// that a session woken by its doorbell needs: on a 2-CPU host with 8
+// sessions spinning in turn, woken sessions waited in the run queue (a
+// 4 KiB write took 530 µs at 8 fsync writers against 23 µs at 1).
 type Load struct {
-	pending  atomic.Int64
-	noSpinAt int64
+	pending   atomic.Int64
+	noSpinAt  int64
+	spinners  atomic.Int32
+	spinLimit int32
 }
 
 // NewLoad returns a Load whose sessions' clients are told not to spin
 // while at least half the host's CPUs' worth of requests are in flight.
-func NewLoad() *Load { return &Load{noSpinAt: int64(max(1, runtime.NumCPU()/2))} }
+func NewLoad() *Load {
+	return &Load{noSpinAt: int64(max(1, runtime.NumCPU()/2)), spinLimit: int32(max(1, runtime.GOMAXPROCS(0)/2))}
+}
+
+// spinTurn reports whether a session of l may spin now; if so it must
+// call spinDone when its spin ends.
+func (l *Load) spinTurn() bool {
+	if l.spinners.Add(1) > l.spinLimit {
+		l.spinners.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (l *Load) spinDone() { l.spinners.Add(-1) }
+
+// spin is the server's spin for its queue: sp's, in a turn of the Load
+// when the session shares one.
+func (s *ServerSession) spin(sp *spinner) bool {
+	l := s.load
+	if l == nil {
+		return sp.spin(s.readyOrStopped)
+	}
+	if !l.spinTurn() {
+		return false
+	}
+	defer l.spinDone()
+	return sp.spin(s.readyOrStopped)
+}
 
 // Pending returns the requests in flight now.
 func (l *Load) Pending() int64 { return l.pending.Load() }
@@ -500,7 +537,7 @@ func (s *ServerSession) Serve() (err error) {
 			s.Stats.BusyPolls.Add(1)
 			pollPause(i)
 		default:
-			if !spinTurn() || !sp.spinOnce(s.readyOrStopped) {
+			if !s.spin(&sp) {
 				s.sqBell.sleep(s.readyOrStopped)
 				s.Stats.Wakeups.Add(1)
 			}

@@ -3,7 +3,6 @@ package ring
 import (
 	"fmt"
 	"runtime"
-	"sync/atomic"
 	"time"
 )
 
@@ -125,31 +124,6 @@ func (s *spinner) spin(ready func() bool) bool {
 			runtime.Gosched()
 		}
 	}
-}
-
-// spinners counts the server sessions of this process spinning for their
-// queue now; spinTurn lets one more start only while they are fewer than
-// half the Ps (at least one). Past that a spinner holds a P that a
-// session woken by its doorbell needs: on a 2-CPU host with 8 sessions
-// spinning in turn, woken sessions waited in the run queue (a 4 KiB write
-// took 530 µs at 8 writers against 23 µs at 1).
-var spinners atomic.Int32
-
-// spinTurn reports whether the caller may spin; if so it must call
-// spinners.Add(-1) when its spin ends (spinOnce does).
-func spinTurn() bool {
-	limit := int32(max(1, runtime.GOMAXPROCS(0)/2))
-	if spinners.Add(1) > limit {
-		spinners.Add(-1)
-		return false
-	}
-	return true
-}
-
-// spinOnce is spin for a caller spinTurn let in.
-func (s *spinner) spinOnce(ready func() bool) bool {
-	defer spinners.Add(-1)
-	return s.spin(ready)
 }
 
 // pollPause is one turn of a busy-poll loop: it lets other goroutines of
