@@ -56,8 +56,9 @@ type ClientStats struct {
 	// the spin after its timed sleep (hybrid wait: no wake-up);
 	// LongMissed those whose spin ended first (it slept again).
 	LongSpun, LongMissed atomic.Uint64
-	// NoSpin counts waits that slept at once, without a spin, because
-	// the server's last completion carried HintNoSpin.
+	// NoSpin counts waits (after their first 31 polls of the CQ) that
+	// went to sleep without a spin because the server's last completion
+	// carried HintNoSpin; a wait may count more than once.
 	NoSpin atomic.Uint64
 }
 

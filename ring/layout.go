@@ -111,7 +111,7 @@ const (
 	// (Load) were at least half the host's CPUs when the server posted
 	// its last completion to this session: a client that spins for a
 	// completion then holds a CPU that the server, or another client,
-	// needs. The Go client sleeps at once instead.
+	// needs. The Go client sleeps without its spin instead.
 	HintNoSpin uint32 = 1 << 0
 )
 

@@ -300,10 +300,11 @@ type ServerSession struct {
 	// flight with its siblings'; outstanding is this session's part (a
 	// request taken but never answered, the session ended by damage, is
 	// given back at the end of Serve); hint is the hints word as last
-	// stored.
+	// stored (changed under hintMu).
 	load        *Load
 	outstanding atomic.Int64
 	hint        atomic.Uint32
+	hintMu      sync.Mutex // orders changes of the hints word
 
 	stopping atomic.Bool
 	peerGone atomic.Bool
@@ -407,13 +408,26 @@ func (s *ServerSession) answered() {
 		return
 	}
 	s.outstanding.Add(-1)
-	var h uint32
-	if l.pending.Add(-1) >= l.noSpinAt {
-		h = HintNoSpin
+	if l.hintAt(l.pending.Add(-1)) == s.hint.Load() {
+		return
 	}
-	if s.hint.Swap(h) != h {
+	// A change: under hintMu, from the count as it is now, so that
+	// completions posted at once from several goroutines cannot leave
+	// an older count's hint in the header.
+	s.hintMu.Lock()
+	if h := l.hintAt(l.pending.Load()); s.hint.Load() != h {
+		s.hint.Store(h)
 		s.r.store32(offServerHints, h)
 	}
+	s.hintMu.Unlock()
+}
+
+// hintAt is the hint of a completion posted with n requests in flight.
+func (l *Load) hintAt(n int64) uint32 {
+	if n >= l.noSpinAt {
+		return HintNoSpin
+	}
+	return 0
 }
 
 // PeerGone tells the session that the client closed or died. Safe from any

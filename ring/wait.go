@@ -82,8 +82,8 @@ func (d doorbell) kick() {
 // sleep blocks until the bell moves or maxSleep passes, unless ready()
 // (which must also report close and peer death) is already true.
 //
-// waiters counts the sleepers (a client's reaper and its long calls may
-// sleep on the CQ doorbell together): a producer wakes them all while it
+// waiters counts the sleepers (a client's reaper, its long calls and a
+// quick call told not to spin may sleep on the CQ doorbell together): a producer wakes them all while it
 // is not zero.
 func (d doorbell) sleep(ready func() bool) { d.sleepFor(ready, maxSleep) }
 

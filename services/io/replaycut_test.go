@@ -2,14 +2,17 @@ package iosvc_test
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/weir-storage/weir/internal/config"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
+	"github.com/weir-storage/weir/services/io/backend/faulty"
 	"github.com/weir-storage/weir/services/io/backend/mem"
 )
 
@@ -140,5 +143,44 @@ func TestFsyncBetweenTruncateLogAndCut(t *testing.T) {
 	if !bytes.Equal(got, data[:5000]) {
 		t.Fatalf("after a SIGKILL the file has %d bytes (%d of them zero), want the 5000 the truncate left, which the fsync after it acknowledged",
 			len(got), bytes.Count(got, []byte{0}))
+	}
+}
+
+// TestFailedCutIsSticky: a truncate that logged its cut and then failed to
+// make it fails, and so does every later fsync of the file: the log says
+// the file ends at the cut, and a later record of the old size would have
+// replay clip its acknowledged bytes there.
+func TestFailedCutIsSticky(t *testing.T) {
+	fb := faulty.New(mem.New())
+	e := startIOWith(t, fb, nil, func(c *config.Config) { c.IO.CacheSize = 4 << 20 })
+	fsys := e.dial(t)
+	defer fsys.Close()
+	f, err := fsys.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(bytes.Repeat([]byte{5}, 20000)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	blob := backend.BlobID(inoOf(t, f))
+	fb.Inject(func(op faulty.Op) error {
+		if op.Kind == faulty.Truncate && op.Blob == blob && op.Off == 5000 {
+			return syscall.EIO
+		}
+		return nil
+	})
+	if err := f.Truncate(5000); err == nil {
+		t.Fatal("a truncate whose cut failed returned success")
+	}
+	fb.Inject(nil)
+	if _, err := f.WriteAt([]byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("fsync after a failed logged cut: %v, want EIO (sticky)", err)
 	}
 }

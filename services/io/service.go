@@ -853,6 +853,15 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		}
 		return nil
 	}
+	// A cut that fails once logged is the file's fsync failure (sticky
+	// EIO): the log says the file ends at size, and a later fsync
+	// recording the old size would have replay clip its bytes there.
+	cutFailed := func(err error) error {
+		if logged {
+			s.stg.failed(ob.sf, err, "truncate: the cut failed after it was logged")
+		}
+		return err
+	}
 	r, unlock := ob.cachedGated()
 	defer unlock()
 	if r != nil {
@@ -861,14 +870,14 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		r.trunc.Lock()
 		defer r.trunc.Unlock()
 		if err := ob.b.Truncate(size); err != nil {
-			return err
+			return cutFailed(err)
 		}
 		r.truncated(size)
 		ob.size.Store(size)
 		return cutDurable()
 	}
 	if err := ob.b.Truncate(size); err != nil {
-		return err
+		return cutFailed(err)
 	}
 	ob.size.Store(size)
 	return cutDurable()

@@ -1,5 +1,7 @@
 // Package file is weir's default blob backend: one regular file per blob,
-// written with O_DIRECT where the file system allows it.
+// written with O_DIRECT where the file system allows it (all but the
+// staging log's, backend.StagingBlob, which goes through the page cache:
+// blobFile.direct says why).
 //
 // # On-disk layout, format version 1
 //

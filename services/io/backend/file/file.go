@@ -73,7 +73,8 @@ type Options struct {
 
 // Stats are the backend's counters since New.
 type Stats struct {
-	// Direct is true when blob files use O_DIRECT.
+	// Direct is true when blob files use O_DIRECT (all but the staging
+	// log's, which is written through the page cache).
 	Direct bool
 	// EdgeReads counts partial edge blocks read for a read-modify-write.
 	EdgeReads uint64
