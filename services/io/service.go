@@ -16,6 +16,7 @@ import (
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/host"
+	"github.com/weir-storage/weir/internal/staging"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/io/backend"
 )
@@ -832,6 +833,18 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		// would record the size before the cut, and its replay would
 		// give the bytes the cut took as zeros
 		// (TestFsyncBetweenTruncateLogAndCut).
+		// A cut inside a page whose bytes changed since the file's last
+		// record (or that went home past the records): that page is
+		// recorded first, by an fsync, so that replay, which clips the
+		// records before the cut there and zeros the rest of the page,
+		// gives the page as the cut left it. Without it, replay gave the
+		// page of an older record, cut (TestReplayOfCutsRandom): a page
+		// the file never had when writes changed it before the cut.
+		if size%staging.PageSize != 0 && ob.sf.changedSinceRecord(uint64(size/staging.PageSize)) {
+			if e := s.stagedSync(ob); e != 0 {
+				return e
+			}
+		}
 		ob.sf.fsyncMu.Lock()
 		defer ob.sf.fsyncMu.Unlock()
 		if err := s.logTruncate(ob, size); err != nil {

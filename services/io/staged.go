@@ -154,6 +154,15 @@ func (f *stagedFile) markChanged(p0, p1 uint64) {
 	f.mu.Unlock()
 }
 
+// changedSinceRecord says whether page p may hold bytes no record of the
+// file has: written into the cache since the last record, or a change
+// that went to the blob (dirtyHome).
+func (f *stagedFile) changedSinceRecord(p uint64) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.dirtyHome || bitGet(f.changed, p)
+}
+
 // markHome records a change that goes to the blob, not the cache. Call
 // it before the change.
 func (f *stagedFile) markHome() {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -65,10 +66,32 @@ func (m *modelFile) check(t *testing.T, got []byte, what string) {
 			ok = ok || bytes.Equal(got[off:end], want)
 		}
 		if !ok {
-			t.Fatalf("%s: %s page %d holds bytes of none of its %d states since the acknowledged fsync (acknowledged: %d bytes)",
-				what, m.name, off/4096, len(m.states), len(m.states[0]))
+			var runs []string
+			for _, st := range m.states {
+				runs = append(runs, pageRuns(st, off, end))
+			}
+			t.Fatalf("%s: %s page %d holds bytes of none of its %d states since the acknowledged fsync (acknowledged: %d bytes, found %d): found %s; states %s",
+				what, m.name, off/4096, len(m.states), len(m.states[0]), len(got), pageRuns(got, off, end), strings.Join(runs, " | "))
 		}
 	}
+}
+
+// pageRuns describes b[off:end] (zero-extended) as runs of equal bytes.
+func pageRuns(b []byte, off, end int) string {
+	var out []string
+	for i := off; i < end; {
+		v := byte(0)
+		if i < len(b) {
+			v = b[i]
+		}
+		j := i
+		for j < end && (j < len(b) && b[j] == v || j >= len(b) && v == 0) {
+			j++
+		}
+		out = append(out, fmt.Sprintf("%d×%d", j-i, v))
+		i = j
+	}
+	return strings.Join(out, ",")
 }
 
 // padded says whether page bytes up to end may be states[i]'s with
