@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
@@ -29,66 +30,81 @@ import (
 // bytes of a later one, in one page).
 func TestReplayKeepsACutPageWhole(t *testing.T) {
 	be := mem.New()
+	c := newCutFile(t, be)
+	c.write(t, 71, 0, 12376) // page 3 holds 88 bytes of it
+	c.truncate(t, 20000)     // and zeros after
+	c.fsync(t)               // the record R: pages 0-4
+	c.truncate(t, 13146)     // logged; R is clipped there at replay
+	c.fsync(t)               // nothing to stage: acknowledged, 13146 bytes
+	c.write(t, 39, 11619, 9838)
+	iosvc.FlushAll(c.e.io) // home holds page 3 of fill 39
+	c.truncate(t, 15506)   // logged: the size replay ends with
+	iosvc.FlushAll(c.e.io)
+
+	got, ok := afterKill(t, be)[c.blob]
+	if !ok {
+		t.Fatal("the file's blob is gone after the replay")
+	}
+	c.m.check(t, got, fmt.Sprintf("SIGKILL after the second cut (%d bytes found)", len(got)))
+}
+
+// cutFile is file "f" of an IO service on the mem backend be (a 4 MiB
+// cache), every record of it kept live (no checkpoint runs), with a
+// model of its states.
+type cutFile struct {
+	e    *ioEnv
+	f    *client.File
+	blob backend.BlobID
+	m    *modelFile
+}
+
+func newCutFile(t *testing.T, be backend.Backend) *cutFile {
+	t.Helper()
 	e := startIOWith(t, be, nil, func(c *config.Config) { c.IO.CacheSize = 4 << 20 })
 	fsys := e.dial(t)
-	defer fsys.Close()
+	t.Cleanup(func() { fsys.Close() })
 	f, err := fsys.Create("f")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	blob := backend.BlobID(inoOf(t, f))
-	release := iosvc.HoldCheckpoints(e.io)
-	defer release()
+	t.Cleanup(func() { f.Close() })
+	t.Cleanup(iosvc.HoldCheckpoints(e.io))
+	return &cutFile{e: e, f: f, blob: backend.BlobID(inoOf(t, f)), m: &modelFile{name: "f", states: [][]byte{nil}}}
+}
 
-	m := &modelFile{name: "f"}
-	write := func(fill byte, off, n int) {
-		t.Helper()
-		if _, err := f.WriteAt(bytes.Repeat([]byte{fill}, n), int64(off)); err != nil {
-			t.Fatal(err)
-		}
-		if end := off + n; end > len(m.cur) {
-			m.cur = append(m.cur, make([]byte, end-len(m.cur))...)
-		}
-		copy(m.cur[off:], bytes.Repeat([]byte{fill}, n))
-		m.changed()
+func (c *cutFile) write(t *testing.T, fill byte, off, n int) {
+	t.Helper()
+	if _, err := c.f.WriteAt(bytes.Repeat([]byte{fill}, n), int64(off)); err != nil {
+		t.Fatal(err)
 	}
-	truncate := func(size int) {
-		t.Helper()
-		if err := f.Truncate(int64(size)); err != nil {
-			t.Fatal(err)
-		}
-		if size < len(m.cur) {
-			m.cur = m.cur[:size]
-		} else {
-			m.cur = append(m.cur, make([]byte, size-len(m.cur))...)
-		}
-		m.changed()
+	m := c.m
+	if end := off + n; end > len(m.cur) {
+		m.cur = append(m.cur, make([]byte, end-len(m.cur))...)
 	}
-	fsync := func() {
-		t.Helper()
-		if err := f.Sync(); err != nil {
-			t.Fatal(err)
-		}
-		m.states = [][]byte{bytes.Clone(m.cur)}
-	}
-	m.states = [][]byte{nil}
-	write(71, 0, 12376) // page 3 holds 88 bytes of it
-	truncate(20000)     // and zeros after
-	fsync()             // the record R: pages 0-4
-	truncate(13146)     // logged; R is clipped there at replay
-	fsync()             // nothing to stage: acknowledged, 13146 bytes
-	write(39, 11619, 9838)
-	iosvc.FlushAll(e.io) // home holds page 3 of fill 39
-	truncate(15506)      // logged: the size replay ends with
-	iosvc.FlushAll(e.io)
+	copy(m.cur[off:], bytes.Repeat([]byte{fill}, n))
+	m.changed()
+}
 
-	img := afterKill(t, be)
-	got, ok := img[blob]
-	if !ok {
-		t.Fatal("the file's blob is gone after the replay")
+func (c *cutFile) truncate(t *testing.T, size int) {
+	t.Helper()
+	if err := c.f.Truncate(int64(size)); err != nil {
+		t.Fatal(err)
 	}
-	m.check(t, got, fmt.Sprintf("SIGKILL after the second cut (%d bytes found)", len(got)))
+	m := c.m
+	if size < len(m.cur) {
+		m.cur = m.cur[:size]
+	} else {
+		m.cur = append(m.cur, make([]byte, size-len(m.cur))...)
+	}
+	m.changed()
+}
+
+func (c *cutFile) fsync(t *testing.T) {
+	t.Helper()
+	if err := c.f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	c.m.states = [][]byte{bytes.Clone(c.m.cur)}
 }
 
 // TestFsyncBetweenTruncateLogAndCut: an fsync that comes while a truncate
@@ -202,18 +218,7 @@ func TestReplayOfCutsRandom(t *testing.T) {
 	t.Logf("seed %d (WEIR_STAGED_SEED replays it)", seed)
 	rng := rand.New(rand.NewPCG(seed, 13))
 	be := mem.New()
-	e := startIOWith(t, be, nil, func(c *config.Config) { c.IO.CacheSize = 4 << 20 })
-	fsys := e.dial(t)
-	defer fsys.Close()
-	f, err := fsys.Create("f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	blob := backend.BlobID(inoOf(t, f))
-	release := iosvc.HoldCheckpoints(e.io)
-	defer release()
-	m := &modelFile{name: "f", states: [][]byte{nil}}
+	c := newCutFile(t, be)
 	ops := 300
 	if testing.Short() {
 		ops = 120
@@ -223,42 +228,23 @@ func TestReplayOfCutsRandom(t *testing.T) {
 		switch k := rng.IntN(100); {
 		case k < 35:
 			off, n := rng.IntN(6*4096), 1+rng.IntN(3*4096)
-			fill := byte(1 + i%250)
-			if _, err := f.WriteAt(bytes.Repeat([]byte{fill}, n), int64(off)); err != nil {
-				t.Fatal(err)
-			}
-			if end := off + n; end > len(m.cur) {
-				m.cur = append(m.cur, make([]byte, end-len(m.cur))...)
-			}
-			copy(m.cur[off:], bytes.Repeat([]byte{fill}, n))
-			m.changed()
+			c.write(t, byte(1+i%250), off, n)
 			what = fmt.Sprintf("write %d at %d", n, off)
 		case k < 60:
 			size := rng.IntN(7 * 4096) // mostly inside a page
-			if err := f.Truncate(int64(size)); err != nil {
-				t.Fatal(err)
-			}
-			if size < len(m.cur) {
-				m.cur = m.cur[:size]
-			} else {
-				m.cur = append(m.cur, make([]byte, size-len(m.cur))...)
-			}
-			m.changed()
+			c.truncate(t, size)
 			what = fmt.Sprintf("truncate to %d", size)
 		case k < 80:
-			iosvc.FlushAll(e.io)
+			iosvc.FlushAll(c.e.io)
 			what = "write-back"
 		default:
-			if err := f.Sync(); err != nil {
-				t.Fatal(err)
-			}
-			m.states = [][]byte{bytes.Clone(m.cur)}
+			c.fsync(t)
 			what = "fsync"
 		}
-		got := afterKill(t, be)[blob]
-		m.check(t, got, fmt.Sprintf("op %d (%s), SIGKILL image", i, what))
-		if what == "fsync" && !bytes.Equal(got, m.cur) {
-			t.Fatalf("op %d: the file just fsynced holds %d bytes, not the %d acknowledged", i, len(got), len(m.cur))
+		got := afterKill(t, be)[c.blob]
+		c.m.check(t, got, fmt.Sprintf("op %d (%s), SIGKILL image", i, what))
+		if what == "fsync" && !bytes.Equal(got, c.m.cur) {
+			t.Fatalf("op %d: the file just fsynced holds %d bytes, not the %d acknowledged", i, len(got), len(c.m.cur))
 		}
 	}
 }
