@@ -17,6 +17,7 @@ import (
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/faulty"
 	"github.com/weir-storage/weir/services/io/backend/mem"
+	"github.com/weir-storage/weir/services/io/backend/powercut"
 )
 
 // TestReplayKeepsACutPageWhole: a record holds page 3 of a file; a
@@ -206,8 +207,8 @@ func TestFailedCutIsSticky(t *testing.T) {
 // TestReplayOfCutsRandom: one file, its records all kept live (no
 // checkpoint), a random run of writes across pages, truncates that cut
 // inside pages (down and up), fsyncs and write-backs of what no fsync
-// covers; after every operation, the SIGKILL image replayed must hold a
-// state the model allows, page by page. It finds the torn page of
+// covers; after every operation, the SIGKILL image and the power-cut
+// image, replayed, must hold a state the model allows, page by page. It finds the torn page of
 // TestReplayKeepsACutPageWhole in a few hundred operations (seed logged;
 // WEIR_STAGED_SEED replays one).
 func TestReplayOfCutsRandom(t *testing.T) {
@@ -217,8 +218,8 @@ func TestReplayOfCutsRandom(t *testing.T) {
 	}
 	t.Logf("seed %d (WEIR_STAGED_SEED replays it)", seed)
 	rng := rand.New(rand.NewPCG(seed, 13))
-	be := mem.New()
-	c := newCutFile(t, be)
+	pc := powercut.New(mem.New())
+	c := newCutFile(t, pc)
 	ops := 300
 	if testing.Short() {
 		ops = 120
@@ -241,10 +242,12 @@ func TestReplayOfCutsRandom(t *testing.T) {
 			c.fsync(t)
 			what = "fsync"
 		}
-		got := afterKill(t, be)[c.blob]
-		c.m.check(t, got, fmt.Sprintf("op %d (%s), SIGKILL image", i, what))
-		if what == "fsync" && !bytes.Equal(got, c.m.cur) {
-			t.Fatalf("op %d: the file just fsynced holds %d bytes, not the %d acknowledged", i, len(got), len(c.m.cur))
+		for kind, img := range map[string]map[backend.BlobID][]byte{"SIGKILL": afterKill(t, pc), "power cut": afterCut(t, pc)} {
+			got := img[c.blob]
+			c.m.check(t, got, fmt.Sprintf("op %d (%s), %s image", i, what, kind))
+			if what == "fsync" && !bytes.Equal(got, c.m.cur) {
+				t.Fatalf("op %d, %s image: the file just fsynced holds %d bytes, not the %d acknowledged", i, kind, len(got), len(c.m.cur))
+			}
 		}
 	}
 }

@@ -840,9 +840,12 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		// gives the page as the cut left it. Without it, replay gave the
 		// page of an older record, cut (TestReplayOfCutsRandom): a page
 		// the file never had when writes changed it before the cut.
+		// A failure of that fsync's metadata report alone (the name of a
+		// new file: the record is durable, the next fsync reports again)
+		// is not the truncate's; a failed record is sticky and fails it.
 		if size%staging.PageSize != 0 && ob.sf.changedSinceRecord(uint64(size/staging.PageSize)) {
-			if e := s.stagedSync(ob); e != 0 {
-				return e
+			if e := s.stagedSync(ob); e != 0 && ob.sf.failure() != nil {
+				return syscall.EIO
 			}
 		}
 		ob.sf.fsyncMu.Lock()

@@ -163,6 +163,13 @@ func (f *stagedFile) changedSinceRecord(p uint64) bool {
 	return f.dirtyHome || bitGet(f.changed, p)
 }
 
+// failure returns the file's sticky fsync failure, nil if none.
+func (f *stagedFile) failure() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
+}
+
 // markHome records a change that goes to the blob, not the cache. Call
 // it before the change.
 func (f *stagedFile) markHome() {
