@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // The crash harness (issue 10): client processes run a mixed workload
@@ -224,7 +225,7 @@ func (f *crashFile) fits(got []byte) string {
 		end := min(off+4096, len(got))
 		ok := false
 		for i, s := range f.states {
-			if !padded(f.states, i, end) {
+			if !stacktest.Padded(f.states, i, end) {
 				continue
 			}
 			want := make([]byte, end-off)
@@ -236,47 +237,13 @@ func (f *crashFile) fits(got []byte) string {
 		if !ok {
 			var runs []string
 			for _, st := range f.states {
-				runs = append(runs, pageRuns(st, off, end))
+				runs = append(runs, stacktest.PageRuns(st, off, end))
 			}
 			bad = append(bad, fmt.Sprintf("page %d holds bytes of none of its %d states since the acknowledged fsync (%d bytes acknowledged, %d found): found %s; states %s",
-				off/4096, len(f.states), len(f.states[0]), len(got), pageRuns(got, off, end), strings.Join(runs, " | ")))
+				off/4096, len(f.states), len(f.states[0]), len(got), stacktest.PageRuns(got, off, end), strings.Join(runs, " | ")))
 		}
 	}
 	return strings.Join(bad, "; ")
-}
-
-// pageRuns describes b[off:end] (zero-extended) as runs of equal bytes.
-func pageRuns(b []byte, off, end int) string {
-	var out []string
-	for i := off; i < end; {
-		v := byte(0)
-		if i < len(b) {
-			v = b[i]
-		}
-		j := i
-		for j < end && (j < len(b) && b[j] == v || j >= len(b) && v == 0) {
-			j++
-		}
-		out = append(out, fmt.Sprintf("%d×%d", j-i, v))
-		i = j
-	}
-	return strings.Join(out, ",")
-}
-
-// padded says whether page bytes up to end may be states[i]'s with
-// zeros past its end: only when a later state is longer (the file grew
-// again after it: a hole, or a truncate up). A state cut short and then
-// grown back by recovery to an older size is not one the file had.
-func padded(states [][]byte, i, end int) bool {
-	if end <= len(states[i]) {
-		return true
-	}
-	for _, s := range states[i+1:] {
-		if len(s) > len(states[i]) {
-			return true
-		}
-	}
-	return false
 }
 
 // crashDir is the model of one worker's directory.

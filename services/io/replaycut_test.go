@@ -117,32 +117,17 @@ func (c *cutFile) fsync(t *testing.T) {
 // window; without the wait the fsync gets into it.)
 func TestFsyncBetweenTruncateLogAndCut(t *testing.T) {
 	be := mem.New()
-	e := startIOWith(t, be, nil, func(c *config.Config) { c.IO.CacheSize = 4 << 20 })
-	fsys := e.dial(t)
-	defer fsys.Close()
-	f, err := fsys.Create("f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	fsys2 := e.dial(t) // another session: one session's requests are served in turn
+	c := newCutFile(t, be)
+	fsys2 := c.e.dial(t) // another session: one session's requests are served in turn
 	defer fsys2.Close()
 	other, err := fsys2.OpenFile("f", os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer other.Close()
-	blob := backend.BlobID(inoOf(t, f))
-	release := iosvc.HoldCheckpoints(e.io)
-	defer release()
-	data := bytes.Repeat([]byte{7}, 20000)
-	if _, err := f.WriteAt(data, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	iosvc.FlushAll(e.io) // home holds the bytes, which only the cut takes
+	c.write(t, 7, 0, 20000)
+	c.fsync(t)
+	iosvc.FlushAll(c.e.io) // home holds the bytes, which only the cut takes
 
 	synced := make(chan error, 1)
 	iosvc.SetAfterTruncateLog(func() {
@@ -150,7 +135,7 @@ func TestFsyncBetweenTruncateLogAndCut(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the fsync's chance to get in
 	})
 	defer iosvc.SetAfterTruncateLog(nil)
-	if err := f.Truncate(5000); err != nil {
+	if err := c.f.Truncate(5000); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-synced; err != nil {
@@ -158,8 +143,8 @@ func TestFsyncBetweenTruncateLogAndCut(t *testing.T) {
 	}
 	iosvc.SetAfterTruncateLog(nil)
 
-	got := afterKill(t, be)[blob]
-	if !bytes.Equal(got, data[:5000]) {
+	got := afterKill(t, be)[c.blob]
+	if !bytes.Equal(got, bytes.Repeat([]byte{7}, 5000)) {
 		t.Fatalf("after a SIGKILL the file has %d bytes (%d of them zero), want the 5000 the truncate left, which the fsync after it acknowledged",
 			len(got), bytes.Count(got, []byte{0}))
 	}
@@ -171,21 +156,10 @@ func TestFsyncBetweenTruncateLogAndCut(t *testing.T) {
 // replay clip its acknowledged bytes there.
 func TestFailedCutIsSticky(t *testing.T) {
 	fb := faulty.New(mem.New())
-	e := startIOWith(t, fb, nil, func(c *config.Config) { c.IO.CacheSize = 4 << 20 })
-	fsys := e.dial(t)
-	defer fsys.Close()
-	f, err := fsys.Create("f")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := f.Write(bytes.Repeat([]byte{5}, 20000)); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		t.Fatal(err)
-	}
-	blob := backend.BlobID(inoOf(t, f))
+	c := newCutFile(t, fb)
+	c.write(t, 5, 0, 20000)
+	c.fsync(t)
+	f, blob := c.f, c.blob
 	fb.Inject(func(op faulty.Op) error {
 		if op.Kind == faulty.Truncate && op.Blob == blob && op.Off == 5000 {
 			return syscall.EIO

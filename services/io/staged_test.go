@@ -21,6 +21,7 @@ import (
 	"github.com/weir-storage/weir/services/io/backend/faulty"
 	"github.com/weir-storage/weir/services/io/backend/mem"
 	"github.com/weir-storage/weir/services/io/backend/powercut"
+	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // stagedFile is the model of one file in TestStagedFsyncPowerCuts: every
@@ -56,7 +57,7 @@ func (m *modelFile) check(t *testing.T, got []byte, what string) {
 		end := min(off+4096, len(got))
 		ok := false
 		for i, s := range m.states {
-			if !padded(m.states, i, end) {
+			if !stacktest.Padded(m.states, i, end) {
 				continue
 			}
 			want := make([]byte, end-off)
@@ -68,46 +69,12 @@ func (m *modelFile) check(t *testing.T, got []byte, what string) {
 		if !ok {
 			var runs []string
 			for _, st := range m.states {
-				runs = append(runs, pageRuns(st, off, end))
+				runs = append(runs, stacktest.PageRuns(st, off, end))
 			}
 			t.Fatalf("%s: %s page %d holds bytes of none of its %d states since the acknowledged fsync (acknowledged: %d bytes, found %d): found %s; states %s",
-				what, m.name, off/4096, len(m.states), len(m.states[0]), len(got), pageRuns(got, off, end), strings.Join(runs, " | "))
+				what, m.name, off/4096, len(m.states), len(m.states[0]), len(got), stacktest.PageRuns(got, off, end), strings.Join(runs, " | "))
 		}
 	}
-}
-
-// pageRuns describes b[off:end] (zero-extended) as runs of equal bytes.
-func pageRuns(b []byte, off, end int) string {
-	var out []string
-	for i := off; i < end; {
-		v := byte(0)
-		if i < len(b) {
-			v = b[i]
-		}
-		j := i
-		for j < end && (j < len(b) && b[j] == v || j >= len(b) && v == 0) {
-			j++
-		}
-		out = append(out, fmt.Sprintf("%d×%d", j-i, v))
-		i = j
-	}
-	return strings.Join(out, ",")
-}
-
-// padded says whether page bytes up to end may be states[i]'s with
-// zeros past its end: only when a later state is longer (the file grew
-// again after it: a hole, or a truncate up). A state cut short and then
-// grown back by recovery to an older size is not one the file had.
-func padded(states [][]byte, i, end int) bool {
-	if end <= len(states[i]) {
-		return true
-	}
-	for _, s := range states[i+1:] {
-		if len(s) > len(states[i]) {
-			return true
-		}
-	}
-	return false
 }
 
 // TestStagedFsyncPowerCuts runs a random workload on a few files, cached

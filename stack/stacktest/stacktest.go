@@ -2,7 +2,9 @@
 package stacktest
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/weir-storage/weir/internal/config"
@@ -30,4 +32,39 @@ func Config(t testing.TB, dataDir string) *config.Config {
 	}
 	c.IO.StagingSize = 4 * config.MiB // made at every test stack's start: small
 	return c
+}
+
+// PageRuns describes b[off:end] (zero-extended) as runs of equal bytes,
+// "n×v,...": how the crash models report a page that fits no state.
+func PageRuns(b []byte, off, end int) string {
+	var out []string
+	for i := off; i < end; {
+		v := byte(0)
+		if i < len(b) {
+			v = b[i]
+		}
+		j := i
+		for j < end && (j < len(b) && b[j] == v || j >= len(b) && v == 0) {
+			j++
+		}
+		out = append(out, fmt.Sprintf("%d×%d", j-i, v))
+		i = j
+	}
+	return strings.Join(out, ",")
+}
+
+// Padded says whether page bytes up to end may be states[i]'s with zeros
+// past its end: only when a later state is longer (the file grew again
+// after it: a hole, or a truncate up). A state cut short and then grown
+// back by recovery to an older size is not one the file had.
+func Padded(states [][]byte, i, end int) bool {
+	if end <= len(states[i]) {
+		return true
+	}
+	for _, s := range states[i+1:] {
+		if len(s) > len(states[i]) {
+			return true
+		}
+	}
+	return false
 }
