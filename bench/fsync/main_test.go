@@ -16,7 +16,7 @@ func TestRows(t *testing.T) {
 		t.Skipf("the benchmark counts disk flushes, and %s has no counter: %v", dir, err)
 	}
 	var rows []Row
-	for _, wl := range []string{wlStaging, wlAppend, wlOverwrite} {
+	for _, wl := range []string{wlStaging, wlAppend, wlOverwrite, wlCeiling} {
 		row, err := run(dir, wl, 2, 40)
 		row.FS = "root"
 		if err != nil {
