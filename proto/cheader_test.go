@@ -43,6 +43,7 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_GETATTR", uint64(OpGetAttr)),
 		cheader.Def("WEIR_OP_CACHE_MAP", uint64(OpCacheMap)),
 		cheader.Def("WEIR_OP_READAHEAD", uint64(OpReadahead)),
+		cheader.Def("WEIR_OP_CLAIM", uint64(OpClaim)),
 	}
 }
 
@@ -54,6 +55,7 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_PROTO_MAX_VERSION", uint64(MaxVersion)),
 		cheader.Def("WEIR_FEATURE_REOPEN", FeatureReopen),
 		cheader.Def("WEIR_FEATURE_LEASES", FeatureLeases),
+		cheader.Def("WEIR_FEATURE_CAPS", FeatureCaps),
 		cheader.Def("WEIR_KNOWN_PROTO_FEATURES", KnownFeatures),
 		cheader.Def("WEIR_FIRST_METADATA_OP", uint64(FirstMetadataOp)),
 		cheader.Def("WEIR_LAST_METADATA_OP", uint64(LastMetadataOp)),
@@ -67,6 +69,8 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_ATTR_SIZE", AttrSize),
 		cheader.Def("WEIR_TOKEN_SIZE", TokenSize),
 		cheader.Def("WEIR_TICKET_SIZE", TicketSize),
+		cheader.Def("WEIR_CAP_SIZE", CapSize),
+		cheader.Def("WEIR_GRANT_THROUGH_IO", GrantThroughIO),
 		cheader.Def("WEIR_MAX_PATH", MaxPath),
 		cheader.Def("WEIR_MAX_NAME", MaxName),
 		cheader.Def("WEIR_ROOT_HANDLE", RootHandle),

@@ -111,7 +111,9 @@
 //	            follow (ask again with after = the last name)
 //	OpFStat     Handle                              out: attr
 //	OpSyncMeta  -  (every namespace change so far durable)
-//	OpGrant     Handle                              -
+//	OpGrant     Handle, Arg = GrantThroughIO or 0   -, or with FeatureCaps
+//	            and a buffer of CapSize, out: a read capability (Result =
+//	            CapSize) to claim at io with OpClaim
 //	OpFChmod    Handle, Arg = mode                  -
 //	OpFChown    Handle; in: i64 uid, i64 gid        -
 //	OpFChtimes  Handle; in: i64 atime, i64 mtime    -
@@ -127,6 +129,9 @@
 //	            Result = bytes written; Aux = the offset written at
 //	OpTruncate  Handle, Offset = new size           -
 //	OpSync      Handle, Arg = SyncData (fdatasync) or 0 (fsync)
+//	OpClaim     Handle = the data handle; in: capability (CapSize)
+//	            -   EKEYREJECTED: not a capability of this io epoch, or
+//	            revoked: ask again with OpGrant, Arg = GrantThroughIO
 //	OpGetAttr   Handle; out: i64 size, i64 mtime, u8 changed
 //	OpCacheMap  Handle (a readable one); result 0, Aux = tag: the file's
 //	            cache region (docs/cache-abi.md), a read-only memfd, comes

@@ -26,9 +26,16 @@ const (
 	// the file, so that the open needs no grant.
 	FeatureLeases uint64 = 1 << 1
 
+	// FeatureCaps (with FeatureLeases): OpGrant of a read-only handle may
+	// answer a read capability (CapSize bytes, result CapSize) instead of
+	// granting it at io over the control plane; the client claims it at
+	// io with OpClaim. A claim refused with EKEYREJECTED is asked for again
+	// with OpGrant, Arg = GrantThroughIO. internal/grantcap has the format.
+	FeatureCaps uint64 = 1 << 2
+
 	// KnownFeatures are the bits this version defines; a service answers
 	// no others.
-	KnownFeatures = FeatureReopen | FeatureLeases
+	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps
 )
 
 // Opcodes. The numbers are the ABI: they are written out, never iota, and
@@ -63,6 +70,7 @@ const (
 	OpGetAttr   uint8 = 0x45
 	OpCacheMap  uint8 = 0x46
 	OpReadahead uint8 = 0x47
+	OpClaim     uint8 = 0x48
 )
 
 // Opcode ranges of the two services; both lie above the ring's own
@@ -102,6 +110,11 @@ const (
 	AttrSize   = 56
 	TokenSize  = 32
 	TicketSize = 32
+	// CapSize is the length of a read capability (FeatureCaps).
+	CapSize = 64
+	// GrantThroughIO, OpGrant's Arg: do not answer a capability (a claim
+	// of one was refused): grant at io.
+	GrantThroughIO = 1
 	// MaxPath is the longest path a request may carry (PATH_MAX - 1).
 	MaxPath = 4095
 	// MaxName is the longest name of one component (NAME_MAX).

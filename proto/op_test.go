@@ -24,7 +24,7 @@ func TestOpcodesPinned(t *testing.T) {
 		{"OpReopen", OpReopen, 0x22},
 		{"OpAttach", OpAttach, 0x40}, {"OpRead", OpRead, 0x41}, {"OpWrite", OpWrite, 0x42},
 		{"OpTruncate", OpTruncate, 0x43}, {"OpSync", OpSync, 0x44}, {"OpGetAttr", OpGetAttr, 0x45},
-		{"OpCacheMap", OpCacheMap, 0x46}, {"OpReadahead", OpReadahead, 0x47},
+		{"OpCacheMap", OpCacheMap, 0x46}, {"OpReadahead", OpReadahead, 0x47}, {"OpClaim", OpClaim, 0x48},
 	}
 	seen := map[uint8]string{}
 	for _, p := range pinned {

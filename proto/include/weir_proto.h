@@ -24,7 +24,11 @@
  *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1; with
  *        WEIR_FEATURE_LEASES the completion's aux is the data handle from
  *        then on (the handle, or the kept lease it uses if that is still
- *        good)
+ *        good). With WEIR_FEATURE_CAPS and a WEIR_CAP_SIZE buffer, a
+ *        read-only handle's grant may answer result WEIR_CAP_SIZE: a read
+ *        capability; then io ring: WEIR_OP_CLAIM {data handle, capability}
+ *        grants it at io; on -EKEYREJECTED send WEIR_OP_GRANT again with arg
+ *        WEIR_GRANT_THROUGH_IO
  *   5. io ring: WEIR_OP_READ / WRITE / TRUNCATE / SYNC / GETATTR on the
  *        data handle (the handle without WEIR_FEATURE_LEASES)
  *   6. metadata ring: WEIR_OP_CLOSE {handle}
@@ -99,7 +103,8 @@
 
 #define WEIR_FEATURE_REOPEN 0x1ull
 #define WEIR_FEATURE_LEASES 0x2ull
-#define WEIR_KNOWN_PROTO_FEATURES 0x3ull
+#define WEIR_FEATURE_CAPS 0x4ull
+#define WEIR_KNOWN_PROTO_FEATURES 0x7ull
 
 /* Metadata ring opcodes: 0x10-0x3f. */
 #define WEIR_FIRST_METADATA_OP 0x10u
@@ -135,6 +140,7 @@
 #define WEIR_OP_GETATTR 0x45u
 #define WEIR_OP_CACHE_MAP 0x46u /* result 0, aux = tag: the read-only cache region memfd arrives on the session socket */
 #define WEIR_OP_READAHEAD 0x47u /* offset, arg = bytes: fill them into the cache in the background; answers 0 at once */
+#define WEIR_OP_CLAIM 0x48u /* handle = data handle, in: the capability WEIR_OP_GRANT answered; -EKEYREJECTED: grant again with WEIR_GRANT_THROUGH_IO */
 
 #define WEIR_WRITE_APPEND 1u
 #define WEIR_WRITE_DIRECT 2u
@@ -145,6 +151,8 @@
 #define WEIR_ATTR_SIZE 56u
 #define WEIR_TOKEN_SIZE 32u
 #define WEIR_TICKET_SIZE 32u
+#define WEIR_CAP_SIZE 64u
+#define WEIR_GRANT_THROUGH_IO 1u
 #define WEIR_MAX_PATH 4095u
 #define WEIR_MAX_NAME 255u
 #define WEIR_ROOT_HANDLE 0u
