@@ -20,3 +20,14 @@ func KeptMappings(f *FS) int {
 	defer f.kept.mu.Unlock()
 	return f.kept.lru.Len()
 }
+
+// BreakClaims makes the client's claims of read capabilities fail: damaged
+// (io refuses them) or skipped (never sent), until the test ends.
+func BreakClaims(t interface{ Cleanup(func()) }, skip bool) {
+	mode := int32(claimDamaged)
+	if skip {
+		mode = claimSkipped
+	}
+	testClaim.Store(mode)
+	t.Cleanup(func() { testClaim.Store(0) })
+}

@@ -35,6 +35,7 @@ type File struct {
 	meta       *ring.Client // the metadata session the handle belongs to
 	gen        uint64
 	granted    bool // the IO service accepts the handle (in gen)
+	throughIO  bool // its grant was asked for through io after a claim failed (in gen; FeatureCaps)
 	ticket     proto.Ticket
 	hasTicket  bool
 	gone       error  // the file could not be reopened after a recovery
@@ -242,7 +243,7 @@ func (fl *File) moveLocked(c *conn) error {
 	if fl.gone != nil {
 		return fl.gone
 	}
-	fl.granted = false
+	fl.granted, fl.throughIO = false, false
 	if c.meta != fl.meta {
 		if err := fl.reopenLocked(c); err != nil {
 			if lostSession(err) {
@@ -272,6 +273,7 @@ func (fl *File) reopenLocked(c *conn) error {
 		return badCompletion(proto.OpReopen, "reopen answer does not decode or names another kind of file")
 	}
 	fl.handle, fl.dataHandle, fl.meta, fl.gen, fl.granted, fl.ticket = r.Handle, r.IOHandle(), c.meta, c.gen, r.Granted, r.Ticket
+	fl.throughIO = false
 	return nil
 }
 
@@ -310,17 +312,95 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 	if fl.granted {
 		return fl.dataHandle, nil
 	}
-	comp, err := call(bgctx, c.meta, proto.OpGrant, 0, h, 0, nil, nil)
+	// A read-only file may get a capability to claim at io itself
+	// (FeatureCaps): no control-plane round trip between the services.
+	var capBuf []byte
+	if c.features&proto.FeatureCaps != 0 && !fl.writable() && !fl.dir {
+		capBuf = make([]byte, proto.CapSize)
+	}
+	comp, err := call(bgctx, c.meta, proto.OpGrant, 0, h, 0, nil, capBuf)
 	if err != nil {
 		return 0, err
 	}
 	// The handle's own grant, or the kept lease it uses at open if that
 	// is still good (FeatureLeases: the aux says which).
-	fl.granted, fl.dataHandle = true, h
+	dh := h
 	if c.features&proto.FeatureLeases != 0 && comp.Aux != 0 {
-		fl.dataHandle = comp.Aux
+		dh = comp.Aux
 	}
+	if capBuf != nil && comp.Result == proto.CapSize {
+		var err error
+		switch testClaim.Load() {
+		case claimDamaged:
+			capBuf[0] ^= 1
+			_, err = call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
+		case claimSkipped:
+		default:
+			_, err = call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
+		}
+		if err != nil && !lostSession(err) && !errors.Is(err, proto.ErrStale) {
+			// Refused (EKEYREJECTED: of an io epoch that is over, or
+			// spent) or failed: the grant goes through io after all.
+			// metadata records the grant as made once it minted the
+			// capability, so a later OpGrant would not ask io again.
+			dh, err = fl.grantThroughIOLocked(c, h)
+		}
+		if err != nil {
+			return 0, err
+		}
+	} else if comp.Result != 0 {
+		return 0, badCompletion(proto.OpGrant, fmt.Sprintf("result %d", comp.Result))
+	}
+	fl.granted, fl.dataHandle = true, dh
 	return fl.dataHandle, nil
+}
+
+// testClaim makes tests' claims fail: claimDamaged sends a damaged
+// capability (io refuses it), claimSkipped sends none (io never hears of
+// the grant metadata recorded).
+var testClaim atomic.Int32
+
+const (
+	claimDamaged = 1
+	claimSkipped = 2
+)
+
+// grantThroughIOLocked asks metadata to grant handle h at io over the
+// control plane (proto.GrantThroughIO): a capability's claim failed, or io
+// does not hold a grant metadata recorded as made. It returns the data
+// handle to use. fl.hmu is held.
+func (fl *File) grantThroughIOLocked(c *conn, h uint64) (uint64, error) {
+	comp, err := call(bgctx, c.meta, proto.OpGrant, proto.GrantThroughIO, h, 0, nil, nil)
+	if err != nil {
+		return 0, err
+	}
+	fl.throughIO = true
+	if c.features&proto.FeatureLeases != 0 && comp.Aux != 0 {
+		return comp.Aux, nil
+	}
+	return h, nil
+}
+
+// regrant runs when io answered EBADF on the file's granted data handle:
+// with FeatureCaps that is a read grant metadata recorded as made whose
+// capability never reached io (a claim that failed, or a kept lease of a
+// claim that did). It asks for the grant through io, once per handle and
+// session generation; false: nothing to try.
+func (fl *File) regrant(c *conn, dh uint64) bool {
+	if c.features&proto.FeatureCaps == 0 || fl.writable() || fl.dir {
+		return false
+	}
+	fl.hmu.Lock()
+	defer fl.hmu.Unlock()
+	if fl.throughIO || !fl.granted || fl.gen != c.gen || fl.dataHandle != dh {
+		return false
+	}
+	ndh, err := fl.grantThroughIOLocked(c, fl.handle)
+	if err != nil {
+		return false
+	}
+	fl.dataHandle = ndh
+	return true
 }
 
 // dataOp runs fn with the file's granted handle in the current sessions,
@@ -332,7 +412,15 @@ func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error 
 		if err != nil {
 			return err
 		}
-		return fn(c, h)
+		err = fn(c, h)
+		if errors.Is(err, syscall.EBADF) && fl.regrant(c, h) {
+			// io refused before doing anything: the same request again.
+			h, err = fl.grantedHandle(c)
+			if err == nil {
+				err = fn(c, h)
+			}
+		}
+		return err
 	}
 	c := fl.fs.current()
 	err := run(c)

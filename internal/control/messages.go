@@ -199,8 +199,11 @@ type Resync struct {
 // dropped grants wrote (at most MaxResyncLive; io reports the rest with
 // SetLive).
 type ResyncReply struct {
-	Live  []SetLive `json:"live,omitempty"`
-	Error string    `json:"error,omitempty"`
+	Live []SetLive `json:"live,omitempty"`
+	// CapKey is the key of read capabilities for this io epoch
+	// (internal/grantcap; empty: none, every grant goes through Grant).
+	CapKey []byte `json:"cap_key,omitempty"`
+	Error  string `json:"error,omitempty"`
 }
 
 // Err is the refusal a ResyncReply carries, or nil.

@@ -121,6 +121,7 @@ func (s *Service) onRevoke(m *nats.Msg) {
 	s.mu.Lock()
 	hs := s.grants[r.Session]
 	var gone []*grant
+	s.spendLocked(r.Session, r.Handle) // a capability of it claims nothing from now on
 	if r.Handle == 0 {
 		for _, g := range hs {
 			gone = append(gone, g)
@@ -331,6 +332,7 @@ func (s *Service) onResync(m *nats.Msg) {
 	}
 	s.grants = make(map[uint64]map[uint64]*grant)
 	s.sessions = make(map[uint64]*session) // every session must attach again
+	capKey, keyErr := s.newCapKeyLocked()
 	s.inc.Store(r.Incarnation)
 	s.resyncs.Add(1)
 	for { // data versions stay above every one metadata applied
@@ -354,7 +356,10 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.log.Info("resynchronised by the metadata service", "incarnation", r.Incarnation, "grants_dropped", len(dropped),
 		"allocated_below", r.AllocLimit)
 	if !s.background(func() {
-		var reply control.ResyncReply
+		reply := control.ResyncReply{CapKey: capKey}
+		if keyErr != nil {
+			s.log.Error("no capability key for this epoch: every read grant goes through the control plane", "error", keyErr)
+		}
 		var rest []control.SetLive
 		seen := map[*openBlob]bool{}
 		for _, g := range dropped {

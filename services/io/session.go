@@ -115,6 +115,9 @@ func (s *session) Ended(err error) {
 		if s.svc.sessions[s.sid] == s {
 			delete(s.svc.sessions, s.sid)
 		}
+		if s.resync == s.svc.resyncs.Load() {
+			s.svc.detachedLocked(s.sid)
+		}
 		s.svc.mu.Unlock()
 	}
 	s.svc.log.Debug("session ended", "session", s.sid, "error", err)
@@ -143,6 +146,7 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpGetAttr, s.getattr)
 	s.mux.Handle(proto.OpCacheMap, s.cacheMap)
 	s.mux.Handle(proto.OpReadahead, s.readaheadHint)
+	s.mux.Handle(proto.OpClaim, s.claim)
 }
 
 var errEOF = io.EOF
@@ -223,6 +227,7 @@ func (s *session) attach(q *ring.Request) (int64, uint64) {
 		delete(svc.sessions, s.sid)
 	}
 	svc.sessions[r.Session] = s
+	svc.attachedLocked(r.Session)
 	svc.mu.Unlock()
 	s.sid, s.resync = r.Session, resync
 	return 0, 0

@@ -295,6 +295,7 @@ func (se *session) grant(h *handle) (int64, error) {
 	} else {
 		s.noteDV(f, ack.DV) // reports older than what io had now are stale
 	}
+	s.sized.add(h.ino, epoch) // its namespace size is io's: later readers may claim (caps.go)
 	return ack.Size, nil
 }
 

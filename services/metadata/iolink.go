@@ -225,7 +225,7 @@ func (s *Service) resync(epoch uint64) {
 		if err != nil {
 			return
 		}
-		err = s.resyncIO(ctx)
+		err = s.resyncIO(ctx, epoch)
 		if err == nil {
 			break
 		}
@@ -285,7 +285,7 @@ func (s *Service) allocLimit() uint64 {
 	return s.alloc.limit
 }
 
-func (s *Service) resyncIO(ctx context.Context) error {
+func (s *Service) resyncIO(ctx context.Context, epoch uint64) error {
 	s.alloc.mu.Lock()
 	limit := s.nextAllocLimit()
 	if err := s.ns.PromiseAlloc(limit); err != nil {
@@ -326,6 +326,7 @@ func (s *Service) resyncIO(ctx context.Context) error {
 			return fmt.Errorf("resync: record the size of file %d: %w", l.Ino, err)
 		}
 	}
+	s.setCapKey(epoch, r.CapKey)
 	return nil
 }
 

@@ -125,6 +125,7 @@ func (s *Service) Snapshot() map[string]any {
 		"deletes_pending": s.dels.pending(), "deletes_done": st.DeletesDone.Load(),
 		"delete_failures": st.DeleteFailures.Load(),
 		"leases":          s.leases.count(), "lease_opens": st.LeaseOpens.Load(), "leases_ended": st.LeasesEnded.Load(),
+		"caps_minted": s.capsN.Minted.Load(), "caps_refused_grants": s.capsN.ThroughIO.Load(),
 		"incarnation": s.inc, "io_connected": s.io.isUp(),
 	}
 	maps.Copy(m, s.host.Counters())
@@ -142,24 +143,27 @@ type Service struct {
 	key  [32]byte         // ticket key; immutable after New
 
 	mu       sync.Mutex
-	sessions map[uint64]*session  // by id; protected by mu
-	files    map[ns.Ino]*openFile // open files; protected by mu
-	closedDV map[ns.Ino]closedDV  // last report of recently closed files (files.go); protected by mu
-	closedQ  []closedEntry        // their closes, oldest first; protected by mu
-	maxDV    uint64               // newest data version applied or noted; protected by mu
-	nextSID  uint64               // protected by mu
-	nextH    atomic.Uint64        // handle counter, unique across sessions
-	version  atomic.Uint64        // version of the last grant or revoke (files.go)
-	fresh    freshSet             // files created in this start and never granted (files.go)
-	io       ioLink               // the IO service's session and resync
-	dels     *deleter             // blob deletes at the IO service
-	alloc    allocation           // blob ids io accepts grants for
-	revokes  *retrier             // revocations to send again
-	leases   *leaseTable          // kept read leases (leases.go)
-	reclaim  *time.Timer          // ReleaseHeld after the grace; protected by mu
-	started  time.Time            // when Start began the grace; protected by mu
-	macs     sync.Pool            // keyed HMAC states for tickets (tickets.go)
-	reopened map[uint64]uint64    // handle of the last incarnation -> the session that reopened it by ticket; protected by mu
+	sessions map[uint64]*session      // by id; protected by mu
+	files    map[ns.Ino]*openFile     // open files; protected by mu
+	closedDV map[ns.Ino]closedDV      // last report of recently closed files (files.go); protected by mu
+	closedQ  []closedEntry            // their closes, oldest first; protected by mu
+	maxDV    uint64                   // newest data version applied or noted; protected by mu
+	nextSID  uint64                   // protected by mu
+	nextH    atomic.Uint64            // handle counter, unique across sessions
+	version  atomic.Uint64            // version of the last grant or revoke (files.go)
+	fresh    freshSet                 // files created in this start and never granted (files.go)
+	io       ioLink                   // the IO service's session and resync
+	dels     *deleter                 // blob deletes at the IO service
+	alloc    allocation               // blob ids io accepts grants for
+	revokes  *retrier                 // revocations to send again
+	leases   *leaseTable              // kept read leases (leases.go)
+	caps     atomic.Pointer[capEpoch] // the capability key of the current io epoch (caps.go)
+	sized    sizedSet                 // files whose size io reported in this io epoch (caps.go)
+	capsN    capStats
+	reclaim  *time.Timer       // ReleaseHeld after the grace; protected by mu
+	started  time.Time         // when Start began the grace; protected by mu
+	macs     sync.Pool         // keyed HMAC states for tickets (tickets.go)
+	reopened map[uint64]uint64 // handle of the last incarnation -> the session that reopened it by ticket; protected by mu
 	// The orphan scan runs once per start, after a resync.
 	orphanMu    sync.Mutex
 	orphansDone bool           // protected by orphanMu

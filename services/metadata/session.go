@@ -26,6 +26,9 @@ type handle struct {
 	write      bool
 	unpriv     bool   // granted for writing to a non-root session: a write drops setuid/setgid
 	lease      *lease // the kept lease it uses (leases.go), whose grant is its grant; nil if none
+	// throughIO: its grant was made through io after a refused claim
+	// (GrantThroughIO, caps.go), which is honoured once per handle.
+	throughIO bool
 }
 
 // session is one client's metadata ring. id, pid, cred and token are set
@@ -79,6 +82,9 @@ func (se *session) Started(sc *ring.ServerConn) error {
 func (se *session) Ended(err error) {
 	se.closeAll()
 	s := se.svc
+	if se.features&proto.FeatureCaps != 0 {
+		s.endClaims(se.id)
+	}
 	s.mu.Lock()
 	delete(s.sessions, se.id)
 	s.mu.Unlock()
@@ -353,10 +359,19 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 		return se.errno(syscall.EBADF)
 	}
 	if h.grantEpoch != 0 && h.grantEpoch == se.svc.io.currentEpoch() {
+		id := q.Handle
 		if h.lease != nil && se.features&proto.FeatureLeases != 0 {
-			return 0, h.lease.id // the data handle stays its lease's
+			id = h.lease.id // the data handle stays its lease's
 		}
-		return 0, q.Handle
+		if q.Arg == proto.GrantThroughIO && !h.write && !h.throughIO {
+			// io refused the claim of its capability (caps.go), or the
+			// session's kept lease was never claimed.
+			if err := se.grantThroughIO(id, h); err != nil {
+				return se.errno(errnoOf(err))
+			}
+			h.throughIO = true
+		}
+		return 0, id
 	}
 	if h.lease != nil {
 		// Its lease is void (io restarted): the handle gets a grant of
@@ -375,6 +390,9 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 			se.svc.addWriter(h.file, h.grantEpoch, h.unpriv, -1)
 		}
 		h.grantEpoch = 0
+	}
+	if res, aux, ok := se.mintCap(q, q.Handle, h); ok {
+		return res, aux
 	}
 	if _, err := se.grant(h); err != nil {
 		return se.errno(err)

@@ -1,0 +1,329 @@
+package client_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"io"
+	"io/fs"
+	"syscall"
+	"testing"
+
+	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/ring"
+)
+
+// capCounts are the counters a read grant moves: grants through io (a
+// NATS round trip), capabilities minted, and claims io installed.
+type capCounts struct{ grants, minted, claims uint64 }
+
+// grantCap asks metadata to grant handle h on raw session s with room for
+// a capability, and returns the completion and the capability.
+func (s *rawSession) grantCap(t *testing.T, h uint64, arg uint32) (ring.Completion, []byte) {
+	t.Helper()
+	b, err := s.meta.Alloc(context.Background(), proto.CapSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	comp, err := s.meta.Do(context.Background(), &ring.Call{Op: proto.OpGrant, Arg: arg, Handle: h, Buf: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := make([]byte, proto.CapSize)
+	if comp.Result == proto.CapSize {
+		b.CopyTo(c)
+	}
+	return comp, c
+}
+
+// claim presents capability c for data handle h on s's IO ring.
+func (s *rawSession) claim(t *testing.T, h uint64, c []byte) error {
+	t.Helper()
+	return rawCall(t, s.data, proto.OpClaim, h, c).Err()
+}
+
+const capFeatures = proto.FeatureLeases | proto.FeatureCaps
+
+// TestColdReadClaimsCapability: a session's first read of a file whose
+// size io reported in this epoch is granted by a capability it claims at
+// io: no NATS grant. A file io has not reported since it started is
+// granted through io first, and claimed by the next session.
+func TestColdReadClaimsCapability(t *testing.T) {
+	c, st := newFS(t)
+	if err := c.WriteFile("f", []byte("written by the first session"), 0o644); err != nil {
+		t.Fatal(err) // its write grant's ack reports the size: sized
+	}
+	counts := func() capCounts {
+		m := st.Metadata.Snapshot()
+		return capCounts{st.Metadata.Stats.Grants.Load(), m["caps_minted"].(uint64), st.IO.Stats.Claims.Load()}
+	}
+	for i := range 3 {
+		c2, err := st.Dial(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := counts()
+		f, err := c2.Open("f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(f)
+		if err != nil || string(got) != "written by the first session" {
+			t.Fatalf("session %d read %q, %v", i, got, err)
+		}
+		f.Close()
+		after := counts()
+		if d := (capCounts{after.grants - before.grants, after.minted - before.minted, after.claims - before.claims}); d != (capCounts{0, 1, 1}) {
+			t.Errorf("session %d's cold read: %+v grants through io, capabilities minted, claims; want 0, 1, 1", i, d)
+		}
+		c2.Close()
+	}
+}
+
+// TestClaimRefusals: io installs a grant only from a capability of its
+// own epoch, for the session and handle it names, and not once the grant
+// it stands for was revoked (the session's lease ended), or the session
+// ended; the client then grants through io, which metadata does only for
+// a handle that is still the session's.
+func TestClaimRefusals(t *testing.T) {
+	c, st := newFS(t)
+	for _, n := range []string{"a", "b"} {
+		if err := c.WriteFile(n, []byte("contents of "+n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := dialRaw(t, st, capFeatures)
+	other := dialRaw(t, st, capFeatures)
+	ra := s.open(t, "a")
+	comp, capA := s.grantCap(t, ra.Handle, 0)
+	if comp.Result != proto.CapSize || comp.Aux != ra.Handle {
+		t.Fatalf("grant of a: %+v, want a capability for data handle %d", comp, ra.Handle)
+	}
+	// Nothing is served before the claim.
+	if _, err := s.read(t, ra.Handle); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("read before the claim: %v, want EBADF", err)
+	}
+	forged := make([]byte, proto.CapSize)
+	rand.Read(forged)
+	for _, tc := range []struct {
+		what   string
+		s      *rawSession
+		handle uint64
+		cap    []byte
+		want   error
+	}{
+		{"made-up bytes", s, ra.Handle, forged, syscall.EKEYREJECTED},
+		{"a short capability", s, ra.Handle, capA[:proto.CapSize-1], syscall.EINVAL},
+		{"another session's", other, ra.Handle, capA, syscall.EPERM},
+		{"named for another handle", s, ra.Handle + 1, capA, syscall.EPERM},
+	} {
+		if err := tc.s.claim(t, tc.handle, tc.cap); !errors.Is(err, tc.want) {
+			t.Errorf("claim of %s: %v, want %v", tc.what, err, tc.want)
+		}
+	}
+	if _, err := other.read(t, ra.Handle); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("another session read with the handle: %v, want EBADF", err)
+	}
+	if err := s.claim(t, ra.Handle, capA); err != nil {
+		t.Fatalf("claim: %v", err)
+	}
+	if err := s.claim(t, ra.Handle, capA); err != nil {
+		t.Fatalf("the same claim again: %v, want success (a retry)", err)
+	}
+	if got, err := s.read(t, ra.Handle); err != nil || string(got) != "contents of a" {
+		t.Fatalf("read after the claim: %q %v", got, err)
+	}
+	// The lease ends (the mode changes, the handle closed): the grant is
+	// revoked, and its capability claims nothing any more.
+	if comp := bare(t, s.meta, proto.OpClose, ra.Handle); comp.Result < 0 {
+		t.Fatal(comp.Err())
+	}
+	if err := c.Chmod("a", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.read(t, ra.Handle); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("read after the lease ended: %v, want EBADF", err)
+	}
+	if err := s.claim(t, ra.Handle, capA); !errors.Is(err, syscall.EKEYREJECTED) {
+		t.Fatalf("claim after the revoke: %v, want EKEYREJECTED", err)
+	}
+	// An unclaimed capability is spent by a revoke too: b's is minted,
+	// its lease ended before the claim.
+	rb := s.open(t, "b")
+	comp, capB := s.grantCap(t, rb.Handle, 0)
+	if comp.Result != proto.CapSize {
+		t.Fatalf("grant of b: %+v", comp)
+	}
+	if comp := bare(t, s.meta, proto.OpClose, rb.Handle); comp.Result < 0 {
+		t.Fatal(comp.Err())
+	}
+	if err := c.Chmod("b", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.claim(t, rb.Handle, capB); !errors.Is(err, syscall.EKEYREJECTED) {
+		t.Fatalf("claim of a capability whose lease ended unclaimed: %v, want EKEYREJECTED", err)
+	}
+	// Granting through io is for handles that are the session's: a closed
+	// one is not.
+	if comp, _ := s.grantCap(t, rb.Handle, proto.GrantThroughIO); !errors.Is(comp.Err(), syscall.EBADF) {
+		t.Fatalf("grant through io of a closed handle: %v, want EBADF", comp.Err())
+	}
+	if _, err := s.read(t, rb.Handle); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("read with b's handle: %v, want EBADF", err)
+	}
+	// A refused claim of an open handle: granted through io instead.
+	if err := c.Chmod("b", 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rb2 := s.open(t, "b")
+	comp, capB2 := s.grantCap(t, rb2.Handle, 0)
+	if comp.Result != proto.CapSize {
+		t.Fatalf("grant of b again: %+v", comp)
+	}
+	capB2[0] ^= 1 // as if of another io epoch
+	if err := s.claim(t, rb2.Handle, capB2); !errors.Is(err, syscall.EKEYREJECTED) {
+		t.Fatalf("claim of a damaged capability: %v", err)
+	}
+	grants := st.Metadata.Stats.Grants.Load()
+	if comp, _ := s.grantCap(t, rb2.Handle, proto.GrantThroughIO); comp.Result != 0 || comp.Aux != rb2.Handle {
+		t.Fatalf("grant through io: %+v", comp)
+	}
+	if st.Metadata.Stats.Grants.Load() != grants+1 {
+		t.Error("the grant through io sent no grant to io")
+	}
+	if got, err := s.read(t, rb2.Handle); err != nil || string(got) != "contents of b" {
+		t.Fatalf("read after the grant through io: %q %v", got, err)
+	}
+	// The session ends (its metadata ring closes) while its IO ring stays:
+	// a capability minted before claims nothing.
+	rc := other.open(t, "b")
+	comp, capC := other.grantCap(t, rc.Handle, 0)
+	if comp.Result != proto.CapSize {
+		t.Fatalf("grant of b to the other session: %+v", comp)
+	}
+	other.meta.Close()
+	waitUntil(t, "the other session ended at io", func() bool { return st.Metadata.Snapshot()["sessions"].(int64) == 2 })
+	waitUntil(t, "the other session's end reached io", func() bool {
+		return errors.Is(other.claim(t, rc.Handle, capC), syscall.EKEYREJECTED)
+	})
+}
+
+// TestCapsAfterRestart: after the services restart on the same data, the
+// first read grant of a file goes through io (which reports its size), and
+// the next session's is a capability again.
+func TestCapsAfterRestart(t *testing.T) {
+	cfg := testConfig(t, t.TempDir(), "file")
+	st := startStack(t, cfg)
+	c, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.Create("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write([]byte("kept across the restart")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	c.Close()
+	stopStack(t, st)
+	st = startStack(t, cfg)
+	defer stopStack(t, st)
+	read := func() capCounts {
+		t.Helper()
+		before := capCounts{st.Metadata.Stats.Grants.Load(), st.Metadata.Snapshot()["caps_minted"].(uint64), st.IO.Stats.Claims.Load()}
+		c, err := st.Dial(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		got, err := c.ReadFile("f")
+		if err != nil || string(got) != "kept across the restart" {
+			t.Fatalf("read %q, %v", got, err)
+		}
+		return capCounts{st.Metadata.Stats.Grants.Load() - before.grants, st.Metadata.Snapshot()["caps_minted"].(uint64) - before.minted, st.IO.Stats.Claims.Load() - before.claims}
+	}
+	if d := read(); d != (capCounts{1, 0, 0}) {
+		t.Errorf("first read after the restart: %+v, want one grant through io", d)
+	}
+	if d := read(); d != (capCounts{0, 1, 1}) {
+		t.Errorf("second session's read: %+v, want a capability claimed", d)
+	}
+}
+
+// TestFailedClaimsRecover: a client whose claim is refused grants through
+// io and reads; one whose claim never reached io (metadata recorded the
+// grant, io holds none) is answered EBADF and recovers the same way, also
+// at the next open under the kept lease.
+func TestFailedClaimsRecover(t *testing.T) {
+	c, st := newFS(t)
+	for _, n := range []string{"a", "b"} {
+		if err := c.WriteFile(n, []byte("contents of "+n), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		skip bool
+	}{{"a", false}, {"b", true}} {
+		t.Run(map[bool]string{false: "refused", true: "skipped"}[tc.skip], func(t *testing.T) {
+			c2, err := st.Dial(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c2.Close()
+			client.BreakClaims(t, tc.skip)
+			through := st.Metadata.Snapshot()["caps_refused_grants"].(uint64)
+			for i := range 3 { // the first open claims; the next two use the kept lease
+				got, err := c2.ReadFile(tc.name)
+				if err != nil || string(got) != "contents of "+tc.name {
+					t.Fatalf("read %d: %q, %v", i, got, err)
+				}
+			}
+			if n := st.Metadata.Snapshot()["caps_refused_grants"].(uint64) - through; n != 1 {
+				t.Errorf("%d grants through io, want 1", n)
+			}
+		})
+	}
+}
+
+// TestClaimFloorsEndWithSessions: io remembers a session's revoked
+// capabilities only while a ring of the session may still claim: once the
+// session ended and its rings are gone, nothing is left of it.
+func TestClaimFloorsEndWithSessions(t *testing.T) {
+	c, st := newFS(t)
+	if err := c.WriteFile("f", []byte("contents"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	floors := func() int { return st.IO.Snapshot()["claim_floors"].(int) }
+	base := floors()
+	for i := range 5 {
+		s := dialRaw(t, st, capFeatures)
+		r := s.open(t, "f")
+		comp, cp := s.grantCap(t, r.Handle, 0)
+		if comp.Result != proto.CapSize {
+			t.Fatalf("grant: %+v", comp)
+		}
+		if i%2 == 0 {
+			if err := s.claim(t, r.Handle, cp); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if comp := bare(t, s.meta, proto.OpClose, r.Handle); comp.Result < 0 {
+			t.Fatal(comp.Err())
+		}
+		if err := c.Chmod("f", fs.FileMode(0o600|(i%2)<<2)); err != nil { // ends the lease: a revoke, a floor
+			t.Fatal(err)
+		}
+		waitUntil(t, "the revoke's floor", func() bool { return floors() == base+1 })
+		s.meta.Close()
+		s.data.Close()
+		waitUntil(t, "the ended session's floor forgotten", func() bool { return floors() == base })
+	}
+}
