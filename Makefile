@@ -16,7 +16,8 @@ FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:Fuz
 	./proto:FuzzBodies ./proto/cache:FuzzAttach \
 	./services/metadata/ns:FuzzDecodeRecord ./services/metadata/ns:FuzzDecodeCheckpoint \
 	./internal/wal:FuzzScanSegment ./internal/staging:FuzzDecode \
-	./internal/journalproto:FuzzDecodeBatch ./internal/journalproto:FuzzDecodeReport
+	./internal/journalproto:FuzzDecodeBatch ./internal/journalproto:FuzzDecodeReport \
+	./internal/grantcap:FuzzCheck
 # Only in `make fuzz`: FuzzServiceRequest builds a whole stack with fuzzing
 # instrumentation (about a minute before the first input; make test runs
 # its seeds, and TestHostileRequests sends 3000 hostile requests);
