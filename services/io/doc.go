@@ -6,8 +6,10 @@
 // proto.OpAttach binds it to the client's metadata session (the metadata
 // service vouches for the session id, token, uid and pid over NATS). The
 // IO service authorises nothing by itself: a handle works only after the
-// metadata service granted it to this session (control.Subjects.Grant) and
-// stops working when it is revoked. A revocation is a barrier: the handle
+// metadata service granted it to this session (control.Subjects.Grant, or
+// a read capability it minted with this epoch's key, which the client
+// claims with proto.OpClaim: claims.go) and stops working when it is
+// revoked. A revocation is a barrier: the handle
 // leaves the grant table at once, so new requests on it get EBADF, and the
 // answer, with the blob's final size and mtime, waits until the requests
 // in flight on it are done.
