@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envReopen) != "" {
 		os.Exit(reopenChild())
 	}
+	if os.Getenv(envClaimChild) != "" {
+		os.Exit(claimChild())
+	}
 	stop, err := exampleServices()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start the services for Example:", err)
