@@ -31,3 +31,18 @@ func BreakClaims(t interface{ Cleanup(func()) }, skip bool) {
 	testClaim.Store(mode)
 	t.Cleanup(func() { testClaim.Store(0) })
 }
+
+// Tenure returns the lease epoch f's last write grant was made in (0:
+// none yet).
+func Tenure(f *File) uint64 {
+	f.hmu.Lock()
+	defer f.hmu.Unlock()
+	return f.tenure
+}
+
+// NoRegrant makes io's EBADF final (no grant is asked for again) until
+// the test ends.
+func NoRegrant(t interface{ Cleanup(func()) }) {
+	testNoRegrant.Store(true)
+	t.Cleanup(func() { testNoRegrant.Store(false) })
+}

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -34,8 +35,9 @@ type File struct {
 	dataHandle uint64       // the handle IO requests name: handle, or the session's kept lease of the file (FeatureLeases)
 	meta       *ring.Client // the metadata session the handle belongs to
 	gen        uint64
-	granted    bool // the IO service accepts the handle (in gen)
-	throughIO  bool // its grant was asked for through io after a claim failed (in gen; FeatureCaps)
+	granted    bool   // the IO service accepts the handle (in gen)
+	throughIO  bool   // its grant was asked for through io after a claim failed (in gen; FeatureCaps)
+	tenure     uint64 // the file's lease epoch its last write grant was made in (0: not told)
 	ticket     proto.Ticket
 	hasTicket  bool
 	gone       error  // the file could not be reopened after a recovery
@@ -315,12 +317,22 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 	// A read-only file may get a capability to claim at io itself
 	// (FeatureCaps): no control-plane round trip between the services.
 	var capBuf []byte
-	if c.features&proto.FeatureCaps != 0 && !fl.writable() && !fl.dir {
+	var tenure [proto.TenureSize]byte
+	switch {
+	case c.features&proto.FeatureCaps != 0 && !fl.writable() && !fl.dir:
 		capBuf = make([]byte, proto.CapSize)
+	case fl.writable():
+		capBuf = tenure[:] // the file's lease epoch comes back
 	}
 	comp, err := call(bgctx, c.meta, proto.OpGrant, 0, h, 0, nil, capBuf)
 	if err != nil {
 		return 0, err
+	}
+	if fl.writable() {
+		if comp.Result == proto.TenureSize {
+			fl.tenure = binary.LittleEndian.Uint64(tenure[:])
+		}
+		capBuf, comp.Result = nil, 0
 	}
 	// The handle's own grant, or the kept lease it uses at open if that
 	// is still good (FeatureLeases: the aux says which).
@@ -381,27 +393,49 @@ func (fl *File) grantThroughIOLocked(c *conn, h uint64) (uint64, error) {
 	return h, nil
 }
 
-// regrant runs when io answered EBADF on the file's granted data handle:
-// with FeatureCaps that is a read grant metadata recorded as made whose
-// capability never reached io (a claim that failed, or a kept lease of a
-// claim that did). It asks for the grant through io, once per handle and
-// session generation; false: nothing to try.
+// regrant runs when io answered EBADF on the file's granted data handle
+// dh: another trust group's grant recalled the handle's (its lease), or,
+// with FeatureCaps, a read grant metadata recorded as made never reached
+// io (a claim that failed, or a kept lease of a claim that did). It asks
+// metadata for the grant again, and a read-only file that is told the
+// same data handle asks for it through io (once per handle and session
+// generation); false: nothing to try.
 func (fl *File) regrant(c *conn, dh uint64) bool {
-	if c.features&proto.FeatureCaps == 0 || fl.writable() || fl.dir {
+	if fl.dir || testNoRegrant.Load() {
 		return false
 	}
 	fl.hmu.Lock()
 	defer fl.hmu.Unlock()
-	if fl.throughIO || !fl.granted || fl.gen != c.gen || fl.dataHandle != dh {
+	if fl.gen != c.gen {
+		return false // a recovery's business
+	}
+	if !fl.granted || fl.dataHandle != dh {
+		return true // granted anew meanwhile
+	}
+	fl.granted = false
+	fl.hmu.Unlock()
+	ndh, err := fl.grantedHandle(c)
+	fl.hmu.Lock()
+	if err != nil || fl.gen != c.gen {
 		return false
 	}
-	ndh, err := fl.grantThroughIOLocked(c, fl.handle)
-	if err != nil {
-		return false
+	if ndh == dh && !fl.writable() && c.features&proto.FeatureCaps != 0 && !fl.throughIO {
+		if ndh, err = fl.grantThroughIOLocked(c, fl.handle); err != nil {
+			return false
+		}
+		fl.dataHandle = ndh
 	}
-	fl.dataHandle = ndh
 	return true
 }
+
+// testNoRegrant makes an EBADF from io final (tests that watch each
+// recall).
+var testNoRegrant atomic.Bool
+
+// maxRegrants bounds how many times one request is granted again after
+// io refused it: each time, another trust group's grant recalled the
+// file's between the grant and the request.
+const maxRegrants = 8
 
 // dataOp runs fn with the file's granted handle in the current sessions,
 // recovering as FS.dataOp does. A file that could not be reopened is not
@@ -413,10 +447,9 @@ func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error 
 			return err
 		}
 		err = fn(c, h)
-		if errors.Is(err, syscall.EBADF) && fl.regrant(c, h) {
+		for i := 0; i < maxRegrants && errors.Is(err, syscall.EBADF) && fl.regrant(c, h); i++ {
 			// io refused before doing anything: the same request again.
-			h, err = fl.grantedHandle(c)
-			if err == nil {
+			if h, err = fl.grantedHandle(c); err == nil {
 				err = fn(c, h)
 			}
 		}

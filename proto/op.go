@@ -115,6 +115,11 @@ const (
 	// GrantThroughIO, OpGrant's Arg: do not answer a capability (a claim
 	// of one was refused): grant at io.
 	GrantThroughIO = 1
+	// TenureSize is the reply of an OpGrant of a handle open for writing
+	// that gives a reply buffer at least this long: the u64 lease epoch
+	// of the file's current tenure (changed by every recall between
+	// trust groups; docs/architecture.md, "Leases").
+	TenureSize = 8
 	// MaxPath is the longest path a request may carry (PATH_MAX - 1).
 	MaxPath = 4095
 	// MaxName is the longest name of one component (NAME_MAX).

@@ -77,6 +77,8 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 		NATSNamespace:  c.NATS.Namespace,
 		RequestTimeout: c.NATS.RequestTimeout,
 		ReclaimGrace:   c.Metadata.ReclaimGrace,
+		TrustGroups:    c.Metadata.TrustGroups,
+		NamedGroups:    namedGroups(c.Metadata.NamedGroups),
 		Version:        Version,
 		Ring:           RingConfig(c),
 		WaitMode:       waitMode(c),
@@ -475,4 +477,19 @@ func LocalConfig(dataDir, runDir string) (*config.Config, error) {
 		return nil, err
 	}
 	return c, c.Validate()
+}
+
+// namedGroups turns the configuration's named trust groups into the
+// metadata service's uid -> group map (validated: each uid in one).
+func namedGroups(g map[string][]int) map[uint32]string {
+	if len(g) == 0 {
+		return nil
+	}
+	m := map[uint32]string{}
+	for name, uids := range g {
+		for _, u := range uids {
+			m[uint32(u)] = name
+		}
+	}
+	return m
 }

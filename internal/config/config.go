@@ -100,6 +100,13 @@ type Metadata struct {
 	// reclaim_grace: after a start, how long files that were unlinked
 	// while open stay for their holders to reopen; default 30s.
 	ReclaimGrace time.Duration
+	// trust_groups: which sessions share leases without checks: "uid"
+	// (default: the processes of one user), "process" (strict) or
+	// "session" (every client session alone).
+	TrustGroups string
+	// named_trust_groups: group name -> uids whose processes form that
+	// one trust group, whatever trust_groups says.
+	NamedGroups map[string][]int
 }
 
 // IO configures the IO service.
@@ -220,6 +227,7 @@ func Default() *Config {
 			SyncInterval:    DefaultSyncInterval,
 			CheckpointEvery: DefaultCheckpointEvery,
 			ReclaimGrace:    DefaultReclaimGrace,
+			TrustGroups:     "uid",
 		},
 		IO: IO{
 			Backend:     DefaultBackend,

@@ -100,6 +100,8 @@ type (
 		SyncInterval    *hcl.Attribute `hcl:"sync_interval,optional"`
 		CheckpointEvery *hcl.Attribute `hcl:"checkpoint_every,optional"`
 		ReclaimGrace    *hcl.Attribute `hcl:"reclaim_grace,optional"`
+		TrustGroups     *hcl.Attribute `hcl:"trust_groups,optional"`
+		NamedGroups     *hcl.Attribute `hcl:"named_trust_groups,optional"`
 	}
 	ioBlock struct {
 		Socket   *hcl.Attribute `hcl:"socket,optional"`
@@ -203,6 +205,8 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.duration("metadata.sync_interval", b.SyncInterval, &c.Metadata.SyncInterval)
 		d.int("metadata.checkpoint_every", b.CheckpointEvery, &c.Metadata.CheckpointEvery)
 		d.duration("metadata.reclaim_grace", b.ReclaimGrace, &c.Metadata.ReclaimGrace)
+		d.str("metadata.trust_groups", b.TrustGroups, &c.Metadata.TrustGroups)
+		d.decode("metadata.named_trust_groups", b.NamedGroups, "a map of group name to a list of uids", &c.Metadata.NamedGroups)
 	}
 	if b := fc.IO; b != nil {
 		if d.path("io.socket", b.Socket, &c.IO.Socket) {

@@ -2,6 +2,8 @@ package config
 
 import (
 	"fmt"
+	"maps"
+	"math"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -115,6 +117,25 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	}
 	if c.Metadata.ReclaimGrace <= 0 {
 		bad(at("metadata.reclaim_grace"), "metadata.reclaim_grace", "%v: must be positive", c.Metadata.ReclaimGrace)
+	}
+	switch c.Metadata.TrustGroups {
+	case "uid", "process", "session":
+	default:
+		bad(at("metadata.trust_groups"), "metadata.trust_groups", "%q: want \"uid\", \"process\" or \"session\"", c.Metadata.TrustGroups)
+	}
+	inGroup := map[int]string{}
+	for _, name := range slices.Sorted(maps.Keys(c.Metadata.NamedGroups)) {
+		if !validToken(name) {
+			bad(at("metadata.named_trust_groups"), "metadata.named_trust_groups", "group %q: a name is letters, digits, '-' and '_'", name)
+		}
+		for _, uid := range c.Metadata.NamedGroups[name] {
+			if uid < 0 || uid > math.MaxUint32-1 {
+				bad(at("metadata.named_trust_groups"), "metadata.named_trust_groups", "group %q: uid %d is not a uid", name, uid)
+			} else if other, ok := inGroup[uid]; ok {
+				bad(at("metadata.named_trust_groups"), "metadata.named_trust_groups", "uid %d is in groups %q and %q: a uid is in one at most", uid, other, name)
+			}
+			inGroup[uid] = name
+		}
 	}
 	if c.Metadata.CheckpointEvery < 1 {
 		bad(at("metadata.checkpoint_every"), "metadata.checkpoint_every", "%d: must be at least 1", c.Metadata.CheckpointEvery)
@@ -236,4 +257,18 @@ func checkListen(s string) error {
 		return fmt.Errorf("%q: port must be -1 or 0 (random) up to 65535", s)
 	}
 	return nil
+}
+
+// validToken reports whether s is a non-empty run of letters, digits, '-'
+// and '_'.
+func validToken(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for _, r := range s {
+		if !(r == '-' || r == '_' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+			return false
+		}
+	}
+	return true
 }

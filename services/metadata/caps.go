@@ -106,7 +106,7 @@ func (se *session) mintCap(q *ring.Request, id uint64, h *handle) (res int64, au
 	g := h.pending
 	if se.features&(proto.FeatureCaps|proto.FeatureLeases) != proto.FeatureCaps|proto.FeatureLeases ||
 		q.Arg == proto.GrantThroughIO || q.Length < proto.CapSize || g == nil ||
-		!g.Read || g.Write || g.Truncate || !leaseable(h.flags) {
+		!g.Read || g.Write || g.Truncate || !leaseable(h.flags) || h.noCap {
 		return 0, 0, false
 	}
 	ce := s.caps.Load()
@@ -117,7 +117,14 @@ func (se *session) mintCap(q *ring.Request, id uint64, h *handle) (res int64, au
 	}
 	f := h.file
 	f.mu.Lock()
-	c := ce.key.Mint(grantcap.Cap{Session: se.id, Handle: id, Blob: h.blob, Ver: s.version.Add(1), Access: grantcap.AccessRead})
+	if err := s.recallLocked(f, se.group, false, epoch); err != nil {
+		f.mu.Unlock()
+		return 0, 0, false // (and the grant through io fails too)
+	}
+	ver := s.version.Add(1)
+	c := ce.key.Mint(grantcap.Cap{Session: se.id, Handle: id, Blob: h.blob, Ver: ver, Access: grantcap.AccessRead})
+	h.rec = &grantRec{sid: se.id, id: id, group: se.group, epoch: epoch}
+	f.addGrantLocked(h.rec, ver, epoch)
 	f.mu.Unlock()
 	s.capsN.Minted.Add(1)
 	h.pending, h.grantEpoch = nil, epoch
@@ -146,6 +153,10 @@ func (s *Service) endClaims(sid uint64) {
 	}
 }
 
+// errRecalled: the grant a GrantThroughIO would make again was recalled
+// by another trust group's since.
+var errRecalled = errors.New("the grant was recalled")
+
 // grantThroughIO grants data handle id (the handle's own, or its kept
 // lease's) at io over NATS for a handle recorded as granted in this epoch
 // by a capability whose claim io refused. A grant io holds already (the
@@ -156,6 +167,9 @@ func (se *session) grantThroughIO(id uint64, h *handle) error {
 	f := h.file
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if h.rec == nil || h.rec.revoked.Load() {
+		return errRecalled // another group's grant recalled it: granted anew
+	}
 	g := control.Grant{Session: se.id, Handle: id, Ino: uint64(h.ino), Blob: h.blob, Read: true, Ver: s.version.Add(1)}
 	var ack control.Ack
 	err := s.request(s.subj.Grant, g, &ack)

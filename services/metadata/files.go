@@ -33,6 +33,10 @@ type openFile struct {
 	// (Unix ns): a write's mtime from io older than that does not replace
 	// them.
 	timesSet int64
+
+	// Protected by mu (groups.go):
+	grants map[*grantRec]struct{} // the grants io holds on the file
+	tenure uint64                 // lease epoch: the version of the grant that began the tenure
 }
 
 // openFileRef returns the open state of ino with one more reference.
@@ -262,10 +266,15 @@ func (se *session) grant(h *handle) (int64, error) {
 	if err == nil {
 		err = s.ensureAllocated(h.blob)
 	}
+	if err == nil {
+		err = s.recallLocked(f, se.group, h.pending.Write, epoch)
+	}
 	var ack control.Ack
+	var ver uint64
 	if err == nil {
 		g := *h.pending
 		g.Ver = s.version.Add(1)
+		ver = g.Ver
 		g.Fresh = s.fresh.has(h.ino)
 		err = s.request(s.subj.Grant, g, &ack)
 		var ref *control.Refusal
@@ -287,6 +296,8 @@ func (se *session) grant(h *handle) (int64, error) {
 	g := h.pending
 	h.pending, h.grantEpoch = nil, epoch
 	h.write, h.unpriv = g.Write, g.Write && se.cred.UID != 0
+	h.rec = &grantRec{sid: se.id, id: g.Handle, group: se.group, write: h.write, unpriv: h.unpriv, epoch: epoch}
+	f.addGrantLocked(h.rec, ver, epoch)
 	if h.write {
 		s.addWriter(f, epoch, h.unpriv, 1)
 	}
@@ -309,15 +320,20 @@ func (se *session) revoke(id uint64, h *handle) error {
 		return nil
 	}
 	epoch := h.grantEpoch
-	h.grantEpoch = 0
-	if h.write {
-		defer s.addWriter(h.file, epoch, h.unpriv, -1)
-	}
+	rec := h.rec
+	h.grantEpoch, h.rec = 0, nil
 	if epoch != s.io.currentEpoch() {
-		return nil
+		return nil // (and its writer count is of an epoch that is over)
 	}
 	f := h.file
 	f.mu.Lock()
+	if !f.dropGrantLocked(rec) {
+		f.mu.Unlock()
+		return nil // another group's grant recalled it, and recorded what io said
+	}
+	if h.write {
+		defer s.addWriter(f, epoch, h.unpriv, -1)
+	}
 	r := control.Revoke{Session: se.id, Handle: id, Blob: h.blob, Ver: s.version.Add(1)}
 	var ack control.Ack
 	err := s.request(s.subj.Revoke, r, &ack)
@@ -331,20 +347,7 @@ func (se *session) revoke(id uint64, h *handle) error {
 		return syscall.EIO
 	}
 	s.Stats.Revokes.Add(1)
-	if !ack.Wrote {
-		s.noteDVIfSame(h.ino, f, ack)
-		return nil
-	}
-	var firstErr error
-	if err := s.applyLive(h.ino, ack.Size, ack.Mtime, ack.DV); err != nil {
-		firstErr = err
-	}
-	if h.unpriv {
-		if err := s.ns.KillPriv(h.ino); err != nil && !errors.Is(err, syscall.ENOENT) && firstErr == nil {
-			firstErr = err
-		}
-	}
-	return firstErr
+	return s.revokedAck(f, ack, h.unpriv)
 }
 
 // liveAttr overlays the IO service's live size and mtime on a regular

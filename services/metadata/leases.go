@@ -53,6 +53,7 @@ type lease struct {
 	blob  uint64
 	file  *openFile // a reference on the file's open state, held while the lease lives
 	epoch uint64    // io epoch of the grant
+	rec   *grantRec // the grant, in the file's registry (groups.go)
 
 	// Protected by leaseTable.mu:
 	refs   int  // open handles using it
@@ -108,10 +109,19 @@ func (s *Service) useLease(sid uint64, ino ns.Ino) *lease {
 	epoch := s.io.currentEpoch()
 	t.mu.Lock()
 	l := t.byIno[ino][sid]
+	var recalled *lease
 	switch {
 	case l == nil:
 	case l.doomed:
 		l = nil // being ended: the open gets a grant of its own
+	case l.recalled():
+		// Another trust group's grant recalled it: it ends (with no
+		// revoke: the recall was it), and the open gets a grant.
+		if l.refs == 0 {
+			recalled = l
+			t.dropLocked(l)
+		}
+		l = nil
 	case l.epoch != epoch || epoch == 0:
 		var void *lease
 		if l.refs == 0 {
@@ -128,11 +138,17 @@ func (s *Service) useLease(sid uint64, ino ns.Ino) *lease {
 		t.unidleLocked(l)
 	}
 	t.mu.Unlock()
+	if recalled != nil {
+		s.endLease(recalled)
+	}
 	if l != nil {
 		s.Stats.LeaseOpens.Add(1)
 	}
 	return l
 }
+
+// recalled says whether another trust group's grant recalled the lease's.
+func (l *lease) recalled() bool { return l.rec != nil && l.rec.revoked.Load() }
 
 // keepLease makes the grant h just got (read-only, for handle id) the
 // session's lease of its file, used by h, unless the session has one
@@ -142,20 +158,20 @@ func (se *session) keepLease(id uint64, h *handle) {
 	t := s.leases
 	t.mu.Lock()
 	m := t.byIno[h.ino]
-	if old := m[se.id]; old != nil && (old.refs > 0 || old.doomed || old.epoch == h.grantEpoch) {
+	if old := m[se.id]; old != nil && (old.refs > 0 || old.doomed || (old.epoch == h.grantEpoch && !old.recalled())) {
 		t.mu.Unlock()
 		return
 	}
 	var void *lease
 	if old := m[se.id]; old != nil {
-		void = old // of an io epoch that is over, and idle
+		void = old // of an io epoch that is over, or recalled, and idle
 		t.dropVoidLocked(old)
 	}
 	if m = t.byIno[h.ino]; m == nil { // (the drop may have removed it)
 		m = map[uint64]*lease{}
 		t.byIno[h.ino] = m
 	}
-	l := &lease{sid: se.id, id: id, ino: h.ino, blob: h.blob, file: s.openFileRef(h.ino), epoch: h.grantEpoch, refs: 1, done: make(chan struct{})}
+	l := &lease{sid: se.id, id: id, ino: h.ino, blob: h.blob, file: s.openFileRef(h.ino), epoch: h.grantEpoch, rec: h.rec, refs: 1, done: make(chan struct{})}
 	m[se.id] = l
 	t.n++
 	t.mu.Unlock()
@@ -224,13 +240,13 @@ func (se *session) closeLeased(h *handle) {
 	s := se.svc
 	t := s.leases
 	l := h.lease
-	h.lease = nil
+	h.lease, h.rec = nil, nil
 	var end []*lease
 	t.mu.Lock()
 	var evict []*lease
 	l.refs--
 	if l.refs == 0 && !l.ended {
-		if l.doomed || t.byIno[l.ino][l.sid] != l {
+		if l.doomed || t.byIno[l.ino][l.sid] != l || l.recalled() {
 			t.dropLocked(l)
 			end = append(end, l)
 		} else {
@@ -384,6 +400,10 @@ func (s *Service) endLease(l *lease) {
 	}
 	f := l.file
 	f.mu.Lock()
+	if !f.dropGrantLocked(l.rec) {
+		f.mu.Unlock()
+		return // recalled: the recall revoked it
+	}
 	r := control.Revoke{Session: l.sid, Handle: l.id, Blob: l.blob, Ver: s.version.Add(1)}
 	var ack control.Ack
 	err := s.request(s.subj.Revoke, r, &ack)

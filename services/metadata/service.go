@@ -31,6 +31,7 @@
 package metadata
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"errors"
@@ -87,6 +88,13 @@ type Options struct {
 	// while open stay for their holders to reopen; 0 means
 	// DefaultReclaimGrace.
 	ReclaimGrace time.Duration
+	// TrustGroups is which sessions share leases without checks:
+	// GroupsByUID ("" too), GroupsByProcess or GroupsBySession
+	// (groups.go).
+	TrustGroups string
+	// NamedGroups puts uids into named trust groups, whatever the mode:
+	// uid -> group name.
+	NamedGroups map[uint32]string
 }
 
 // Stats are the service's counters.
@@ -115,6 +123,7 @@ type Stats struct {
 // Snapshot returns the counters for the stats endpoint.
 func (s *Service) Snapshot() map[string]any {
 	st := &s.Stats
+	p50, p99 := s.recallStats.percentiles()
 	m := map[string]any{
 		"sessions": st.Sessions.Load(), "requests": st.Requests.Load(), "opens": st.Opens.Load(),
 		"reopens": st.Reopens.Load(), "handles": st.Handles.Load(), "errors": st.Errors.Load(),
@@ -126,7 +135,9 @@ func (s *Service) Snapshot() map[string]any {
 		"delete_failures": st.DeleteFailures.Load(),
 		"leases":          s.leases.count(), "lease_opens": st.LeaseOpens.Load(), "leases_ended": st.LeasesEnded.Load(),
 		"caps_minted": s.capsN.Minted.Load(), "caps_refused_grants": s.capsN.ThroughIO.Load(),
-		"incarnation": s.inc, "io_connected": s.io.isUp(),
+		"recalls": s.recallStats.recalls.Load(), "recall_p50_us": p50, "recall_p99_us": p99,
+		"trust_groups": cmp.Or(s.opts.TrustGroups, GroupsByUID),
+		"incarnation":  s.inc, "io_connected": s.io.isUp(),
 	}
 	maps.Copy(m, s.host.Counters())
 	return m
@@ -142,28 +153,29 @@ type Service struct {
 	inc  uint32           // this incarnation; immutable after New
 	key  [32]byte         // ticket key; immutable after New
 
-	mu       sync.Mutex
-	sessions map[uint64]*session      // by id; protected by mu
-	files    map[ns.Ino]*openFile     // open files; protected by mu
-	closedDV map[ns.Ino]closedDV      // last report of recently closed files (files.go); protected by mu
-	closedQ  []closedEntry            // their closes, oldest first; protected by mu
-	maxDV    uint64                   // newest data version applied or noted; protected by mu
-	nextSID  uint64                   // protected by mu
-	nextH    atomic.Uint64            // handle counter, unique across sessions
-	version  atomic.Uint64            // version of the last grant or revoke (files.go)
-	fresh    freshSet                 // files created in this start and never granted (files.go)
-	io       ioLink                   // the IO service's session and resync
-	dels     *deleter                 // blob deletes at the IO service
-	alloc    allocation               // blob ids io accepts grants for
-	revokes  *retrier                 // revocations to send again
-	leases   *leaseTable              // kept read leases (leases.go)
-	caps     atomic.Pointer[capEpoch] // the capability key of the current io epoch (caps.go)
-	sized    sizedSet                 // files whose size io reported in this io epoch (caps.go)
-	capsN    capStats
-	reclaim  *time.Timer       // ReleaseHeld after the grace; protected by mu
-	started  time.Time         // when Start began the grace; protected by mu
-	macs     sync.Pool         // keyed HMAC states for tickets (tickets.go)
-	reopened map[uint64]uint64 // handle of the last incarnation -> the session that reopened it by ticket; protected by mu
+	mu          sync.Mutex
+	sessions    map[uint64]*session      // by id; protected by mu
+	files       map[ns.Ino]*openFile     // open files; protected by mu
+	closedDV    map[ns.Ino]closedDV      // last report of recently closed files (files.go); protected by mu
+	closedQ     []closedEntry            // their closes, oldest first; protected by mu
+	maxDV       uint64                   // newest data version applied or noted; protected by mu
+	nextSID     uint64                   // protected by mu
+	nextH       atomic.Uint64            // handle counter, unique across sessions
+	version     atomic.Uint64            // version of the last grant or revoke (files.go)
+	fresh       freshSet                 // files created in this start and never granted (files.go)
+	io          ioLink                   // the IO service's session and resync
+	dels        *deleter                 // blob deletes at the IO service
+	alloc       allocation               // blob ids io accepts grants for
+	revokes     *retrier                 // revocations to send again
+	leases      *leaseTable              // kept read leases (leases.go)
+	caps        atomic.Pointer[capEpoch] // the capability key of the current io epoch (caps.go)
+	sized       sizedSet                 // files whose size io reported in this io epoch (caps.go)
+	capsN       capStats
+	recallStats recallStats       // recalls between trust groups (groups.go)
+	reclaim     *time.Timer       // ReleaseHeld after the grace; protected by mu
+	started     time.Time         // when Start began the grace; protected by mu
+	macs        sync.Pool         // keyed HMAC states for tickets (tickets.go)
+	reopened    map[uint64]uint64 // handle of the last incarnation -> the session that reopened it by ticket; protected by mu
 	// The orphan scan runs once per start, after a resync.
 	orphanMu    sync.Mutex
 	orphansDone bool           // protected by orphanMu
@@ -181,6 +193,9 @@ func New(opts Options) (*Service, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = hclog.NewNullLogger()
+	}
+	if err := validGroups(opts.TrustGroups); err != nil {
+		return nil, err
 	}
 	if opts.ReclaimGrace <= 0 {
 		opts.ReclaimGrace = DefaultReclaimGrace

@@ -2,6 +2,7 @@ package metadata
 
 import (
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"syscall"
@@ -29,6 +30,8 @@ type handle struct {
 	// throughIO: its grant was made through io after a refused claim
 	// (GrantThroughIO, caps.go), which is honoured once per handle.
 	throughIO bool
+	rec       *grantRec // its grant in the file's registry (groups.go); nil while it has none
+	noCap     bool      // a recall spent its capability: it is granted through io
 }
 
 // session is one client's metadata ring. id, pid, cred and token are set
@@ -45,6 +48,7 @@ type session struct {
 	hello    bool   // OpHello succeeded
 	version  uint32 // negotiated protocol version
 	features uint64 // negotiated features
+	group    string // its trust group (groups.go)
 	handles  map[uint64]*handle
 	// warnedTicket: a refused ticket was logged (once per session).
 	warnedTicket bool
@@ -71,6 +75,7 @@ func (se *session) Started(sc *ring.ServerConn) error {
 	s.mu.Lock()
 	s.nextSID++
 	se.id = proto.MakeID(s.inc, s.nextSID)
+	se.group = s.groupOf(se.id, se.pid, se.cred.UID)
 	s.sessions[se.id] = se
 	s.mu.Unlock()
 	s.Stats.Sessions.Add(1)
@@ -291,7 +296,7 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 		if l := s.useLease(se.id, a.Ino); l != nil {
 			// The session read the file before: its kept lease is the
 			// handle's grant, and io needs no word of this open.
-			h.lease, h.pending, h.grantEpoch = l, nil, l.epoch
+			h.lease, h.pending, h.grantEpoch, h.rec = l, nil, l.epoch, l.rec
 			dataHandle = l.id
 		}
 	}
@@ -358,7 +363,8 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 	if h == nil || h.file == nil {
 		return se.errno(syscall.EBADF)
 	}
-	if h.grantEpoch != 0 && h.grantEpoch == se.svc.io.currentEpoch() {
+	recalled := h.rec != nil && h.rec.revoked.Load()
+	if h.grantEpoch != 0 && h.grantEpoch == se.svc.io.currentEpoch() && !recalled {
 		id := q.Handle
 		if h.lease != nil && se.features&proto.FeatureLeases != 0 {
 			id = h.lease.id // the data handle stays its lease's
@@ -366,17 +372,30 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 		if q.Arg == proto.GrantThroughIO && !h.write && !h.throughIO {
 			// io refused the claim of its capability (caps.go), or the
 			// session's kept lease was never claimed.
-			if err := se.grantThroughIO(id, h); err != nil {
+			err := se.grantThroughIO(id, h)
+			switch {
+			case errors.Is(err, errRecalled):
+				recalled = true // granted anew below
+			case err != nil:
 				return se.errno(errnoOf(err))
+			default:
+				h.throughIO = true
+				return 0, id
 			}
-			h.throughIO = true
+		} else {
+			return se.tenureReply(q, h, id)
 		}
-		return 0, id
+	}
+	if recalled {
+		// Another trust group's grant recalled this one (groups.go),
+		// which counted its writer out: the handle is granted again,
+		// under its own id, through io (its capability was spent).
+		h.grantEpoch, h.noCap, h.rec = 0, true, nil
 	}
 	if h.lease != nil {
-		// Its lease is void (io restarted): the handle gets a grant of
-		// its own, under its own id (the client names it from now on),
-		// which may become the session's new lease.
+		// Its lease is void (io restarted) or recalled: the handle gets
+		// a grant of its own, under its own id (the client names it from
+		// now on), which may become the session's new lease.
 		se.closeLeased(h)
 		h.grantEpoch = 0
 	}
@@ -400,7 +419,20 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 	if se.features&proto.FeatureLeases != 0 && leaseable(h.flags) {
 		se.keepLease(q.Handle, h)
 	}
-	return 0, q.Handle
+	return se.tenureReply(q, h, q.Handle)
+}
+
+// tenureReply answers an OpGrant of h whose data handle is id: a handle
+// open for writing, asked with a reply buffer of proto.TenureSize bytes,
+// is told its file's lease epoch (groups.go).
+func (se *session) tenureReply(q *ring.Request, h *handle, id uint64) (int64, uint64) {
+	if !h.write || q.Length < proto.TenureSize {
+		return 0, id
+	}
+	var b [proto.TenureSize]byte
+	binary.LittleEndian.PutUint64(b[:], se.svc.tenureOf(h.ino))
+	res, _ := reply(q, b[:])
+	return res, id
 }
 
 func (se *session) close(q *ring.Request) (int64, uint64) {

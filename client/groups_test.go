@@ -1,0 +1,135 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/stack"
+)
+
+// groupStack starts a stack on the mem backend whose trust groups are
+// mode ("uid", "process" or "session").
+func groupStack(t *testing.T, mode string) *stack.Stack {
+	t.Helper()
+	cfg := testConfig(t, t.TempDir(), "mem")
+	cfg.Metadata.TrustGroups = mode
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st := startStack(t, cfg)
+	t.Cleanup(func() { stopStack(t, st) })
+	return st
+}
+
+func dialStack(t *testing.T, st *stack.Stack) *client.FS {
+	t.Helper()
+	c, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func recalls(st *stack.Stack) uint64 { return st.Metadata.Snapshot()["recalls"].(uint64) }
+
+// TestOneGroupSharesLeases: two sessions of one uid are one trust group
+// (the default): both write one file, and neither recalls the other.
+func TestOneGroupSharesLeases(t *testing.T) {
+	st := groupStack(t, "uid")
+	a, b := dialStack(t, st), dialStack(t, st)
+	fa, err := a.OpenFile("shared", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fa.Close()
+	fb, err := b.OpenFile("shared", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	for i := range 20 {
+		if _, err := fa.WriteAt([]byte{'a'}, int64(2*i)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fb.WriteAt([]byte{'b'}, int64(2*i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := recalls(st); n != 0 {
+		t.Fatalf("%d recalls between sessions of one trust group", n)
+	}
+	if ta, tb := client.Tenure(fa), client.Tenure(fb); ta == 0 || ta != tb {
+		t.Fatalf("lease epochs %d and %d: one tenure wanted", ta, tb)
+	}
+}
+
+// TestRecallAcrossGroups: sessions in two trust groups take a file's
+// exclusive lease from each other: each write grant recalls the other's
+// (io refuses the holder's next request, EBADF, and its client asks
+// again), the lease epoch grows at each hand-over, and nothing written is
+// lost. A reader of a third group recalls the writer too, and its kept
+// lease, recalled in turn, is never used again.
+func TestRecallAcrossGroups(t *testing.T) {
+	st := groupStack(t, "session")
+	a, b, r := dialStack(t, st), dialStack(t, st), dialStack(t, st)
+	fa, err := a.OpenFile("f", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fa.Close()
+	fb, err := b.OpenFile("f", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	var last uint64
+	for i := range 10 {
+		if _, err := fa.WriteAt([]byte{'a'}, int64(2*i)); err != nil {
+			t.Fatalf("a's write %d: %v", i, err)
+		}
+		ta := client.Tenure(fa)
+		if _, err := fb.WriteAt([]byte{'b'}, int64(2*i+1)); err != nil {
+			t.Fatalf("b's write %d: %v", i, err)
+		}
+		tb := client.Tenure(fb)
+		if ta <= last || tb <= ta {
+			t.Fatalf("round %d: lease epochs %d then %d after %d: each hand-over must begin a later tenure", i, ta, tb, last)
+		}
+		last = tb
+	}
+	if n := recalls(st); n < 19 {
+		t.Fatalf("%d recalls for 20 alternating writes of two groups, want at least 19", n)
+	}
+	got, err := r.ReadFile("f")
+	if err != nil || string(got) != "abababababababababab" {
+		t.Fatalf("read %q %v", got, err)
+	}
+
+	// r now keeps a read lease of f (its ReadFile), in a third group. A
+	// write recalls it; r's next open must not use it.
+	before := recalls(st)
+	if _, err := fa.WriteAt([]byte("A"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if recalls(st) == before {
+		t.Fatal("a's write recalled nothing: r's kept read lease and b's write grant were live")
+	}
+	got, err = r.ReadFile("f")
+	if err != nil || string(got) != "Abababababababababab" {
+		t.Fatalf("after the recall, read %q %v", got, err)
+	}
+
+	// With the client's regrant off, a recalled holder sees io's refusal.
+	client.NoRegrant(t)
+	if _, err := fb.WriteAt([]byte("B"), 1); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("write under a recalled grant: %v, want EBADF", err)
+	}
+	if got, err := r.ReadFile("f"); err != nil || got[1] != 'b' {
+		t.Fatalf("read %q %v: the refused write took effect", got, err)
+	}
+}

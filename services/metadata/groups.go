@@ -1,0 +1,260 @@
+package metadata
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/services/metadata/ns"
+)
+
+// Trust groups and the file's grant registry (issue 13).
+//
+// A trust group is a set of sessions that trust each other: they share a
+// file's leases without any check between them. Which sessions form one
+// is Options.TrustGroups:
+//
+//   - "uid" (the default): the sessions of one uid. Processes of one
+//     user can already ptrace each other, read each other's memory and
+//     open each other's files, so isolating them from each other would
+//     cost every hand-over between them and protect nothing the kernel
+//     does not already give away.
+//   - "process": the sessions of one process (pid), the strict mode: two
+//     processes of one user then hand a written file over as two users'
+//     processes do.
+//   - "session": every session alone, stricter still (a process that
+//     dials twice has two groups; tests use it to make groups in one
+//     process).
+//
+// Options.NamedGroups put uids into one named group whatever the mode
+// (config: trust_group "name" { uids = [...] }): the processes of those
+// users share leases as one user's do.
+//
+// Every grant io holds is in its file's registry (openFile.grants, under
+// the file's lock), with its session's group and its access. A grant for
+// writing is the group's exclusive lease of the file; one for reading
+// only, a shared lease. Before io is asked for a grant, every grant of
+// another group it conflicts with (a write grant, or any grant when the
+// new one writes) is recalled: revoked at io, whose revoke is a barrier
+// (no new request on it is served, and the answer waits for those in
+// flight), and marked revoked for its session, whose next OpGrant of the
+// handle asks for a new grant (which recalls in turn). Nothing waits for
+// the holder: a client holds nothing a recall must flush, as every write
+// it made is in io's cache when the write returns; a holder that is
+// stopped, looping or dead delays the recaller by io's revoke alone
+// (docs/architecture.md, "Leases"). The holder learns of the recall from
+// io's EBADF on its next request, and asks again.
+//
+// A file's lease epoch is the version of the grant that began its
+// current tenure: it changes at every recall and whenever a grant finds
+// the file with no grant, and increases over the service's life (versions
+// start at the incarnation). A writer's OpGrant reports it, so that what
+// the holder wrote under one tenure can be told from another's.
+
+// Trust-group modes (Options.TrustGroups).
+const (
+	GroupsByUID     = "uid"
+	GroupsByProcess = "process"
+	GroupsBySession = "session"
+)
+
+// groupOf returns the trust group of a session.
+func (s *Service) groupOf(sid uint64, pid int32, uid uint32) string {
+	if name, ok := s.opts.NamedGroups[uid]; ok {
+		return "group:" + name
+	}
+	switch s.opts.TrustGroups {
+	case GroupsByProcess:
+		return "pid:" + strconv.Itoa(int(pid))
+	case GroupsBySession:
+		return "session:" + strconv.FormatUint(sid, 16)
+	}
+	return "uid:" + strconv.FormatUint(uint64(uid), 10)
+}
+
+// validGroups checks the trust-group options.
+func validGroups(mode string) error {
+	switch mode {
+	case "", GroupsByUID, GroupsByProcess, GroupsBySession:
+		return nil
+	}
+	return fmt.Errorf("metadata: trust groups %q: want %q, %q or %q", mode, GroupsByUID, GroupsByProcess, GroupsBySession)
+}
+
+// grantRec is one grant io holds, in its file's registry.
+type grantRec struct {
+	sid    uint64 // the session
+	id     uint64 // the data handle io knows the grant by
+	group  string
+	write  bool
+	unpriv bool   // a write grant of a non-root session (a write drops setuid/setgid)
+	epoch  uint64 // io epoch of the grant
+
+	// revoked is set, under the file's lock, when another group's grant
+	// recalled it; its session (which reads it without the lock) then
+	// asks for a new grant.
+	revoked atomic.Bool
+}
+
+// addGrantLocked records a grant io acknowledged; f.mu is held. It
+// begins a new tenure (epoch ver) if the file had no live grant.
+func (f *openFile) addGrantLocked(r *grantRec, ver, ioEpoch uint64) {
+	if f.grants == nil {
+		f.grants = map[*grantRec]struct{}{}
+	}
+	live := false
+	for o := range f.grants {
+		if o.epoch == ioEpoch {
+			live = true
+		} else {
+			delete(f.grants, o) // void: io dropped it with its epoch
+		}
+	}
+	if !live || f.tenure == 0 {
+		f.tenure = ver
+	}
+	f.grants[r] = struct{}{}
+}
+
+// dropGrantLocked forgets a grant that was revoked; f.mu is held. It
+// reports whether the caller is the one that ended it (false: a recall
+// did, and reported what io said).
+func (f *openFile) dropGrantLocked(r *grantRec) bool {
+	if r == nil {
+		return true
+	}
+	if r.revoked.Load() {
+		return false
+	}
+	delete(f.grants, r)
+	return true
+}
+
+// errRecallFailed: io did not answer a recall's revoke, so the grant it
+// would have ended may still be in force, and no conflicting one is made.
+var errRecallFailed = errors.New("a conflicting grant of another trust group could not be revoked")
+
+// recallLocked revokes at io every grant on f of a group other than
+// group that a new grant (for writing if write) conflicts with, and
+// starts a new tenure if it revoked any; f.mu is held. ioEpoch is the io
+// epoch the new grant is for.
+func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch uint64) error {
+	var conflicts []*grantRec
+	for r := range f.grants {
+		switch {
+		case r.epoch != ioEpoch:
+			delete(f.grants, r) // void
+		case r.group != group && (r.write || write):
+			conflicts = append(conflicts, r)
+		}
+	}
+	if len(conflicts) == 0 {
+		return nil
+	}
+	start := time.Now()
+	for _, r := range conflicts {
+		rv := control.Revoke{Session: r.sid, Handle: r.id, Blob: uint64(f.ino), Ver: s.version.Add(1)}
+		var ack control.Ack
+		err := s.request(s.subj.Revoke, rv, &ack)
+		if err != nil {
+			var ref *control.Refusal
+			if !errors.As(err, &ref) && !errors.Is(err, errIODown) {
+				s.revokes.add(rv, ioEpoch) // io may still hold it: make sure it goes
+				s.log.Error("recall failed", "ino", f.ino, "session", r.sid, "error", err)
+				return errRecallFailed
+			}
+			// Refused (io holds no such grant) or io gone: either way it
+			// is not in force.
+		} else {
+			s.Stats.Revokes.Add(1)
+		}
+		r.revoked.Store(true)
+		delete(f.grants, r)
+		s.recallStats.recalls.Add(1)
+		if r.write {
+			s.addWriter(f, r.epoch, r.unpriv, -1)
+		}
+		if err == nil {
+			if rerr := s.revokedAck(f, ack, r.unpriv); rerr != nil {
+				s.log.Warn("recording a recalled grant's size", "ino", f.ino, "error", rerr)
+			}
+		}
+	}
+	f.tenure = 0 // the grant being made begins the next
+	s.recallStats.observe(time.Since(start))
+	return nil
+}
+
+// revokedAck records what io reported when it revoked a grant: the
+// file's size and mtime, if the grant wrote; and a write by a non-root
+// session drops setuid and setgid.
+func (s *Service) revokedAck(f *openFile, ack control.Ack, unpriv bool) error {
+	if !ack.Wrote {
+		s.noteDVIfSame(f.ino, f, ack)
+		return nil
+	}
+	err := s.applyLive(f.ino, ack.Size, ack.Mtime, ack.DV)
+	if unpriv {
+		if kerr := s.ns.KillPriv(f.ino); kerr != nil && !errors.Is(kerr, syscall.ENOENT) && err == nil {
+			err = kerr
+		}
+	}
+	return err
+}
+
+// recallStats counts recalls and keeps the durations of the last
+// recallWindow, for their percentiles in the stats.
+type recallStats struct {
+	recalls atomic.Uint64 // grants recalled by another group's
+
+	mu   sync.Mutex
+	last []time.Duration // a ring of the last recallWindow recall passes' durations
+	next int
+}
+
+const recallWindow = 1024
+
+func (r *recallStats) observe(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.last) < recallWindow {
+		r.last = append(r.last, d)
+		return
+	}
+	r.last[r.next] = d
+	r.next = (r.next + 1) % recallWindow
+}
+
+// percentiles returns the p50 and p99 recall durations in µs (0 if none).
+func (r *recallStats) percentiles() (p50, p99 float64) {
+	r.mu.Lock()
+	d := slices.Clone(r.last)
+	r.mu.Unlock()
+	if len(d) == 0 {
+		return 0, 0
+	}
+	slices.Sort(d)
+	at := func(q float64) float64 {
+		return float64(d[min(len(d)-1, int(q*float64(len(d))))].Nanoseconds()) / 1e3
+	}
+	return at(0.50), at(0.99)
+}
+
+// tenureOf returns the lease epoch of ino's current tenure (0: none).
+func (s *Service) tenureOf(ino ns.Ino) uint64 {
+	s.mu.Lock()
+	f := s.files[ino]
+	s.mu.Unlock()
+	if f == nil {
+		return 0
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tenure
+}
