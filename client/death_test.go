@@ -33,6 +33,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envClaimChild) != "" {
 		os.Exit(claimChild())
 	}
+	if os.Getenv(envHammer) != "" {
+		os.Exit(hammerChild())
+	}
+	if os.Getenv(envHolder) != "" {
+		os.Exit(holderChild())
+	}
 	stop, err := exampleServices()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start the services for Example:", err)

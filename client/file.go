@@ -397,9 +397,10 @@ func (fl *File) grantThroughIOLocked(c *conn, h uint64) (uint64, error) {
 // dh: another trust group's grant recalled the handle's (its lease), or,
 // with FeatureCaps, a read grant metadata recorded as made never reached
 // io (a claim that failed, or a kept lease of a claim that did). It asks
-// metadata for the grant again, and a read-only file that is told the
-// same data handle asks for it through io (once per handle and session
-// generation); false: nothing to try.
+// metadata for the grant again; a read-only file asks for it through io
+// (proto.GrantThroughIO), which covers both in one round trip: metadata
+// grants a recalled handle anew, and grants one it holds as granted at
+// io (once per handle and session generation). False: nothing to try.
 func (fl *File) regrant(c *conn, dh uint64) bool {
 	if fl.dir || testNoRegrant.Load() {
 		return false
@@ -413,18 +414,17 @@ func (fl *File) regrant(c *conn, dh uint64) bool {
 		return true // granted anew meanwhile
 	}
 	fl.granted = false
-	fl.hmu.Unlock()
-	ndh, err := fl.grantedHandle(c)
-	fl.hmu.Lock()
-	if err != nil || fl.gen != c.gen {
+	if fl.writable() || c.features&proto.FeatureCaps == 0 {
+		fl.hmu.Unlock()
+		_, err := fl.grantedHandle(c)
+		fl.hmu.Lock()
+		return err == nil && fl.gen == c.gen
+	}
+	ndh, err := fl.grantThroughIOLocked(c, fl.handle)
+	if err != nil {
 		return false
 	}
-	if ndh == dh && !fl.writable() && c.features&proto.FeatureCaps != 0 && !fl.throughIO {
-		if ndh, err = fl.grantThroughIOLocked(c, fl.handle); err != nil {
-			return false
-		}
-		fl.dataHandle = ndh
-	}
+	fl.granted, fl.dataHandle = true, ndh
 	return true
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/grantcap"
@@ -123,7 +124,7 @@ func (se *session) mintCap(q *ring.Request, id uint64, h *handle) (res int64, au
 	}
 	ver := s.version.Add(1)
 	c := ce.key.Mint(grantcap.Cap{Session: se.id, Handle: id, Blob: h.blob, Ver: ver, Access: grantcap.AccessRead})
-	h.rec = &grantRec{sid: se.id, id: id, group: se.group, epoch: epoch}
+	h.rec = &grantRec{sid: se.id, id: id, group: se.group, epoch: epoch, at: time.Now()}
 	f.addGrantLocked(h.rec, ver, epoch)
 	f.mu.Unlock()
 	s.capsN.Minted.Add(1)

@@ -51,6 +51,15 @@ import (
 // (docs/architecture.md, "Leases"). The holder learns of the recall from
 // io's EBADF on its next request, and asks again.
 //
+// A grant is not recalled before it is MinTenure old (DefaultMinTenure,
+// 1 ms): the recaller waits out the rest. Without it, two groups that
+// conflict on a file can take it from each other forever with no request
+// served between (a grant is made, and recalled by the other's before its
+// holder's first request reaches io; the conflict hammer saw it with a
+// reader between two writers). With it, every grant lets its holder make
+// requests for at least that long, and a recaller waits at most
+// MinTenure plus io's revoke.
+//
 // A file's lease epoch is the version of the grant that began its
 // current tenure: it changes at every recall and whenever a grant finds
 // the file with no grant, and increases over the service's life (versions
@@ -93,8 +102,9 @@ type grantRec struct {
 	id     uint64 // the data handle io knows the grant by
 	group  string
 	write  bool
-	unpriv bool   // a write grant of a non-root session (a write drops setuid/setgid)
-	epoch  uint64 // io epoch of the grant
+	unpriv bool      // a write grant of a non-root session (a write drops setuid/setgid)
+	epoch  uint64    // io epoch of the grant
+	at     time.Time // when it was made
 
 	// revoked is set, under the file's lock, when another group's grant
 	// recalled it; its session (which reads it without the lock) then
@@ -158,6 +168,18 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 		return nil
 	}
 	start := time.Now()
+	if hold := s.minTenure(); hold > 0 {
+		young := conflicts[0].at
+		for _, r := range conflicts[1:] {
+			if r.at.After(young) {
+				young = r.at
+			}
+		}
+		if wait := hold - start.Sub(young); wait > 0 {
+			time.Sleep(wait) // each grant gets its tenure (above)
+			s.recallStats.waits.Add(1)
+		}
+	}
 	for _, r := range conflicts {
 		rv := control.Revoke{Session: r.sid, Handle: r.id, Blob: uint64(f.ino), Ver: s.version.Add(1)}
 		var ack control.Ack
@@ -212,6 +234,7 @@ func (s *Service) revokedAck(f *openFile, ack control.Ack, unpriv bool) error {
 // recallWindow, for their percentiles in the stats.
 type recallStats struct {
 	recalls atomic.Uint64 // grants recalled by another group's
+	waits   atomic.Uint64 // recall passes that waited for a grant's MinTenure
 
 	mu   sync.Mutex
 	last []time.Duration // a ring of the last recallWindow recall passes' durations
@@ -244,6 +267,16 @@ func (r *recallStats) percentiles() (p50, p99 float64) {
 		return float64(d[min(len(d)-1, int(q*float64(len(d))))].Nanoseconds()) / 1e3
 	}
 	return at(0.50), at(0.99)
+}
+
+// DefaultMinTenure is how long a grant is safe from recall by default.
+const DefaultMinTenure = time.Millisecond
+
+func (s *Service) minTenure() time.Duration {
+	if s.opts.MinTenure == 0 {
+		return DefaultMinTenure
+	}
+	return max(s.opts.MinTenure, 0)
 }
 
 // tenureOf returns the lease epoch of ino's current tenure (0: none).
