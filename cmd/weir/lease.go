@@ -27,9 +27,10 @@ func cmdLease(args []string) int { return runLease(os.Stdout, os.Stderr, args) }
 const leaseUsage = `usage: weir lease ls [--file PATH] [--json] [config flags]
        weir lease revoke [config flags] LEASE-ID|PATH`
 
-// runLease is `weir lease`: ls lists the kept leases the metadata service
-// holds (services/metadata/leases.go), revoke ends one (by id) or every
-// lease of a file (by path). 0 when done, 1 when the services could not
+// runLease is `weir lease`: ls lists the leases the metadata service
+// holds (services/metadata/leases.go: kept shared leases, and exclusive
+// ones, groups.go), revoke ends one (by id) or every lease of a file (by
+// path). 0 when done, 1 when the services could not
 // be asked, 2 for a usage error.
 func runLease(stdout, stderr io.Writer, args []string) int {
 	if len(args) == 0 || (args[0] != "ls" && args[0] != "revoke") {
@@ -101,7 +102,11 @@ func runLease(stdout, stderr io.Writer, args []string) int {
 			if err := json.Unmarshal(b, &r); err != nil {
 				return fail(fmt.Errorf("bad reply: %w", err))
 			}
-			fmt.Fprintf(stdout, "%d ended, %d in use (each ends at its last close)\n", r.Ended, r.Doomed)
+			fmt.Fprintf(stdout, "%d ended, %d in use (each ends at its last close)", r.Ended, r.Doomed)
+			if r.Exclusive > 0 {
+				fmt.Fprintf(stdout, ", %d exclusive (held by open writers: each ends at its close, or when another trust group's grant recalls it)", r.Exclusive)
+			}
+			fmt.Fprintln(stdout)
 			continue
 		}
 		var ls []control.LeaseInfo
@@ -126,16 +131,18 @@ func runLease(stdout, stderr io.Writer, args []string) int {
 			continue
 		}
 		w := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "LEASE\tINO\tMODE\tSESSION\tPID\tUID\tHANDLES\tSTATE")
+		fmt.Fprintln(w, "LEASE\tINO\tMODE\tGROUP\tSESSION\tPID\tUID\tHANDLES\tSTATE")
 		for _, l := range ls {
 			state := "idle"
 			switch {
+			case l.Mode == "exclusive":
+				state = fmt.Sprintf("open for writing, tenure %d", l.Tenure)
 			case l.Doomed:
 				state = "ends at last close"
 			case l.Handles > 0:
 				state = "in use"
 			}
-			fmt.Fprintf(w, "%d\t%d\tshared\t%d\t%d\t%d\t%d\t%s\n", l.Lease, l.Ino, l.Session, l.PID, l.UID, l.Handles, state)
+			fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", l.Lease, l.Ino, l.Mode, l.Group, l.Session, l.PID, l.UID, l.Handles, state)
 		}
 		w.Flush()
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"testing"
 
@@ -18,7 +19,7 @@ import (
 
 // TestLeaseCommand: weir lease ls lists the kept lease a client's read
 // left (all of them, or a file's), and weir lease revoke ends it, by path
-// or by id.
+// or by id; a file open for writing shows as its group's exclusive lease.
 func TestLeaseCommand(t *testing.T) {
 	c := stacktest.Config(t, "")
 	c.IO.Backend = "mem"
@@ -92,6 +93,30 @@ func TestLeaseCommand(t *testing.T) {
 		t.Fatalf("leases listed after both were revoked: %+v", l)
 	}
 	read("a") // a new lease: the file still reads
+
+	// A file open for writing, written: its trust group's exclusive
+	// lease, listed with its group and tenure while the file is open.
+	w, err := fsys.OpenFile("b", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteAt([]byte("B"), 0); err != nil {
+		t.Fatal(err)
+	}
+	lw := ls("--file", "b")
+	if len(lw) != 1 || lw[0].Mode != "exclusive" || lw[0].Tenure == 0 || !strings.HasPrefix(lw[0].Group, "uid:") {
+		t.Fatalf("weir lease ls --file b with b open for writing: %+v", lw)
+	}
+	if code, out, errOut := lease("ls", "--file", "b"); code != 0 || !strings.Contains(out, "exclusive") || !strings.Contains(out, "open for writing") {
+		t.Fatalf("weir lease ls --file b (table) exited %d: %s%s", code, out, errOut)
+	}
+	if code, out, errOut := lease("revoke", "b"); code != 0 || !strings.Contains(out, "1 exclusive") {
+		t.Fatalf("weir lease revoke b exited %d: %s%s", code, out, errOut)
+	}
+	w.Close()
+	if l := ls("--file", "b"); len(l) != 0 {
+		t.Fatalf("b's exclusive lease is listed after its close: %+v", l)
+	}
 	if code, _, _ := lease("revoke"); code != 2 {
 		t.Errorf("weir lease revoke without an argument exited %d, want 2", code)
 	}

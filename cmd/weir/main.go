@@ -10,7 +10,7 @@
 //	weir format   --yes [--config FILE] [--data DIR]  erase a stopped stack: namespace and store (SPDK: a new blobstore)
 //	weir nats-config [--config FILE] [--data DIR]    the nats-server authorization an external server needs
 //	weir drop-caches [--config FILE] [--data DIR]    empty the IO service's page cache (cold-read measurements)
-//	weir lease ls [--file PATH] [--json]             the kept leases (services/metadata/leases.go)
+//	weir lease ls [--file PATH] [--json]             shared and exclusive leases (services/metadata)
 //	weir lease revoke LEASE-ID|PATH                  end a lease, or every lease of a file
 //	weir metadata [--config FILE] --nats-url URL    run the metadata service (what weir up starts)
 //	weir io       [--config FILE] --nats-url URL    run the IO service (what weir up starts)
@@ -44,7 +44,7 @@ var commands = map[string]command{
 	"doctor":      {"check what the SPDK backend needs on this host and print the fix for each problem", cmdDoctor},
 	"nats-config": {"print the authorization block an external nats-server needs for this stack", cmdNATSConfig},
 	"drop-caches": {"evict every clean page of the IO service's page cache (as drop_caches does the kernel's)", cmdDropCaches},
-	"lease":       {"ls: list the kept leases of the metadata service; revoke ID|PATH: end them", cmdLease},
+	"lease":       {"ls: list the shared and exclusive leases of the metadata service; revoke ID|PATH: end them", cmdLease},
 }
 
 // Every service of the registry is a command that runs it in this

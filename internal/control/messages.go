@@ -380,6 +380,12 @@ type LeaseInfo struct {
 	Handles int    `json:"handles"` // open handles using it (0: idle)
 	Doomed  bool   `json:"doomed"`  // ends at its last close
 	Epoch   uint64 `json:"epoch"`   // the io epoch of its grant
+	// Mode is "shared" (a kept read lease, which stays after close) or
+	// "exclusive" (a write grant: its trust group's lease of the file,
+	// held while the handle is open).
+	Mode   string `json:"mode"`
+	Group  string `json:"group"`            // the trust group of its session
+	Tenure uint64 `json:"tenure,omitempty"` // an exclusive lease's lease epoch
 }
 
 // LeaseRevokeRequest asks the metadata service's lease-revoke endpoint to
@@ -395,4 +401,7 @@ type LeaseRevokeRequest struct {
 type LeaseRevokeReply struct {
 	Ended  int `json:"ended"`
 	Doomed int `json:"doomed"`
+	// Exclusive counts the exclusive leases named: held by open writers,
+	// each ends at its close or when another trust group's grant recalls it.
+	Exclusive int `json:"exclusive"`
 }

@@ -426,7 +426,8 @@ func leaseable(flags int) bool {
 	return flags&syscall.O_ACCMODE == syscall.O_RDONLY && flags&syscall.O_TRUNC == 0
 }
 
-// Leases lists the kept leases, by inode then session (the leases
+// Leases lists the kept leases and the exclusive ones (write grants, in
+// the files' registries: groups.go), by inode then session (the leases
 // endpoint: `weir lease ls`).
 func (s *Service) Leases() []control.LeaseInfo {
 	t := s.leases
@@ -434,20 +435,47 @@ func (s *Service) Leases() []control.LeaseInfo {
 	var out []control.LeaseInfo
 	for _, m := range t.byIno {
 		for _, l := range m {
-			out = append(out, control.LeaseInfo{Lease: l.id, Session: l.sid, Ino: uint64(l.ino), Handles: l.refs, Doomed: l.doomed, Epoch: l.epoch})
+			out = append(out, control.LeaseInfo{Lease: l.id, Session: l.sid, Ino: uint64(l.ino), Handles: l.refs, Doomed: l.doomed, Epoch: l.epoch, Mode: "shared"})
 		}
 	}
 	t.mu.Unlock()
+	out = append(out, s.exclusiveLeases(0, 0)...)
 	s.mu.Lock()
 	for i := range out {
 		if se := s.sessions[out[i].Session]; se != nil {
-			out[i].PID, out[i].UID = se.pid, se.cred.UID
+			out[i].PID, out[i].UID, out[i].Group = se.pid, se.cred.UID, se.group
 		}
 	}
 	s.mu.Unlock()
 	slices.SortFunc(out, func(a, b control.LeaseInfo) int {
-		return cmp.Or(cmp.Compare(a.Ino, b.Ino), cmp.Compare(a.Session, b.Session))
+		return cmp.Or(cmp.Compare(a.Ino, b.Ino), cmp.Compare(a.Session, b.Session), cmp.Compare(a.Lease, b.Lease))
 	})
+	return out
+}
+
+// exclusiveLeases lists the write grants of the io epoch now in the
+// files' registries: of every open file, or of ino; with id, only that
+// one.
+func (s *Service) exclusiveLeases(id uint64, ino ns.Ino) []control.LeaseInfo {
+	epoch := s.io.currentEpoch()
+	s.mu.Lock()
+	files := make([]*openFile, 0, len(s.files))
+	for i, f := range s.files {
+		if ino == 0 || i == ino {
+			files = append(files, f)
+		}
+	}
+	s.mu.Unlock()
+	var out []control.LeaseInfo
+	for _, f := range files { // (a file's lock is taken before s.mu, never under it)
+		f.mu.Lock()
+		for r := range f.grants {
+			if r.write && r.epoch == epoch && !r.revoked.Load() && (id == 0 || r.id == id) {
+				out = append(out, control.LeaseInfo{Lease: r.id, Session: r.sid, Ino: uint64(f.ino), Handles: 1, Epoch: r.epoch, Mode: "exclusive", Tenure: f.tenure})
+			}
+		}
+		f.mu.Unlock()
+	}
 	return out
 }
 
@@ -467,7 +495,8 @@ func (s *Service) revokeLeasesBody(body []byte) (control.LeaseRevokeReply, error
 // RevokeLeases ends the lease with id, or every lease of ino (the other
 // is 0), as an operator asks: one no handle uses ends now, one in
 // use is doomed (it ends at its last close: an open descriptor keeps
-// its access).
+// its access). An exclusive lease is always in use (a write grant lasts
+// while its handle is open): it is counted, and ends at its close.
 func (s *Service) RevokeLeases(id uint64, ino ns.Ino) control.LeaseRevokeReply {
 	t := s.leases
 	var end []*lease
@@ -497,5 +526,6 @@ func (s *Service) RevokeLeases(id uint64, ino ns.Ino) control.LeaseRevokeReply {
 		s.endLease(l)
 	}
 	r.Ended = len(end)
+	r.Exclusive = len(s.exclusiveLeases(id, ino))
 	return r
 }
