@@ -96,6 +96,17 @@ metadata {
 
   # WAL records between metadata checkpoints (snapshot, then WAL trim).
   checkpoint_every = 10000
+
+  # Trust groups: sessions that share a file's leases without checks. A
+  # write grant is its group's exclusive lease of the file; a grant of
+  # another group that conflicts with it is recalled (revoked at io) first.
+  # "uid" (default): the processes of one user, who can already ptrace
+  # each other. "process": each process alone (strict). "session": each
+  # client session alone.
+  trust_groups = "uid"
+
+  # Named groups put uids into one trust group whatever the mode above.
+  # named_trust_groups = { builders = [1001, 1002] }
 }
 
 io {

@@ -39,7 +39,8 @@
 // grant (except with O_TRUNC, which empties the file at once and answers
 // granted = 1); the client sends OpGrant once before the handle's first
 // data request. Until then io answers EBADF, as it does for a handle of
-// another session, a closed handle or a made-up number.
+// another session, a closed handle, a made-up number or a grant another
+// trust group's recalled (ask OpGrant again, then the request again).
 //
 // Session ids and handles carry the metadata service's incarnation (a
 // number that grows at every start of the service) in their top 24 bits,
@@ -113,7 +114,12 @@
 //	OpSyncMeta  -  (every namespace change so far durable)
 //	OpGrant     Handle, Arg = GrantThroughIO or 0   -, or with FeatureCaps
 //	            and a buffer of CapSize, out: a read capability (Result =
-//	            CapSize) to claim at io with OpClaim
+//	            CapSize) to claim at io with OpClaim; a handle open for
+//	            writing, with a buffer of TenureSize: out u64 lease epoch
+//	            (Result = TenureSize). Aux = the data handle. After io
+//	            answered EBADF on a granted handle (another trust group's
+//	            grant recalled it), OpGrant again grants it anew; a
+//	            read-only handle asks with GrantThroughIO
 //	OpFChmod    Handle, Arg = mode                  -
 //	OpFChown    Handle; in: i64 uid, i64 gid        -
 //	OpFChtimes  Handle; in: i64 atime, i64 mtime    -
