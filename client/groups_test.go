@@ -6,6 +6,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/stack"
@@ -131,5 +132,53 @@ func TestRecallAcrossGroups(t *testing.T) {
 	}
 	if got, err := r.ReadFile("f"); err != nil || got[1] != 'b' {
 		t.Fatalf("read %q %v: the refused write took effect", got, err)
+	}
+}
+
+// TestUnusedRecallProtectsNextGrant: a grant recalled before it served
+// a request (an O_TRUNC open is granted at open) makes its handle's next
+// grant protected, so the recall of that one waits out its MinTenure
+// (recall_waits; 200 ms here, so that the next write always comes within
+// it); a grant that served requests is recalled with no wait, however
+// young.
+func TestUnusedRecallProtectsNextGrant(t *testing.T) {
+	cfg := testConfig(t, t.TempDir(), "mem")
+	cfg.Metadata.TrustGroups = "session"
+	cfg.Metadata.LeaseMinTenure = 200 * time.Millisecond
+	st := startStack(t, cfg)
+	t.Cleanup(func() { stopStack(t, st) })
+	a, b := dialStack(t, st), dialStack(t, st)
+	stat := func(k string) uint64 { return st.Metadata.Snapshot()[k].(uint64) }
+	fa, err := a.OpenFile("f", os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644) // granted, unused
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fa.Close()
+	fb, err := b.OpenFile("f", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	if _, err := fb.WriteAt([]byte("b"), 0); err != nil { // recalls a's unused grant
+		t.Fatal(err)
+	}
+	if n := stat("recalls_unused"); n != 1 {
+		t.Fatalf("recalls_unused %d after recalling a grant that served nothing, want 1", n)
+	}
+	// Used grants, young ones included, are recalled with no wait.
+	for i := range 4 {
+		f := fb
+		if i%2 == 0 {
+			f = fa // its first write after the recall: a protected grant
+		}
+		if _, err := f.WriteAt([]byte{'x'}, int64(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if w := stat("recall_waits"); w != 1 {
+		t.Fatalf("recall_waits %d: want 1 (b's recall of a's protected grant, and no other)", w)
+	}
+	if n := stat("recalls_unused"); n != 1 {
+		t.Fatalf("recalls_unused %d: the alternating writes' grants each served their write", n)
 	}
 }

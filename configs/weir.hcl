@@ -107,6 +107,13 @@ metadata {
 
   # Named groups put uids into one trust group whatever the mode above.
   # named_trust_groups = { builders = [1001, 1002] }
+
+  # How long a protected grant is safe from another trust group's recall
+  # (the recaller waits out the rest). A grant is protected when its
+  # holder's last one was recalled before it served a request, so that two
+  # groups cannot take a file from each other forever with nothing served.
+  # "0s": no protection. At most "1s".
+  lease_min_tenure = "250us"
 }
 
 io {

@@ -79,6 +79,7 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 		ReclaimGrace:   c.Metadata.ReclaimGrace,
 		TrustGroups:    c.Metadata.TrustGroups,
 		NamedGroups:    namedGroups(c.Metadata.NamedGroups),
+		MinTenure:      minTenure(c.Metadata.LeaseMinTenure),
 		Version:        Version,
 		Ring:           RingConfig(c),
 		WaitMode:       waitMode(c),
@@ -492,4 +493,13 @@ func namedGroups(g map[string][]int) map[uint32]string {
 		}
 	}
 	return m
+}
+
+// minTenure is metadata.Options.MinTenure for lease_min_tenure (whose 0
+// means none, which the option says with a negative value).
+func minTenure(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

@@ -107,6 +107,12 @@ type Metadata struct {
 	// named_trust_groups: group name -> uids whose processes form that
 	// one trust group, whatever trust_groups says.
 	NamedGroups map[string][]int
+	// lease_min_tenure: how long a protected grant (its holder's last
+	// one was recalled before it served a request) is safe from another
+	// trust group's recall, so that two groups cannot take a file from
+	// each other forever with nothing served; 0 for none; default 250µs,
+	// at most 1s.
+	LeaseMinTenure time.Duration
 }
 
 // IO configures the IO service.
@@ -182,6 +188,7 @@ const (
 	DefaultSyncInterval    = 5 * time.Millisecond
 	DefaultCheckpointEvery = 10000
 	DefaultReclaimGrace    = 30 * time.Second
+	DefaultLeaseMinTenure  = 250 * time.Microsecond
 	DefaultBackend         = "file"
 	DefaultDirect          = "auto"
 	DefaultWaitMode        = "adaptive"
@@ -228,6 +235,7 @@ func Default() *Config {
 			CheckpointEvery: DefaultCheckpointEvery,
 			ReclaimGrace:    DefaultReclaimGrace,
 			TrustGroups:     "uid",
+			LeaseMinTenure:  DefaultLeaseMinTenure,
 		},
 		IO: IO{
 			Backend:     DefaultBackend,

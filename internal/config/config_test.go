@@ -36,7 +36,7 @@ func TestDefault(t *testing.T) {
 		Metadata: Metadata{
 			Socket: "/run/weir/metadata.sock", ServiceSocket: "/run/weir/metadata.svc.sock", SyncEveryOp: false,
 			SyncInterval: 5 * time.Millisecond, CheckpointEvery: 10000, ReclaimGrace: 30 * time.Second,
-			TrustGroups: "uid",
+			TrustGroups: "uid", LeaseMinTenure: 250 * time.Microsecond,
 		},
 		IO: IO{
 			Socket: "/run/weir/io.sock", Backend: "file", Direct: "auto",
@@ -79,6 +79,7 @@ metadata {
   sync_interval    = "250us"
   checkpoint_every = 500
   reclaim_grace    = "2m"
+  lease_min_tenure = "2ms"
   trust_groups     = "process"
   named_trust_groups = { builders = [1000, 1001], web = [33] }
 }
@@ -121,6 +122,7 @@ ring {
 			Socket: "/run/weir/m.sock", ServiceSocket: filepath.Join(dir, "svc.sock"), SyncEveryOp: true,
 			SyncInterval: 250 * time.Microsecond, CheckpointEvery: 500, ReclaimGrace: 2 * time.Minute,
 			TrustGroups: "process", NamedGroups: map[string][]int{"builders": {1000, 1001}, "web": {33}},
+			LeaseMinTenure: 2 * time.Millisecond,
 		},
 		IO: IO{
 			Socket: filepath.Join(dir, "io.sock"), Backend: "mem", Direct: "off",
@@ -204,6 +206,7 @@ func TestLoadErrors(t *testing.T) {
 		{"duration number", "metadata {\n  sync_interval = 5\n}\n", `bad.hcl:2: metadata.sync_interval: want a duration string`},
 		{"negative duration", "metadata {\n  sync_interval = \"-1ms\"\n}\n", `bad.hcl:2: metadata.sync_interval: -1ms: must be positive`},
 		{"trust groups", "metadata {\n  trust_groups = \"user\"\n}\n", `bad.hcl:2: metadata.trust_groups: "user": want "uid", "process" or "session"`},
+		{"lease min tenure", "metadata {\n  lease_min_tenure = \"2s\"\n}\n", `bad.hcl:2: metadata.lease_min_tenure: 2s: want 0 (none) to 1s`},
 		{"uid in two groups", "metadata {\n  named_trust_groups = { a = [7], b = [7] }\n}\n", `bad.hcl:2: metadata.named_trust_groups: uid 7 is in groups "a" and "b"`},
 		{"negative uid", "metadata {\n  named_trust_groups = { a = [-1] }\n}\n", `bad.hcl:2: metadata.named_trust_groups: group "a": uid -1 is not a uid`},
 		{"group name", "metadata {\n  named_trust_groups = { \"a b\" = [1] }\n}\n", `bad.hcl:2: metadata.named_trust_groups: group "a b": a name is`},

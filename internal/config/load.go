@@ -102,6 +102,7 @@ type (
 		ReclaimGrace    *hcl.Attribute `hcl:"reclaim_grace,optional"`
 		TrustGroups     *hcl.Attribute `hcl:"trust_groups,optional"`
 		NamedGroups     *hcl.Attribute `hcl:"named_trust_groups,optional"`
+		MinTenure       *hcl.Attribute `hcl:"lease_min_tenure,optional"`
 	}
 	ioBlock struct {
 		Socket   *hcl.Attribute `hcl:"socket,optional"`
@@ -207,6 +208,7 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.duration("metadata.reclaim_grace", b.ReclaimGrace, &c.Metadata.ReclaimGrace)
 		d.str("metadata.trust_groups", b.TrustGroups, &c.Metadata.TrustGroups)
 		d.decode("metadata.named_trust_groups", b.NamedGroups, "a map of group name to a list of uids", &c.Metadata.NamedGroups)
+		d.duration("metadata.lease_min_tenure", b.MinTenure, &c.Metadata.LeaseMinTenure)
 	}
 	if b := fc.IO; b != nil {
 		if d.path("io.socket", b.Socket, &c.IO.Socket) {

@@ -118,6 +118,9 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	if c.Metadata.ReclaimGrace <= 0 {
 		bad(at("metadata.reclaim_grace"), "metadata.reclaim_grace", "%v: must be positive", c.Metadata.ReclaimGrace)
 	}
+	if c.Metadata.LeaseMinTenure < 0 || c.Metadata.LeaseMinTenure > time.Second {
+		bad(at("metadata.lease_min_tenure"), "metadata.lease_min_tenure", "%v: want 0 (none) to 1s", c.Metadata.LeaseMinTenure)
+	}
 	switch c.Metadata.TrustGroups {
 	case "uid", "process", "session":
 	default:

@@ -297,7 +297,10 @@ type Ack struct {
 	Mtime int64  `json:"mtime,omitempty"`
 	DV    uint64 `json:"dv,omitempty"`    // io's data version of the blob at Size and Mtime
 	Wrote bool   `json:"wrote,omitempty"` // the blob changed since io opened it
-	Error string `json:"error,omitempty"`
+	// Unused: a revoke's answer for a grant that served no request
+	// (metadata protects its holder's next grant: services/metadata/groups.go).
+	Unused bool   `json:"unused,omitempty"`
+	Error  string `json:"error,omitempty"`
 	// Errno is the errno to pass on to a client, when a refusal has one
 	// (0: EIO).
 	Errno int `json:"errno,omitempty"`

@@ -153,6 +153,9 @@ func (s *Service) onRevoke(m *nats.Msg) {
 	} else if ob := s.blobs[backend.BlobID(r.Blob)]; ob != nil && r.Ver > ob.ver {
 		ob.ver = r.Ver // nothing to revoke; later stragglers are older still
 	}
+	// A single grant that served no request: metadata protects its
+	// holder's next (services/metadata/groups.go).
+	unused := r.Handle != 0 && len(gone) == 1 && !gone[0].used
 	for _, g := range gone {
 		g.revokeLocked()
 	}
@@ -169,6 +172,7 @@ func (s *Service) onRevoke(m *nats.Msg) {
 			if r.Handle != 0 {
 				ack.Size, ack.Mtime, ack.DV = g.blob.live()
 				ack.Wrote = g.blob.wrote.Load()
+				ack.Unused = unused
 			}
 			s.releaseBlob(g.blob)
 		}

@@ -246,6 +246,7 @@ type grant struct {
 
 	active  int           // requests in flight; protected by Service.mu
 	revoked bool          // protected by Service.mu
+	used    bool          // it served a request; protected by Service.mu
 	drained chan struct{} // closed once revoked and active is 0
 
 	// The sequential read detector (readahead): where the last read
@@ -1277,6 +1278,7 @@ func (s *Service) lookup(sid, handle uint64) *grant {
 	g := s.grants[sid][handle]
 	if g != nil {
 		g.active++
+		g.used = true
 		g.blob.refs++
 	}
 	return g

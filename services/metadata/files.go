@@ -296,7 +296,8 @@ func (se *session) grant(h *handle) (int64, error) {
 	g := h.pending
 	h.pending, h.grantEpoch = nil, epoch
 	h.write, h.unpriv = g.Write, g.Write && se.cred.UID != 0
-	h.rec = &grantRec{sid: se.id, id: g.Handle, group: se.group, write: h.write, unpriv: h.unpriv, epoch: epoch, at: time.Now()}
+	h.rec = &grantRec{sid: se.id, id: g.Handle, group: se.group, write: h.write, unpriv: h.unpriv, epoch: epoch, at: time.Now(), protected: h.protect}
+	h.protect = false
 	f.addGrantLocked(h.rec, ver, epoch)
 	if h.write {
 		s.addWriter(f, epoch, h.unpriv, 1)

@@ -51,14 +51,17 @@ import (
 // (docs/architecture.md, "Leases"). The holder learns of the recall from
 // io's EBADF on its next request, and asks again.
 //
-// A grant is not recalled before it is MinTenure old (DefaultMinTenure,
-// 1 ms): the recaller waits out the rest. Without it, two groups that
-// conflict on a file can take it from each other forever with no request
-// served between (a grant is made, and recalled by the other's before its
-// holder's first request reaches io; the conflict hammer saw it with a
-// reader between two writers). With it, every grant lets its holder make
-// requests for at least that long, and a recaller waits at most
-// MinTenure plus io's revoke.
+// Progress: two groups that conflict on a file could take it from each
+// other forever with no request served between (a grant is made, and
+// recalled by the other's before its holder's first request reaches io).
+// io's answer to a recall's revoke says whether the grant served a
+// request (control.Ack.Unused); a handle whose grant was recalled unused
+// gets its next grant protected: it is not recalled before it is
+// MinTenure old (DefaultMinTenure, 250 µs; config
+// metadata.lease_min_tenure), the recaller waiting out the rest. So every
+// holder's second grant in a row serves it, and a recaller waits at most
+// MinTenure plus io's revoke; grants that are used (the common case, a
+// ping-pong of writers) are recalled with no wait at all.
 //
 // A file's lease epoch is the version of the grant that began its
 // current tenure: it changes at every recall and whenever a grant finds
@@ -105,11 +108,18 @@ type grantRec struct {
 	unpriv bool      // a write grant of a non-root session (a write drops setuid/setgid)
 	epoch  uint64    // io epoch of the grant
 	at     time.Time // when it was made
+	// protected: the grant's holder lost its last one to a recall before
+	// using it, so this one is not recalled before it is MinTenure old.
+	protected bool
 
 	// revoked is set, under the file's lock, when another group's grant
 	// recalled it; its session (which reads it without the lock) then
 	// asks for a new grant.
 	revoked atomic.Bool
+	// unused is set, before revoked, when io answered the recall's revoke
+	// saying the grant served no request: the session's next grant of the
+	// handle is protected.
+	unused atomic.Bool
 }
 
 // addGrantLocked records a grant io acknowledged; f.mu is held. It
@@ -169,13 +179,13 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 	}
 	start := time.Now()
 	if hold := s.minTenure(); hold > 0 {
-		young := conflicts[0].at
-		for _, r := range conflicts[1:] {
-			if r.at.After(young) {
+		var young time.Time
+		for _, r := range conflicts {
+			if r.protected && r.at.After(young) {
 				young = r.at
 			}
 		}
-		if wait := hold - start.Sub(young); wait > 0 {
+		if wait := hold - start.Sub(young); !young.IsZero() && wait > 0 {
 			time.Sleep(wait) // each grant gets its tenure (above)
 			s.recallStats.waits.Add(1)
 		}
@@ -195,6 +205,10 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 			// is not in force.
 		} else {
 			s.Stats.Revokes.Add(1)
+		}
+		if err == nil && ack.Unused {
+			r.unused.Store(true)
+			s.recallStats.unused.Add(1)
 		}
 		r.revoked.Store(true)
 		delete(f.grants, r)
@@ -234,7 +248,8 @@ func (s *Service) revokedAck(f *openFile, ack control.Ack, unpriv bool) error {
 // recallWindow, for their percentiles in the stats.
 type recallStats struct {
 	recalls atomic.Uint64 // grants recalled by another group's
-	waits   atomic.Uint64 // recall passes that waited for a grant's MinTenure
+	unused  atomic.Uint64 // recalled grants that had served no request
+	waits   atomic.Uint64 // recall passes that waited for a protected grant's MinTenure
 
 	mu   sync.Mutex
 	last []time.Duration // a ring of the last recallWindow recall passes' durations
@@ -270,7 +285,7 @@ func (r *recallStats) percentiles() (p50, p99 float64) {
 }
 
 // DefaultMinTenure is how long a grant is safe from recall by default.
-const DefaultMinTenure = time.Millisecond
+const DefaultMinTenure = 250 * time.Microsecond
 
 func (s *Service) minTenure() time.Duration {
 	if s.opts.MinTenure == 0 {

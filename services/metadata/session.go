@@ -32,6 +32,7 @@ type handle struct {
 	throughIO bool
 	rec       *grantRec // its grant in the file's registry (groups.go); nil while it has none
 	noCap     bool      // a recall spent its capability: it is granted through io
+	protect   bool      // a recall took its grant before it served a request: the next is protected (groups.go)
 }
 
 // session is one client's metadata ring. id, pid, cred and token are set
@@ -390,6 +391,7 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 		// Another trust group's grant recalled this one (groups.go),
 		// which counted its writer out: the handle is granted again,
 		// under its own id, through io (its capability was spent).
+		h.protect = h.rec != nil && h.rec.unused.Load()
 		h.grantEpoch, h.noCap, h.rec = 0, true, nil
 	}
 	if h.lease != nil {
