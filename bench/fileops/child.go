@@ -34,10 +34,16 @@ func startDriver(target string, args []string, stderr io.Writer) (*driverProc, e
 	if err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
 	}
+	return startDriverAs(exe, nil, target, args, stderr)
+}
+
+// startDriverAs starts exe as a driver, with the credentials cred (nil:
+// this process's).
+func startDriverAs(exe string, cred *syscall.Credential, target string, args []string, stderr io.Writer) (*driverProc, error) {
 	cmd := exec.Command(exe, append([]string{driverRoleArg, "-target", target}, args...)...)
 	cmd.Stderr = stderr
 	// If the orchestrator dies, so do its drivers.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: cred}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err

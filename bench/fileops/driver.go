@@ -48,6 +48,8 @@ const (
 	opOpenRead  = "openread"        // open one of the mkfiles files, read Block bytes, close; in turn, in a shuffled order
 	opStatFile  = "statfile"        // stat File over and over, then check that it has Size bytes
 	opFSTest    = "fstest"          // fstest.TestFS over the mktree tree under File
+	opShare     = "share"           // chmod File 0666 (a second driver of another uid writes it)
+	opWriteOnce = "writeonce"       // write Block bytes at 0 of the open File, once (the ping-pong row's turn)
 )
 
 // request is one workload for a driver.
@@ -262,6 +264,10 @@ func (d *driver) do(q request) (r result) {
 		r, err = d.statFile(q)
 	case opFSTest:
 		r, err = d.fsTest(q)
+	case opShare:
+		err = d.t.Chmod(q.File, 0o666)
+	case opWriteOnce:
+		r, err = d.writeOnce(q)
 	case opRemove:
 		if f := d.files[q.File]; f != nil {
 			err = f.Close()
@@ -628,6 +634,25 @@ func (d *driver) statFile(q request) (result, error) {
 		return r, fmt.Errorf("stat of %s reports %d bytes, want the %d the other process wrote", q.File, fi.Size(), q.Size)
 	}
 	return r, nil
+}
+
+// writeOnce writes Block bytes at offset 0 of the open File, once, stamped
+// with q.Seed, and measures it.
+func (d *driver) writeOnce(q request) (result, error) {
+	f := d.files[q.File]
+	if f == nil {
+		return result{}, fmt.Errorf("%s is not open", q.File)
+	}
+	if q.Block <= 0 || q.Block > maxBlock {
+		return result{}, fmt.Errorf("block size %d: want 1 to %d", q.Block, maxBlock)
+	}
+	w := d.wbuf[:q.Block]
+	restamp(w, int64(q.Seed))
+	q.MaxOps, q.Window, q.Warmup = 1, 0, 0
+	return measure(q, func(int) error {
+		_, err := f.WriteAt(w, 0)
+		return err
+	})
 }
 
 // fsTestErrLines bounds the lines of a failed TestFS's error kept in the

@@ -386,8 +386,11 @@ func (r *report) markdown() string {
 		"warm-up and window as the random rows (warm); the same over %s files, each opened once in a shuffled order, until all were or the window ends (cold: not opened since written; "+
 		"the kernel's caches are not dropped, so for os the inodes and data are cached). Stat: a second driver process of the target opens the file O_RDWR, writes 4 KiB and holds it open "+
 		"while the measured one stats it (and checks the size is 4 KiB). fstest.TestFS: %s files of 1 byte to 4 KiB, %d to a directory, made first; one op is one whole TestFS run "+
-		"(os: `os.DirFS`; weir: `fs.Sub` of the client's `FS`), as many as fit in the window, at most %d, and an error it reports fails the row.\n",
-		warmFiles, fint(float64(s.ColdFiles)), fint(treeFiles), treeDirFiles, fstestRuns)
+		"(os: `os.DirFS`; weir: `fs.Sub` of the client's `FS`), as many as fit in the window, at most %d, and an error it reports fails the row. "+
+		"Ping-pong: the driver and a second driver process hold one 4 KiB file open O_RDWR and take turns writing 4 KiB at offset 0, up to %s turns or the window; a turn is one write, timed in its driver. "+
+		"For weir the second driver runs as uid %d (root only; n/a otherwise), another trust group under the default trust_groups = \"uid\", so each turn recalls the other's exclusive lease: "+
+		"the row is the recall's cost to the writer. For os the second driver is of the same uid (the kernel has no trust groups).\n",
+		warmFiles, fint(float64(s.ColdFiles)), fint(treeFiles), treeDirFiles, fstestRuns, fint(pingTurns), otherUID)
 	b.WriteString("- Durability: no row's writes are followed by fsync except the write + fsync rows and the final fsync column. " +
 		"os buffered writes end in the page cache, and its buffered reads of files it has just written come from the page cache.\n")
 	fmt.Fprintf(&b, "- Latency: wall time of each op in a log-linear histogram (buckets 0.8 %% wide); p99.9 only for rows with ≥ %s ops. "+

@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -60,6 +62,7 @@ const (
 	wlColdOpen = "open + read 4 KiB + close, cold"
 	wlStatHeld = "stat of a file another process holds open for writing"
 	wlFSTest   = "fstest.TestFS over 1,000 files"
+	wlPingPong = "ping-pong: two trust groups write 4 KiB at 0 of one file in turn"
 )
 
 // readOnly are the workloads that change nothing and run alone (their
@@ -82,6 +85,7 @@ const (
 	coldDir = "small/cold"
 	heldDir = "small/held"
 	treeDir = "small/tree"
+	pingDir = "small/pingpong" // the ping-pong row's file
 )
 
 // Sizes of the small-files rows.
@@ -93,6 +97,12 @@ const (
 	// fstestRuns bounds the TestFS runs of its row: as many as fit in the
 	// window, at least one.
 	fstestRuns = 5
+	// pingTurns bounds the ping-pong row's turns (as many as fit in the
+	// window, at most this many).
+	pingTurns = 2000
+	// otherUID runs the ping-pong row's second weir driver: another user,
+	// so another trust group under the default trust_groups = "uid".
+	otherUID = 65534
 )
 
 // run brings weir up, runs every workload on every target and builds the
@@ -428,6 +438,8 @@ func (r *runner) smallFiles(s settings) error {
 			{Op: opMkFiles, File: coldDir, Count: s.ColdFiles, Block: randBlock},
 			{Op: opMkFiles, File: heldDir, Count: 1}, // empty: the second process writes it
 			{Op: opMkTree, File: treeDir, Count: treeFiles, Seed: seed},
+			{Op: opMkFiles, File: pingDir, Count: 1, Block: randBlock},
+			{Op: opShare, File: fileName(pingDir, 0)},
 		} {
 			if err := r.prepare(t, q); err != nil {
 				return err
@@ -458,7 +470,158 @@ func (r *runner) smallFiles(s settings) error {
 			return err
 		}
 	}
+	for _, t := range nsTargets {
+		r.pingPong(t, s)
+	}
 	return nil
+}
+
+// pingPong runs the ping-pong row on target t: t's driver and a second
+// driver process, both holding one file open for writing, take turns
+// writing 4 KiB at its offset 0; a turn is one write, timed in its driver.
+// On weir the second driver runs as uid otherUID, another trust group
+// (under the default trust_groups = "uid"), so every turn recalls the
+// other's exclusive lease: the row is what a recall costs the writer
+// whose turn it is (MinTenure included). The kernel has no trust groups;
+// its second driver runs as this uid, and its row is a write to a file
+// another process writes too.
+func (r *runner) pingPong(t string, s settings) {
+	q := request{Op: opWriteOnce, File: fileName(pingDir, 0), Block: randBlock}
+	if t == targetWeir {
+		q.Services = r.services
+	}
+	fail := func(format string, a ...any) {
+		r.record(newRow(famSmall, wlPingPong, t, q, result{Error: fmt.Sprintf(format, a...)}))
+	}
+	if why := r.na[t+"/"+pingDir]; why != "" {
+		r.naRow(famSmall, wlPingPong, t, q, why)
+		return
+	}
+	d := r.drivers[t]
+	if d == nil {
+		r.naRow(famSmall, wlPingPong, t, q, t+" driver is gone")
+		return
+	}
+	exe, cred, cleanup, why := r.secondGroup(t)
+	defer cleanup()
+	if why != "" {
+		r.naRow(famSmall, wlPingPong, t, q, why)
+		return
+	}
+	second, err := startDriverAs(exe, cred, t, r.driverArgs[t], os.Stderr)
+	if err != nil {
+		fail("start the second driver: %v", err)
+		return
+	}
+	defer func() {
+		if err := second.stop(); err != nil {
+			r.rep.Warnings = append(r.rep.Warnings, fmt.Sprintf("second %s driver: %v", t, err))
+		}
+	}()
+	call := func(p *driverProc, q request) (result, error) {
+		res, err := p.call(q)
+		if err == nil && res.Error+res.NA != "" {
+			err = errors.New(res.Error + res.NA)
+		}
+		return res, err
+	}
+	for i, p := range []*driverProc{d, second} {
+		if _, err := call(p, request{Op: opOpen, File: q.File}); err != nil {
+			fail("driver %d: open %s for writing: %v", i+1, q.File, err)
+			return
+		}
+	}
+	h := new(benchutil.Histogram)
+	var sum result
+	start := time.Now()
+	for i := 0; i < pingTurns && time.Since(start) < s.Window; i++ {
+		p := d
+		if i%2 == 1 {
+			p = second
+		}
+		q.Seed = uint64(i)
+		res, err := call(p, q)
+		if err != nil {
+			fail("turn %d: %v", i, err)
+			return
+		}
+		h.Record(int64(res.Elapsed))
+		sum.Elapsed += res.Elapsed
+		sum.ClientCPU += res.ClientCPU
+		sum.ServiceCPU += res.ServiceCPU
+		sum.OtherCPU += res.OtherCPU
+	}
+	sum.Ops, sum.Bytes = h.Count(), int64(h.Count())*int64(q.Block)
+	sum.P50us, sum.P99us, sum.P999us = h.QuantileUs(0.50), h.QuantileUs(0.99), h.QuantileUs(0.999)
+	sum.MeanUs, sum.MaxUs = h.Mean()/1e3, float64(h.Max())/1e3
+	sum.CDF = h.CDF()
+	r.record(newRow(famSmall, wlPingPong, t, q, sum))
+}
+
+// secondGroup returns how to start the ping-pong row's second driver of
+// t: the executable, the credentials, a cleanup to run after it, and why
+// it cannot run here ("" when it can). For weir, another uid: it needs
+// root, a copy of this executable that uid may run, and the weir sockets
+// reachable by it.
+func (r *runner) secondGroup(t string) (exe string, cred *syscall.Credential, cleanup func(), why string) {
+	cleanup = func() {}
+	self, err := os.Executable()
+	if err != nil {
+		return "", nil, cleanup, fmt.Sprintf("find own executable: %v", err)
+	}
+	if t != targetWeir {
+		return self, nil, cleanup, ""
+	}
+	if os.Geteuid() != 0 {
+		return "", nil, cleanup, fmt.Sprintf("needs root: the second writer runs as uid %d, another trust group", otherUID)
+	}
+	dir, err := os.MkdirTemp("", "fileops-exe-")
+	if err != nil {
+		return "", nil, cleanup, err.Error()
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	exe = filepath.Join(dir, "fileops")
+	if err := copyExecutable(self, exe); err != nil {
+		return "", nil, cleanup, fmt.Sprintf("copy the executable for uid %d: %v", otherUID, err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return "", nil, cleanup, err.Error()
+	}
+	args := r.driverArgs[t]
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] != "-meta-sock" && args[i] != "-io-sock" {
+			continue
+		}
+		run := filepath.Dir(args[i+1])
+		// The run directory, and the directories from it up to the
+		// run's parent directory, are the benchmark's own (temporary).
+		for d := run; ; d = filepath.Dir(d) {
+			if err := os.Chmod(d, 0o755); err != nil {
+				return "", nil, cleanup, fmt.Sprintf("open %s to uid %d: %v", d, otherUID, err)
+			}
+			if rel, err := filepath.Rel(r.dir, d); d == run && (err != nil || strings.HasPrefix(rel, "..")) || d == r.dir || d == filepath.Dir(d) {
+				break
+			}
+		}
+		for d := run; ; d = filepath.Dir(d) {
+			if fi, err := os.Stat(d); err != nil || fi.Mode().Perm()&0o001 == 0 {
+				return "", nil, cleanup, fmt.Sprintf("uid %d cannot reach the weir socket %s: %s is not searchable by others", otherUID, args[i+1], d)
+			}
+			if d == filepath.Dir(d) {
+				break
+			}
+		}
+	}
+	return exe, &syscall.Credential{Uid: otherUID, Gid: otherUID}, cleanup, ""
+}
+
+// copyExecutable copies the program at from to a new file to, mode 0755.
+func copyExecutable(from, to string) error {
+	b, err := os.ReadFile(from)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(to, b, 0o755)
 }
 
 // statHeld runs the stat row q on target t while a second driver process

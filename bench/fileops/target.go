@@ -46,6 +46,7 @@ type target interface {
 	// FS is the directory dir as an fs.FS, as a program would read it
 	// through io/fs.
 	FS(dir string) (fs.FS, error)
+	Chmod(name string, mode fs.FileMode) error
 	Close() error
 }
 
@@ -93,6 +94,9 @@ func (w *weirTarget) FS(dir string) (fs.FS, error) { return fs.Sub(w.fs, w.path(
 func (w *weirTarget) Remove(name string) error   { return w.fs.Remove(w.path(name)) }
 func (w *weirTarget) MkdirAll(name string) error { return w.fs.MkdirAll(w.path(name), 0o755) }
 func (w *weirTarget) Close() error               { return w.fs.Close() }
+func (w *weirTarget) Chmod(name string, mode fs.FileMode) error {
+	return w.fs.Chmod(w.path(name), mode)
+}
 
 // osTarget is package os under root; direct adds O_DIRECT to data files.
 type osTarget struct {
@@ -131,6 +135,9 @@ func (o *osTarget) FS(dir string) (fs.FS, error) { return os.DirFS(o.path(dir)),
 func (o *osTarget) Remove(name string) error   { return os.Remove(o.path(name)) }
 func (o *osTarget) MkdirAll(name string) error { return os.MkdirAll(o.path(name), 0o755) }
 func (o *osTarget) Close() error               { return nil }
+func (o *osTarget) Chmod(name string, mode fs.FileMode) error {
+	return os.Chmod(o.path(name), mode)
+}
 
 // notApplicable is a workload a target cannot run on this machine
 // (O_DIRECT refused); its row says why instead of giving numbers.
