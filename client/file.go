@@ -400,32 +400,33 @@ func (fl *File) grantThroughIOLocked(c *conn, h uint64) (uint64, error) {
 // metadata for the grant again; a read-only file asks for it through io
 // (proto.GrantThroughIO), which covers both in one round trip: metadata
 // grants a recalled handle anew, and grants one it holds as granted at
-// io (once per handle and session generation). False: nothing to try.
-func (fl *File) regrant(c *conn, dh uint64) bool {
+// io (once per handle and session generation). False with no error:
+// nothing to try (io's EBADF stands); an error: the grant failed.
+func (fl *File) regrant(c *conn, dh uint64) (bool, error) {
 	if fl.dir || testNoRegrant.Load() {
-		return false
+		return false, nil
 	}
 	fl.hmu.Lock()
 	defer fl.hmu.Unlock()
 	if fl.gen != c.gen {
-		return false // a recovery's business
+		return false, nil // a recovery's business
 	}
 	if !fl.granted || fl.dataHandle != dh {
-		return true // granted anew meanwhile
+		return true, nil // granted anew meanwhile
 	}
 	fl.granted = false
 	if fl.writable() || c.features&proto.FeatureCaps == 0 {
 		fl.hmu.Unlock()
 		_, err := fl.grantedHandle(c)
 		fl.hmu.Lock()
-		return err == nil && fl.gen == c.gen
+		return err == nil && fl.gen == c.gen, err
 	}
 	ndh, err := fl.grantThroughIOLocked(c, fl.handle)
 	if err != nil {
-		return false
+		return false, err
 	}
 	fl.granted, fl.dataHandle = true, ndh
-	return true
+	return true, nil
 }
 
 // testNoRegrant makes an EBADF from io final (tests that watch each
@@ -447,7 +448,18 @@ func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error 
 			return err
 		}
 		err = fn(c, h)
-		for i := 0; i < maxRegrants && errors.Is(err, syscall.EBADF) && fl.regrant(c, h); i++ {
+		for i := 0; errors.Is(err, syscall.EBADF); i++ {
+			ok, rerr := fl.regrant(c, h)
+			if rerr != nil {
+				return rerr // the grant failed: its error, not io's EBADF
+			}
+			if !ok {
+				break
+			}
+			if i == maxRegrants {
+				// The descriptor is good; the grants kept being taken.
+				return fmt.Errorf("%w (other trust groups' grants recalled this file's %d times in a row)", syscall.EIO, maxRegrants)
+			}
 			// io refused before doing anything: the same request again.
 			if h, err = fl.grantedHandle(c); err == nil {
 				err = fn(c, h)

@@ -138,13 +138,13 @@ func TestRecallAcrossGroups(t *testing.T) {
 // TestUnusedRecallProtectsNextGrant: a grant recalled before it served
 // a request (an O_TRUNC open is granted at open) makes its handle's next
 // grant protected, so the recall of that one waits out its MinTenure
-// (recall_waits; 200 ms here, so that the next write always comes within
+// (recall_waits; 1 s here, the most allowed, so that the next write comes within
 // it); a grant that served requests is recalled with no wait, however
 // young.
 func TestUnusedRecallProtectsNextGrant(t *testing.T) {
 	cfg := testConfig(t, t.TempDir(), "mem")
 	cfg.Metadata.TrustGroups = "session"
-	cfg.Metadata.LeaseMinTenure = 200 * time.Millisecond
+	cfg.Metadata.LeaseMinTenure = time.Second
 	st := startStack(t, cfg)
 	t.Cleanup(func() { stopStack(t, st) })
 	a, b := dialStack(t, st), dialStack(t, st)

@@ -296,8 +296,12 @@ func (se *session) grant(h *handle) (int64, error) {
 	g := h.pending
 	h.pending, h.grantEpoch = nil, epoch
 	h.write, h.unpriv = g.Write, g.Write && se.cred.UID != 0
-	h.rec = &grantRec{sid: se.id, id: g.Handle, group: se.group, write: h.write, unpriv: h.unpriv, epoch: epoch, at: time.Now(), protected: h.protect}
-	h.protect = false
+	h.rec = &grantRec{sid: se.id, id: g.Handle, group: se.group, write: h.write, unpriv: h.unpriv, epoch: epoch, at: time.Now(),
+		// Its last grant was recalled before it served a request; never
+		// two in a row (a holder that never uses its grants must not make
+		// every recaller wait).
+		protected: h.prev != nil && h.prev.unused.Load() && !h.prev.protected}
+	h.prev = nil
 	f.addGrantLocked(h.rec, ver, epoch)
 	if h.write {
 		s.addWriter(f, epoch, h.unpriv, 1)

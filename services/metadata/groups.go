@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/weir-storage/weir/internal/control"
-	"github.com/weir-storage/weir/services/metadata/ns"
 )
 
 // Trust groups and the file's grant registry (issue 13).
@@ -47,8 +46,9 @@ import (
 // handle asks for a new grant (which recalls in turn). Nothing waits for
 // the holder: a client holds nothing a recall must flush, as every write
 // it made is in io's cache when the write returns; a holder that is
-// stopped, looping or dead delays the recaller by io's revoke alone
-// (docs/architecture.md, "Leases"). The holder learns of the recall from
+// stopped, looping or dead delays the recaller by io's revoke, and at
+// most MinTenure more if its grant is protected (below; docs/architecture.md,
+// "Exclusive leases"). The holder learns of the recall from
 // io's EBADF on its next request, and asks again.
 //
 // Progress: two groups that conflict on a file could take it from each
@@ -58,10 +58,13 @@ import (
 // request (control.Ack.Unused); a handle whose grant was recalled unused
 // gets its next grant protected: it is not recalled before it is
 // MinTenure old (DefaultMinTenure, 250 µs; config
-// metadata.lease_min_tenure), the recaller waiting out the rest. So every
-// holder's second grant in a row serves it, and a recaller waits at most
-// MinTenure plus io's revoke; grants that are used (the common case, a
-// ping-pong of writers) are recalled with no wait at all.
+// metadata.lease_min_tenure), the recaller waiting out the rest. So a
+// holder's next grant serves it if its request reaches io within
+// MinTenure, and a recaller waits at most MinTenure plus io's revoke;
+// grants that are used (the common case, a ping-pong of writers) are
+// recalled with no wait at all. Never two protected grants in a row: a
+// holder that never uses its grants (hostile, or stopped) must not make
+// every recall wait.
 //
 // A file's lease epoch is the version of the grant that began its
 // current tenure: it changes at every recall and whenever a grant finds
@@ -111,6 +114,7 @@ type grantRec struct {
 	// protected: the grant's holder lost its last one to a recall before
 	// using it, so this one is not recalled before it is MinTenure old.
 	protected bool
+	tenure    uint64 // the file's lease epoch when it was made (under f.mu)
 
 	// revoked is set, under the file's lock, when another group's grant
 	// recalled it; its session (which reads it without the lock) then
@@ -139,6 +143,7 @@ func (f *openFile) addGrantLocked(r *grantRec, ver, ioEpoch uint64) {
 	if !live || f.tenure == 0 {
 		f.tenure = ver
 	}
+	r.tenure = f.tenure
 	f.grants[r] = struct{}{}
 }
 
@@ -192,6 +197,11 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 	}
 	for _, r := range conflicts {
 		rv := control.Revoke{Session: r.sid, Handle: r.id, Blob: uint64(f.ino), Ver: s.version.Add(1)}
+		// Marked before io is asked: io refuses requests on it from the
+		// moment it takes the revoke, and the holder's OpGrant after that
+		// EBADF must find it recalled (it then waits for the file's lock,
+		// which this recall holds), not granted.
+		r.revoked.Store(true)
 		var ack control.Ack
 		err := s.request(s.subj.Revoke, rv, &ack)
 		if err != nil {
@@ -199,6 +209,7 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 			if !errors.As(err, &ref) && !errors.Is(err, errIODown) {
 				s.revokes.add(rv, ioEpoch) // io may still hold it: make sure it goes
 				s.log.Error("recall failed", "ino", f.ino, "session", r.sid, "error", err)
+				r.revoked.Store(false) // still recorded as io's until the retrier ends it
 				return errRecallFailed
 			}
 			// Refused (io holds no such grant) or io gone: either way it
@@ -210,16 +221,17 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 			r.unused.Store(true)
 			s.recallStats.unused.Add(1)
 		}
-		r.revoked.Store(true)
 		delete(f.grants, r)
 		s.recallStats.recalls.Add(1)
-		if r.write {
-			s.addWriter(f, r.epoch, r.unpriv, -1)
-		}
 		if err == nil {
 			if rerr := s.revokedAck(f, ack, r.unpriv); rerr != nil {
 				s.log.Warn("recording a recalled grant's size", "ino", f.ino, "error", rerr)
 			}
+		}
+		// After its size is recorded: with no writer counted, stat
+		// answers from the namespace.
+		if r.write {
+			s.addWriter(f, r.epoch, r.unpriv, -1)
 		}
 	}
 	f.tenure = 0 // the grant being made begins the next
@@ -292,17 +304,4 @@ func (s *Service) minTenure() time.Duration {
 		return DefaultMinTenure
 	}
 	return max(s.opts.MinTenure, 0)
-}
-
-// tenureOf returns the lease epoch of ino's current tenure (0: none).
-func (s *Service) tenureOf(ino ns.Ino) uint64 {
-	s.mu.Lock()
-	f := s.files[ino]
-	s.mu.Unlock()
-	if f == nil {
-		return 0
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.tenure
 }

@@ -32,7 +32,7 @@ type handle struct {
 	throughIO bool
 	rec       *grantRec // its grant in the file's registry (groups.go); nil while it has none
 	noCap     bool      // a recall spent its capability: it is granted through io
-	protect   bool      // a recall took its grant before it served a request: the next is protected (groups.go)
+	prev      *grantRec // its last grant, recalled: its next may be protected (groups.go)
 }
 
 // session is one client's metadata ring. id, pid, cred and token are set
@@ -391,7 +391,7 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 		// Another trust group's grant recalled this one (groups.go),
 		// which counted its writer out: the handle is granted again,
 		// under its own id, through io (its capability was spent).
-		h.protect = h.rec != nil && h.rec.unused.Load()
+		h.prev = h.rec // grant() decides, under the file's lock, whether the next is protected
 		h.grantEpoch, h.noCap, h.rec = 0, true, nil
 	}
 	if h.lease != nil {
@@ -431,8 +431,14 @@ func (se *session) tenureReply(q *ring.Request, h *handle, id uint64) (int64, ui
 	if !h.write || q.Length < proto.TenureSize {
 		return 0, id
 	}
+	// The tenure the grant was made in (recorded under the file's lock):
+	// the file's may be a later one by now, another group's.
+	var t uint64
+	if h.rec != nil {
+		t = h.rec.tenure
+	}
 	var b [proto.TenureSize]byte
-	binary.LittleEndian.PutUint64(b[:], se.svc.tenureOf(h.ino))
+	binary.LittleEndian.PutUint64(b[:], t)
 	res, _ := reply(q, b[:])
 	return res, id
 }
