@@ -188,6 +188,9 @@ func (fl *File) readCached(p []byte, off int64) (n int, err error, ok bool) {
 		fl.ringReads.Add(1)
 		return 0, nil, false
 	}
+	if m := fl.fs.metaNow.Load(); m != nil {
+		m.Poll() // a recall notice waiting there drops the mapping first (leases.go)
+	}
 	fc := fl.fcFast.Load()
 	if fc == nil || fc.gen != fl.fs.gen.Load() {
 		if fc = fl.cacheIn(fl.fs.current()); fc == nil {

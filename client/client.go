@@ -90,6 +90,12 @@ type FS struct {
 
 	// Recoveries counts the times the sessions were re-established.
 	Recoveries atomic.Uint64
+	// metaNow is cur's metadata ring, for the data path's look at its
+	// completion queue (recall notices: leases.go) without f.mu.
+	metaNow atomic.Pointer[ring.Client]
+	// RecallNotices counts the data handles the metadata service said
+	// another trust group's grant recalled (proto.FeatureRecalls).
+	RecallNotices atomic.Uint64
 	// CacheHits counts reads served from cache regions alone (no round
 	// trip); CacheMisses reads that had to ask the IO service for part.
 	CacheHits, CacheMisses atomic.Uint64
@@ -148,6 +154,7 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 	}
 	c.gen = 1
 	f.cur = c
+	f.metaNow.Store(c.meta)
 	f.gen.Store(c.gen)
 	go f.watch(c)
 	go f.closer()
@@ -231,6 +238,9 @@ func (f *FS) connect(ctx context.Context, old *conn) (*conn, error) {
 		}
 		return fail(fmt.Errorf("weir: attach IO session: %w", err))
 	}
+	if (old == nil || c.meta != old.meta) && c.features&proto.FeatureRecalls != 0 {
+		go f.recallNotices(c.meta)
+	}
 	return c, nil
 }
 
@@ -295,6 +305,7 @@ func (f *FS) recover(c *conn, cause error) (*conn, error) {
 	nc.gen = c.gen + 1
 	f.mu.Lock()
 	f.cur = nc
+	f.metaNow.Store(nc.meta)
 	f.gen.Store(nc.gen)
 	f.mu.Unlock()
 	if newMeta {

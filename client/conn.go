@@ -38,7 +38,7 @@ func badCompletion(op uint8, why string) error {
 
 // hello negotiates the protocol with the metadata service.
 func hello(ctx context.Context, meta *ring.Client) (proto.HelloResp, error) {
-	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureReopen | proto.FeatureLeases | proto.FeatureCaps}
+	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureReopen | proto.FeatureLeases | proto.FeatureCaps | proto.FeatureRecalls}
 	out := make([]byte, proto.HelloRespSize)
 	comp, err := call(ctx, meta, proto.OpHello, 0, 0, 0, req.Append(nil), out)
 	if err != nil {
@@ -98,7 +98,9 @@ func attach(ctx context.Context, data *ring.Client, c *conn) error {
 // out[:Result] is always valid.
 func call(ctx context.Context, c *ring.Client, op uint8, arg uint32, handle, offset uint64, in, out []byte) (ring.Completion, error) {
 	// A sync waits for a device flush: a long call (ring.Call.Long).
-	rc := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset, Long: op == proto.OpSync || op == proto.OpSyncMeta}
+	// A recall wait is a long poll: a lazy call (ring.Call.Lazy).
+	rc := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset, Long: op == proto.OpSync || op == proto.OpSyncMeta,
+		Lazy: op == proto.OpRecallWait}
 	n := max(len(in), len(out))
 	if n > 0 {
 		b, err := c.Alloc(ctx, n)

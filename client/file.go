@@ -36,6 +36,7 @@ type File struct {
 	meta       *ring.Client // the metadata session the handle belongs to
 	gen        uint64
 	granted    bool   // the IO service accepts the handle (in gen)
+	noticed    bool   // granted was cleared by a recall notice (leases.go)
 	throughIO  bool   // its grant was asked for through io after a claim failed (in gen; FeatureCaps)
 	tenure     uint64 // the file's lease epoch its last write grant was made in (0: not told)
 	ticket     proto.Ticket
@@ -314,6 +315,10 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 	if fl.granted {
 		return fl.dataHandle, nil
 	}
+	if fl.noticed && testNoRegrant.Load() {
+		return 0, syscall.EBADF // as io would have answered (tests that watch each recall)
+	}
+	fl.noticed = false
 	// A read-only file may get a capability to claim at io itself
 	// (FeatureCaps): no control-plane round trip between the services.
 	var capBuf []byte
@@ -443,6 +448,7 @@ const maxRegrants = 8
 // a stale session: it fails at once.
 func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error {
 	run := func(c *conn) error {
+		c.meta.Poll() // a recall notice waiting there takes effect first (leases.go)
 		h, err := fl.grantedHandle(c)
 		if err != nil {
 			return err

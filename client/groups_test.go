@@ -182,3 +182,82 @@ func TestUnusedRecallProtectsNextGrant(t *testing.T) {
 		t.Fatalf("recalls_unused %d: the alternating writes' grants each served their write", n)
 	}
 }
+
+// TestRecallNotices: a session whose grants another group's recalled is
+// told (proto.FeatureRecalls: a long-poll OpRecallWait it keeps
+// outstanding, delivered at its next call or data-path read): the open
+// file's cache mapping and the mappings kept under a recalled lease are
+// dropped, and its next read asks for its grant again and reads the new
+// bytes.
+func TestRecallNotices(t *testing.T) {
+	st := groupStack(t, "session")
+	r, w := dialStack(t, st), dialStack(t, st)
+	if err := w.WriteFile("f", []byte("old!"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WriteFile("g", []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := r.Open("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rf := f.(*client.File)
+	buf := make([]byte, 4)
+	for range 4 { // the third read maps the region
+		if _, err := rf.ReadAt(buf, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if client.CacheFile(rf) == nil {
+		t.Fatal("f's region is not mapped after four reads")
+	}
+	g, err := r.Open("g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if _, err := g.(*client.File).ReadAt(buf, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g.Close() // its mapping stays, kept under the session's lease of g
+	if n := client.KeptMappings(r); n != 1 {
+		t.Fatalf("%d kept mappings after g's close, want 1", n)
+	}
+	before := r.RecallNotices.Load()
+	for _, name := range []string{"f", "g"} {
+		wf, err := w.OpenFile(name, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := wf.WriteAt([]byte("new!"), 0); err != nil { // recalls r's grant
+			t.Fatal(err)
+		}
+		wf.Close()
+	}
+	// The notices wait in r's completion queue until r looks: any call.
+	deadline := time.Now().Add(10 * time.Second)
+	for r.RecallNotices.Load() < before+2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d recall notices after recalls of two of r's grants, want 2", r.RecallNotices.Load()-before)
+		}
+		if _, err := r.Stat("f"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for client.CacheFile(rf) != nil || client.KeptMappings(r) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the notices: f mapped %v, %d kept mappings; want none", client.CacheFile(rf) != nil, client.KeptMappings(r))
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := rf.ReadAt(buf, 0); err != nil || string(buf) != "new!" {
+		t.Fatalf("read after the notice: %q %v", buf, err)
+	}
+	if n := st.Metadata.Snapshot()["recall_notices"].(uint64); n < 2 {
+		t.Fatalf("recall_notices %d, want at least 2", n)
+	}
+}

@@ -2,6 +2,7 @@ package client
 
 import (
 	"container/list"
+	"encoding/binary"
 	"sync"
 
 	"github.com/weir-storage/weir/proto"
@@ -97,9 +98,12 @@ func (k *keptCaches) put(handle uint64, fc *fileCache) {
 }
 
 // drop unmaps every kept mapping and keeps none from then on (FS.Close).
-func (k *keptCaches) drop() {
+func (k *keptCaches) drop() { k.clear(true) }
+
+// clear unmaps every kept mapping; closing: keep none from then on.
+func (k *keptCaches) clear(closing bool) {
 	k.mu.Lock()
-	k.closed = true
+	k.closed = k.closed || closing
 	var drop []*fileCache
 	for e := k.lru.Front(); e != nil; e = e.Next() {
 		drop = append(drop, e.Value.(*keptCache).fc)
@@ -135,4 +139,83 @@ func (f *FS) closer() {
 			_, _ = call(bgctx, r.meta, proto.OpClose, 0, r.handle, 0, nil, nil)
 		}
 	}
+}
+
+// recallNotices keeps one OpRecallWait outstanding on the metadata
+// session meta (proto.FeatureRecalls) for as long as it lives: each
+// completion names data handles whose grants another trust group's grant
+// recalled. The files granted under them ask for their grant again before
+// their next request (not after io's EBADF), and the cache mappings kept
+// under them are dropped: a mapping is only read under a grant. What a
+// file reads from its mapping between the recall and the notice is what
+// io's cache held then (the region is coherent); io cannot refuse those
+// loads, which is why the notice drops the mapping.
+func (f *FS) recallNotices(meta *ring.Client) {
+	buf := make([]byte, 8*proto.RecallBatch)
+	for !f.closed.Load() {
+		comp, err := call(bgctx, meta, proto.OpRecallWait, 0, 0, 0, nil, buf)
+		if err != nil {
+			return // the session ended (ECANCELED), or the ring did
+		}
+		if comp.Result < 0 || comp.Result > int64(len(buf)) || comp.Result%8 != 0 {
+			return // a service that answers nonsense tells no more
+		}
+		ids := make(map[uint64]bool, comp.Result/8)
+		for i := int64(0); i < comp.Result; i += 8 {
+			ids[binary.LittleEndian.Uint64(buf[i:])] = true
+		}
+		f.recalled(meta, ids, comp.Aux&proto.RecallAll != 0)
+	}
+}
+
+// recalled acts on a recall notice of the metadata session meta: the
+// grants of data handles ids (every grant, if all) were recalled.
+func (f *FS) recalled(meta *ring.Client, ids map[uint64]bool, all bool) {
+	f.RecallNotices.Add(uint64(len(ids)))
+	for id := range ids {
+		if fc := f.kept.takeAny(id); fc != nil {
+			fc.unmap()
+		}
+	}
+	if all {
+		f.kept.clear(false)
+	}
+	f.filesMu.Lock()
+	files := make([]*File, 0, len(f.files))
+	for fl := range f.files {
+		files = append(files, fl)
+	}
+	f.filesMu.Unlock()
+	for _, fl := range files {
+		fl.hmu.Lock()
+		hit := fl.meta == meta && fl.granted && (all || ids[fl.dataHandle])
+		if hit {
+			fl.granted, fl.noticed = false, true // the next request asks for the grant first
+		}
+		fl.hmu.Unlock()
+		if !hit {
+			continue
+		}
+		fl.cmu.Lock()
+		if fc := fl.fcache; fc != nil {
+			fl.fcFast.Store(nil)
+			fl.fcache = nil
+			fc.unmap()
+		}
+		fl.cmu.Unlock()
+	}
+}
+
+// takeAny removes and returns the mapping kept for data handle, of any
+// session generation; nil if none.
+func (k *keptCaches) takeAny(handle uint64) *fileCache {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	e := k.by[handle]
+	if e == nil {
+		return nil
+	}
+	delete(k.by, handle)
+	k.lru.Remove(e)
+	return e.Value.(*keptCache).fc
 }

@@ -125,6 +125,11 @@
 //	OpFChtimes  Handle; in: i64 atime, i64 mtime    -
 //	OpReopen    in:  ticket                         out: as OpOpen, with a
 //	            ticket
+//	OpRecallWait (FeatureRecalls) a long poll; out: u64 data handles whose
+//	            grants another trust group's grant recalled (Result =
+//	            8 × their count, at most RecallBatch); Aux = RecallAll: more
+//	            were, treat every grant as recalled. EBUSY: one is
+//	            outstanding already; ECANCELED: the session is ending
 //
 //	OpAttach    in:  u32 version, u32 0, u64 session, [32]byte token
 //	OpRead      Handle, Offset, Arg = ReadDirect (O_DIRECT) or 0; the

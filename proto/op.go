@@ -33,34 +33,43 @@ const (
 	// with OpGrant, Arg = GrantThroughIO. internal/grantcap has the format.
 	FeatureCaps uint64 = 1 << 2
 
+	// FeatureRecalls: the session may keep one OpRecallWait outstanding;
+	// it completes when another trust group's grant recalled grants of
+	// the session (docs/architecture.md, "Exclusive leases"), naming
+	// their data handles, so that the client asks for them again before
+	// its next request instead of after io's EBADF, and drops what it
+	// keeps mapped under them.
+	FeatureRecalls uint64 = 1 << 3
+
 	// KnownFeatures are the bits this version defines; a service answers
 	// no others.
-	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps
+	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls
 )
 
 // Opcodes. The numbers are the ABI: they are written out, never iota, and
 // TestOpcodesPinned holds them. Metadata opcodes are 0x10-0x3f, IO
 // opcodes 0x40-0x5f, so that an opcode names its service.
 const (
-	OpHello    uint8 = 0x10
-	OpStat     uint8 = 0x11
-	OpOpen     uint8 = 0x12
-	OpClose    uint8 = 0x13
-	OpMkdir    uint8 = 0x14
-	OpRmdir    uint8 = 0x15
-	OpUnlink   uint8 = 0x16
-	OpRename   uint8 = 0x17
-	OpChmod    uint8 = 0x18
-	OpChown    uint8 = 0x19
-	OpChtimes  uint8 = 0x1a
-	OpReadDir  uint8 = 0x1b
-	OpFStat    uint8 = 0x1c
-	OpSyncMeta uint8 = 0x1d
-	OpGrant    uint8 = 0x1e
-	OpFChmod   uint8 = 0x1f
-	OpFChown   uint8 = 0x20
-	OpFChtimes uint8 = 0x21
-	OpReopen   uint8 = 0x22
+	OpHello      uint8 = 0x10
+	OpStat       uint8 = 0x11
+	OpOpen       uint8 = 0x12
+	OpClose      uint8 = 0x13
+	OpMkdir      uint8 = 0x14
+	OpRmdir      uint8 = 0x15
+	OpUnlink     uint8 = 0x16
+	OpRename     uint8 = 0x17
+	OpChmod      uint8 = 0x18
+	OpChown      uint8 = 0x19
+	OpChtimes    uint8 = 0x1a
+	OpReadDir    uint8 = 0x1b
+	OpFStat      uint8 = 0x1c
+	OpSyncMeta   uint8 = 0x1d
+	OpGrant      uint8 = 0x1e
+	OpFChmod     uint8 = 0x1f
+	OpFChown     uint8 = 0x20
+	OpFChtimes   uint8 = 0x21
+	OpReopen     uint8 = 0x22
+	OpRecallWait uint8 = 0x23
 
 	OpAttach    uint8 = 0x40
 	OpRead      uint8 = 0x41
@@ -120,6 +129,12 @@ const (
 	// of the file's current tenure (changed by every recall between
 	// trust groups; docs/architecture.md, "Leases").
 	TenureSize = 8
+	// RecallBatch is the most data handles one OpRecallWait completion
+	// names (its reply buffer holds RecallBatch u64s).
+	RecallBatch = 64
+	// RecallAll, OpRecallWait's Aux: more grants were recalled than the
+	// reply names; treat every grant of the session as recalled.
+	RecallAll = 1
 	// MaxPath is the longest path a request may carry (PATH_MAX - 1).
 	MaxPath = 4095
 	// MaxName is the longest name of one component (NAME_MAX).

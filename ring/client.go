@@ -35,6 +35,9 @@ const (
 	// (no reaper, no goroutine hand-off); a deliverer other than the
 	// caller rings the doorbell after it.
 	wSleeping
+	// wLazy: the caller of a lazy call (Call.Lazy) waits on its channel;
+	// nobody sleeps on the CQ doorbell for it.
+	wLazy
 )
 
 type waiter struct {
@@ -317,6 +320,14 @@ type Call struct {
 	// sleeping through all of it costs a thread wake-up after it
 	// (docs/benchmarks.md, fsync).
 	Long bool
+	// Lazy says the call may wait for ever (a long poll: the service
+	// answers when something happens): its caller waits without spinning
+	// and without sleeping on the completion queue's doorbell, so that
+	// the service need not wake anyone for the other calls' completions
+	// while it is outstanding. Its completion is delivered by whoever
+	// reaps the queue next: another call's wait, the reaper while a call
+	// is parked, or Poll.
+	Lazy bool
 }
 
 // Do submits call and waits for its completion. The returned error is about
@@ -370,7 +381,45 @@ func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
 		c.putWaiter(idx, w)
 		return Completion{}, err
 	}
+	if call.Lazy {
+		return c.waitLazy(ctx, idx, w)
+	}
 	return c.wait(ctx, idx, w, call.Long)
+}
+
+// waitLazy waits for a lazy call's completion (Call.Lazy).
+func (c *Client) waitLazy(ctx context.Context, idx uint32, w *waiter) (Completion, error) {
+	if !w.state.CompareAndSwap(wPending, wLazy) {
+		for w.state.Load() != wDone { // delivered already, or being delivered
+			pollPause(1)
+		}
+		return c.collect(idx, w), nil
+	}
+	var err error
+	select {
+	case <-w.ch:
+		return c.collect(idx, w), nil
+	case <-c.done:
+		err = c.Err()
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if w.state.CompareAndSwap(wLazy, wAbandoned) {
+		return Completion{}, err // its completion, if it comes, frees the slot
+	}
+	<-w.ch // delivered meanwhile
+	return c.collect(idx, w), nil
+}
+
+// Poll delivers the completions the queue holds now, without blocking,
+// and reports how many. A lazy call's owner calls it where it wants the
+// answer seen soon (its data path), at the cost of a shared-memory load
+// when there is none.
+func (c *Client) Poll() int {
+	if !c.cq.ready() || c.Err() != nil {
+		return 0
+	}
+	return c.reap()
 }
 
 // submit puts d on the SQ. In-flight requests never outnumber SQ slots
@@ -720,14 +769,14 @@ func (c *Client) deliver(comp Completion) {
 	}
 	for {
 		switch st := w.state.Load(); st {
-		case wPending, wParked, wSleeping:
+		case wPending, wParked, wSleeping, wLazy:
 			if !w.state.CompareAndSwap(st, wDelivering) {
 				continue
 			}
 			w.res = comp
 			w.state.Store(wDone)
 			switch st {
-			case wParked:
+			case wParked, wLazy:
 				w.ch <- struct{}{}
 			case wSleeping:
 				c.cqBell.notify() // a caller asleep on the doorbell: wake it

@@ -309,6 +309,8 @@ type ServerSession struct {
 	stopping atomic.Bool
 	peerGone atomic.Bool
 	done     chan struct{} // closed when Serve returns
+	ending   chan struct{} // closed when the session stops taking requests (Ending)
+	endOnce  sync.Once
 	running  atomic.Bool
 	once     sync.Once
 
@@ -328,8 +330,18 @@ func NewServerSession(r *Region, h Handler, mode WaitMode) *ServerSession {
 		segBuf:   make([]Segment, 0, InlineSegs),
 		tableBuf: make([]byte, MaxSegments*SegmentSize),
 		done:     make(chan struct{}),
+		ending:   make(chan struct{}),
 	}
 }
+
+// Ending returns a channel closed once the session has stopped taking
+// requests (Serve is returning, or Close ran), before it waits for the
+// async requests in flight: an async handler that waits for something
+// with no bound of its own (a long poll) completes its request then, or
+// the session's end waits for it forever.
+func (s *ServerSession) Ending() <-chan struct{} { return s.ending }
+
+func (s *ServerSession) end() { s.endOnce.Do(func() { close(s.ending) }) }
 
 // Region returns the session's shared memory.
 func (s *ServerSession) Region() *Region { return s.r }
@@ -458,6 +470,7 @@ func (s *ServerSession) Close() {
 			s.sqBell.kick()
 			<-s.done
 		}
+		s.end()
 		s.asyncWG.Wait()
 		s.r.store32(offServerState, StateClosed)
 		s.r.Close()
@@ -507,6 +520,7 @@ func (s *ServerSession) Serve() (err error) {
 		}
 		// Async handlers may still use the arena and post completions:
 		// nobody may unmap the region before they are done.
+		s.end()
 		s.asyncWG.Wait()
 		if s.load != nil {
 			s.load.pending.Add(-s.outstanding.Swap(0))

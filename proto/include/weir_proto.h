@@ -104,7 +104,8 @@
 #define WEIR_FEATURE_REOPEN 0x1ull
 #define WEIR_FEATURE_LEASES 0x2ull
 #define WEIR_FEATURE_CAPS 0x4ull
-#define WEIR_KNOWN_PROTO_FEATURES 0x7ull
+#define WEIR_FEATURE_RECALLS 0x8ull /* one WEIR_OP_RECALL_WAIT may stay outstanding */
+#define WEIR_KNOWN_PROTO_FEATURES 0xfull
 
 /* Metadata ring opcodes: 0x10-0x3f. */
 #define WEIR_FIRST_METADATA_OP 0x10u
@@ -128,6 +129,7 @@
 #define WEIR_OP_FCHOWN 0x20u
 #define WEIR_OP_FCHTIMES 0x21u
 #define WEIR_OP_REOPEN 0x22u
+#define WEIR_OP_RECALL_WAIT 0x23u /* out: u64 data handles another trust group recalled (at most WEIR_RECALL_BATCH); aux WEIR_RECALL_ALL: all may be */
 
 /* IO ring opcodes: 0x40-0x5f. */
 #define WEIR_FIRST_IO_OP 0x40u
@@ -153,6 +155,9 @@
 #define WEIR_TICKET_SIZE 32u
 #define WEIR_CAP_SIZE 64u
 #define WEIR_GRANT_THROUGH_IO 1u
+#define WEIR_TENURE_SIZE 8u /* WEIR_OP_GRANT of a writable handle with this buffer: out u64 lease epoch */
+#define WEIR_RECALL_BATCH 64u
+#define WEIR_RECALL_ALL 1u
 #define WEIR_MAX_PATH 4095u
 #define WEIR_MAX_NAME 255u
 #define WEIR_ROOT_HANDLE 0u

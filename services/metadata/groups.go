@@ -223,6 +223,7 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 		}
 		delete(f.grants, r)
 		s.recallStats.recalls.Add(1)
+		s.noticeRecall(r.sid, r.id)
 		if err == nil {
 			if rerr := s.revokedAck(f, ack, r.unpriv); rerr != nil {
 				s.log.Warn("recording a recalled grant's size", "ino", f.ino, "error", rerr)
@@ -261,6 +262,7 @@ func (s *Service) revokedAck(f *openFile, ack control.Ack, unpriv bool) error {
 type recallStats struct {
 	recalls atomic.Uint64 // grants recalled by another group's
 	unused  atomic.Uint64 // recalled grants that had served no request
+	notices atomic.Uint64 // recalled grants told to their sessions (notices.go)
 	waits   atomic.Uint64 // recall passes that waited for a protected grant's MinTenure
 
 	mu   sync.Mutex

@@ -138,7 +138,7 @@ func (s *Service) Snapshot() map[string]any {
 		"delete_failures": st.DeleteFailures.Load(),
 		"leases":          s.leases.count(), "lease_opens": st.LeaseOpens.Load(), "leases_ended": st.LeasesEnded.Load(),
 		"caps_minted": s.capsN.Minted.Load(), "caps_refused_grants": s.capsN.ThroughIO.Load(),
-		"recalls": s.recallStats.recalls.Load(), "recall_waits": s.recallStats.waits.Load(), "recalls_unused": s.recallStats.unused.Load(), "recall_p50_us": p50, "recall_p99_us": p99,
+		"recalls": s.recallStats.recalls.Load(), "recall_waits": s.recallStats.waits.Load(), "recalls_unused": s.recallStats.unused.Load(), "recall_notices": s.recallStats.notices.Load(), "recall_p50_us": p50, "recall_p99_us": p99,
 		"trust_groups": cmp.Or(s.opts.TrustGroups, GroupsByUID),
 		"incarnation":  s.inc, "io_connected": s.io.isUp(),
 	}

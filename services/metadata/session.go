@@ -53,6 +53,7 @@ type session struct {
 	handles  map[uint64]*handle
 	// warnedTicket: a refused ticket was logged (once per session).
 	warnedTicket bool
+	notices      notices // recall notices (notices.go)
 }
 
 func newSession(svc *Service) *session {
@@ -80,6 +81,10 @@ func (se *session) Started(sc *ring.ServerConn) error {
 	s.sessions[se.id] = se
 	s.mu.Unlock()
 	s.Stats.Sessions.Add(1)
+	go func() {
+		<-sc.Ending()
+		se.notices.end() // a pending OpRecallWait must not hold the session's end
+	}()
 	return nil
 }
 
@@ -114,6 +119,7 @@ func (se *session) register() {
 			return f(q)
 		})
 	}
+	se.mux.HandleAsync(proto.OpRecallWait, se.recallWait)
 }
 
 // errno turns a namespace or control error into what the client is told.
@@ -178,6 +184,9 @@ func (se *session) helloOp(q *ring.Request) (int64, uint64) {
 	res, aux := reply(q, resp.Append(nil))
 	if res >= 0 {
 		se.hello, se.version, se.features = true, v, resp.Features
+		se.notices.mu.Lock()
+		se.notices.on = resp.Features&proto.FeatureRecalls != 0
+		se.notices.mu.Unlock()
 	}
 	return res, aux
 }
