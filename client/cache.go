@@ -188,9 +188,11 @@ func (fl *File) readCached(p []byte, off int64) (n int, err error, ok bool) {
 		fl.ringReads.Add(1)
 		return 0, nil, false
 	}
-	if m := fl.fs.metaNow.Load(); m != nil {
-		m.Poll() // a recall notice waiting there drops the mapping first (leases.go)
+	meta := fl.fs.metaNow.Load()
+	if meta == nil {
+		return 0, nil, false // the FS is closed: the ring path says so
 	}
+	meta.Poll() // hands a recall notice waiting there to its goroutine (leases.go)
 	fc := fl.fcFast.Load()
 	if fc == nil || fc.gen != fl.fs.gen.Load() {
 		if fc = fl.cacheIn(fl.fs.current()); fc == nil {

@@ -336,6 +336,7 @@ func (f *FS) Close() error {
 		return nil
 	}
 	f.end() // a recovery in progress gives up at once
+	f.metaNow.Store(nil)
 	f.recoverMu.Lock()
 	defer f.recoverMu.Unlock()
 	c := f.current()

@@ -448,23 +448,23 @@ const maxRegrants = 8
 // a stale session: it fails at once.
 func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error {
 	run := func(c *conn) error {
-		c.meta.Poll() // a recall notice waiting there takes effect first (leases.go)
+		c.meta.Poll() // hands a recall notice waiting there to its goroutine (leases.go)
 		h, err := fl.grantedHandle(c)
 		if err != nil {
 			return err
 		}
 		err = fn(c, h)
 		for i := 0; errors.Is(err, syscall.EBADF); i++ {
+			if i == maxRegrants && !fl.dir && !testNoRegrant.Load() {
+				// The descriptor is good; the grants kept being taken.
+				return fmt.Errorf("%w (other trust groups' grants recalled this file's %d times in a row)", syscall.EIO, maxRegrants)
+			}
 			ok, rerr := fl.regrant(c, h)
 			if rerr != nil {
 				return rerr // the grant failed: its error, not io's EBADF
 			}
 			if !ok {
 				break
-			}
-			if i == maxRegrants {
-				// The descriptor is good; the grants kept being taken.
-				return fmt.Errorf("%w (other trust groups' grants recalled this file's %d times in a row)", syscall.EIO, maxRegrants)
 			}
 			// io refused before doing anything: the same request again.
 			if h, err = fl.grantedHandle(c); err == nil {

@@ -146,10 +146,13 @@ func (f *FS) closer() {
 // completion names data handles whose grants another trust group's grant
 // recalled. The files granted under them ask for their grant again before
 // their next request (not after io's EBADF), and the cache mappings kept
-// under them are dropped: a mapping is only read under a grant. What a
-// file reads from its mapping between the recall and the notice is what
-// io's cache held then (the region is coherent); io cannot refuse those
-// loads, which is why the notice drops the mapping.
+// under them are dropped. Best effort: the notice is seen at the client's
+// next look (a call, or Poll on the data path) and acted on by this
+// goroutine soon after, so a request or a mapped read may still go out
+// under the old grant meanwhile (io's EBADF then does the same), and a
+// mapping an open adopts or a close keeps while the notice is handled
+// may survive it. What a mapping serves after a recall is what io's cache
+// holds (the region is coherent); io cannot refuse those loads.
 func (f *FS) recallNotices(meta *ring.Client) {
 	buf := make([]byte, 8*proto.RecallBatch)
 	for !f.closed.Load() {

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -100,4 +101,36 @@ func rawDo(ctx context.Context, c *ring.Client, op uint8, buf []byte, lazy bool)
 		b.CopyTo(buf[:min(int(comp.Result), len(buf))])
 	}
 	return comp, err
+}
+
+// TestUseAfterFSClose: a file still open when its FS closes fails its
+// reads and writes with an error (the data path's look at the metadata
+// ring for recall notices must not touch the unmapped ring).
+func TestUseAfterFSClose(t *testing.T) {
+	st := groupStack(t, "uid")
+	c, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WriteFile("f", []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.OpenFile("f", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	for range 4 { // mapped
+		if _, err := f.ReadAt(buf, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Close()
+	time.Sleep(10 * time.Millisecond) // the notice goroutine's release of the ring
+	if _, err := f.ReadAt(buf, 0); err == nil {
+		t.Error("read after the FS closed: no error")
+	}
+	if _, err := f.WriteAt(buf, 0); err == nil {
+		t.Error("write after the FS closed: no error")
+	}
 }

@@ -393,12 +393,12 @@ func (c *Client) waitLazy(ctx context.Context, idx uint32, w *waiter) (Completio
 		for w.state.Load() != wDone { // delivered already, or being delivered
 			pollPause(1)
 		}
-		return c.collect(idx, w), nil
+		return c.collectLazy(idx, w), nil
 	}
 	var err error
 	select {
 	case <-w.ch:
-		return c.collect(idx, w), nil
+		return c.collectLazy(idx, w), nil
 	case <-c.done:
 		err = c.Err()
 	case <-ctx.Done():
@@ -408,7 +408,15 @@ func (c *Client) waitLazy(ctx context.Context, idx uint32, w *waiter) (Completio
 		return Completion{}, err // its completion, if it comes, frees the slot
 	}
 	<-w.ch // delivered meanwhile
-	return c.collect(idx, w), nil
+	return c.collectLazy(idx, w), nil
+}
+
+// collectLazy takes a lazy call's completion and frees its waiter (the
+// spin budget of quick calls is not theirs to change).
+func (c *Client) collectLazy(idx uint32, w *waiter) Completion {
+	res := w.res
+	c.putWaiter(idx, w)
+	return res
 }
 
 // Poll delivers the completions the queue holds now, without blocking,
@@ -416,7 +424,11 @@ func (c *Client) waitLazy(ctx context.Context, idx uint32, w *waiter) (Completio
 // answer seen soon (its data path), at the cost of a shared-memory load
 // when there is none.
 func (c *Client) Poll() int {
-	if !c.cq.ready() || c.Err() != nil {
+	if c.Err() != nil || !c.r.acquire() {
+		return 0 // closed: the region may be unmapped
+	}
+	defer c.r.release()
+	if !c.cq.ready() {
 		return 0
 	}
 	return c.reap()

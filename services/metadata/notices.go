@@ -72,18 +72,19 @@ func (se *session) recallWait(q *ring.Request, done func(int64, uint64)) {
 
 // answerLocked completes the wait q with what is queued; n.mu is held.
 func (n *notices) answerLocked(q *ring.Request, done func(int64, uint64)) {
+	if n.all {
+		// Everything may be recalled: say so now, the list is moot.
+		n.queued, n.all = n.queued[:0], false
+		done(0, proto.RecallAll)
+		return
+	}
 	k := min(len(n.queued), int(min(q.Length/8, proto.RecallBatch)))
 	b := make([]byte, 8*k)
 	for i, id := range n.queued[:k] {
 		binary.LittleEndian.PutUint64(b[8*i:], id)
 	}
 	n.queued = append(n.queued[:0], n.queued[k:]...)
-	var aux uint64 // what is left queued goes with the next wait
-	if n.all && len(n.queued) == 0 {
-		aux, n.all = proto.RecallAll, false
-	}
-	res := int64(q.WritePayload(b))
-	done(res, aux)
+	done(int64(q.WritePayload(b)), 0) // what is left queued goes with the next wait
 }
 
 // tell queues a recalled data handle of the session and answers its

@@ -374,6 +374,13 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 		return se.errno(syscall.EBADF)
 	}
 	recalled := h.rec != nil && h.rec.revoked.Load()
+	if recalled {
+		// A recall marks the grant before io answers, and unmarks it if io
+		// never did: the recaller holds the file's lock until it knows.
+		h.file.mu.Lock()
+		recalled = h.rec.revoked.Load()
+		h.file.mu.Unlock()
+	}
 	if h.grantEpoch != 0 && h.grantEpoch == se.svc.io.currentEpoch() && !recalled {
 		id := q.Handle
 		if h.lease != nil && se.features&proto.FeatureLeases != 0 {
