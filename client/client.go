@@ -315,12 +315,7 @@ func (f *FS) recover(c *conn, cause error) (*conn, error) {
 		c.data.Close()
 	}
 	f.Recoveries.Add(1)
-	f.filesMu.Lock()
-	files := make([]*File, 0, len(f.files))
-	for fl := range f.files {
-		files = append(files, fl)
-	}
-	f.filesMu.Unlock()
+	files := f.openFiles()
 	// Files reopen now rather than at their next use, so that a file
 	// unlinked while open is claimed within the service's reclaim grace.
 	for _, fl := range files {
@@ -328,6 +323,17 @@ func (f *FS) recover(c *conn, cause error) (*conn, error) {
 	}
 	go f.watch(nc)
 	return nc, nil
+}
+
+// openFiles returns the files open now.
+func (f *FS) openFiles() []*File {
+	f.filesMu.Lock()
+	defer f.filesMu.Unlock()
+	files := make([]*File, 0, len(f.files))
+	for fl := range f.files {
+		files = append(files, fl)
+	}
+	return files
 }
 
 // Close ends both sessions. Files still open are closed by the services.

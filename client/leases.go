@@ -183,12 +183,7 @@ func (f *FS) recalled(meta *ring.Client, ids map[uint64]bool, all bool) {
 	if all {
 		f.kept.clear(false)
 	}
-	f.filesMu.Lock()
-	files := make([]*File, 0, len(f.files))
-	for fl := range f.files {
-		files = append(files, fl)
-	}
-	f.filesMu.Unlock()
+	files := f.openFiles()
 	for _, fl := range files {
 		fl.hmu.Lock()
 		hit := fl.meta == meta && fl.granted && (all || ids[fl.dataHandle])
