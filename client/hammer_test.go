@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/stack"
 )
 
 // The conflict hammer (issue 13): two writer processes and a reader
@@ -334,4 +335,81 @@ func holderChild() int {
 	}
 	fmt.Println("holding")
 	select {}
+}
+
+// TestUIDGroups: under the default trust groups (one per uid), a process
+// of another uid holding a file's write grant is recalled by root's
+// write, and a process of root's own uid is not: it shares root's lease.
+func TestUIDGroups(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the test runs a holder as uid 65534")
+	}
+	run, err := os.MkdirTemp("", "weir-uidgroups-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(run)
+	if err := os.Chmod(run, 0o755); err != nil { // the other uid must reach the sockets
+		t.Fatal(err)
+	}
+	cfg, err := stack.LocalConfig(t.TempDir(), run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.IO.Backend = "mem"
+	cfg.Ring.ArenaSize = 4 << 20
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st := startStack(t, cfg)
+	defer stopStack(t, st)
+	c := dialStack(t, st)
+	bin := copyTestBinary(t)
+	for _, other := range []bool{true, false} {
+		name := fmt.Sprintf("shared-%v", other)
+		if err := c.WriteFile(name, nil, 0o666); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Chmod(name, 0o666); err != nil { // (past the umask)
+			t.Fatal(err)
+		}
+		cmd := exec.Command(bin, "-test.run=^$")
+		cmd.Env = append(os.Environ(), envHolder+"="+name,
+			envMetaSock+"="+st.Config.Metadata.Socket, envIOSock+"="+st.Config.IO.Socket)
+		if other {
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		}
+		cmd.Stderr = os.Stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err != nil || strings.TrimSpace(line) != "holding" {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("holder (another uid: %v): %q %v", other, line, err)
+		}
+		before := recalls(st)
+		f, err := c.OpenFile(name, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.WriteAt([]byte("root"), 0); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+		n := recalls(st) - before
+		cmd.Process.Kill()
+		cmd.Wait()
+		if other && n == 0 {
+			t.Error("root's write recalled nothing from uid 65534's write grant")
+		}
+		if !other && n != 0 {
+			t.Errorf("root's write recalled %d grants of a process of its own uid (one trust group)", n)
+		}
+	}
 }
