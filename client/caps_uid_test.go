@@ -25,28 +25,8 @@ const envClaimChild = "WEIR_CLIENT_TEST_CLAIM"
 // refuses the claim on its own session (EPERM) and reads naming the
 // handle (EBADF); root's claim still works after.
 func TestClaimAsAnotherUID(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the test runs a client as uid 65534")
-	}
-	run, err := os.MkdirTemp("", "weir-caps-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(run)
-	if err := os.Chmod(run, 0o755); err != nil { // the child must reach the sockets
-		t.Fatal(err)
-	}
-	cfg, err := stack.LocalConfig(t.TempDir(), run)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.IO.Backend = "mem"
-	cfg.Ring.ArenaSize = 4 << 20
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	st := startStack(t, cfg)
-	defer stopStack(t, st)
+	st := otherUIDStack(t)
+	cfg := st.Config
 	c, err := st.Dial(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +43,7 @@ func TestClaimAsAnotherUID(t *testing.T) {
 	}
 	cmd := exec.Command(copyTestBinary(t), "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s,%s,%d,%s", envClaimChild, cfg.Metadata.Socket, cfg.IO.Socket, r.Handle, hex.EncodeToString(cp)))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUID, Gid: otherUID}}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("child: %v: %s", err, out)
@@ -79,6 +59,38 @@ func TestClaimAsAnotherUID(t *testing.T) {
 	if got, err := s.read(t, r.Handle); err != nil || string(got) != "root's only" {
 		t.Fatalf("root's read: %q %v", got, err)
 	}
+}
+
+// otherUID is the uid tests run a second client as.
+const otherUID = 65534
+
+// otherUIDStack starts a stack on the mem backend whose sockets a client
+// of otherUID can reach; it skips the test unless it runs as root.
+func otherUIDStack(t *testing.T) *stack.Stack {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skipf("needs root: the test runs a client as uid %d", otherUID)
+	}
+	run, err := os.MkdirTemp("", "weir-uid-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(run) })
+	if err := os.Chmod(run, 0o755); err != nil { // the other uid must reach the sockets
+		t.Fatal(err)
+	}
+	cfg, err := stack.LocalConfig(t.TempDir(), run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.IO.Backend = "mem"
+	cfg.Ring.ArenaSize = 4 << 20
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st := startStack(t, cfg)
+	t.Cleanup(func() { stopStack(t, st) })
+	return st
 }
 
 // claimChild runs in the child: a session of its own, then the claim of
@@ -109,17 +121,7 @@ func claimChild() int {
 	}
 	defer data.Close()
 	do := func(c *ring.Client, op uint8, h uint64, buf []byte) (ring.Completion, error) {
-		b, err := c.Alloc(ctx, max(len(buf), 1))
-		if err != nil {
-			return ring.Completion{}, err
-		}
-		defer b.Release()
-		b.CopyFrom(buf)
-		comp, err := c.Do(ctx, &ring.Call{Op: op, Handle: h, Buf: b})
-		if err == nil && comp.Result > 0 {
-			b.CopyTo(buf[:min(int(comp.Result), len(buf))])
-		}
-		return comp, err
+		return rawDo(ctx, c, op, h, buf, false)
 	}
 	hello := make([]byte, proto.HelloRespSize)
 	copy(hello, (&proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: capFeatures}).Append(nil))

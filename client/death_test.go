@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/internal/config"
 )
 
 // A child process dials weir, opens files and waits to be killed.
@@ -145,23 +146,7 @@ func TestClientDeathWritesReachHome(t *testing.T) {
 	dir := t.TempDir()
 	cfg := testConfig(t, dir, "file")
 	st := startStack(t, cfg)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"=1", envChildBig+"=1",
-		envMetaSock+"="+cfg.Metadata.Socket, envIOSock+"="+cfg.IO.Socket)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "ready" {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("child: %q %v", line, err)
-	}
+	cmd := startChild(t, os.Args[0], nil, cfg, "ready", envChild+"=1", envChildBig+"=1")
 	if d := st.IO.Snapshot()["cache_dirty_pages"].(int64); d < 256 {
 		t.Errorf("%d dirty pages before the kill: the child's MiB is not waiting in the cache", d)
 	}
@@ -196,4 +181,33 @@ func TestClientDeathWritesReachHome(t *testing.T) {
 	if err != nil || !bytes.Equal(got, bigData()) {
 		t.Fatalf("child-big after the kill and a restart: %d bytes, %v; want the MiB it wrote", len(got), err)
 	}
+}
+
+// startChild runs bin (this test binary, or a copy another uid may run)
+// as a child client of the stack of cfg, with the credentials cred (nil:
+// this process's) and env added to its environment, and waits for it to
+// print the line want.
+func startChild(t *testing.T, bin string, cred *syscall.Credential, cfg *config.Config, want string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), env...),
+		envMetaSock+"="+cfg.Metadata.Socket, envIOSock+"="+cfg.IO.Socket)
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != want {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child: %q %v, want %q", line, err, want)
+	}
+	return cmd
 }

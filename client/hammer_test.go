@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/weir-storage/weir/client"
-	"github.com/weir-storage/weir/stack"
 )
 
 // The conflict hammer (issue 13): two writer processes and a reader
@@ -267,22 +266,7 @@ func TestStoppedHolderDelaysLittle(t *testing.T) {
 		if err := c.WriteFile(name, nil, 0o666); err != nil {
 			t.Fatal(err)
 		}
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envHolder+"="+name,
-			envMetaSock+"="+st.Config.Metadata.Socket, envIOSock+"="+st.Config.IO.Socket)
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err != nil || strings.TrimSpace(line) != "holding" {
-			cmd.Process.Kill()
-			t.Fatalf("holder: %q %v", line, err)
-		}
+		cmd := startChild(t, os.Args[0], nil, st.Config, "holding", envHolder+"="+name)
 		sig := syscall.SIGSTOP
 		if kill {
 			sig = syscall.SIGKILL
@@ -338,31 +322,10 @@ func holderChild() int {
 }
 
 // TestUIDGroups: under the default trust groups (one per uid), a process
-// of another uid holding a file's write grant is recalled by root's
+// of another uid (otherUID) holding a file's write grant is recalled by root's
 // write, and a process of root's own uid is not: it shares root's lease.
 func TestUIDGroups(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the test runs a holder as uid 65534")
-	}
-	run, err := os.MkdirTemp("", "weir-uidgroups-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(run)
-	if err := os.Chmod(run, 0o755); err != nil { // the other uid must reach the sockets
-		t.Fatal(err)
-	}
-	cfg, err := stack.LocalConfig(t.TempDir(), run)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.IO.Backend = "mem"
-	cfg.Ring.ArenaSize = 4 << 20
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	st := startStack(t, cfg)
-	defer stopStack(t, st)
+	st := otherUIDStack(t)
 	c := dialStack(t, st)
 	bin := copyTestBinary(t)
 	for _, other := range []bool{true, false} {
@@ -373,26 +336,11 @@ func TestUIDGroups(t *testing.T) {
 		if err := c.Chmod(name, 0o666); err != nil { // (past the umask)
 			t.Fatal(err)
 		}
-		cmd := exec.Command(bin, "-test.run=^$")
-		cmd.Env = append(os.Environ(), envHolder+"="+name,
-			envMetaSock+"="+st.Config.Metadata.Socket, envIOSock+"="+st.Config.IO.Socket)
+		var cred *syscall.Credential
 		if other {
-			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			cred = &syscall.Credential{Uid: otherUID, Gid: otherUID}
 		}
-		cmd.Stderr = os.Stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err != nil || strings.TrimSpace(line) != "holding" {
-			cmd.Process.Kill()
-			cmd.Wait()
-			t.Fatalf("holder (another uid: %v): %q %v", other, line, err)
-		}
+		cmd := startChild(t, bin, cred, st.Config, "holding", envHolder+"="+name)
 		before := recalls(st)
 		f, err := c.OpenFile(name, os.O_RDWR, 0)
 		if err != nil {
@@ -406,7 +354,7 @@ func TestUIDGroups(t *testing.T) {
 		cmd.Process.Kill()
 		cmd.Wait()
 		if other && n == 0 {
-			t.Error("root's write recalled nothing from uid 65534's write grant")
+			t.Errorf("root's write recalled nothing from uid %d's write grant", otherUID)
 		}
 		if !other && n != 0 {
 			t.Errorf("root's write recalled %d grants of a process of its own uid (one trust group)", n)

@@ -31,7 +31,7 @@ func TestRecallWaitRaw(t *testing.T) {
 		if features != ^uint64(0) {
 			hello := make([]byte, proto.HelloRespSize)
 			copy(hello, (&proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: features}).Append(nil))
-			if comp, err := rawDo(ctx, m, proto.OpHello, hello, false); err != nil || comp.Result != proto.HelloRespSize {
+			if comp, err := rawDo(ctx, m, proto.OpHello, 0, hello, false); err != nil || comp.Result != proto.HelloRespSize {
 				t.Fatalf("hello: %v %v", err, comp.Err())
 			}
 		}
@@ -44,17 +44,17 @@ func TestRecallWaitRaw(t *testing.T) {
 		return comp.Err()
 	}
 	m := dial(^uint64(0)) // no hello
-	if err := errno(rawDo(ctx, m, proto.OpRecallWait, make([]byte, 8), false)); !errors.Is(err, syscall.ENOTCONN) {
+	if err := errno(rawDo(ctx, m, proto.OpRecallWait, 0, make([]byte, 8), false)); !errors.Is(err, syscall.ENOTCONN) {
 		t.Errorf("before hello: %v, want ENOTCONN", err)
 	}
 	m.Close()
 	m = dial(proto.FeatureLeases)
-	if err := errno(rawDo(ctx, m, proto.OpRecallWait, make([]byte, 8), false)); !errors.Is(err, syscall.EOPNOTSUPP) {
+	if err := errno(rawDo(ctx, m, proto.OpRecallWait, 0, make([]byte, 8), false)); !errors.Is(err, syscall.EOPNOTSUPP) {
 		t.Errorf("without FeatureRecalls: %v, want EOPNOTSUPP", err)
 	}
 	m.Close()
 	m = dial(proto.FeatureLeases | proto.FeatureRecalls)
-	if err := errno(rawDo(ctx, m, proto.OpRecallWait, make([]byte, 4), false)); !errors.Is(err, syscall.EINVAL) {
+	if err := errno(rawDo(ctx, m, proto.OpRecallWait, 0, make([]byte, 4), false)); !errors.Is(err, syscall.EINVAL) {
 		t.Errorf("a 4-byte buffer: %v, want EINVAL", err)
 	}
 	// Two waits at once: one stays outstanding, the other is EBUSY. They
@@ -62,7 +62,7 @@ func TestRecallWaitRaw(t *testing.T) {
 	// completion queue for them.
 	res := make(chan error, 2)
 	for range 2 {
-		go func() { res <- errno(rawDo(ctx, m, proto.OpRecallWait, make([]byte, 64), true)) }()
+		go func() { res <- errno(rawDo(ctx, m, proto.OpRecallWait, 0, make([]byte, 64), true)) }()
 	}
 	var got error
 	for got == nil {
@@ -89,14 +89,16 @@ func TestRecallWaitRaw(t *testing.T) {
 	}
 }
 
-func rawDo(ctx context.Context, c *ring.Client, op uint8, buf []byte, lazy bool) (ring.Completion, error) {
+// rawDo sends one request naming handle h with buf as its payload and
+// reply buffer (a lazy call if lazy), and copies the reply into buf.
+func rawDo(ctx context.Context, c *ring.Client, op uint8, h uint64, buf []byte, lazy bool) (ring.Completion, error) {
 	b, err := c.Alloc(ctx, max(len(buf), 1))
 	if err != nil {
 		return ring.Completion{}, err
 	}
 	defer b.Release()
 	b.CopyFrom(buf)
-	comp, err := c.Do(ctx, &ring.Call{Op: op, Buf: b, Lazy: lazy})
+	comp, err := c.Do(ctx, &ring.Call{Op: op, Handle: h, Buf: b, Lazy: lazy})
 	if err == nil && comp.Result > 0 {
 		b.CopyTo(buf[:min(int(comp.Result), len(buf))])
 	}
