@@ -310,6 +310,9 @@ func OpenRespSize(features uint64) int {
 	if features&FeatureLeases != 0 {
 		n += 8
 	}
+	if features&FeatureOpenCap != 0 {
+		n += 1 + CapSize
+	}
 	return n
 }
 
@@ -317,7 +320,9 @@ func OpenRespSize(features uint64) int {
 //
 //	0  u64 handle   8  attr (AttrSize)   8+AttrSize  u8 created   +1  u8 granted
 //	then, with FeatureReopen, the ticket (TicketSize);
-//	then, with FeatureLeases, u64 data handle
+//	then, with FeatureLeases, u64 data handle;
+//	then, with FeatureOpenCap, u8 has cap, CapSize bytes of capability
+//	(zeros when has cap is 0)
 type OpenResp struct {
 	Handle  uint64
 	Attr    Attr
@@ -331,6 +336,13 @@ type OpenResp struct {
 	// session's kept lease of the file (then Granted).
 	HasDataHandle bool
 	DataHandle    uint64
+	// CapRoom is set when the layout has the capability field
+	// (FeatureOpenCap); HasCap when the service put one in it: the read
+	// capability of the handle (its DataHandle), to claim at io with
+	// OpClaim before the first read, as OpGrant's would be.
+	CapRoom bool
+	HasCap  bool
+	Cap     [CapSize]byte
 }
 
 // Append encodes r.
@@ -346,26 +358,42 @@ func (r *OpenResp) Append(b []byte) []byte {
 	if r.HasDataHandle {
 		e.U64(r.DataHandle)
 	}
+	if r.CapRoom {
+		e.Bool(r.HasCap)
+		var c [CapSize]byte
+		if r.HasCap {
+			c = r.Cap
+		}
+		e.Bytes(c[:])
+	}
 	return e.B
 }
 
 // DecodeOpenResp decodes the response of OpOpen or OpReopen in a session
 // that negotiated features (the ticket with FeatureReopen, the data
-// handle with FeatureLeases).
+// handle with FeatureLeases, room for a capability with FeatureOpenCap).
 func DecodeOpenResp(b []byte, features uint64) (OpenResp, error) {
 	d := NewDec(b)
 	r := OpenResp{Handle: d.U64(), Attr: d.Attr(), Created: d.Bool(), Granted: d.Bool(),
-		HasTicket: features&FeatureReopen != 0, HasDataHandle: features&FeatureLeases != 0}
+		HasTicket: features&FeatureReopen != 0, HasDataHandle: features&FeatureLeases != 0,
+		CapRoom: features&FeatureOpenCap != 0}
 	if r.HasTicket {
 		d.Fixed(r.Ticket[:])
 	}
 	if r.HasDataHandle {
 		r.DataHandle = d.U64()
 	}
+	if r.CapRoom {
+		r.HasCap = d.Bool()
+		d.Fixed(r.Cap[:])
+		if !r.HasCap {
+			r.Cap = [CapSize]byte{} // padding: nothing to act on
+		}
+	}
 	if err := d.End(); err != nil {
 		return OpenResp{}, err
 	}
-	if r.Handle == 0 || !ValidMode(r.Attr.Mode) || r.Attr.Size < 0 {
+	if r.Handle == 0 || !ValidMode(r.Attr.Mode) || r.Attr.Size < 0 || (r.HasCap && r.Granted) {
 		return OpenResp{}, syscall.EINVAL
 	}
 	return r, nil

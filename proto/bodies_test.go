@@ -71,6 +71,12 @@ func codecs() []codec {
 		{"open-resp-leases", OpenResp{Handle: 9, Attr: attr, Granted: true, HasTicket: true, Ticket: Ticket{4: 4}, HasDataHandle: true, DataHandle: 5},
 			func(v any) []byte { r := v.(OpenResp); return r.Append(nil) },
 			func(b []byte) (any, error) { return DecodeOpenResp(b, FeatureReopen|FeatureLeases) }, true},
+		{"open-resp-cap", OpenResp{Handle: 9, Attr: attr, HasTicket: true, Ticket: Ticket{4: 4}, HasDataHandle: true, DataHandle: 9, CapRoom: true, HasCap: true, Cap: [CapSize]byte{0: 7, CapSize - 1: 8}},
+			func(v any) []byte { r := v.(OpenResp); return r.Append(nil) },
+			func(b []byte) (any, error) { return DecodeOpenResp(b, FeatureReopen|FeatureLeases|FeatureOpenCap) }, true},
+		{"open-resp-no-cap", OpenResp{Handle: 9, Attr: attr, Granted: true, HasDataHandle: true, DataHandle: 5, CapRoom: true},
+			func(v any) []byte { r := v.(OpenResp); return r.Append(nil) },
+			func(b []byte) (any, error) { return DecodeOpenResp(b, FeatureLeases|FeatureOpenCap) }, true},
 		{"ticket", Ticket{0: 1, 31: 2},
 			func(v any) []byte { t := v.(Ticket); return t[:] },
 			func(b []byte) (any, error) { return DecodeTicket(b) }, false},
@@ -129,6 +135,15 @@ func TestResponsesValidated(t *testing.T) {
 	bad[8+AttrSize] = 2 // created is neither 0 nor 1
 	if _, err := DecodeOpenResp(bad, 0); err == nil {
 		t.Error("DecodeOpenResp accepted created = 2")
+	}
+	both := (&OpenResp{Handle: 1, Attr: good, Granted: true, CapRoom: true, HasCap: true}).Append(nil)
+	if _, err := DecodeOpenResp(both, FeatureOpenCap); err == nil {
+		t.Error("DecodeOpenResp accepted a capability of a handle it says is granted")
+	}
+	noCap := (&OpenResp{Handle: 1, Attr: good, CapRoom: true}).Append(nil)
+	noCap[len(noCap)-1] = 9 // capability bytes after has cap = 0
+	if r, err := DecodeOpenResp(noCap, FeatureOpenCap); err != nil || r.HasCap || r.Cap != [CapSize]byte{} {
+		t.Errorf("DecodeOpenResp of has cap 0 with bytes after it = %+v, %v; want no capability", r, err)
 	}
 	for name, ents := range map[string][]Dirent{
 		"slash":     {{Ino: 2, Mode: syscall.S_IFREG, Name: "a/b"}},

@@ -31,6 +31,7 @@
 //     io could not reach metadata (try again)
 //  3. metadata ring: OpOpen ... -> handle (and a reopen ticket)
 //  4. metadata ring: OpGrant{handle}, unless the open said "granted"
+//     (or, with FeatureOpenCap, answered a capability: OpClaim it at io)
 //  5. io ring:       OpRead / OpWrite / OpTruncate / OpSync on the handle
 //  6. metadata ring: OpClose{handle}; io stops accepting it first
 //
@@ -98,6 +99,10 @@
 //	            in:  u32 perm, str path
 //	            out: u64 handle, attr, u8 created, u8 granted,
 //	                 [ticket when FeatureReopen was negotiated]
+//	                 [u64 data handle when FeatureLeases was]
+//	                 [u8 has cap, CapSize capability when FeatureOpenCap
+//	                 was: a read capability of the data handle (granted
+//	                 0), claimed with OpClaim instead of an OpGrant]
 //	OpClose     Handle                              -
 //	OpMkdir     in:  u32 perm, str path             out: attr
 //	OpRmdir     in:  str path                       -

@@ -41,9 +41,16 @@ const (
 	// keeps mapped under them.
 	FeatureRecalls uint64 = 1 << 3
 
+	// FeatureOpenCap (with FeatureCaps): OpOpen's answer has room for a
+	// read capability (OpenResp.Cap), which the service fills where
+	// OpGrant would answer one (a read-only open the session holds no
+	// lease of): the client claims it at io before its first read, and
+	// never sends that OpGrant. Granted is then 0.
+	FeatureOpenCap uint64 = 1 << 4
+
 	// KnownFeatures are the bits this version defines; a service answers
 	// no others.
-	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls
+	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap
 )
 
 // Opcodes. The numbers are the ABI: they are written out, never iota, and

@@ -21,7 +21,8 @@
  *   3. metadata ring: WEIR_OP_OPEN -> handle, attr, created, granted
  *        (and a reopen ticket with WEIR_FEATURE_REOPEN, and the data
  *        handle with WEIR_FEATURE_LEASES)
- *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1; with
+ *   4. metadata ring: WEIR_OP_GRANT {handle}, unless granted was 1 (or
+ *        has_cap was, WEIR_FEATURE_OPEN_CAP: claim that capability); with
  *        WEIR_FEATURE_LEASES the completion's aux is the data handle from
  *        then on (the handle, or the kept lease it uses if that is still
  *        good). With WEIR_FEATURE_CAPS and a WEIR_CAP_SIZE buffer, a
@@ -105,7 +106,8 @@
 #define WEIR_FEATURE_LEASES 0x2ull
 #define WEIR_FEATURE_CAPS 0x4ull
 #define WEIR_FEATURE_RECALLS 0x8ull /* one WEIR_OP_RECALL_WAIT may stay outstanding */
-#define WEIR_KNOWN_PROTO_FEATURES 0xfull
+#define WEIR_FEATURE_OPEN_CAP 0x10ull /* OPEN may answer a read capability */
+#define WEIR_KNOWN_PROTO_FEATURES 0x1full
 
 /* Metadata ring opcodes: 0x10-0x3f. */
 #define WEIR_FIRST_METADATA_OP 0x10u
@@ -206,8 +208,12 @@ struct weir_attach_req {
 /* OPEN and REOPEN response: u64 handle, attr, u8 created, u8 granted,
  * then the ticket when WEIR_FEATURE_REOPEN was negotiated, then the u64
  * data handle when WEIR_FEATURE_LEASES was (the handle of the session's
- * kept lease of the file, granted = 1, or the handle itself). Not a
- * struct: the ticket sits at an offset C would pad. */
+ * kept lease of the file, granted = 1, or the handle itself), then with
+ * WEIR_FEATURE_OPEN_CAP u8 has_cap and WEIR_CAP_SIZE bytes: when has_cap
+ * is 1 (granted is then 0), the read capability to claim at io
+ * (WEIR_OP_CLAIM on the data handle) before the first read, in place of
+ * step 4's WEIR_OP_GRANT. Not a struct: the ticket sits at an offset C
+ * would pad. */
 #define WEIR_OPEN_RESP_OFF_HANDLE 0u
 #define WEIR_OPEN_RESP_OFF_ATTR 8u
 #define WEIR_OPEN_RESP_OFF_CREATED 64u
@@ -217,6 +223,9 @@ struct weir_attach_req {
 #define WEIR_OPEN_RESP_SIZE_TICKET 98u
 #define WEIR_OPEN_RESP_SIZE_LEASES 74u
 #define WEIR_OPEN_RESP_SIZE_TICKET_LEASES 106u
+#define WEIR_OPEN_RESP_OFF_HAS_CAP_TICKET_LEASES 106u
+#define WEIR_OPEN_RESP_OFF_CAP_TICKET_LEASES 107u
+#define WEIR_OPEN_RESP_SIZE_TICKET_LEASES_CAP 171u
 
 /* GETATTR response: i64 size, i64 mtime, u8 changed. */
 #define WEIR_GETATTR_RESP_OFF_SIZE 0u
