@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"os"
 	"syscall"
 	"testing"
 
@@ -325,5 +326,118 @@ func TestClaimFloorsEndWithSessions(t *testing.T) {
 		s.meta.Close()
 		s.data.Close()
 		waitUntil(t, "the ended session's floor forgotten", func() bool { return floors() == base })
+	}
+}
+
+// TestOpenAnswersCapability: with FeatureOpenCap a read-only open of a
+// file the session holds no lease of answers the read capability OpGrant
+// would, so that a cold open + read is the open and the claim, with no
+// OpGrant; an open never waits for a recall, so a file another trust
+// group holds for writing gets none; and the Go client, which asks for
+// the feature, reads a file it never opened with no grant through io,
+// even when an earlier open of it closed before reading (the capability
+// waits under the kept lease for the next open).
+func TestOpenAnswersCapability(t *testing.T) {
+	cfg := testConfig(t, t.TempDir(), "mem")
+	cfg.Metadata.TrustGroups = "session"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	st := startStack(t, cfg)
+	t.Cleanup(func() { stopStack(t, st) })
+	c := dialStack(t, st)
+	for _, n := range []string{"a", "b", "held", "late"} {
+		if err := c.WriteFile(n, []byte("contents of "+n), 0o644); err != nil {
+			t.Fatal(err) // each write grant's ack reports the size: sized
+		}
+	}
+	counts := func() capCounts {
+		m := st.Metadata.Snapshot()
+		return capCounts{st.Metadata.Stats.Grants.Load(), m["caps_minted"].(uint64), st.IO.Stats.Claims.Load()}
+	}
+	delta := func(before capCounts) capCounts {
+		a := counts()
+		return capCounts{a.grants - before.grants, a.minted - before.minted, a.claims - before.claims}
+	}
+
+	s := dialRaw(t, st, capFeatures|proto.FeatureOpenCap)
+	before := counts()
+	ra := s.open(t, "a")
+	if !ra.HasCap || ra.Granted || ra.DataHandle != ra.Handle {
+		t.Fatalf("cold open of a: %+v, want a capability for its own handle, not granted", ra)
+	}
+	if _, err := s.read(t, ra.Handle); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("read before the claim: %v, want EBADF", err)
+	}
+	if err := s.claim(t, ra.Handle, ra.Cap[:]); err != nil {
+		t.Fatalf("claim of open's capability: %v", err)
+	}
+	if got, err := s.read(t, ra.Handle); err != nil || string(got) != "contents of a" {
+		t.Fatalf("read after the claim: %q %v", got, err)
+	}
+	if d := delta(before); d != (capCounts{0, 1, 1}) {
+		t.Errorf("open + claim + read: %+v grants through io, capabilities minted, claims; want 0, 1, 1", d)
+	}
+	// Reopened under the session's kept lease: granted, no capability.
+	if comp := bare(t, s.meta, proto.OpClose, ra.Handle); comp.Result < 0 {
+		t.Fatal(comp.Err())
+	}
+	if r := s.open(t, "a"); !r.Granted || r.HasCap || r.DataHandle != ra.Handle {
+		t.Fatalf("open of a under its kept lease: %+v, want granted on data handle %d, no capability", r, ra.Handle)
+	}
+
+	// A session without the feature gets the old layout and no capability.
+	old := dialRaw(t, st, capFeatures)
+	if rb := old.open(t, "b"); rb.HasCap || rb.CapRoom || rb.Granted {
+		t.Fatalf("open without FeatureOpenCap: %+v", rb)
+	}
+
+	// Another trust group writes "held": the open answers no capability
+	// (it would have to recall), and the first read's OpGrant recalls.
+	w, err := c.OpenFile("held", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := w.WriteAt([]byte("C"), 0); err != nil {
+		t.Fatal(err)
+	}
+	rh := s.open(t, "held")
+	if rh.HasCap || rh.Granted {
+		t.Fatalf("open of a file another group holds for writing: %+v, want neither granted nor a capability", rh)
+	}
+	comp, capH := s.grantCap(t, rh.Handle, 0)
+	if comp.Result != proto.CapSize {
+		t.Fatalf("grant of held: %+v", comp)
+	}
+	if err := s.claim(t, rh.Handle, capH); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.read(t, rh.Handle); err != nil || string(got) != "Contents of held" {
+		t.Fatalf("read of held after the recall: %q %v", got, err)
+	}
+
+	// The Go client: an open closed before its first read leaves its
+	// capability for the next open under the lease.
+	c2 := dialStack(t, st)
+	before = counts()
+	f, err := c2.Open("late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	f, err = c2.Open("late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(f)
+	f.Close()
+	if err != nil || string(got) != "contents of late" {
+		t.Fatalf("read of late: %q %v", got, err)
+	}
+	if d := delta(before); d != (capCounts{0, 1, 1}) {
+		t.Errorf("open, close, open + read: %+v grants through io, capabilities minted, claims; want 0, 1, 1", d)
 	}
 }

@@ -86,6 +86,7 @@ type FS struct {
 	files   map[*File]struct{} // open files, reopened at recovery; protected by filesMu
 
 	kept   keptCaches    // mappings of files closed under a kept lease (leases.go)
+	caps   keptCaps      // unclaimed capabilities of files closed under a kept lease (leases.go)
 	closes chan closeReq // read-only handles' closes for the closer (leases.go)
 
 	// Recoveries counts the times the sessions were re-established.

@@ -35,10 +35,11 @@ type File struct {
 	dataHandle uint64       // the handle IO requests name: handle, or the session's kept lease of the file (FeatureLeases)
 	meta       *ring.Client // the metadata session the handle belongs to
 	gen        uint64
-	granted    bool   // the IO service accepts the handle (in gen)
-	noticed    bool   // granted was cleared by a recall notice (leases.go)
-	throughIO  bool   // its grant was asked for through io after a claim failed (in gen; FeatureCaps)
-	tenure     uint64 // the file's lease epoch its last write grant was made in (0: not told)
+	granted    bool                 // the IO service accepts the handle (in gen)
+	noticed    bool                 // granted was cleared by a recall notice (leases.go)
+	throughIO  bool                 // its grant was asked for through io after a claim failed (in gen; FeatureCaps)
+	openCap    *[proto.CapSize]byte // the read capability open answered (in gen; FeatureOpenCap), to claim before the first request
+	tenure     uint64               // the file's lease epoch its last write grant was made in (0: not told)
 	ticket     proto.Ticket
 	hasTicket  bool
 	gone       error  // the file could not be reopened after a recovery
@@ -147,6 +148,9 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 		file = &File{fs: f, name: name, flags: flag, dir: r.Attr.Mode&syscall.S_IFMT == syscall.S_IFDIR,
 			handle: r.Handle, dataHandle: r.IOHandle(), meta: c.meta, gen: c.gen, granted: r.Granted,
 			ticket: r.Ticket, hasTicket: r.HasTicket}
+		if r.HasCap && !file.writable() && !file.dir {
+			file.openCap = &r.Cap
+		}
 		if c.features&proto.FeatureLeases != 0 && r.Granted && r.DataHandle != r.Handle && !file.writable() && !file.dir {
 			// Under the session's kept lease (leases.go): the file was
 			// opened before, and is likely to be again. The mapping of
@@ -156,6 +160,9 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 			if fc := f.kept.take(r.DataHandle, c.gen); fc != nil {
 				file.fcache = fc
 				file.fcFast.Store(fc)
+			} else if cp := f.caps.take(r.DataHandle, c.gen); cp != nil {
+				// The lease of an earlier open's capability, never claimed.
+				file.granted, file.openCap = false, cp
 			}
 		}
 		return nil
@@ -246,7 +253,7 @@ func (fl *File) moveLocked(c *conn) error {
 	if fl.gone != nil {
 		return fl.gone
 	}
-	fl.granted, fl.throughIO = false, false
+	fl.granted, fl.throughIO, fl.openCap = false, false, nil
 	if c.meta != fl.meta {
 		if err := fl.reopenLocked(c); err != nil {
 			if lostSession(err) {
@@ -276,7 +283,10 @@ func (fl *File) reopenLocked(c *conn) error {
 		return badCompletion(proto.OpReopen, "reopen answer does not decode or names another kind of file")
 	}
 	fl.handle, fl.dataHandle, fl.meta, fl.gen, fl.granted, fl.ticket = r.Handle, r.IOHandle(), c.meta, c.gen, r.Granted, r.Ticket
-	fl.throughIO = false
+	fl.throughIO, fl.openCap = false, nil
+	if r.HasCap && !fl.writable() && !fl.dir {
+		fl.openCap = &r.Cap
+	}
 	return nil
 }
 
@@ -319,6 +329,17 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 		return 0, syscall.EBADF // as io would have answered (tests that watch each recall)
 	}
 	fl.noticed = false
+	if fl.openCap != nil {
+		// Open answered the capability (FeatureOpenCap): claim it.
+		capBuf := fl.openCap[:]
+		fl.openCap = nil
+		dh, err := fl.claimLocked(c, h, fl.dataHandle, capBuf)
+		if err != nil {
+			return 0, err
+		}
+		fl.granted, fl.dataHandle = true, dh
+		return dh, nil
+	}
 	// A read-only file may get a capability to claim at io itself
 	// (FeatureCaps): no control-plane round trip between the services.
 	var capBuf []byte
@@ -346,23 +367,7 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 		dh = comp.Aux
 	}
 	if capBuf != nil && comp.Result == proto.CapSize {
-		var err error
-		switch testClaim.Load() {
-		case claimDamaged:
-			capBuf[0] ^= 1
-			_, err = call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
-		case claimSkipped:
-		default:
-			_, err = call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
-		}
-		if err != nil && !lostSession(err) && !errors.Is(err, proto.ErrStale) {
-			// Refused (EKEYREJECTED: of an io epoch that is over, or
-			// spent) or failed: the grant goes through io after all.
-			// metadata records the grant as made once it minted the
-			// capability, so a later OpGrant would not ask io again.
-			dh, err = fl.grantThroughIOLocked(c, h)
-		}
-		if err != nil {
+		if dh, err = fl.claimLocked(c, h, dh, capBuf); err != nil {
 			return 0, err
 		}
 	} else if comp.Result != 0 {
@@ -370,6 +375,32 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 	}
 	fl.granted, fl.dataHandle = true, dh
 	return fl.dataHandle, nil
+}
+
+// claimLocked claims the read capability capBuf of data handle dh (of
+// handle h) at io, and returns the data handle to use: dh, or the one a
+// grant through io gave when io refused the capability. fl.hmu is held.
+func (fl *File) claimLocked(c *conn, h, dh uint64, capBuf []byte) (uint64, error) {
+	var err error
+	switch testClaim.Load() {
+	case claimDamaged:
+		capBuf[0] ^= 1
+		_, err = call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
+	case claimSkipped:
+	default:
+		_, err = call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
+	}
+	if err != nil && !lostSession(err) && !errors.Is(err, proto.ErrStale) {
+		// Refused (EKEYREJECTED: of an io epoch that is over, or
+		// spent) or failed: the grant goes through io after all.
+		// metadata records the grant as made once it minted the
+		// capability, so a later OpGrant would not ask io again.
+		return fl.grantThroughIOLocked(c, h)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return dh, nil
 }
 
 // testClaim makes tests' claims fail: claimDamaged sends a damaged
@@ -513,7 +544,7 @@ func (fl *File) Close() error {
 	f.filesMu.Unlock()
 	c := f.current()
 	fl.hmu.Lock()
-	h, dh, granted, gen, gone := fl.handle, fl.dataHandle, fl.granted, fl.gen, fl.gone
+	h, dh, granted, gen, gone, openCap := fl.handle, fl.dataHandle, fl.granted, fl.gen, fl.gone, fl.openCap
 	fl.hmu.Unlock()
 	// A read-only handle's grant is, or joins, the session's kept lease
 	// of the file: its mapping stays for the next open under it, and its
@@ -530,6 +561,9 @@ func (fl *File) Close() error {
 		fl.fcache = nil
 	}
 	fl.cmu.Unlock()
+	if leased && openCap != nil {
+		f.caps.put(dh, gen, openCap) // for the next open under the lease
+	}
 	if gone != nil || gen != c.gen {
 		return nil // the handle died with the sessions that opened it
 	}

@@ -78,6 +78,7 @@ func TestKeptLeaseReusedWithoutGrant(t *testing.T) {
 // client would.
 type rawSession struct {
 	meta, data *ring.Client
+	features   uint64 // negotiated at hello
 }
 
 func dialRaw(t *testing.T, st *stack.Stack, features uint64) *rawSession {
@@ -105,14 +106,14 @@ func dialRaw(t *testing.T, st *stack.Stack, features uint64) *rawSession {
 	if r := rawCall(t, data, proto.OpAttach, 0, (&proto.AttachReq{Version: proto.Version, Session: hr.Session, Token: hr.Token}).Append(nil)); r.Result < 0 {
 		t.Fatalf("attach: %+v", r.Err())
 	}
-	return &rawSession{meta: meta, data: data}
+	return &rawSession{meta: meta, data: data, features: features}
 }
 
 // open opens name read-only and returns the open's answer.
 func (s *rawSession) open(t *testing.T, name string) proto.OpenResp {
 	t.Helper()
 	req := (&proto.ModePathReq{Path: name}).Append(nil)
-	buf := make([]byte, max(len(req), proto.OpenRespSize(proto.FeatureLeases)))
+	buf := make([]byte, max(len(req), proto.OpenRespSize(s.features)))
 	copy(buf, req)
 	b, err := s.meta.Alloc(context.Background(), len(buf))
 	if err != nil {
@@ -125,7 +126,7 @@ func (s *rawSession) open(t *testing.T, name string) proto.OpenResp {
 		t.Fatalf("open %s: %v %v", name, err, comp.Err())
 	}
 	b.CopyTo(buf)
-	r, err := proto.DecodeOpenResp(buf[:comp.Result], proto.FeatureLeases)
+	r, err := proto.DecodeOpenResp(buf[:comp.Result], s.features)
 	if err != nil {
 		t.Fatal(err)
 	}

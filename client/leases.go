@@ -116,6 +116,70 @@ func (k *keptCaches) clear(closing bool) {
 	}
 }
 
+// keptCaps are the read capabilities open answered (FeatureOpenCap) of
+// files closed before their first read, by data handle: the handle's
+// grant became the session's kept lease, which io has not heard of until
+// the capability is claimed. The next open under that lease takes it, and
+// its first read claims it, instead of meeting io's EBADF and granting
+// the lease through io.
+type keptCaps struct {
+	mu sync.Mutex
+	by map[uint64]keptCap // protected by mu
+}
+
+type keptCap struct {
+	gen uint64
+	cap *[proto.CapSize]byte
+}
+
+// put keeps the capability c of data handle handle, minted in session
+// generation gen; past maxKeptCaches one kept before goes.
+func (k *keptCaps) put(handle, gen uint64, c *[proto.CapSize]byte) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.by == nil {
+		k.by = map[uint64]keptCap{}
+	}
+	if _, ok := k.by[handle]; !ok && len(k.by) >= maxKeptCaches {
+		for h := range k.by {
+			delete(k.by, h) // any one: a capability lost costs a grant through io
+			break
+		}
+	}
+	k.by[handle] = keptCap{gen: gen, cap: c}
+}
+
+// take returns and forgets the capability kept for data handle handle in
+// session generation gen; nil if there is none.
+func (k *keptCaps) take(handle, gen uint64) *[proto.CapSize]byte {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	kc, ok := k.by[handle]
+	if !ok {
+		return nil
+	}
+	delete(k.by, handle)
+	if kc.gen != gen {
+		return nil
+	}
+	return kc.cap
+}
+
+// forget drops the capability kept for data handle handle, if any: its
+// grant was recalled, which spent it.
+func (k *keptCaps) forget(handle uint64) {
+	k.mu.Lock()
+	delete(k.by, handle)
+	k.mu.Unlock()
+}
+
+// clear drops every kept capability.
+func (k *keptCaps) clear() {
+	k.mu.Lock()
+	k.by = nil
+	k.mu.Unlock()
+}
+
 // closeReq is a read-only handle's close for the closer to send.
 type closeReq struct {
 	meta   *ring.Client
@@ -179,16 +243,22 @@ func (f *FS) recalled(meta *ring.Client, ids map[uint64]bool, all bool) {
 		if fc := f.kept.takeAny(id); fc != nil {
 			fc.unmap()
 		}
+		f.caps.forget(id)
 	}
 	if all {
 		f.kept.clear(false)
+		f.caps.clear()
 	}
 	files := f.openFiles()
 	for _, fl := range files {
 		fl.hmu.Lock()
-		hit := fl.meta == meta && fl.granted && (all || ids[fl.dataHandle])
+		named := fl.meta == meta && (all || ids[fl.dataHandle])
+		hit := named && fl.granted
 		if hit {
 			fl.granted, fl.noticed = false, true // the next request asks for the grant first
+		}
+		if named && fl.openCap != nil {
+			fl.openCap = nil // spent: the next request asks for the grant (anew)
 		}
 		fl.hmu.Unlock()
 		if !hit {

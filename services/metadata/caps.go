@@ -34,6 +34,11 @@ import (
 // session) asks again with Arg = GrantThroughIO, which grants the same
 // data handle over NATS.
 //
+// With proto.FeatureOpenCap the capability comes in OpOpen's answer
+// (openCap), minted as OpGrant would mint it, except that an open never
+// recalls: a file another trust group holds a conflicting grant of gets
+// none at open, and its first read's OpGrant recalls as before.
+//
 // Capabilities are minted only where a control-plane grant would add
 // nothing: a read-only open (leaseable, no O_TRUNC), of a file that has a
 // blob io knows of (below the allocation limit io was told, not created
@@ -96,34 +101,66 @@ func (s *Service) setCapKey(epoch uint64, b []byte) {
 
 // capStats counts capabilities.
 type capStats struct {
-	Minted    atomic.Uint64 // capabilities answered to OpGrant
+	Minted    atomic.Uint64 // capabilities answered to OpGrant or OpOpen
 	ThroughIO atomic.Uint64 // OpGrant with GrantThroughIO: a claim was refused
 }
 
 // mintCap answers OpGrant of handle id with a capability when it may
 // (see above); ok false: grant through io.
 func (se *session) mintCap(q *ring.Request, id uint64, h *handle) (res int64, aux uint64, ok bool) {
+	if q.Arg == proto.GrantThroughIO || q.Length < proto.CapSize {
+		return 0, 0, false
+	}
+	c, ok := se.mint(id, h, true)
+	if !ok {
+		return 0, 0, false
+	}
+	res, _ = reply(q, c[:])
+	return res, id, true
+}
+
+// openCap mints the capability of handle id at its open
+// (proto.FeatureOpenCap), where OpGrant would: the client claims it at io
+// with no OpGrant between. An open never waits for a recall: a file
+// another trust group holds for writing gets none, and its first read's
+// OpGrant recalls as before.
+func (se *session) openCap(id uint64, h *handle) (c [proto.CapSize]byte, ok bool) {
+	if se.features&proto.FeatureOpenCap == 0 {
+		return c, false
+	}
+	return se.mint(id, h, false)
+}
+
+// mint records h's pending read grant as made and returns its capability,
+// when one may be minted (see above). recall: first recall the
+// conflicting grants of other trust groups (OpGrant); otherwise mint only
+// if there are none.
+func (se *session) mint(id uint64, h *handle, recall bool) (c [proto.CapSize]byte, ok bool) {
 	s := se.svc
 	g := h.pending
 	if se.features&(proto.FeatureCaps|proto.FeatureLeases) != proto.FeatureCaps|proto.FeatureLeases ||
-		q.Arg == proto.GrantThroughIO || q.Length < proto.CapSize || g == nil ||
-		!g.Read || g.Write || g.Truncate || !leaseable(h.flags) || h.noCap {
-		return 0, 0, false
+		g == nil || !g.Read || g.Write || g.Truncate || !leaseable(h.flags) || h.noCap {
+		return c, false
 	}
 	ce := s.caps.Load()
 	epoch := s.io.currentEpoch()
 	if ce == nil || epoch == 0 || ce.epoch != epoch || h.blob >= s.allocLimit() || s.fresh.has(h.ino) ||
 		!s.sized.has(h.ino, epoch) {
-		return 0, 0, false
+		return c, false
 	}
 	f := h.file
 	f.mu.Lock()
-	if err := s.recallLocked(f, se.group, false, epoch); err != nil {
+	if recall {
+		if err := s.recallLocked(f, se.group, false, epoch); err != nil {
+			f.mu.Unlock()
+			return c, false // (and the grant through io fails too)
+		}
+	} else if s.conflictsLocked(f, se.group, false, epoch) {
 		f.mu.Unlock()
-		return 0, 0, false // (and the grant through io fails too)
+		return c, false
 	}
 	ver := s.version.Add(1)
-	c := ce.key.Mint(grantcap.Cap{Session: se.id, Handle: id, Blob: h.blob, Ver: ver, Access: grantcap.AccessRead})
+	c = ce.key.Mint(grantcap.Cap{Session: se.id, Handle: id, Blob: h.blob, Ver: ver, Access: grantcap.AccessRead})
 	h.rec = &grantRec{sid: se.id, id: id, group: se.group, epoch: epoch, at: time.Now()}
 	f.addGrantLocked(h.rec, ver, epoch)
 	f.mu.Unlock()
@@ -131,8 +168,7 @@ func (se *session) mintCap(q *ring.Request, id uint64, h *handle) (res int64, au
 	h.pending, h.grantEpoch = nil, epoch
 	h.write, h.unpriv = false, false
 	se.keepLease(id, h)
-	res, _ = reply(q, c[:])
-	return res, id, true
+	return c, true
 }
 
 // endClaims tells io that session sid ended, once its handles are closed

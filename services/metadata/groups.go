@@ -165,6 +165,18 @@ func (f *openFile) dropGrantLocked(r *grantRec) bool {
 // would have ended may still be in force, and no conflicting one is made.
 var errRecallFailed = errors.New("a conflicting grant of another trust group could not be revoked")
 
+// conflictsLocked says whether f has a grant of ioEpoch of a group other
+// than group that a new grant (for writing if write) conflicts with, what
+// recallLocked would recall; f.mu is held.
+func (s *Service) conflictsLocked(f *openFile, group string, write bool, ioEpoch uint64) bool {
+	for r := range f.grants {
+		if r.epoch == ioEpoch && r.group != group && (r.write || write) {
+			return true
+		}
+	}
+	return false
+}
+
 // recallLocked revokes at io every grant on f of a group other than
 // group that a new grant (for writing if write) conflicts with, and
 // starts a new tenure if it revoked any; f.mu is held. ioEpoch is the io

@@ -310,10 +310,17 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 			dataHandle = l.id
 		}
 	}
+	resp := proto.OpenResp{Handle: id, Attr: toProto(a), Created: created,
+		HasDataHandle: se.features&proto.FeatureLeases != 0, DataHandle: dataHandle,
+		CapRoom: se.features&proto.FeatureOpenCap != 0}
+	if h.pending != nil && h.file != nil && resp.CapRoom {
+		// A read-only open of a file the session holds no lease of: its
+		// capability now, so that the first read needs no OpGrant.
+		resp.Cap, resp.HasCap = se.openCap(id, h)
+	}
+	resp.Granted = h.grantEpoch != 0 && !resp.HasCap
 	se.handles[id] = h
 	s.Stats.Handles.Add(1)
-	resp := proto.OpenResp{Handle: id, Attr: toProto(a), Created: created, Granted: h.grantEpoch != 0,
-		HasDataHandle: se.features&proto.FeatureLeases != 0, DataHandle: dataHandle}
 	if se.features&proto.FeatureReopen != 0 {
 		resp.HasTicket = true
 		resp.Ticket = s.ticket(id, a.Ino, flags, se.cred.UID)
