@@ -219,9 +219,16 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 		if err != nil {
 			var ref *control.Refusal
 			if !errors.As(err, &ref) && !errors.Is(err, errIODown) {
-				s.revokes.add(rv, ioEpoch) // io may still hold it: make sure it goes
+				// io may still hold it, or may have revoked it after the
+				// timeout: the retrier makes sure it goes, and it stays in
+				// the registry (no conflicting grant is made while io may
+				// honour it) but marked revoked, so that its holder's next
+				// OpGrant grants it anew (a newer version, which the
+				// retrier's older revoke cannot end) instead of answering
+				// "granted" to a handle io refuses. The next recall sends
+				// its revoke again.
+				s.revokes.add(rv, ioEpoch)
 				s.log.Error("recall failed", "ino", f.ino, "session", r.sid, "error", err)
-				r.revoked.Store(false) // still recorded as io's until the retrier ends it
 				return errRecallFailed
 			}
 			// Refused (io holds no such grant) or io gone: either way it

@@ -382,8 +382,9 @@ func (se *session) grantOp(q *ring.Request) (int64, uint64) {
 	}
 	recalled := h.rec != nil && h.rec.revoked.Load()
 	if recalled {
-		// A recall marks the grant before io answers, and unmarks it if io
-		// never did: the recaller holds the file's lock until it knows.
+		// A recall marks the grant before io answers (and leaves it marked
+		// if io never did): the recaller holds the file's lock until it
+		// knows.
 		h.file.mu.Lock()
 		recalled = h.rec.revoked.Load()
 		h.file.mu.Unlock()
