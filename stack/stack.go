@@ -169,8 +169,14 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 		StagingBytes:         int64(c.IO.StagingSize),
 		JournalSocket:        journalSocket(c),
 		ForegroundCheckpoint: JournalEnabled(c) && c.Journal.Foreground,
+		LiveTable:            filepath.Join(c.DataDir, LiveTableFile),
 	}
 }
+
+// LiveTableFile is the IO service's live table in the data directory
+// (internal/livetab): only the service user may enter it.
+const LiveTableFile = "io.live"
+
 
 // journalSocket is io's journal socket, "" when the stack runs no journal
 // service (io checkpoints its log itself).

@@ -203,7 +203,11 @@ type ResyncReply struct {
 	// CapKey is the key of read capabilities for this io epoch
 	// (internal/grantcap; empty: none, every grant goes through Grant).
 	CapKey []byte `json:"cap_key,omitempty"`
-	Error  string `json:"error,omitempty"`
+	// LiveTable is the path of io's live table (internal/livetab), and
+	// LiveTableID the id in its header; "": none.
+	LiveTable   string `json:"live_table,omitempty"`
+	LiveTableID uint64 `json:"live_table_id,omitempty"`
+	Error       string `json:"error,omitempty"`
 }
 
 // Err is the refusal a ResyncReply carries, or nil.

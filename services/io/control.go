@@ -361,6 +361,9 @@ func (s *Service) onResync(m *nats.Msg) {
 		"allocated_below", r.AllocLimit)
 	if !s.background(func() {
 		reply := control.ResyncReply{CapKey: capKey}
+		if s.live != nil {
+			reply.LiveTable, reply.LiveTableID = s.opts.LiveTable, s.live.ID()
+		}
 		if keyErr != nil {
 			s.log.Error("no capability key for this epoch: every read grant goes through the control plane", "error", keyErr)
 		}

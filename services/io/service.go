@@ -18,6 +18,7 @@ import (
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/grantcap"
 	"github.com/weir-storage/weir/internal/host"
+	"github.com/weir-storage/weir/internal/livetab"
 	"github.com/weir-storage/weir/internal/staging"
 	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/services/io/backend"
@@ -70,6 +71,11 @@ type Options struct {
 	// ForegroundCheckpoint makes every fsync wait until its record is
 	// checkpointed (the benchmark's ablation "no background journaling").
 	ForegroundCheckpoint bool
+	// LiveTable is where the table of open blobs' live sizes is made
+	// (internal/livetab), in a directory only the service user may
+	// enter; the metadata service maps it to answer stat of files being
+	// written. "" means none: such a stat asks io over the control plane.
+	LiveTable string
 }
 
 // Stats are the service's counters, reported on NATS.
@@ -212,6 +218,10 @@ type openBlob struct {
 	mtime atomic.Int64 // Unix ns of the last change through this service
 	wrote atomic.Bool  // changed since it was opened here
 	dv    atomic.Uint64
+	// hasLive: the blob holds slot liveSlot of the live table (set at
+	// open).
+	hasLive  bool
+	liveSlot uint32
 
 	refs int    // grants + in-flight requests; protected by Service.mu
 	ver  uint64 // version of the last grant or revoke applied; protected by Service.mu
@@ -309,6 +319,7 @@ type Service struct {
 	// (nil before the first resync), the claim floor of each session, the
 	// sessions whose end came before any ring of theirs attached.
 	capKey          *grantcap.Key
+	live            *livetab.Table // the live table (Options.LiveTable); nil: none
 	capFloor        map[uint64]uint64
 	rings           map[uint64]int // rings attached in this epoch, by session
 	endedUnattached []uint64
@@ -387,6 +398,13 @@ func New(opts Options) (*Service, error) {
 	s.creates.be = opts.Backend
 	if opts.StagingBytes > 0 {
 		s.stg = newStager(s)
+	}
+	if opts.LiveTable != "" {
+		t, err := livetab.Create(opts.LiveTable, livetab.DefaultSlots)
+		if err != nil {
+			return nil, fmt.Errorf("iosvc: %w", err)
+		}
+		s.live = t
 	}
 	if opts.CacheSize > 0 {
 		s.pc = newPageCache(opts.CacheSize, opts.Readahead)
@@ -674,6 +692,10 @@ func (s *Service) touch(ob *openBlob) {
 	ob.dv.Store(s.dv.Add(1))
 	if r := ob.cached.Load(); r != nil {
 		r.setFields(ob.live())
+	}
+	if ob.hasLive {
+		size, mtime, _ := ob.live()
+		s.live.Publish(ob.liveSlot, uint64(ob.id), size, mtime, ob.wrote.Load())
 	}
 }
 
@@ -1197,6 +1219,9 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*op
 	}
 	ob.size.Store(b.Size())
 	ob.dv.Store(s.dv.Add(1)) // newer than any report of this blob so far
+	if s.live != nil {
+		ob.liveSlot, ob.hasLive = s.live.Take(uint64(id), ob.logical(), 0, false)
+	}
 	if r := s.regions[id]; r != nil {
 		// Cached from when it was open before: nothing changed the blob
 		// since (every change goes through an open blob; a delete drops
@@ -1251,6 +1276,9 @@ func (s *Service) releaseBlob(ob *openBlob) {
 	last := ob.refs == 0
 	if last {
 		delete(s.blobs, ob.id)
+		if ob.hasLive {
+			s.live.Release(ob.liveSlot, uint64(ob.id))
+		}
 	}
 	var drop *region
 	if last && ob.reg != nil {

@@ -374,9 +374,14 @@ func (s *Service) liveAttr(a ns.Attr) ns.Attr {
 		return a
 	}
 	var ack control.Ack
-	if err := s.request(s.subj.Live, control.LiveQuery{Blob: a.Blob}, &ack); err != nil {
-		s.log.Warn("live attributes unavailable", "ino", a.Ino, "error", err)
-		return a
+	if size, mtime, wrote, ok := s.liveFromTable(a.Blob); ok {
+		ack.Size, ack.Mtime, ack.Wrote = size, mtime, wrote
+	} else {
+		s.liveN.nats.Add(1)
+		if err := s.request(s.subj.Live, control.LiveQuery{Blob: a.Blob}, &ack); err != nil {
+			s.log.Warn("live attributes unavailable", "ino", a.Ino, "error", err)
+			return a
+		}
 	}
 	a.Size = ack.Size
 	if ack.Wrote && ack.Mtime > s.timesSetOf(a.Ino) {

@@ -327,6 +327,7 @@ func (s *Service) resyncIO(ctx context.Context, epoch uint64) error {
 		}
 	}
 	s.setCapKey(epoch, r.CapKey)
+	s.setLiveTable(epoch, r.LiveTable, r.LiveTableID)
 	return nil
 }
 

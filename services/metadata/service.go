@@ -138,6 +138,7 @@ func (s *Service) Snapshot() map[string]any {
 		"delete_failures": st.DeleteFailures.Load(),
 		"leases":          s.leases.count(), "lease_opens": st.LeaseOpens.Load(), "leases_ended": st.LeasesEnded.Load(),
 		"caps_minted": s.capsN.Minted.Load(), "caps_refused_grants": s.capsN.ThroughIO.Load(),
+		"live_from_table": s.liveN.table.Load(), "live_queries": s.liveN.nats.Load(),
 		"recalls": s.recallStats.recalls.Load(), "recall_waits": s.recallStats.waits.Load(), "recalls_unused": s.recallStats.unused.Load(), "recall_notices": s.recallStats.notices.Load(), "recall_p50_us": p50, "recall_p99_us": p99,
 		"trust_groups": cmp.Or(s.opts.TrustGroups, GroupsByUID),
 		"incarnation":  s.inc, "io_connected": s.io.isUp(),
@@ -172,7 +173,9 @@ type Service struct {
 	revokes     *retrier                 // revocations to send again
 	leases      *leaseTable              // kept read leases (leases.go)
 	caps        atomic.Pointer[capEpoch] // the capability key of the current io epoch (caps.go)
-	sized       sizedSet                 // files whose size io reported in this io epoch (caps.go)
+	live        liveTables               // io's live tables (live.go)
+	liveN       liveStats
+	sized       sizedSet // files whose size io reported in this io epoch (caps.go)
 	capsN       capStats
 	recallStats recallStats       // recalls between trust groups (groups.go)
 	reclaim     *time.Timer       // ReleaseHeld after the grace; protected by mu
@@ -357,6 +360,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	err := s.host.Shutdown(ctx)
 	close(s.stop)
 	s.bg.Wait()
+	s.closeLiveTables() // the sessions are gone: no stat reads them
 	s.dels.final(ctx)
 	if cerr := s.ns.Close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("close namespace: %w", cerr))
