@@ -73,7 +73,9 @@ func TestWeirRows(t *testing.T) {
 			t.Fatalf("%s: %v", mode, err)
 		}
 		t.Logf("%s: %+v", mode, row)
-		if row.Ops != 60 || row.P50us <= 0 || row.OpsPerSec <= 0 || row.FlushesPerOp <= 0 || row.ServiceCPUusPerOp <= 0 {
+		// CPU is counted in 10 ms ticks: 60 fsyncs may take less than
+		// one of the services' (0 then), never a negative amount.
+		if row.Ops != 60 || row.P50us <= 0 || row.OpsPerSec <= 0 || row.FlushesPerOp <= 0 || row.ServiceCPUusPerOp < 0 {
 			t.Fatalf("%s: %+v", mode, row)
 		}
 	}
