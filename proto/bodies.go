@@ -386,8 +386,8 @@ func DecodeOpenResp(b []byte, features uint64) (OpenResp, error) {
 	if r.CapRoom {
 		r.HasCap = d.Bool()
 		d.Fixed(r.Cap[:])
-		if !r.HasCap {
-			r.Cap = [CapSize]byte{} // padding: nothing to act on
+		if !r.HasCap && r.Cap != ([CapSize]byte{}) {
+			return OpenResp{}, syscall.EINVAL // padding must be zeros
 		}
 	}
 	if err := d.End(); err != nil {
