@@ -177,7 +177,6 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 // (internal/livetab): only the service user may enter it.
 const LiveTableFile = "io.live"
 
-
 // journalSocket is io's journal socket, "" when the stack runs no journal
 // service (io checkpoints its log itself).
 func journalSocket(c *config.Config) string {
