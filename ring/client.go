@@ -3,6 +3,7 @@ package ring
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"runtime"
 	"slices"
 	"sync"
@@ -334,22 +335,77 @@ type Call struct {
 // the transport (closed, peer gone, damaged, ctx); the operation's own
 // outcome is in the Completion (Result, Err).
 func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
-	if err := c.Err(); err != nil {
-		return Completion{}, err
-	}
-	if call.Buf != nil && call.Buf.c != c {
-		return Completion{}, ErrForeignBuffer
-	}
 	if !c.r.acquire() {
 		return Completion{}, ErrClosed
 	}
 	defer c.r.release()
+	idx, w, err := c.start(ctx, call)
+	if err != nil {
+		return Completion{}, err
+	}
+	if call.Lazy {
+		return c.waitLazy(ctx, idx, w)
+	}
+	return c.wait(ctx, idx, w, call.Long)
+}
+
+// Pending is a call submitted by Start whose completion is waited for
+// later, so that a caller can put two requests on the queue and wait once:
+// the server takes a session's requests in queue order, and a synchronous
+// handler finishes before the next request starts (ServerSession.Poll),
+// so a request submitted after a Pending one sees what it did.
+//
+// Every Pending must be waited for exactly once: until then it holds a
+// waiter slot and a reference on the ring's mapping.
+type Pending struct {
+	c    *Client
+	idx  uint32
+	w    *waiter
+	long bool
+}
+
+// Start submits call and returns without waiting for its completion,
+// which Pending.Wait returns. A lazy call cannot be started.
+func (c *Client) Start(ctx context.Context, call *Call) (*Pending, error) {
+	if call.Lazy {
+		return nil, errors.New("ring: a lazy call cannot be started")
+	}
+	if !c.r.acquire() {
+		return nil, ErrClosed
+	}
+	idx, w, err := c.start(ctx, call)
+	if err != nil {
+		c.r.release()
+		return nil, err
+	}
+	return &Pending{c: c, idx: idx, w: w, long: call.Long}, nil
+}
+
+// Wait waits for p's completion, as Do does after it submitted.
+func (p *Pending) Wait(ctx context.Context) (Completion, error) {
+	c := p.c
+	if c == nil {
+		return Completion{}, errors.New("ring: a pending call waited for twice")
+	}
+	p.c = nil
+	defer c.r.release()
+	return c.wait(ctx, p.idx, p.w, p.long)
+}
+
+// start takes a waiter slot and submits call; c.r is held.
+func (c *Client) start(ctx context.Context, call *Call) (uint32, *waiter, error) {
+	if err := c.Err(); err != nil {
+		return 0, nil, err
+	}
+	if call.Buf != nil && call.Buf.c != c {
+		return 0, nil, ErrForeignBuffer
+	}
 	if !c.wsem.tryAcquire(1) {
 		if c.opts.NonBlocking {
-			return Completion{}, ErrWouldBlock
+			return 0, nil, ErrWouldBlock
 		}
 		if err := c.wsem.acquire(ctx, 1, c.done, c.Err); err != nil {
-			return Completion{}, err
+			return 0, nil, err
 		}
 	}
 	var idxBuf [1]uint32
@@ -379,12 +435,9 @@ func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
 	}
 	if err := c.submit(ctx, &d); err != nil {
 		c.putWaiter(idx, w)
-		return Completion{}, err
+		return 0, nil, err
 	}
-	if call.Lazy {
-		return c.waitLazy(ctx, idx, w)
-	}
-	return c.wait(ctx, idx, w, call.Long)
+	return idx, w, nil
 }
 
 // waitLazy waits for a lazy call's completion (Call.Lazy).
@@ -533,7 +586,8 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter, long bool) (Co
 		}
 		if !noSpin {
 			c.spinNs.Store(int64(max(budget/2, minSpin)))
-		} else if res, err, ok := c.sleepShort(ctx, idx, w); ok {
+		}
+		if res, err, ok := c.sleepShort(ctx, idx, w); ok {
 			return res, err
 		}
 		if !w.state.CompareAndSwap(wPending, wParked) {

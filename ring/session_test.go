@@ -41,6 +41,7 @@ const (
 	opAsyncXor  = OpFirstService + 4 // opXor after Offset%1000 µs
 	opAsyncPark = OpFirstService + 5 // park until released, fill the payload with byte(Arg); result = Length, aux = Handle
 	opAsyncNow  = OpFirstService + 6 // done from ServeAsync itself; result = Length, aux = Handle
+	opAsyncLoad = OpFirstService + 7 // result = testShared[Handle], read on another goroutine
 )
 
 // parkedReq is an opAsyncPark request waiting for the test to release it.
@@ -100,6 +101,14 @@ func newTestHandler() *testHandler {
 			h.inside.Add(-1)
 			done(int64(p.req.Length), p.req.Handle)
 		}()
+	})
+	h.HandleAsync(opAsyncLoad, func(q *Request, done func(int64, uint64)) {
+		if q.Handle >= uint64(len(h.shared)) {
+			done(-int64(syscall.EINVAL), 0)
+			return
+		}
+		v := h.shared[q.Handle] // the poller served every earlier request first
+		go done(int64(v), 0)
 	})
 	h.HandleAsync(opAsyncNow, func(q *Request, done func(int64, uint64)) {
 		done(int64(q.Length), q.Handle)
