@@ -76,6 +76,13 @@ func (fl *File) mapCache(c *conn) (*fileCache, error) {
 	if err != nil {
 		return nil, err
 	}
+	if again, err := fl.settleClaim(); err != nil {
+		return nil, err
+	} else if again {
+		if h, err = fl.grantedHandle(c); err != nil {
+			return nil, err
+		}
+	}
 	comp, err := call(bgctx, c.data, proto.OpCacheMap, 0, h, 0, nil, nil)
 	if err != nil {
 		return nil, err

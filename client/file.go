@@ -39,6 +39,7 @@ type File struct {
 	noticed    bool                 // granted was cleared by a recall notice (leases.go)
 	throughIO  bool                 // its grant was asked for through io after a claim failed (in gen; FeatureCaps)
 	openCap    *[proto.CapSize]byte // the read capability open answered (in gen; FeatureOpenCap), to claim before the first request
+	claiming   *pendingClaim        // its claim, submitted with the first request and not yet waited for (settleClaim)
 	tenure     uint64               // the file's lease epoch its last write grant was made in (0: not told)
 	ticket     proto.Ticket
 	hasTicket  bool
@@ -253,6 +254,7 @@ func (fl *File) moveLocked(c *conn) error {
 	if fl.gone != nil {
 		return fl.gone
 	}
+	fl.dropClaimLocked()
 	fl.granted, fl.throughIO, fl.openCap = false, false, nil
 	if c.meta != fl.meta {
 		if err := fl.reopenLocked(c); err != nil {
@@ -330,15 +332,15 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 	}
 	fl.noticed = false
 	if fl.openCap != nil {
-		// Open answered the capability (FeatureOpenCap): claim it.
+		// Open answered the capability (FeatureOpenCap): claim it, in the
+		// same wake-up of io as the request that needs it (startClaim).
 		capBuf := fl.openCap[:]
 		fl.openCap = nil
-		dh, err := fl.claimLocked(c, h, fl.dataHandle, capBuf)
-		if err != nil {
+		if err := fl.startClaimLocked(c, h, fl.dataHandle, capBuf); err != nil {
 			return 0, err
 		}
-		fl.granted, fl.dataHandle = true, dh
-		return dh, nil
+		fl.granted = true
+		return fl.dataHandle, nil
 	}
 	// A read-only file may get a capability to claim at io itself
 	// (FeatureCaps): no control-plane round trip between the services.
@@ -375,6 +377,98 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 	}
 	fl.granted, fl.dataHandle = true, dh
 	return fl.dataHandle, nil
+}
+
+// pendingClaim is a claim of an open's capability on the IO ring whose
+// completion is not yet waited for.
+type pendingClaim struct {
+	c   *conn
+	p   *ring.Pending
+	buf *ring.Buffer
+	h   uint64 // the file's handle (a refused claim's grant through io names it)
+}
+
+// startClaimLocked submits the claim of the capability capBuf of data
+// handle dh (of handle h) on c's IO ring and returns without waiting: the
+// caller's request goes on the ring right behind it, and io, which takes
+// a session's requests in order and installs a claimed grant before it
+// takes the next (ring.Pending), serves both in one wake-up. settleClaim
+// waits for the claim after the request; a refused claim is granted
+// through io then, and the request (which io refused with EBADF) runs
+// again. A cold open + read + close pays one IO round trip instead of
+// two. fl.hmu is held.
+func (fl *File) startClaimLocked(c *conn, h, dh uint64, capBuf []byte) error {
+	switch testClaim.Load() {
+	case claimSkipped:
+		return nil
+	case claimDamaged:
+		capBuf[0] ^= 1
+	}
+	b, err := c.data.Alloc(bgctx, len(capBuf))
+	if err != nil {
+		return transportErr(err)
+	}
+	b.CopyFrom(capBuf)
+	p, err := c.data.Start(bgctx, &ring.Call{Op: proto.OpClaim, Handle: dh, Buf: b})
+	if err != nil {
+		b.Release()
+		return transportErr(err)
+	}
+	fl.claiming = &pendingClaim{c: c, p: p, buf: b, h: h}
+	return nil
+}
+
+// settleClaim waits for the claim startClaimLocked submitted, if one is
+// outstanding. again: the claim was refused and the file is now granted
+// through io, so a request io answered EBADF should be sent again.
+func (fl *File) settleClaim() (again bool, err error) {
+	fl.hmu.Lock()
+	defer fl.hmu.Unlock()
+	pc := fl.claiming
+	if pc == nil {
+		return false, nil
+	}
+	fl.claiming = nil
+	err = pc.wait()
+	if err == nil || fl.gen != pc.c.gen {
+		return false, nil // (a session moved meanwhile: the recovery's business)
+	}
+	if lostSession(err) || errors.Is(err, proto.ErrStale) {
+		return false, err
+	}
+	// Refused (EKEYREJECTED: of an io epoch that is over, or spent) or
+	// failed: the grant goes through io after all, as claimLocked's.
+	dh, err := fl.grantThroughIOLocked(pc.c, pc.h)
+	if err != nil {
+		fl.granted = false
+		return false, err
+	}
+	fl.granted, fl.dataHandle = true, dh
+	return true, nil
+}
+
+// wait waits for the claim and frees its buffer; its error as call's.
+func (pc *pendingClaim) wait() error {
+	comp, err := pc.p.Wait(bgctx)
+	pc.buf.Release()
+	switch {
+	case err != nil:
+		return transportErr(err)
+	case comp.Result < 0:
+		return syscall.Errno(-comp.Result)
+	case comp.Result != 0:
+		return badCompletion(proto.OpClaim, fmt.Sprintf("result %d for a request without a response", comp.Result))
+	}
+	return nil
+}
+
+// dropClaimLocked waits for an outstanding claim whose outcome no longer
+// matters (the file moves to other sessions, or closes). fl.hmu is held.
+func (fl *File) dropClaimLocked() {
+	if pc := fl.claiming; pc != nil {
+		fl.claiming = nil
+		_ = pc.wait()
+	}
 }
 
 // claimLocked claims the read capability capBuf of data handle dh (of
@@ -485,6 +579,13 @@ func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error 
 			return err
 		}
 		err = fn(c, h)
+		if again, cerr := fl.settleClaim(); cerr != nil {
+			return cerr
+		} else if again && errors.Is(err, syscall.EBADF) {
+			if h, err = fl.grantedHandle(c); err == nil {
+				err = fn(c, h)
+			}
+		}
 		for i := 0; errors.Is(err, syscall.EBADF); i++ {
 			if i == maxRegrants && !fl.dir && !testNoRegrant.Load() {
 				// The descriptor is good; the grants kept being taken.
@@ -544,6 +645,7 @@ func (fl *File) Close() error {
 	f.filesMu.Unlock()
 	c := f.current()
 	fl.hmu.Lock()
+	fl.dropClaimLocked()
 	h, dh, granted, gen, gone, openCap := fl.handle, fl.dataHandle, fl.granted, fl.gen, fl.gone, fl.openCap
 	fl.hmu.Unlock()
 	// A read-only handle's grant is, or joins, the session's kept lease
