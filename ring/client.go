@@ -93,6 +93,7 @@ type Client struct {
 	// selfSleepers: quick calls asleep on the CQ doorbell themselves
 	// (sleepShort): at most one.
 	selfSleepers atomic.Int32
+	aside        atomic.Bool   // a StartAside call is outstanding
 	parked       atomic.Int32  // callers asleep on their channel
 	reapWake     chan struct{} // tells the reaper a caller parked
 	done         chan struct{} // closed on Close, peer loss or damage
@@ -200,6 +201,11 @@ type Buffer struct {
 // Alloc reserves n bytes of arena. It waits for space (or returns
 // ErrWouldBlock in non-blocking mode); n above MaxBuffer is ErrTooLarge.
 func (c *Client) Alloc(ctx context.Context, n int) (*Buffer, error) {
+	return c.alloc(ctx, n, !c.opts.NonBlocking)
+}
+
+// alloc is Alloc; wait false: ErrWouldBlock rather than wait for space.
+func (c *Client) alloc(ctx context.Context, n int, wait bool) (*Buffer, error) {
 	bs := int(c.g.BlockSize)
 	k := (n + bs - 1) / bs
 	if n <= 0 || k > c.maxBlocks {
@@ -214,7 +220,7 @@ func (c *Client) Alloc(ctx context.Context, n int) (*Buffer, error) {
 		return nil, err
 	}
 	if !c.bsem.tryAcquire(units) {
-		if c.opts.NonBlocking {
+		if !wait {
 			return nil, ErrWouldBlock
 		}
 		if err := c.bsem.acquire(ctx, units, c.done, c.Err); err != nil {
@@ -339,7 +345,7 @@ func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
 		return Completion{}, ErrClosed
 	}
 	defer c.r.release()
-	idx, w, err := c.start(ctx, call)
+	idx, w, err := c.start(ctx, call, !c.opts.NonBlocking)
 	if err != nil {
 		return Completion{}, err
 	}
@@ -358,10 +364,12 @@ func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
 // Every Pending must be waited for exactly once: until then it holds a
 // waiter slot and a reference on the ring's mapping.
 type Pending struct {
-	c    *Client
-	idx  uint32
-	w    *waiter
-	long bool
+	c     *Client
+	idx   uint32
+	w     *waiter
+	long  bool
+	buf   *Buffer // StartAside's payload, freed by Wait
+	aside bool
 }
 
 // Start submits call and returns without waiting for its completion,
@@ -373,12 +381,53 @@ func (c *Client) Start(ctx context.Context, call *Call) (*Pending, error) {
 	if !c.r.acquire() {
 		return nil, ErrClosed
 	}
-	idx, w, err := c.start(ctx, call)
+	idx, w, err := c.start(ctx, call, !c.opts.NonBlocking)
 	if err != nil {
 		c.r.release()
 		return nil, err
 	}
 	return &Pending{c: c, idx: idx, w: w, long: call.Long}, nil
+}
+
+// StartAside submits a quick call with payload (copied into a buffer of
+// its own) and returns without waiting, as Start does, but only where
+// leaving it outstanding cannot starve its caller's next calls, which
+// it makes before it waits: at most one call is aside at a time, the
+// arena leaves room for a buffer of MaxBuffer beside its payload and the
+// queue a slot beside its own, and it takes nothing it would have to
+// wait for. ok false: nothing was submitted (make the call with Do).
+func (c *Client) StartAside(ctx context.Context, op uint8, arg uint32, handle, offset uint64, payload []byte) (p *Pending, ok bool, err error) {
+	bs := int(c.g.BlockSize)
+	k := (len(payload) + bs - 1) / bs
+	if len(payload) == 0 || k > InlineSegs || c.g.SQEntries < 2 ||
+		int(c.g.ArenaSize/uint64(bs)) < c.maxBlocks+1+k || !c.aside.CompareAndSwap(false, true) {
+		return nil, false, nil
+	}
+	if !c.r.acquire() {
+		c.aside.Store(false)
+		return nil, false, ErrClosed
+	}
+	b, err := c.alloc(ctx, len(payload), false)
+	if err != nil {
+		c.r.release()
+		c.aside.Store(false)
+		if errors.Is(err, ErrWouldBlock) {
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	b.CopyFrom(payload)
+	idx, w, err := c.start(ctx, &Call{Op: op, Arg: arg, Handle: handle, Offset: offset, Buf: b}, false)
+	if err != nil {
+		b.Release()
+		c.r.release()
+		c.aside.Store(false)
+		if errors.Is(err, ErrWouldBlock) {
+			return nil, false, nil
+		}
+		return nil, false, err
+	}
+	return &Pending{c: c, idx: idx, w: w, buf: b, aside: true}, true, nil
 }
 
 // Wait waits for p's completion, as Do does after it submitted.
@@ -389,11 +438,19 @@ func (p *Pending) Wait(ctx context.Context) (Completion, error) {
 	}
 	p.c = nil
 	defer c.r.release()
-	return c.wait(ctx, p.idx, p.w, p.long)
+	comp, err := c.wait(ctx, p.idx, p.w, p.long)
+	if p.buf != nil {
+		p.buf.Release() // as a caller of Do releases its buffer after it
+	}
+	if p.aside {
+		c.aside.Store(false)
+	}
+	return comp, err
 }
 
-// start takes a waiter slot and submits call; c.r is held.
-func (c *Client) start(ctx context.Context, call *Call) (uint32, *waiter, error) {
+// start takes a waiter slot and submits call; c.r is held. wait false:
+// ErrWouldBlock rather than wait for a slot.
+func (c *Client) start(ctx context.Context, call *Call, wait bool) (uint32, *waiter, error) {
 	if err := c.Err(); err != nil {
 		return 0, nil, err
 	}
@@ -401,7 +458,7 @@ func (c *Client) start(ctx context.Context, call *Call) (uint32, *waiter, error)
 		return 0, nil, ErrForeignBuffer
 	}
 	if !c.wsem.tryAcquire(1) {
-		if c.opts.NonBlocking {
+		if !wait {
 			return 0, nil, ErrWouldBlock
 		}
 		if err := c.wsem.acquire(ctx, 1, c.done, c.Err); err != nil {
@@ -587,7 +644,7 @@ func (c *Client) wait(ctx context.Context, idx uint32, w *waiter, long bool) (Co
 		if !noSpin {
 			c.spinNs.Store(int64(max(budget/2, minSpin)))
 		}
-		if res, err, ok := c.sleepShort(ctx, idx, w); ok {
+		if res, err, ok := c.sleepShort(ctx, idx, w, !noSpin); ok {
 			return res, err
 		}
 		if !w.state.CompareAndSwap(wPending, wParked) {
@@ -721,11 +778,15 @@ func (c *Client) sleepOnBell(ctx context.Context, w *waiter, ready func() bool, 
 	}
 }
 
-// sleepShort is the wait of a quick call told not to spin (HintNoSpin):
-// asleep on the CQ doorbell itself, when no other caller does so now, so
-// that its completion costs one wake-up (the reaper's and then the
-// caller's are two). false: another caller sleeps there; park instead.
-func (c *Client) sleepShort(ctx context.Context, idx uint32, w *waiter) (Completion, error, bool) {
+// sleepShort is the wait of a quick call whose spin ran out, or that was
+// told not to spin (HintNoSpin): asleep on the CQ doorbell itself, when
+// no other caller does so now, so that its completion costs one wake-up
+// (the reaper's and then the caller's are two). false: another caller
+// sleeps there; park instead. learn: the completion counts for the spin
+// budget as a parked call's does (it doubles); a call told not to spin
+// leaves the budget as it is. A cancelled ctx is seen when the sleep
+// ends, within maxSleep.
+func (c *Client) sleepShort(ctx context.Context, idx uint32, w *waiter, learn bool) (Completion, error, bool) {
 	if c.selfSleepers.Add(1) > 1 {
 		c.selfSleepers.Add(-1)
 		return Completion{}, nil, false
@@ -735,14 +796,22 @@ func (c *Client) sleepShort(ctx context.Context, idx uint32, w *waiter) (Complet
 		for w.state.Load() != wDone { // being delivered right now
 			pollPause(1)
 		}
-		return c.collectLong(idx, w), nil, true
+		return c.collectShort(idx, w, learn), nil, true
 	}
 	c.Stats.Parked.Add(1)
 	ready := func() bool {
 		return w.state.Load() == wDone || c.cq.ready() || c.Err() != nil || ctx.Err() != nil
 	}
-	res, err := c.sleepOnBell(ctx, w, ready, func() Completion { return c.collectLong(idx, w) })
+	res, err := c.sleepOnBell(ctx, w, ready, func() Completion { return c.collectShort(idx, w, learn) })
 	return res, err, true
+}
+
+// collectShort takes a quick call's completion after sleepShort.
+func (c *Client) collectShort(idx uint32, w *waiter, learn bool) Completion {
+	if learn {
+		return c.collect(idx, w)
+	}
+	return c.collectLong(idx, w)
 }
 
 // longHit moves the hybrid waits' record of catches by d, within

@@ -52,3 +52,66 @@ func TestStartThenDo(t *testing.T) {
 		})
 	}
 }
+
+// TestStartAside: one call at a time stands aside, only where its slot
+// and buffer leave room for a call of any size beside them, and it never
+// waits for either; with it outstanding a MaxBuffer call still goes
+// through, and Wait gives back what it held.
+func TestStartAside(t *testing.T) {
+	ctx := context.Background()
+	// 4 MiB of 4 KiB blocks: a buffer holds at most 512 (one indirect
+	// table's worth), far from the arena's 1,024.
+	e := newPipe(t, Config{SQEntries: 16, ArenaSize: 4 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
+	payload := []byte("a capability, say")
+	for round := range 3 {
+		p, ok, err := e.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload)
+		if err != nil || !ok {
+			t.Fatalf("round %d: StartAside = %v, %v", round, ok, err)
+		}
+		if _, ok, err := e.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); ok || err != nil {
+			t.Fatalf("a second call aside: %v, %v", ok, err)
+		}
+		b, err := e.cli.Alloc(ctx, e.cli.MaxBuffer())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err := e.cli.Do(ctx, &Call{Op: OpEcho, Buf: b}); err != nil || c.Result != int64(b.Len()) {
+			t.Fatalf("a MaxBuffer call beside the aside one: %+v %v", c, err)
+		}
+		b.Release()
+		if c, err := p.Wait(ctx); err != nil || c.Result != int64(len(payload)) {
+			t.Fatalf("the aside call: %+v %v", c, err)
+		}
+	}
+	// An arena a MaxBuffer call fills whole (64 blocks: 63 and their
+	// table): nothing may stand aside.
+	tight := smallCfg()
+	et := newPipe(t, tight, WaitAdaptive, ClientOptions{})
+	if _, ok, err := et.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); ok || err != nil {
+		t.Fatalf("aside in an arena without room: %v, %v", ok, err)
+	}
+	// No free slot: not aside, and no wait.
+	two := newPipe(t, Config{SQEntries: 2, ArenaSize: 4 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
+	var held []*Pending
+	for range 2 {
+		p, err := two.cli.Start(ctx, &Call{Op: opBlock})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, p)
+	}
+	if _, ok, err := two.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); ok || err != nil {
+		t.Fatalf("aside with no free slot: %v, %v", ok, err)
+	}
+	close(two.h.gate)
+	for _, p := range held {
+		if _, err := p.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, ok, err := two.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); !ok || err != nil {
+		t.Fatalf("aside once the slots are free: %v, %v", ok, err)
+	} else if c, err := p.Wait(ctx); err != nil || c.Result != int64(len(payload)) {
+		t.Fatalf("the aside call: %+v %v", c, err)
+	}
+}
