@@ -336,11 +336,12 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 		// same wake-up of io as the request that needs it (startClaim).
 		capBuf := fl.openCap[:]
 		fl.openCap = nil
-		if err := fl.startClaimLocked(c, h, fl.dataHandle, capBuf); err != nil {
+		dh, err := fl.startClaimLocked(c, h, fl.dataHandle, capBuf)
+		if err != nil {
 			return 0, err
 		}
-		fl.granted = true
-		return fl.dataHandle, nil
+		fl.granted, fl.dataHandle = true, dh
+		return dh, nil
 	}
 	// A read-only file may get a capability to claim at io itself
 	// (FeatureCaps): no control-plane round trip between the services.
@@ -382,40 +383,38 @@ func (fl *File) grantedHandle(c *conn) (uint64, error) {
 // pendingClaim is a claim of an open's capability on the IO ring whose
 // completion is not yet waited for.
 type pendingClaim struct {
-	c   *conn
-	p   *ring.Pending
-	buf *ring.Buffer
-	h   uint64 // the file's handle (a refused claim's grant through io names it)
+	c *conn
+	p *ring.Pending
+	h uint64 // the file's handle (a refused claim's grant through io names it)
 }
 
-// startClaimLocked submits the claim of the capability capBuf of data
-// handle dh (of handle h) on c's IO ring and returns without waiting: the
+// startClaimLocked claims the capability capBuf of data handle dh (of
+// handle h) on c's IO ring. Where the ring lets a call stand aside
+// (ring.Client.StartAside: one at a time, with room left for any
+// request) it submits the claim and returns without waiting: the
 // caller's request goes on the ring right behind it, and io, which takes
 // a session's requests in order and installs a claimed grant before it
 // takes the next (ring.Pending), serves both in one wake-up. settleClaim
 // waits for the claim after the request; a refused claim is granted
 // through io then, and the request (which io refused with EBADF) runs
 // again. A cold open + read + close pays one IO round trip instead of
-// two. fl.hmu is held.
-func (fl *File) startClaimLocked(c *conn, h, dh uint64, capBuf []byte) error {
+// two. Otherwise it claims and waits (claimLocked). fl.hmu is held.
+func (fl *File) startClaimLocked(c *conn, h, dh uint64, capBuf []byte) (uint64, error) {
 	switch testClaim.Load() {
 	case claimSkipped:
-		return nil
+		return dh, nil
 	case claimDamaged:
 		capBuf[0] ^= 1
 	}
-	b, err := c.data.Alloc(bgctx, len(capBuf))
+	p, ok, err := c.data.StartAside(bgctx, proto.OpClaim, 0, dh, 0, capBuf)
 	if err != nil {
-		return transportErr(err)
+		return 0, transportErr(err)
 	}
-	b.CopyFrom(capBuf)
-	p, err := c.data.Start(bgctx, &ring.Call{Op: proto.OpClaim, Handle: dh, Buf: b})
-	if err != nil {
-		b.Release()
-		return transportErr(err)
+	if !ok {
+		return fl.claimOnceLocked(c, h, dh, capBuf)
 	}
-	fl.claiming = &pendingClaim{c: c, p: p, buf: b, h: h}
-	return nil
+	fl.claiming = &pendingClaim{c: c, p: p, h: h}
+	return dh, nil
 }
 
 // settleClaim waits for the claim startClaimLocked submitted, if one is
@@ -447,10 +446,9 @@ func (fl *File) settleClaim() (again bool, err error) {
 	return true, nil
 }
 
-// wait waits for the claim and frees its buffer; its error as call's.
+// wait waits for the claim; its error as call's.
 func (pc *pendingClaim) wait() error {
 	comp, err := pc.p.Wait(bgctx)
-	pc.buf.Release()
 	switch {
 	case err != nil:
 		return transportErr(err)
@@ -475,15 +473,18 @@ func (fl *File) dropClaimLocked() {
 // handle h) at io, and returns the data handle to use: dh, or the one a
 // grant through io gave when io refused the capability. fl.hmu is held.
 func (fl *File) claimLocked(c *conn, h, dh uint64, capBuf []byte) (uint64, error) {
-	var err error
 	switch testClaim.Load() {
+	case claimSkipped:
+		return dh, nil
 	case claimDamaged:
 		capBuf[0] ^= 1
-		_, err = call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
-	case claimSkipped:
-	default:
-		_, err = call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
 	}
+	return fl.claimOnceLocked(c, h, dh, capBuf)
+}
+
+// claimOnceLocked sends the claim and waits for it; see claimLocked.
+func (fl *File) claimOnceLocked(c *conn, h, dh uint64, capBuf []byte) (uint64, error) {
+	_, err := call(bgctx, c.data, proto.OpClaim, 0, dh, 0, capBuf, nil)
 	if err != nil && !lostSession(err) && !errors.Is(err, proto.ErrStale) {
 		// Refused (EKEYREJECTED: of an io epoch that is over, or
 		// spent) or failed: the grant goes through io after all.
