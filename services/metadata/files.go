@@ -411,13 +411,21 @@ type pendingRevoke struct {
 	epoch    uint64
 	attempts int
 	next     time.Time
+	// answered, if set, runs once io answered the revoke: ack nil when
+	// io refused it (it held no such grant).
+	answered func(ack *control.Ack)
 }
 
 func newRetrier(s *Service) *retrier { return &retrier{s: s, wake: make(chan struct{}, 1)} }
 
-func (q *retrier) add(r control.Revoke, epoch uint64) {
+func (q *retrier) add(r control.Revoke, epoch uint64) { q.addThen(r, epoch, nil) }
+
+// addThen is add, with answered to run when io answers the revoke (not
+// when its io epoch ends: a resync drops the grant and everything about
+// it).
+func (q *retrier) addThen(r control.Revoke, epoch uint64, answered func(ack *control.Ack)) {
 	q.mu.Lock()
-	q.queue = append(q.queue, pendingRevoke{r: r, epoch: epoch, next: time.Now()})
+	q.queue = append(q.queue, pendingRevoke{r: r, epoch: epoch, next: time.Now(), answered: answered})
 	q.mu.Unlock()
 	q.kick()
 }
@@ -467,7 +475,15 @@ func (q *retrier) run() {
 			err := q.s.request(q.s.subj.Revoke, p.r, &ack)
 			var ref *control.Refusal
 			if err == nil || errors.As(err, &ref) {
-				continue // done, or io says there is nothing to revoke
+				// Done, or io says there is nothing to revoke.
+				if p.answered != nil {
+					if err == nil {
+						p.answered(&ack)
+					} else {
+						p.answered(nil)
+					}
+				}
+				continue
 			}
 			p.attempts++
 			p.next = time.Now().Add(backoff(p.attempts))

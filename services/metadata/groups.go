@@ -161,6 +161,27 @@ func (f *openFile) dropGrantLocked(r *grantRec) bool {
 	return true
 }
 
+// recallAnswered ends grant record r of f, whose recall's revoke io did
+// not answer in time, once the retrier's revoke of it was answered (ack
+// nil: refused, io held no such grant): what recallLocked would have
+// done then. A record a later recall already ended is left alone.
+func (s *Service) recallAnswered(f *openFile, r *grantRec, ack *control.Ack) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.grants[r]; !ok {
+		return
+	}
+	delete(f.grants, r)
+	if ack != nil {
+		if err := s.revokedAck(f, *ack, r.unpriv); err != nil {
+			s.log.Warn("recording a recalled grant's size", "ino", f.ino, "error", err)
+		}
+	}
+	if r.write {
+		s.addWriter(f, r.epoch, r.unpriv, -1)
+	}
+}
+
 // errRecallFailed: io did not answer a recall's revoke, so the grant it
 // would have ended may still be in force, and no conflicting one is made.
 var errRecallFailed = errors.New("a conflicting grant of another trust group could not be revoked")
@@ -227,7 +248,10 @@ func (s *Service) recallLocked(f *openFile, group string, write bool, ioEpoch ui
 				// retrier's older revoke cannot end) instead of answering
 				// "granted" to a handle io refuses. The next recall sends
 				// its revoke again.
-				s.revokes.add(rv, ioEpoch)
+				// Once io answers the retried revoke, the record goes as
+				// a recall's would: out of the registry, its size
+				// recorded and its writer counted out.
+				s.revokes.addThen(rv, ioEpoch, func(ack *control.Ack) { s.recallAnswered(f, r, ack) })
 				s.log.Error("recall failed", "ino", f.ino, "session", r.sid, "error", err)
 				return errRecallFailed
 			}
