@@ -36,8 +36,9 @@ import (
 //
 // With proto.FeatureOpenCap the capability comes in OpOpen's answer
 // (openCap), minted as OpGrant would mint it, except that an open never
-// recalls: a file another trust group holds a conflicting grant of gets
-// none at open, and its first read's OpGrant recalls as before.
+// recalls nor waits for a recall: a file another trust group holds a
+// conflicting grant of, or that a recall holds locked now, gets none at
+// open, and its first read's OpGrant recalls (or waits) as before.
 //
 // Capabilities are minted only where a control-plane grant would add
 // nothing: a read-only open (leaseable, no O_TRUNC), of a file that has a
@@ -149,7 +150,14 @@ func (se *session) mint(id uint64, h *handle, recall bool) (c [proto.CapSize]byt
 		return c, false
 	}
 	f := h.file
-	f.mu.Lock()
+	if recall {
+		f.mu.Lock()
+	} else if !f.mu.TryLock() {
+		// A recall holds the file (its MinTenure wait, io's revoke):
+		// an open does not wait for it, and the first read's OpGrant
+		// does.
+		return c, false
+	}
 	if recall {
 		if err := s.recallLocked(f, se.group, false, epoch); err != nil {
 			f.mu.Unlock()

@@ -248,6 +248,12 @@ func syncMode(flags int) control.SyncMode {
 }
 
 func (se *session) open(q *ring.Request) (int64, uint64) {
+	if q.Length < uint64(proto.OpenRespSize(se.features)) {
+		// Refused before anything happens: an answer that cannot be
+		// written would leave a created file, a handle and a lease
+		// behind that the client never hears of.
+		return se.errno(syscall.ERANGE)
+	}
 	r, err := proto.DecodeModePathReq(body(q))
 	if err != nil {
 		return se.errno(err)
@@ -335,6 +341,9 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 func (se *session) reopen(q *ring.Request) (int64, uint64) {
 	if se.features&proto.FeatureReopen == 0 {
 		return se.errno(syscall.EOPNOTSUPP)
+	}
+	if q.Length < uint64(proto.OpenRespSize(se.features)) {
+		return se.errno(syscall.ERANGE) // as open's
 	}
 	t, err := proto.DecodeTicket(body(q))
 	if err != nil {
