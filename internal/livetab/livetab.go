@@ -6,8 +6,9 @@
 // The table is a file in the data directory (which only the service user
 // may enter) that io makes anew at every start, with a random id it
 // sends in every resync reply (control.ResyncReply.LiveTable); metadata
-// maps the file of that id and uses it only while that io epoch lasts, so
-// the frozen table of an io that died is never read.
+// maps the file of that id and uses it only while that io epoch lasts
+// (the frozen table of an io that died is read only until metadata
+// notices the death).
 //
 // Layout (little-endian; all fields naturally aligned):
 //
@@ -178,16 +179,27 @@ func (t *Table) Release(slot uint32, blob uint64) {
 	}
 	delete(t.owners, slot)
 	t.mu.Unlock()
-	t.write(slot, 0, 0, 0, 0)
+	t.write(slot, 0, func() (int64, int64, uint32) { return 0, 0, 0 })
 }
 
 // Publish records blob's live size and mtime in its slot.
 func (t *Table) Publish(slot uint32, blob uint64, size, mtime int64, wrote bool) {
-	var flags uint32
-	if wrote {
-		flags = flagWrote
-	}
-	t.write(slot, blob, size, mtime, flags)
+	t.PublishFrom(slot, blob, func() (int64, int64, bool) { return size, mtime, wrote })
+}
+
+// PublishFrom records in blob's slot the live size, mtime and wrote
+// that live returns, called with the slot's seqlock held: concurrent
+// publishers of one blob that each call it after their change leave the
+// newest values in the slot, whatever order they take the lock in.
+func (t *Table) PublishFrom(slot uint32, blob uint64, live func() (size, mtime int64, wrote bool)) {
+	t.write(slot, blob, func() (int64, int64, uint32) {
+		size, mtime, wrote := live()
+		var flags uint32
+		if wrote {
+			flags = flagWrote
+		}
+		return size, mtime, flags
+	})
 }
 
 // Read returns blob's live size and mtime and whether it was written

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -137,5 +138,37 @@ func TestNoTornReads(t *testing.T) {
 	wg.Wait()
 	if reads == 0 {
 		t.Fatal("no read succeeded")
+	}
+}
+
+// TestPublishFromKeepsTheNewest: writers that each grow a size and then
+// publish it leave the largest in the slot, whatever order they take the
+// slot's lock in (PublishFrom reads the size under it).
+func TestPublishFromKeepsTheNewest(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "io.live")
+	w, err := Create(path, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	slot, ok := w.Take(5, 0, 0, false)
+	if !ok {
+		t.Fatal("slot not taken")
+	}
+	var size atomic.Int64
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20000 {
+				size.Add(1)
+				w.PublishFrom(slot, 5, func() (int64, int64, bool) { return size.Load(), 1, true })
+			}
+		}()
+	}
+	wg.Wait()
+	if got, _, _, ok := w.Read(5); !ok || got != size.Load() {
+		t.Fatalf("slot holds size %d (%v), want the last one, %d", got, ok, size.Load())
 	}
 }

@@ -23,8 +23,10 @@ func slotOff(slot uint32) uintptr { return HeaderSize + uintptr(slot)*SlotSize }
 
 // write publishes one slot under its seqlock: it makes seq odd (waiting
 // for another writer of the slot to finish), stores the fields, and makes
-// seq even again.
-func (t *Table) write(slot uint32, blob uint64, size, mtime int64, flags uint32) {
+// seq even again. fields is called with the slot held, so that of two
+// writers the later stores what it reads last (values read before the
+// seqlock could go back over a newer writer's).
+func (t *Table) write(slot uint32, blob uint64, fields func() (size, mtime int64, flags uint32)) {
 	o := slotOff(slot)
 	seq := t.u32(o)
 	var s uint32
@@ -37,6 +39,7 @@ func (t *Table) write(slot uint32, blob uint64, size, mtime int64, flags uint32)
 			runtime.Gosched()
 		}
 	}
+	size, mtime, flags := fields()
 	atomic.StoreUint32(t.u32(o+4), flags)
 	atomic.StoreUint64(t.u64(o+8), blob)
 	atomic.StoreUint64(t.u64(o+16), uint64(size))

@@ -1461,13 +1461,16 @@ func (r *region) truncated(size int64) {
 
 // setFields publishes the blob's live size, mtime and data version in the
 // region's field group.
-func (r *region) setFields(size, mtime int64, dv uint64) {
+func (r *region) setFields(live func() (size, mtime int64, dv uint64)) {
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
 		return
 	}
 	r.fieldsMu.Lock()
+	// Read under the lock: of two changes' calls, the later stores the
+	// newer fields (read before it, they could go back over them).
+	size, mtime, dv := live()
 	r.cur.Load().SetFields(cache.Fields{Size: uint64(max(size, 0)), Mtime: mtime, Ctime: mtime, DataVersion: dv})
 	r.fieldsMu.Unlock()
 }

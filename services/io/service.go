@@ -691,11 +691,13 @@ func (s *Service) touch(ob *openBlob) {
 	ob.wrote.Store(true)
 	ob.dv.Store(s.dv.Add(1))
 	if r := ob.cached.Load(); r != nil {
-		r.setFields(ob.live())
+		r.setFields(ob.live)
 	}
 	if ob.hasLive {
-		size, mtime, _ := ob.live()
-		s.live.Publish(ob.liveSlot, uint64(ob.id), size, mtime, ob.wrote.Load())
+		s.live.PublishFrom(ob.liveSlot, uint64(ob.id), func() (int64, int64, bool) {
+			size, mtime, _ := ob.live()
+			return size, mtime, ob.wrote.Load()
+		})
 	}
 }
 
@@ -722,7 +724,7 @@ func (s *Service) regionOf(ob *openBlob) *region {
 		}
 		return nil
 	}
-	r.setFields(ob.live())
+	r.setFields(ob.live)
 	s.mu.Lock()
 	old := s.regions[ob.id]
 	s.regions[ob.id] = r
@@ -1229,7 +1231,7 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*op
 		s.unidleLocked(r)
 		ob.reg = r
 		ob.cached.Store(r)
-		r.setFields(ob.live())
+		r.setFields(ob.live)
 	}
 	s.blobs[id] = ob
 	return ob, nil
