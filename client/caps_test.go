@@ -441,3 +441,41 @@ func TestOpenAnswersCapability(t *testing.T) {
 		t.Errorf("open, close, open + read: %+v grants through io, capabilities minted, claims; want 0, 1, 1", d)
 	}
 }
+
+// TestOpenWithAShortReplyBuffer: an open whose reply buffer cannot hold
+// the answer the session's features make is refused ERANGE before
+// anything happens: no file created, no handle, lease or capability left
+// behind that the client never heard of (review finding: a client that
+// negotiated FeatureOpenCap with the old buffer size leaked one per open).
+func TestOpenWithAShortReplyBuffer(t *testing.T) {
+	c, st := newFS(t)
+	if err := c.WriteFile("old", []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := dialRaw(t, st, capFeatures|proto.FeatureOpenCap)
+	handles := st.Metadata.Snapshot()["handles"]
+	minted := st.Metadata.Snapshot()["caps_minted"]
+	for _, tc := range []struct {
+		name  string
+		flags int
+	}{{"new", os.O_RDWR | os.O_CREATE}, {"old", os.O_RDONLY}} {
+		req := (&proto.ModePathReq{Path: tc.name, Mode: 0o644}).Append(nil)
+		b, err := s.meta.Alloc(context.Background(), proto.OpenRespSize(s.features)-1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.CopyFrom(req)
+		comp, err := s.meta.Do(context.Background(), &ring.Call{Op: proto.OpOpen, Arg: uint32(tc.flags), Handle: proto.RootHandle, Buf: b})
+		b.Release()
+		if err != nil || !errors.Is(comp.Err(), syscall.ERANGE) {
+			t.Fatalf("open %s with a short reply buffer: %+v %v, want ERANGE", tc.name, comp, err)
+		}
+	}
+	if _, err := c.Stat("new"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("stat of the file a refused open would have created: %v", err)
+	}
+	m := st.Metadata.Snapshot()
+	if m["handles"] != handles || m["caps_minted"] != minted {
+		t.Errorf("handles %v → %v, capabilities minted %v → %v: a refused open left state behind", handles, m["handles"], minted, m["caps_minted"])
+	}
+}
