@@ -400,11 +400,8 @@ type pendingClaim struct {
 // again. A cold open + read + close pays one IO round trip instead of
 // two. Otherwise it claims and waits (claimLocked). fl.hmu is held.
 func (fl *File) startClaimLocked(c *conn, h, dh uint64, capBuf []byte) (uint64, error) {
-	switch testClaim.Load() {
-	case claimSkipped:
+	if testClaimSkip(capBuf) {
 		return dh, nil
-	case claimDamaged:
-		capBuf[0] ^= 1
 	}
 	p, ok, err := c.data.StartAside(bgctx, proto.OpClaim, 0, dh, 0, capBuf)
 	if err != nil {
@@ -473,13 +470,22 @@ func (fl *File) dropClaimLocked() {
 // handle h) at io, and returns the data handle to use: dh, or the one a
 // grant through io gave when io refused the capability. fl.hmu is held.
 func (fl *File) claimLocked(c *conn, h, dh uint64, capBuf []byte) (uint64, error) {
+	if testClaimSkip(capBuf) {
+		return dh, nil
+	}
+	return fl.claimOnceLocked(c, h, dh, capBuf)
+}
+
+// testClaimSkip applies testClaim to a claim of capBuf: damages it, or
+// says to skip it.
+func testClaimSkip(capBuf []byte) bool {
 	switch testClaim.Load() {
 	case claimSkipped:
-		return dh, nil
+		return true
 	case claimDamaged:
 		capBuf[0] ^= 1
 	}
-	return fl.claimOnceLocked(c, h, dh, capBuf)
+	return false
 }
 
 // claimOnceLocked sends the claim and waits for it; see claimLocked.

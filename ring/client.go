@@ -355,8 +355,8 @@ func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
 	return c.wait(ctx, idx, w, call.Long)
 }
 
-// Pending is a call submitted by Start whose completion is waited for
-// later, so that a caller can put two requests on the queue and wait once:
+// Pending is a call submitted by StartAside whose completion is waited
+// for later, so that a caller can put two requests on the queue and wait once:
 // the server takes a session's requests in queue order, and a synchronous
 // handler finishes before the next request starts (ServerSession.Poll),
 // so a request submitted after a Pending one sees what it did.
@@ -372,16 +372,18 @@ type Pending struct {
 	aside bool
 }
 
-// Start submits call and returns without waiting for its completion,
-// which Pending.Wait returns. A lazy call cannot be started.
-func (c *Client) Start(ctx context.Context, call *Call) (*Pending, error) {
+// begin submits call (a lazy call cannot be) and returns without waiting
+// for its completion, which Pending.Wait returns. wait false:
+// ErrWouldBlock rather than wait for a slot. Only StartAside, which makes
+// sure an outstanding call cannot starve the next, and tests use it.
+func (c *Client) begin(ctx context.Context, call *Call, wait bool) (*Pending, error) {
 	if call.Lazy {
 		return nil, errors.New("ring: a lazy call cannot be started")
 	}
 	if !c.r.acquire() {
 		return nil, ErrClosed
 	}
-	idx, w, err := c.start(ctx, call, !c.opts.NonBlocking)
+	idx, w, err := c.start(ctx, call, wait)
 	if err != nil {
 		c.r.release()
 		return nil, err
@@ -390,7 +392,7 @@ func (c *Client) Start(ctx context.Context, call *Call) (*Pending, error) {
 }
 
 // StartAside submits a quick call with payload (copied into a buffer of
-// its own) and returns without waiting, as Start does, but only where
+// its own) and returns without waiting (Pending), but only where
 // leaving it outstanding cannot starve its caller's next calls, which
 // it makes before it waits: at most one call is aside at a time, the
 // arena leaves room for a buffer of MaxBuffer beside its payload and the
@@ -399,35 +401,38 @@ func (c *Client) Start(ctx context.Context, call *Call) (*Pending, error) {
 func (c *Client) StartAside(ctx context.Context, op uint8, arg uint32, handle, offset uint64, payload []byte) (p *Pending, ok bool, err error) {
 	bs := int(c.g.BlockSize)
 	k := (len(payload) + bs - 1) / bs
-	if len(payload) == 0 || k > InlineSegs || c.g.SQEntries < 2 ||
+	// (SQEntries is at least 2: a slot is left beside this call's.)
+	if len(payload) == 0 || k > InlineSegs ||
 		int(c.g.ArenaSize/uint64(bs)) < c.maxBlocks+1+k || !c.aside.CompareAndSwap(false, true) {
 		return nil, false, nil
 	}
-	if !c.r.acquire() {
+	p, err = c.beginAside(ctx, op, arg, handle, offset, payload)
+	if err != nil {
 		c.aside.Store(false)
-		return nil, false, ErrClosed
+		if errors.Is(err, ErrWouldBlock) {
+			return nil, false, nil
+		}
+		return nil, false, err
 	}
+	p.aside = true
+	return p, true, nil
+}
+
+// beginAside allocates payload's buffer and begins the call, waiting for
+// neither.
+func (c *Client) beginAside(ctx context.Context, op uint8, arg uint32, handle, offset uint64, payload []byte) (*Pending, error) {
 	b, err := c.alloc(ctx, len(payload), false)
 	if err != nil {
-		c.r.release()
-		c.aside.Store(false)
-		if errors.Is(err, ErrWouldBlock) {
-			return nil, false, nil
-		}
-		return nil, false, err
+		return nil, err
 	}
 	b.CopyFrom(payload)
-	idx, w, err := c.start(ctx, &Call{Op: op, Arg: arg, Handle: handle, Offset: offset, Buf: b}, false)
+	p, err := c.begin(ctx, &Call{Op: op, Arg: arg, Handle: handle, Offset: offset, Buf: b}, false)
 	if err != nil {
 		b.Release()
-		c.r.release()
-		c.aside.Store(false)
-		if errors.Is(err, ErrWouldBlock) {
-			return nil, false, nil
-		}
-		return nil, false, err
+		return nil, err
 	}
-	return &Pending{c: c, idx: idx, w: w, buf: b, aside: true}, true, nil
+	p.buf = b
+	return p, nil
 }
 
 // Wait waits for p's completion, as Do does after it submitted.

@@ -5,7 +5,7 @@ import (
 	"testing"
 )
 
-// TestStartThenDo: a call started and not yet waited for is served before
+// TestStartThenDo: a call begun and not yet waited for is served before
 // a call submitted after it (the server takes a session's queue in order
 // and a synchronous handler ends before the next request starts), so a
 // client can put a request and the one that depends on it on the ring
@@ -16,7 +16,7 @@ func TestStartThenDo(t *testing.T) {
 			e := newPipe(t, smallCfg(), mode, ClientOptions{Mode: mode})
 			ctx := context.Background()
 			for i := 1; i <= 500; i++ {
-				p, err := e.cli.Start(ctx, &Call{Op: opStore, Arg: uint32(i), Handle: 3})
+				p, err := e.cli.begin(ctx, &Call{Op: opStore, Arg: uint32(i), Handle: 3}, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -31,14 +31,14 @@ func TestStartThenDo(t *testing.T) {
 					t.Fatal("a pending call waited for twice")
 				}
 			}
-			if _, err := e.cli.Start(ctx, &Call{Op: OpNop, Lazy: true}); err == nil {
+			if _, err := e.cli.begin(ctx, &Call{Op: OpNop, Lazy: true}, true); err == nil {
 				t.Fatal("a lazy call started")
 			}
 			// Every waiter slot came back: as many calls as slots go
 			// through at once.
 			var ps []*Pending
 			for range smallCfg().SQEntries {
-				p, err := e.cli.Start(ctx, &Call{Op: OpNop})
+				p, err := e.cli.begin(ctx, &Call{Op: OpNop}, true)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -94,7 +94,7 @@ func TestStartAside(t *testing.T) {
 	two := newPipe(t, Config{SQEntries: 2, ArenaSize: 4 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
 	var held []*Pending
 	for range 2 {
-		p, err := two.cli.Start(ctx, &Call{Op: opBlock})
+		p, err := two.cli.begin(ctx, &Call{Op: opBlock}, true)
 		if err != nil {
 			t.Fatal(err)
 		}
