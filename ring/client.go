@@ -392,7 +392,7 @@ func (c *Client) begin(ctx context.Context, call *Call, wait bool) (*Pending, er
 }
 
 // StartAside submits a quick call with payload (copied into a buffer of
-// its own) and returns without waiting (Pending), but only where
+// its own; none if payload is empty) and returns without waiting (Pending), but only where
 // leaving it outstanding cannot starve its caller's next calls, which
 // it makes before it waits: at most one call is aside at a time, the
 // arena leaves room for a buffer of MaxBuffer beside its payload and the
@@ -402,8 +402,8 @@ func (c *Client) StartAside(ctx context.Context, op uint8, arg uint32, handle, o
 	bs := int(c.g.BlockSize)
 	k := (len(payload) + bs - 1) / bs
 	// (SQEntries is at least 2: a slot is left beside this call's.)
-	if len(payload) == 0 || k > InlineSegs ||
-		int(c.g.ArenaSize/uint64(bs)) < c.maxBlocks+1+k || !c.aside.CompareAndSwap(false, true) {
+	if k > InlineSegs ||
+		(k > 0 && int(c.g.ArenaSize/uint64(bs)) < c.maxBlocks+1+k) || !c.aside.CompareAndSwap(false, true) {
 		return nil, false, nil
 	}
 	p, err = c.beginAside(ctx, op, arg, handle, offset, payload)
@@ -421,6 +421,9 @@ func (c *Client) StartAside(ctx context.Context, op uint8, arg uint32, handle, o
 // beginAside allocates payload's buffer and begins the call, waiting for
 // neither.
 func (c *Client) beginAside(ctx context.Context, op uint8, arg uint32, handle, offset uint64, payload []byte) (*Pending, error) {
+	if len(payload) == 0 {
+		return c.begin(ctx, &Call{Op: op, Arg: arg, Handle: handle, Offset: offset}, false)
+	}
 	b, err := c.alloc(ctx, len(payload), false)
 	if err != nil {
 		return nil, err
@@ -710,8 +713,8 @@ const (
 // asleep on the doorbell until it rings, reaping the CQ itself when it
 // wakes: one thread wake-up between the service's completion and the
 // caller, where parking costs two (the reaper's, then the caller
-// goroutine's). A cancelled ctx is seen within maxSleep (the longest
-// doorbell sleep).
+// goroutine's). A cancelled ctx rings the doorbell (sleepOnBell), so
+// the caller sees it at once.
 func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted time.Time, noSpin bool) (Completion, error) {
 	if !w.state.CompareAndSwap(wPending, wSleeping) {
 		for w.state.Load() != wDone { // being delivered right now
@@ -761,6 +764,11 @@ func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted
 // sleepOnBell sleeps on the CQ doorbell until w (wSleeping) is done, then
 // returns finish(); or abandons w once the client or ctx ends.
 func (c *Client) sleepOnBell(ctx context.Context, w *waiter, ready func() bool, finish func() Completion) (Completion, error) {
+	if ctx.Done() != nil {
+		// A cancelled (or expired) ctx rings the bell: the sleeper sees
+		// it at once, not when the sleep times out.
+		defer context.AfterFunc(ctx, c.cqBell.kick)()
+	}
 	for {
 		c.cqBell.sleep(ready)
 		c.reap()
@@ -789,8 +797,8 @@ func (c *Client) sleepOnBell(ctx context.Context, w *waiter, ready func() bool, 
 // (the reaper's and then the caller's are two). false: another caller
 // sleeps there; park instead. learn: the completion counts for the spin
 // budget as a parked call's does (it doubles); a call told not to spin
-// leaves the budget as it is. A cancelled ctx is seen when the sleep
-// ends, within maxSleep.
+// leaves the budget as it is. A cancelled ctx rings the doorbell
+// (sleepOnBell): the caller sees it at once.
 func (c *Client) sleepShort(ctx context.Context, idx uint32, w *waiter, learn bool) (Completion, error, bool) {
 	if c.selfSleepers.Add(1) > 1 {
 		c.selfSleepers.Add(-1)

@@ -90,6 +90,23 @@ func TestStartAside(t *testing.T) {
 	if _, ok, err := et.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); ok || err != nil {
 		t.Fatalf("aside in an arena without room: %v, %v", ok, err)
 	}
+	// A call without a payload takes no arena: it may, and a MaxBuffer
+	// call still goes through beside it.
+	if p, ok, err := et.cli.StartAside(ctx, OpEcho, 0, 0, 0, nil); !ok || err != nil {
+		t.Fatalf("aside without a payload: %v, %v", ok, err)
+	} else {
+		b, err := et.cli.Alloc(ctx, et.cli.MaxBuffer())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err := et.cli.Do(ctx, &Call{Op: OpEcho, Buf: b}); err != nil || c.Result != int64(b.Len()) {
+			t.Fatalf("a MaxBuffer call beside a payload-less aside one: %+v %v", c, err)
+		}
+		b.Release()
+		if c, err := p.Wait(ctx); err != nil || c.Result != 0 {
+			t.Fatalf("the payload-less aside call: %+v %v", c, err)
+		}
+	}
 	// No free slot: not aside, and no wait.
 	two := newPipe(t, Config{SQEntries: 2, ArenaSize: 4 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
 	var held []*Pending
