@@ -54,6 +54,10 @@ type session struct {
 	// warnedTicket: a refused ticket was logged (once per session).
 	warnedTicket bool
 	notices      notices // recall notices (notices.go)
+	// in, out: the open's request and answer bodies, reused (the
+	// session's requests are served one at a time, by its poller; an
+	// open costs no allocation for either).
+	in, out []byte
 }
 
 func newSession(svc *Service) *session {
@@ -139,6 +143,17 @@ func body(q *ring.Request) []byte {
 	b := make([]byte, q.Length)
 	q.ReadPayload(b)
 	return b
+}
+
+// readBody reads q's body into buf's storage, grown if it is too small
+// (at most to the request's length, which the ring bounds by its arena).
+func readBody(q *ring.Request, buf []byte) []byte {
+	if uint64(cap(buf)) < q.Length {
+		buf = make([]byte, q.Length)
+	}
+	buf = buf[:q.Length]
+	q.ReadPayload(buf)
+	return buf
 }
 
 // reply writes a response body over the request; a response that does not
@@ -254,7 +269,8 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 		// behind that the client never hears of.
 		return se.errno(syscall.ERANGE)
 	}
-	r, err := proto.DecodeModePathReq(body(q))
+	se.in = readBody(q, se.in)
+	r, err := proto.DecodeModePathReq(se.in) // (the path is copied out)
 	if err != nil {
 		return se.errno(err)
 	}
@@ -331,7 +347,8 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 		resp.HasTicket = true
 		resp.Ticket = s.ticket(id, a.Ino, flags, se.cred.UID)
 	}
-	return reply(q, resp.Append(nil))
+	se.out = resp.Append(se.out[:0])
+	return reply(q, se.out)
 }
 
 // reopen opens again, by ticket, a file this uid had open before the
