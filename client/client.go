@@ -85,9 +85,9 @@ type FS struct {
 	filesMu sync.Mutex
 	files   map[*File]struct{} // open files, reopened at recovery; protected by filesMu
 
-	kept   keptCaches    // mappings of files closed under a kept lease (leases.go)
-	caps   keptCaps      // unclaimed capabilities of files closed under a kept lease (leases.go)
-	closes chan closeReq // read-only handles' closes for the closer (leases.go)
+	kept keptCaches // mappings of files closed under a kept lease (leases.go)
+	caps keptCaps   // unclaimed capabilities of files closed under a kept lease (leases.go)
+	late lateCloses // read-only handles' closes not sent yet (leases.go)
 
 	// Recoveries counts the times the sessions were re-established.
 	Recoveries atomic.Uint64
@@ -97,6 +97,9 @@ type FS struct {
 	// RecallNotices counts the data handles the metadata service said
 	// another trust group's grant recalled (proto.FeatureRecalls).
 	RecallNotices atomic.Uint64
+	// ClosesAside counts read-only closes sent beside a later open
+	// (lateCloses), the others going from the closer.
+	ClosesAside atomic.Uint64
 	// CacheHits counts reads served from cache regions alone (no round
 	// trip); CacheMisses reads that had to ask the IO service for part.
 	CacheHits, CacheMisses atomic.Uint64
@@ -146,7 +149,7 @@ func Dial(ctx context.Context, opts Options) (*FS, error) {
 	if opts.RecoverTimeout == 0 {
 		opts.RecoverTimeout = DefaultRecoverTimeout
 	}
-	f := &FS{opts: opts, umask: processUmask(), files: map[*File]struct{}{}, closes: make(chan closeReq, closerQueue)}
+	f := &FS{opts: opts, umask: processUmask(), files: map[*File]struct{}{}, late: lateCloses{bell: make(chan struct{}, 1)}}
 	f.life, f.end = context.WithCancel(bgctx)
 	c, err := f.connect(ctx, nil)
 	if err != nil {

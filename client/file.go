@@ -138,7 +138,11 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 			}
 		}
 		out := make([]byte, proto.OpenRespSize(c.features))
+		closing := f.closeAside(c.meta)
 		comp, err := call(bgctx, c.meta, proto.OpOpen, uint32(flag&^syscall.O_CLOEXEC), h, 0, body, out)
+		if closing != nil {
+			_, _ = closing.Wait(bgctx) // as the closer's, its answer changes nothing
+		}
 		if err != nil {
 			return err
 		}
@@ -676,12 +680,8 @@ func (fl *File) Close() error {
 	if gone != nil || gen != c.gen {
 		return nil // the handle died with the sessions that opened it
 	}
-	if leased {
-		select {
-		case f.closes <- closeReq{meta: c.meta, handle: h}:
-			return nil
-		default: // the closer is behind: close now
-		}
+	if leased && f.late.put(closeReq{meta: c.meta, handle: h}) {
+		return nil // sent with the next open, or by the closer
 	}
 	if _, err := call(bgctx, c.meta, proto.OpClose, 0, h, 0, nil, nil); err != nil {
 		if lostSession(err) {

@@ -412,3 +412,52 @@ func TestRemoveFilesUnderKeptLeases(t *testing.T) {
 		t.Errorf("%d delete attempts failed", f)
 	}
 }
+
+// TestLateClosesArrive: read-only closes are not waited for. In a loop of
+// opens they ride beside the next open; the last one, which no open
+// follows, the closer sends: every handle ends at the service, and an
+// unlinked file's blob goes once its last close arrives.
+func TestLateClosesArrive(t *testing.T) {
+	c, st := newFS(t)
+	md := &st.Metadata.Stats
+	for i := range 4 {
+		if err := c.WriteFile(fmt.Sprintf("f%d", i), []byte("small"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	base := md.Handles.Load()
+	for i := range 200 {
+		f, err := c.Open(fmt.Sprintf("f%d", i%4))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadAll(f); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.ClosesAside.Load(); n == 0 {
+		t.Errorf("200 opens after closes: no close rode beside one")
+	}
+	waitUntil(t, "every handle closed at the metadata service", func() bool { return md.Handles.Load() == base })
+
+	// The last close of an unlinked file, with no open after it.
+	f, err := c.Open("f0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Remove("f0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := io.ReadAll(f); err != nil || string(got) != "small" {
+		t.Fatalf("an open file after its unlink: %q, %v", got, err)
+	}
+	deletes := st.IO.Stats.Deletes.Load()
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the unlinked file's blob deleted after its last close", func() bool { return st.IO.Stats.Deletes.Load() > deletes })
+	waitUntil(t, "its handle closed", func() bool { return md.Handles.Load() == base })
+}

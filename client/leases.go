@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"encoding/binary"
 	"sync"
+	"time"
 
 	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/ring"
@@ -21,11 +22,13 @@ import (
 //     it at once, without asking the IO service for the region again. A
 //     lease that ended is never named again (a new grant has a new id), so
 //     a kept mapping is only ever adopted under the lease it was made in.
-//   - The close of a read-only handle is sent in the background (closer):
-//     it revokes nothing when the handle used or became the lease, and a
-//     read grant's revoke otherwise has nothing to report: it cannot fail
-//     in a way the caller could act on, as close(2) of a read-only
-//     descriptor.
+//   - The close of a read-only handle is not waited for: it revokes
+//     nothing when the handle used or became the lease, and a read
+//     grant's revoke otherwise has nothing to report: it cannot fail in a
+//     way the caller could act on, as close(2) of a read-only descriptor.
+//     It rides with the session's next open (lateCloses, submitted beside
+//     the OpOpen with ring.Client.StartAside, so the service takes both in
+//     one wake-up), or the closer sends it closeLinger later.
 
 // maxKeptCaches bounds the mappings kept (metadata keeps at most as many
 // idle leases per session).
@@ -180,26 +183,119 @@ func (k *keptCaps) clear() {
 	k.mu.Unlock()
 }
 
-// closeReq is a read-only handle's close for the closer to send.
+// closeReq is a read-only handle's close, not sent yet.
 type closeReq struct {
 	meta   *ring.Client
 	handle uint64
 }
 
-// closerQueue bounds the closes waiting for the closer; a close that
-// finds it full is sent at once by its caller.
+// closerQueue bounds the closes waiting; a close that finds the queue
+// full is sent at once by its caller.
 const closerQueue = 256
 
-// closer sends the closes of read-only handles (queued by File.Close)
-// until the FS is closed. A failure is of a session that is gone (the
-// handle went with it) or of a service that refuses a handle it no
-// longer has: nothing to do either way.
+// closeLinger is how long a queued close waits for an open to ride with
+// before the closer sends it. A program that opens and closes in a loop
+// sends its closes beside its opens; one that stops keeps its last
+// handle open at the service this long (an unlinked file's blob goes at
+// that close).
+const closeLinger = time.Millisecond
+
+// lateCloses are the closes of read-only handles not sent yet, oldest
+// first.
+type lateCloses struct {
+	mu   sync.Mutex
+	q    []closeReq    // protected by mu
+	bell chan struct{} // one token: the queue went from empty to not
+}
+
+// put queues r; false if the queue is full (send it now).
+func (l *lateCloses) put(r closeReq) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.q) >= closerQueue {
+		return false
+	}
+	l.q = append(l.q, r)
+	if len(l.q) == 1 {
+		select {
+		case l.bell <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// take removes and returns the oldest close on ring meta.
+func (l *lateCloses) take(meta *ring.Client) (closeReq, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, r := range l.q {
+		if r.meta == meta {
+			l.q = append(l.q[:i], l.q[i+1:]...)
+			return r, true
+		}
+	}
+	return closeReq{}, false
+}
+
+// giveBack puts r back at the head of the queue (its ride was refused).
+func (l *lateCloses) giveBack(r closeReq) {
+	l.mu.Lock()
+	l.q = append([]closeReq{r}, l.q...)
+	l.mu.Unlock()
+}
+
+// drain removes and returns every close queued.
+func (l *lateCloses) drain() []closeReq {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	q := l.q
+	l.q = nil
+	return q
+}
+
+// closeAside submits the oldest close queued for ring meta beside the
+// call the caller makes next, which must then Wait for it (after its own
+// call: the service answers it first). nil: none is queued, or none could
+// stand aside (the closer sends it).
+func (f *FS) closeAside(meta *ring.Client) *ring.Pending {
+	r, ok := f.late.take(meta)
+	if !ok {
+		return nil
+	}
+	p, ok, err := meta.StartAside(bgctx, proto.OpClose, 0, r.handle, 0, nil)
+	if err != nil {
+		return nil // the session is gone, and the handle with it
+	}
+	if !ok {
+		f.late.giveBack(r)
+		return nil
+	}
+	f.ClosesAside.Add(1)
+	return p
+}
+
+// closer sends the closes no open took, closeLinger after the first of
+// them was queued, until the FS is closed. A failure is of a session
+// that is gone (the handle went with it) or of a service that refuses a
+// handle it no longer has: nothing to do either way.
 func (f *FS) closer() {
+	t := time.NewTimer(closeLinger)
+	t.Stop()
 	for {
 		select {
 		case <-f.life.Done():
 			return
-		case r := <-f.closes:
+		case <-f.late.bell:
+		}
+		t.Reset(closeLinger)
+		select {
+		case <-f.life.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		for _, r := range f.late.drain() {
 			_, _ = call(bgctx, r.meta, proto.OpClose, 0, r.handle, 0, nil, nil)
 		}
 	}
