@@ -1,6 +1,9 @@
 package client
 
-import "os"
+import (
+	"os"
+	"time"
+)
 
 // CacheFile returns the memfd of f's cache region as f mapped it (nil if
 // it has not mapped it), for tests that act as a hostile client.
@@ -45,4 +48,18 @@ func Tenure(f *File) uint64 {
 func NoRegrant(t interface{ Cleanup(func()) }) {
 	testNoRegrant.Store(true)
 	t.Cleanup(func() { testNoRegrant.Store(false) })
+}
+
+// RefuseCloseRide plays an open whose close could not stand aside: it
+// takes the oldest close queued on f's metadata session, waits until
+// the closer has looked and found nothing, and gives the close back.
+// false: none was queued.
+func RefuseCloseRide(f *FS) bool {
+	r, ok := f.late.take(f.current().meta)
+	if !ok {
+		return false
+	}
+	time.Sleep(5 * closeLinger)
+	f.late.giveBack(r)
+	return true
 }

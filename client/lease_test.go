@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -443,8 +444,52 @@ func TestLateClosesArrive(t *testing.T) {
 	}
 	waitUntil(t, "every handle closed at the metadata service", func() bool { return md.Handles.Load() == base })
 
+	// Opens from several goroutines at once: one's close is refused a
+	// ride when another's stands aside, and goes back to the queue,
+	// from which the closer sends it all the same.
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for g := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 100 {
+				f, err := c.Open(fmt.Sprintf("f%d", (g+i)%4))
+				if err == nil {
+					_, err = io.ReadAll(f)
+					if cerr := f.Close(); err == nil {
+						err = cerr
+					}
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	waitUntil(t, "every handle of the concurrent opens closed", func() bool { return md.Handles.Load() == base })
+
+	// A close whose ride was refused after the closer had looked.
+	f, err := c.Open("f1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !client.RefuseCloseRide(c) {
+		t.Fatal("no close queued after a read-only close")
+	}
+	waitUntil(t, "a close given back sent", func() bool { return md.Handles.Load() == base })
+
 	// The last close of an unlinked file, with no open after it.
-	f, err := c.Open("f0")
+	f, err = c.Open("f0")
 	if err != nil {
 		t.Fatal(err)
 	}

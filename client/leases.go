@@ -217,12 +217,18 @@ func (l *lateCloses) put(r closeReq) bool {
 	}
 	l.q = append(l.q, r)
 	if len(l.q) == 1 {
-		select {
-		case l.bell <- struct{}{}:
-		default:
-		}
+		l.ring()
 	}
 	return true
+}
+
+// ring tells the closer the queue has closes (the token stays until it
+// looks: a ring while it waits out closeLinger makes it look again).
+func (l *lateCloses) ring() {
+	select {
+	case l.bell <- struct{}{}:
+	default:
+	}
 }
 
 // take removes and returns the oldest close on ring meta.
@@ -238,10 +244,13 @@ func (l *lateCloses) take(meta *ring.Client) (closeReq, bool) {
 	return closeReq{}, false
 }
 
-// giveBack puts r back at the head of the queue (its ride was refused).
+// giveBack puts r back at the head of the queue (its ride was refused),
+// and rings: the closer may have found the queue empty since r was taken
+// and gone back to waiting, and later puts ring only on an empty queue.
 func (l *lateCloses) giveBack(r closeReq) {
 	l.mu.Lock()
 	l.q = append([]closeReq{r}, l.q...)
+	l.ring()
 	l.mu.Unlock()
 }
 

@@ -82,6 +82,7 @@ type Client struct {
 	waiters []waiter // immutable slice; elements as described on waiter
 	wfree   *bitmap
 	wsem    *sema
+	lazyOut atomic.Int32 // lazy calls in Do now (StartAside leaves them a slot)
 	blocks  *bitmap
 	bsem    *sema
 
@@ -345,6 +346,10 @@ func (c *Client) Do(ctx context.Context, call *Call) (Completion, error) {
 		return Completion{}, ErrClosed
 	}
 	defer c.r.release()
+	if call.Lazy {
+		c.lazyOut.Add(1)
+		defer c.lazyOut.Add(-1)
+	}
 	idx, w, err := c.start(ctx, call, !c.opts.NonBlocking)
 	if err != nil {
 		return Completion{}, err
@@ -395,14 +400,17 @@ func (c *Client) begin(ctx context.Context, call *Call, wait bool) (*Pending, er
 // its own; none if payload is empty) and returns without waiting (Pending), but only where
 // leaving it outstanding cannot starve its caller's next calls, which
 // it makes before it waits: at most one call is aside at a time, the
-// arena leaves room for a buffer of MaxBuffer beside its payload and the
-// queue a slot beside its own, and it takes nothing it would have to
-// wait for. ok false: nothing was submitted (make the call with Do).
+// arena leaves room for a buffer of MaxBuffer beside its payload, the
+// queue two slots beside its own and those lazy calls hold, and it takes
+// nothing it would have to wait for. ok false: nothing was submitted (make the call with Do).
 func (c *Client) StartAside(ctx context.Context, op uint8, arg uint32, handle, offset uint64, payload []byte) (p *Pending, ok bool, err error) {
 	bs := int(c.g.BlockSize)
 	k := (len(payload) + bs - 1) / bs
-	// (SQEntries is at least 2: a slot is left beside this call's.)
-	if k > InlineSegs ||
+	// Slots: its own, one for a lazy call that may start meanwhile (a
+	// long poll holds its slot until the service has news), and one at
+	// least for the caller's next call, whatever the lazy calls already
+	// outstanding hold.
+	if int(c.g.SQEntries)-int(c.lazyOut.Load()) < 3 || k > InlineSegs ||
 		(k > 0 && int(c.g.ArenaSize/uint64(bs)) < c.maxBlocks+1+k) || !c.aside.CompareAndSwap(false, true) {
 		return nil, false, nil
 	}
@@ -723,6 +731,11 @@ func (c *Client) sleepLong(ctx context.Context, idx uint32, w *waiter, submitted
 		return c.longDone(idx, w, submitted), nil
 	}
 	c.Stats.LongParked.Add(1)
+	if ctx.Done() != nil {
+		// A cancelled (or expired) ctx rings the bell, in the hybrid
+		// sleep as in sleepOnBell's.
+		defer context.AfterFunc(ctx, c.cqBell.kick)()
+	}
 	ready := func() bool {
 		return w.state.Load() == wDone || c.cq.ready() || c.Err() != nil || ctx.Err() != nil
 	}

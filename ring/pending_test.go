@@ -3,6 +3,7 @@ package ring
 import (
 	"context"
 	"testing"
+	"time"
 )
 
 // TestStartThenDo: a call begun and not yet waited for is served before
@@ -107,10 +108,16 @@ func TestStartAside(t *testing.T) {
 			t.Fatalf("the payload-less aside call: %+v %v", c, err)
 		}
 	}
+	// A queue of two slots: never aside (a lazy call could take the
+	// other, and the caller's next call would wait for ever).
+	pair := newPipe(t, Config{SQEntries: 2, ArenaSize: 4 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
+	if _, ok, err := pair.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); ok || err != nil {
+		t.Fatalf("aside on a 2-slot queue: %v, %v", ok, err)
+	}
 	// No free slot: not aside, and no wait.
-	two := newPipe(t, Config{SQEntries: 2, ArenaSize: 4 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
+	two := newPipe(t, Config{SQEntries: 4, ArenaSize: 4 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
 	var held []*Pending
-	for range 2 {
+	for range 4 {
 		p, err := two.cli.begin(ctx, &Call{Op: opBlock}, true)
 		if err != nil {
 			t.Fatal(err)
@@ -130,5 +137,40 @@ func TestStartAside(t *testing.T) {
 		t.Fatalf("aside once the slots are free: %v, %v", ok, err)
 	} else if c, err := p.Wait(ctx); err != nil || c.Result != int64(len(payload)) {
 		t.Fatalf("the aside call: %+v %v", c, err)
+	}
+	// Two lazy calls outstanding on four slots: the aside call and a
+	// third lazy call would leave the caller's next call none.
+	lz := newPipe(t, Config{SQEntries: 4, ArenaSize: 4 << 20, BlockSize: 4096}, WaitAdaptive, ClientOptions{})
+	lazyDone := make(chan error, 2)
+	var parked []*parkedReq
+	for range 2 {
+		go func() {
+			_, err := lz.cli.Do(ctx, &Call{Op: opAsyncPark, Lazy: true})
+			lazyDone <- err
+		}()
+		parked = append(parked, <-lz.h.parked)
+	}
+	if _, ok, err := lz.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); ok || err != nil {
+		t.Fatalf("aside beside two lazy calls on 4 slots: %v, %v", ok, err)
+	}
+	for _, p := range parked {
+		close(p.release)
+	}
+	for n := 0; n < 2; {
+		// Lazy completions go to whoever reaps the queue next.
+		lz.cli.Poll()
+		select {
+		case err := <-lazyDone:
+			if err != nil {
+				t.Fatal(err)
+			}
+			n++
+		case <-time.After(time.Millisecond):
+		}
+	}
+	if p, ok, err := lz.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); !ok || err != nil {
+		t.Fatalf("aside once the lazy call is done: %v, %v", ok, err)
+	} else if _, err := p.Wait(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -145,6 +145,10 @@ func body(q *ring.Request) []byte {
 	return b
 }
 
+// maxKeptBody bounds the request buffer a session keeps for its opens
+// (a longer body, which a client may send, is read into one of its own).
+const maxKeptBody = 8 << 10
+
 // readBody reads q's body into buf's storage, grown if it is too small
 // (at most to the request's length, which the ring bounds by its arena).
 func readBody(q *ring.Request, buf []byte) []byte {
@@ -269,8 +273,11 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 		// behind that the client never hears of.
 		return se.errno(syscall.ERANGE)
 	}
-	se.in = readBody(q, se.in)
-	r, err := proto.DecodeModePathReq(se.in) // (the path is copied out)
+	in := readBody(q, se.in)
+	if cap(in) <= maxKeptBody {
+		se.in = in
+	}
+	r, err := proto.DecodeModePathReq(in) // (the path is copied out)
 	if err != nil {
 		return se.errno(err)
 	}
