@@ -72,14 +72,7 @@ func TestStartAside(t *testing.T) {
 		if _, ok, err := e.cli.StartAside(ctx, OpEcho, 0, 0, 0, payload); ok || err != nil {
 			t.Fatalf("a second call aside: %v, %v", ok, err)
 		}
-		b, err := e.cli.Alloc(ctx, e.cli.MaxBuffer())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c, err := e.cli.Do(ctx, &Call{Op: OpEcho, Buf: b}); err != nil || c.Result != int64(b.Len()) {
-			t.Fatalf("a MaxBuffer call beside the aside one: %+v %v", c, err)
-		}
-		b.Release()
+		echoMaxBuffer(t, e.cli)
 		if c, err := p.Wait(ctx); err != nil || c.Result != int64(len(payload)) {
 			t.Fatalf("the aside call: %+v %v", c, err)
 		}
@@ -96,14 +89,7 @@ func TestStartAside(t *testing.T) {
 	if p, ok, err := et.cli.StartAside(ctx, OpEcho, 0, 0, 0, nil); !ok || err != nil {
 		t.Fatalf("aside without a payload: %v, %v", ok, err)
 	} else {
-		b, err := et.cli.Alloc(ctx, et.cli.MaxBuffer())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c, err := et.cli.Do(ctx, &Call{Op: OpEcho, Buf: b}); err != nil || c.Result != int64(b.Len()) {
-			t.Fatalf("a MaxBuffer call beside a payload-less aside one: %+v %v", c, err)
-		}
-		b.Release()
+		echoMaxBuffer(t, et.cli)
 		if c, err := p.Wait(ctx); err != nil || c.Result != 0 {
 			t.Fatalf("the payload-less aside call: %+v %v", c, err)
 		}
@@ -172,5 +158,20 @@ func TestStartAside(t *testing.T) {
 		t.Fatalf("aside once the lazy call is done: %v, %v", ok, err)
 	} else if _, err := p.Wait(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// echoMaxBuffer makes a call with a buffer of MaxBuffer, which must go
+// through beside a call left aside.
+func echoMaxBuffer(t *testing.T, cli *Client) {
+	t.Helper()
+	ctx := context.Background()
+	b, err := cli.Alloc(ctx, cli.MaxBuffer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release()
+	if c, err := cli.Do(ctx, &Call{Op: OpEcho, Buf: b}); err != nil || c.Result != int64(b.Len()) {
+		t.Fatalf("a MaxBuffer call beside the aside one: %+v %v", c, err)
 	}
 }
