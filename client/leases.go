@@ -28,7 +28,8 @@ import (
 //     way the caller could act on, as close(2) of a read-only descriptor.
 //     It rides with the session's next open (lateCloses, submitted beside
 //     the OpOpen with ring.Client.StartAside, so the service takes both in
-//     one wake-up), or the closer sends it closeLinger later.
+//     order, most often in one wake-up), or the closer sends it
+//     closeLinger later.
 
 // maxKeptCaches bounds the mappings kept (metadata keeps at most as many
 // idle leases per session).
@@ -205,7 +206,7 @@ const closeLinger = time.Millisecond
 type lateCloses struct {
 	mu   sync.Mutex
 	q    []closeReq    // protected by mu
-	bell chan struct{} // one token: the queue went from empty to not
+	bell chan struct{} // one token: the queue went from empty to not, or a close came back
 }
 
 // put queues r; false if the queue is full (send it now).
