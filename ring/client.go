@@ -397,12 +397,13 @@ func (c *Client) begin(ctx context.Context, call *Call, wait bool) (*Pending, er
 }
 
 // StartAside submits a quick call with payload (copied into a buffer of
-// its own; none if payload is empty) and returns without waiting (Pending), but only where
-// leaving it outstanding cannot starve its caller's next calls, which
-// it makes before it waits: at most one call is aside at a time, the
-// arena leaves room for a buffer of MaxBuffer beside its payload, the
-// queue two slots beside its own and those lazy calls hold, and it takes
-// nothing it would have to wait for. ok false: nothing was submitted (make the call with Do).
+// its own; none if payload is empty) and returns without waiting
+// (Pending), but only where leaving it outstanding cannot starve its
+// caller's next calls, which it makes before it waits: at most one call
+// is aside at a time, the arena leaves room for a buffer of MaxBuffer
+// beside its payload, the queue two slots beside its own and those lazy
+// calls hold, and it takes nothing it would have to wait for. ok false:
+// nothing was submitted (make the call with Do).
 func (c *Client) StartAside(ctx context.Context, op uint8, arg uint32, handle, offset uint64, payload []byte) (p *Pending, ok bool, err error) {
 	bs := int(c.g.BlockSize)
 	k := (len(payload) + bs - 1) / bs

@@ -139,11 +139,7 @@ func (se *session) errno(err error) (int64, uint64) {
 
 // body copies the request payload out of the arena once: the client can
 // rewrite the arena while we work.
-func body(q *ring.Request) []byte {
-	b := make([]byte, q.Length)
-	q.ReadPayload(b)
-	return b
-}
+func body(q *ring.Request) []byte { return readBody(q, nil) }
 
 // maxKeptBody bounds the request buffer a session keeps for its opens
 // (a longer body, which a client may send, is read into one of its own).
