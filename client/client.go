@@ -88,6 +88,8 @@ type FS struct {
 	kept keptCaches // mappings of files closed under a kept lease (leases.go)
 	caps keptCaps   // unclaimed capabilities of files closed under a kept lease (leases.go)
 	late lateCloses // read-only handles' closes not sent yet (leases.go)
+	// direct holds the directory snapshots of direct opens (direct.go).
+	direct directState
 
 	// Recoveries counts the times the sessions were re-established.
 	Recoveries atomic.Uint64
@@ -100,6 +102,10 @@ type FS struct {
 	// ClosesAside counts read-only closes sent beside a later open
 	// (lateCloses), the others going from the closer.
 	ClosesAside atomic.Uint64
+	// Direct opens (direct.go): made at io alone, refused there (opened
+	// through metadata instead), made ordinary files later (promoted);
+	// and directory snapshots kept.
+	DirectOpens, DirectRefused, DirectPromoted, Snapshots atomic.Uint64
 	// CacheHits counts reads served from cache regions alone (no round
 	// trip); CacheMisses reads that had to ask the IO service for part.
 	CacheHits, CacheMisses atomic.Uint64

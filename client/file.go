@@ -56,8 +56,12 @@ type File struct {
 	fcFast    atomic.Pointer[fileCache] // fcache, for reads that take no lock
 	noCache   uint64                    // protected by cmu
 	ringReads atomic.Int32
-	seqEnd    atomic.Int64 // where the last cached read ended (readahead)
-	hinting   atomic.Bool  // a readahead hint is in flight
+	// viaDir: opened at io alone from a directory snapshot (direct.go),
+	// with no metadata handle yet; ino is its inode.
+	viaDir  atomic.Bool
+	ino     uint64
+	seqEnd  atomic.Int64 // where the last cached read ended (readahead)
+	hinting atomic.Bool  // a readahead hint is in flight
 
 	mu       sync.Mutex // protects off, dirAfter, dirDone
 	off      int64
@@ -128,7 +132,16 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 	// An exclusive create may not go again: it would fail on the file it
 	// created the first time.
 	idempotent := flag&os.O_EXCL == 0
+	if c := f.current(); directable(c, dir, name, flag) {
+		if file, ok := f.openDirect(c, name, flag); ok {
+			f.filesMu.Lock()
+			f.files[file] = struct{}{}
+			f.filesMu.Unlock()
+			return file, nil
+		}
+	}
 	var file *File
+	cold := false
 	err := f.metaOp(idempotent, func(c *conn) error {
 		h := proto.RootHandle
 		if dir != nil {
@@ -155,6 +168,7 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 			ticket: r.Ticket, hasTicket: r.HasTicket}
 		if r.HasCap && !file.writable() && !file.dir {
 			file.openCap = &r.Cap
+			cold = directable(c, dir, name, flag) // no lease of it was kept
 		}
 		if c.features&proto.FeatureLeases != 0 && r.Granted && r.DataHandle != r.Handle && !file.writable() && !file.dir {
 			// Under the session's kept lease (leases.go): the file was
@@ -174,6 +188,9 @@ func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, 
 	})
 	if err != nil {
 		return nil, pathErr("open", name, err)
+	}
+	if cold {
+		f.noteCold(f.current(), name)
 	}
 	f.filesMu.Lock()
 	f.files[file] = struct{}{}
@@ -260,6 +277,9 @@ func (fl *File) moveLocked(c *conn) error {
 	}
 	fl.dropClaimLocked()
 	fl.granted, fl.throughIO, fl.openCap = false, false, nil
+	if fl.viaDir.Load() {
+		return fl.promoteLocked(c) // (its direct open went with its sessions)
+	}
 	if c.meta != fl.meta {
 		if err := fl.reopenLocked(c); err != nil {
 			if lostSession(err) {
@@ -308,6 +328,12 @@ func (fl *File) handleInLocked(c *conn) (uint64, error) {
 	if fl.gone != nil {
 		return 0, fl.gone
 	}
+	if fl.viaDir.Load() {
+		// A metadata handle is wanted: open it through metadata (direct.go).
+		if err := fl.promoteLocked(c); err != nil {
+			return 0, err
+		}
+	}
 	if fl.gen != c.gen {
 		if err := fl.moveLocked(c); err != nil {
 			return 0, err
@@ -324,6 +350,9 @@ func (fl *File) handleInLocked(c *conn) (uint64, error) {
 func (fl *File) grantedHandle(c *conn) (uint64, error) {
 	fl.hmu.Lock()
 	defer fl.hmu.Unlock()
+	if fl.viaDir.Load() && fl.granted && fl.gen == c.gen && fl.gone == nil {
+		return fl.dataHandle, nil // a direct open: io's own handle
+	}
 	h, err := fl.handleInLocked(c)
 	if err != nil {
 		return 0, err
@@ -555,6 +584,14 @@ func (fl *File) regrant(c *conn, dh uint64) (bool, error) {
 	if !fl.granted || fl.dataHandle != dh {
 		return true, nil // granted anew meanwhile
 	}
+	if fl.viaDir.Load() {
+		// A writer's grant ended the direct open: open it through metadata.
+		fl.granted = false
+		if err := fl.promoteLocked(c); err != nil {
+			return false, err
+		}
+		return true, nil
+	}
 	fl.granted = false
 	if fl.writable() || c.features&proto.FeatureCaps == 0 {
 		fl.hmu.Unlock()
@@ -657,6 +694,13 @@ func (fl *File) Close() error {
 	c := f.current()
 	fl.hmu.Lock()
 	fl.dropClaimLocked()
+	if fl.viaDir.Load() {
+		if fl.gen == c.gen && fl.granted {
+			fl.releaseDirectLocked(c)
+		}
+		fl.hmu.Unlock()
+		return nil
+	}
 	h, dh, granted, gen, gone, openCap := fl.handle, fl.dataHandle, fl.granted, fl.gen, fl.gone, fl.openCap
 	fl.hmu.Unlock()
 	// A read-only handle's grant is, or joins, the session's kept lease
@@ -702,7 +746,7 @@ func (fl *File) readAt(p []byte, off int64) (int, error) {
 	if fl.dir {
 		return 0, syscall.EISDIR
 	}
-	if !fl.direct() {
+	if !fl.direct() && !fl.viaDir.Load() {
 		if n, err, ok := fl.readCached(p, off); ok {
 			return n, err
 		}

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"container/list"
 	"encoding/binary"
 	"sync"
@@ -186,8 +187,9 @@ func (k *keptCaps) clear() {
 
 // closeReq is a read-only handle's close, not sent yet.
 type closeReq struct {
-	meta   *ring.Client
+	meta   *ring.Client // the ring it goes on
 	handle uint64
+	op     uint8 // 0: OpClose; OpRelease: a direct open's (direct.go), on its IO ring
 }
 
 // closerQueue bounds the closes waiting; a close that finds the queue
@@ -306,7 +308,7 @@ func (f *FS) closer() {
 		case <-t.C:
 		}
 		for _, r := range f.late.drain() {
-			_, _ = call(bgctx, r.meta, proto.OpClose, 0, r.handle, 0, nil, nil)
+			_, _ = call(bgctx, r.meta, cmp.Or(r.op, proto.OpClose), 0, r.handle, 0, nil, nil)
 		}
 	}
 }

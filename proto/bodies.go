@@ -480,3 +480,66 @@ func DecodeGetAttrResp(b []byte) (GetAttrResp, error) {
 	}
 	return r, nil
 }
+
+// SnapEntry is one entry of OpDirLease's answer: a regular file of the
+// directory that the session may open for reading, with the capability
+// that opens it at io (OpClaimDir). Encoded (little-endian):
+//
+//	0  u64 ino
+//	8  u32 mode      (S_IFREG | permission bits)
+//	12 [64]byte cap  (opaque to the client; internal/grantcap)
+//	76 u16 name length, name bytes
+type SnapEntry struct {
+	Ino  uint64
+	Mode uint32
+	Cap  [CapSize]byte
+	Name string
+}
+
+// SnapEntrySize is the encoded size of an entry with a name of n bytes.
+func SnapEntrySize(n int) int { return 8 + 4 + CapSize + 2 + n }
+
+// AppendSnapEntries encodes an OpDirLease answer of as many entries of
+// ents as fit in limit bytes (a u32 count, then the entries); it returns
+// the body and the number encoded.
+func AppendSnapEntries(b []byte, ents []SnapEntry, limit int) ([]byte, int) {
+	e := Enc{B: b}
+	start := len(b)
+	e.U32(0)
+	n := 0
+	for i := range ents {
+		se := &ents[i]
+		if len(e.B)-start+SnapEntrySize(len(se.Name)) > limit {
+			break
+		}
+		e.U64(se.Ino)
+		e.U32(se.Mode)
+		e.Bytes(se.Cap[:])
+		e.Str(se.Name)
+		n++
+	}
+	e.B[start], e.B[start+1], e.B[start+2], e.B[start+3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
+	return e.B, n
+}
+
+// DecodeSnapEntries decodes an OpDirLease answer and checks each entry:
+// a valid name, a regular file, names in increasing order.
+func DecodeSnapEntries(b []byte) ([]SnapEntry, error) {
+	d := NewDec(b)
+	n := d.U32()
+	if d.Err() != nil || uint64(n)*uint64(SnapEntrySize(1)) > uint64(d.Len()) {
+		return nil, syscall.EINVAL
+	}
+	ents := make([]SnapEntry, n)
+	for i := range ents {
+		se := &ents[i]
+		se.Ino, se.Mode = d.U64(), d.U32()
+		d.Fixed(se.Cap[:])
+		se.Name = d.Str()
+		if d.Err() != nil || !ValidName(se.Name) || se.Mode&syscall.S_IFMT != syscall.S_IFREG ||
+			(i > 0 && ents[i-1].Name >= se.Name) {
+			return nil, syscall.EINVAL
+		}
+	}
+	return ents, d.End()
+}

@@ -45,6 +45,10 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_CACHE_MAP", uint64(OpCacheMap)),
 		cheader.Def("WEIR_OP_READAHEAD", uint64(OpReadahead)),
 		cheader.Def("WEIR_OP_CLAIM", uint64(OpClaim)),
+		cheader.Def("WEIR_OP_CLAIM_DIR", uint64(OpClaimDir)),
+		cheader.Def("WEIR_OP_RELEASE", uint64(OpRelease)),
+		cheader.Def("WEIR_OP_DIR_LEASE", uint64(OpDirLease)),
+
 	}
 }
 
@@ -59,7 +63,10 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_FEATURE_CAPS", FeatureCaps),
 		cheader.Def("WEIR_FEATURE_RECALLS", FeatureRecalls),
 		cheader.Def("WEIR_FEATURE_OPEN_CAP", FeatureOpenCap),
+		cheader.Def("WEIR_FEATURE_DIR_OPEN", FeatureDirOpen),
 		cheader.Def("WEIR_KNOWN_PROTO_FEATURES", KnownFeatures),
+		cheader.Def("WEIR_CLAIM_DIR_SIZE", ClaimDirSize),
+		cheader.Def("WEIR_DIR_OPEN_BIT", DirOpenBit),
 		cheader.Def("WEIR_FIRST_METADATA_OP", uint64(FirstMetadataOp)),
 		cheader.Def("WEIR_LAST_METADATA_OP", uint64(LastMetadataOp)),
 		cheader.Def("WEIR_FIRST_IO_OP", uint64(FirstIOOp)),

@@ -48,9 +48,16 @@ const (
 	// never sends that OpGrant. Granted is then 0.
 	FeatureOpenCap uint64 = 1 << 4
 
+	// FeatureDirOpen (with FeatureOpenCap): OpDirLease answers a snapshot
+	// of a directory whose entries carry open capabilities, and the
+	// client opens such an entry read-only at io alone (OpClaimDir),
+	// with no metadata request: a cold open wakes one service, not two
+	// (docs/architecture.md, "Direct opens").
+	FeatureDirOpen uint64 = 1 << 5
+
 	// KnownFeatures are the bits this version defines; a service answers
 	// no others.
-	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap
+	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap | FeatureDirOpen
 )
 
 // Opcodes. The numbers are the ABI: they are written out, never iota, and
@@ -77,6 +84,7 @@ const (
 	OpFChtimes   uint8 = 0x21
 	OpReopen     uint8 = 0x22
 	OpRecallWait uint8 = 0x23
+	OpDirLease   uint8 = 0x24
 
 	OpAttach    uint8 = 0x40
 	OpRead      uint8 = 0x41
@@ -87,6 +95,8 @@ const (
 	OpCacheMap  uint8 = 0x46
 	OpReadahead uint8 = 0x47
 	OpClaim     uint8 = 0x48
+	OpClaimDir  uint8 = 0x49
+	OpRelease   uint8 = 0x4a
 )
 
 // Opcode ranges of the two services; both lie above the ring's own
@@ -142,6 +152,13 @@ const (
 	// RecallAll, OpRecallWait's Aux: more grants were recalled than the
 	// reply names; treat every grant of the session as recalled.
 	RecallAll = 1
+	// ClaimDirSize is OpClaimDir's payload: an entry's capability and
+	// the u64 handle of an earlier direct open to release (0: none).
+	ClaimDirSize = CapSize + 8
+	// DirOpenBit is set in the handles io makes for direct opens
+	// (OpClaimDir), and in no handle the metadata service makes (its
+	// incarnations stay below MaxIncarnation).
+	DirOpenBit uint64 = 1 << 63
 	// MaxPath is the longest path a request may carry (PATH_MAX - 1).
 	MaxPath = 4095
 	// MaxName is the longest name of one component (NAME_MAX).
@@ -158,8 +175,9 @@ const TimeOmit int64 = -1 << 63
 const (
 	IncarnationBits = 24
 	CounterBits     = 64 - IncarnationBits
-	// MaxIncarnation is the largest incarnation an id can carry.
-	MaxIncarnation = 1<<IncarnationBits - 1
+	// MaxIncarnation is the largest incarnation an id can carry: the top
+	// bit of an id is DirOpenBit, never an incarnation's.
+	MaxIncarnation = 1<<(IncarnationBits-1) - 1
 )
 
 // MakeID returns the id with counter n in incarnation inc.

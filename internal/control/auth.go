@@ -87,7 +87,7 @@ func PermissionsOf(namespace string, r Role) Permissions {
 	switch r {
 	case RoleMetadata:
 		return Permissions{
-			Publish: []string{s.Grant, s.Revoke, s.Live, s.Delete, s.Resync, s.Alloc, s.Blobs},
+			Publish: []string{s.Grant, s.Revoke, s.Live, s.Delete, s.Resync, s.Alloc, s.DirGen, s.Blobs},
 			Subscribe: append([]string{s.Session, s.SetLive, s.SetLiveBatch, inbox,
 				namespace + ".metadata.*." + LeasesEndpoint, namespace + ".metadata.*." + LeaseRevokeEndpoint}, service("metadata")...),
 			Responses: true,

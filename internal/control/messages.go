@@ -63,6 +63,11 @@ type Subjects struct {
 	Resync string
 	// Alloc: metadata -> io, Alloc: blob ids below Limit are allocated.
 	Alloc string
+	// DirGen: metadata -> io, DirGen: the directory generation is now
+	// Gen; io refuses every direct open (proto.OpClaimDir) of an earlier
+	// one from the moment it acks (Ack), before metadata applies the
+	// change that made it move.
+	DirGen string
 	// Blobs: metadata -> io, BlobsQuery: a page of the blob ids the
 	// backend holds (to find and reclaim orphans).
 	Blobs string
@@ -95,6 +100,7 @@ func SubjectsIn(namespace string) Subjects {
 		Delete:    p + "io.delete",
 		Resync:    p + "io.resync",
 		Alloc:     p + "io.alloc",
+		DirGen:    p + "io.dirgen",
 		Blobs:     p + "io.blobs",
 		Session:   p + "meta.session",
 		SetLive:   p + "meta.setlive",
@@ -192,6 +198,14 @@ type Resync struct {
 	// namespace's, and refused.
 	Stack string `json:"stack"`
 	Empty bool   `json:"empty,omitempty"`
+	// DirGen is the directory generation (DirGen); 0 before any.
+	DirGen uint64 `json:"dir_gen,omitempty"`
+}
+
+// DirGen moves io's directory generation forward (a smaller or equal Gen
+// changes nothing and is acked all the same).
+type DirGen struct {
+	Gen uint64 `json:"gen"`
 }
 
 // ResyncReply answers Resync once every request in flight on a dropped

@@ -17,7 +17,10 @@
 //	 8  u64 handle     the handle id io will know the grant by (a kept lease's id)
 //	16  u64 blob       the file's blob (= inode number)
 //	24  u64 ver        the file's version of this grant (control.Grant.Ver)
-//	32  u32 access     1 = read; no other value is minted
+//	32  u32 access     1 = read (handle: the grant's), 2 = direct open
+//	                   (handle 0, ver: the directory generation; the
+//	                   entry of an OpDirLease snapshot, claimed with
+//	                   OpClaimDir)
 //	36  u32 zero
 //	40  [24]byte MAC   HMAC-SHA256(key, "weir-cap-v1" || bytes 0..40)[:24]
 package grantcap
@@ -37,8 +40,13 @@ const Size = 64
 // KeySize is the length of a capability key.
 const KeySize = 32
 
-// AccessRead is the only access a capability grants.
-const AccessRead = 1
+// Accesses a capability grants: AccessRead a read grant metadata made,
+// AccessDirOpen a read-only open io makes itself, good while the
+// directory generation it names is io's (proto.FeatureDirOpen).
+const (
+	AccessRead    = 1
+	AccessDirOpen = 2
+)
 
 const domain = "weir-cap-v1"
 
@@ -106,7 +114,7 @@ func (k *Key) Check(b []byte) (Cap, error) {
 	}
 	le := binary.LittleEndian
 	c := Cap{Session: le.Uint64(a[0:]), Handle: le.Uint64(a[8:]), Blob: le.Uint64(a[16:]), Ver: le.Uint64(a[24:]), Access: le.Uint32(a[32:])}
-	if c.Access != AccessRead || le.Uint32(a[36:]) != 0 {
+	if (c.Access != AccessRead && c.Access != AccessDirOpen) || le.Uint32(a[36:]) != 0 {
 		return Cap{}, ErrForged // never minted: a MAC collision or a bug
 	}
 	return c, nil

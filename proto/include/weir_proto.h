@@ -107,7 +107,8 @@
 #define WEIR_FEATURE_CAPS 0x4ull
 #define WEIR_FEATURE_RECALLS 0x8ull /* one WEIR_OP_RECALL_WAIT may stay outstanding */
 #define WEIR_FEATURE_OPEN_CAP 0x10ull /* OPEN may answer a read capability */
-#define WEIR_KNOWN_PROTO_FEATURES 0x1full
+#define WEIR_FEATURE_DIR_OPEN 0x20ull /* DIR_LEASE snapshots; CLAIM_DIR opens at io alone */
+#define WEIR_KNOWN_PROTO_FEATURES 0x3full
 
 /* Metadata ring opcodes: 0x10-0x3f. */
 #define WEIR_FIRST_METADATA_OP 0x10u
@@ -131,6 +132,7 @@
 #define WEIR_OP_FCHOWN 0x20u
 #define WEIR_OP_FCHTIMES 0x21u
 #define WEIR_OP_REOPEN 0x22u
+#define WEIR_OP_DIR_LEASE 0x24u /* in: path, after (as READDIR); out: u32 count, then per entry u64 ino, u32 mode, WEIR_CAP_SIZE cap, u16 name length, name; aux 1: more */
 #define WEIR_OP_RECALL_WAIT 0x23u /* out: u64 data handles another trust group recalled (at most WEIR_RECALL_BATCH); aux WEIR_RECALL_ALL: all may be */
 
 /* IO ring opcodes: 0x40-0x5f. */
@@ -144,6 +146,8 @@
 #define WEIR_OP_GETATTR 0x45u
 #define WEIR_OP_CACHE_MAP 0x46u /* result 0, aux = tag: the read-only cache region memfd arrives on the session socket */
 #define WEIR_OP_READAHEAD 0x47u /* offset, arg = bytes: fill them into the cache in the background; answers 0 at once */
+#define WEIR_OP_CLAIM_DIR 0x49u /* in: an entry's cap, u64 direct handle to release (0: none); aux = the new direct handle (WEIR_DIR_OPEN_BIT set); on error open through metadata */
+#define WEIR_OP_RELEASE 0x4au /* handle = a direct handle: its end */
 #define WEIR_OP_CLAIM 0x48u /* handle = data handle, in: the capability WEIR_OP_GRANT answered; -EKEYREJECTED: grant again with WEIR_GRANT_THROUGH_IO */
 
 #define WEIR_WRITE_APPEND 1u
@@ -156,6 +160,8 @@
 #define WEIR_TOKEN_SIZE 32u
 #define WEIR_TICKET_SIZE 32u
 #define WEIR_CAP_SIZE 64u
+#define WEIR_CLAIM_DIR_SIZE 72u
+#define WEIR_DIR_OPEN_BIT 0x8000000000000000ull /* set in direct handles only */
 #define WEIR_GRANT_THROUGH_IO 1u
 #define WEIR_TENURE_SIZE 8u /* WEIR_OP_GRANT of a writable handle with this buffer: out u64 lease epoch */
 #define WEIR_RECALL_BATCH 64u

@@ -53,6 +53,7 @@ func (s *Service) newCapKeyLocked() ([]byte, error) {
 	}
 	s.capKey = k
 	s.capFloor = make(map[uint64]uint64)
+	s.dirOpens = make(map[uint64]*int)
 	s.rings = make(map[uint64]int) // every ring attaches again
 	s.endedUnattached = s.endedUnattached[:0]
 	return b, nil
@@ -139,7 +140,7 @@ func (s *session) claim(q *ring.Request) (int64, uint64) {
 		return fail(syscall.EKEYREJECTED)
 	}
 	c, err := key.Check(b)
-	if err != nil {
+	if err != nil || c.Access != grantcap.AccessRead {
 		svc.Stats.ClaimsRefused.Add(1)
 		return fail(syscall.EKEYREJECTED)
 	}

@@ -99,7 +99,13 @@ func (s *Service) onGrant(m *nats.Msg) {
 		s.grants[g.Session] = hs
 	}
 	hs[g.Handle] = &grant{blob: ob, read: g.Read, write: g.Write, sync: g.Sync, ver: g.Ver, drained: make(chan struct{})}
+	var ended []*grant
+	if g.Write {
+		ob.writers++
+		ended = s.endDirectLocked(ob, g.Session) // a writer's file takes no other session's direct opens
+	}
 	s.mu.Unlock()
+	s.releaseWhenDrained(ended)
 	s.Stats.Grants.Add(1)
 	size, mtime, dv := ob.live()
 	control.Respond(m, control.Ack{Size: size, Mtime: mtime, DV: dv, Wrote: ob.wrote.Load()})
@@ -337,6 +343,7 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.grants = make(map[uint64]map[uint64]*grant)
 	s.sessions = make(map[uint64]*session) // every session must attach again
 	capKey, keyErr := s.newCapKeyLocked()
+	s.dirGen = max(s.dirGen, r.DirGen) // (a DirGen racing the resync is not undone)
 	s.inc.Store(r.Incarnation)
 	s.resyncs.Add(1)
 	for { // data versions stay above every one metadata applied

@@ -91,8 +91,14 @@ type Stats struct {
 	// claims.go); ClaimsRefused the claims refused.
 	Claims        atomic.Uint64
 	ClaimsRefused atomic.Uint64
-	Denied        atomic.Uint64 // requests refused for lack of a grant
-	Stale         atomic.Uint64 // requests answered ESTALE: the session predates a resync
+	// Direct opens (OpClaimDir, direct.go): made, refused (the client
+	// opens through metadata), released, ended by a writer's grant.
+	DirClaims        atomic.Uint64
+	DirClaimsRefused atomic.Uint64
+	DirReleases      atomic.Uint64
+	DirEnded         atomic.Uint64
+	Denied           atomic.Uint64 // requests refused for lack of a grant
+	Stale            atomic.Uint64 // requests answered ESTALE: the session predates a resync
 	// Reads and writes served on the session's poller (alone: nothing else
 	// of the session in flight or queued) and handed to a goroutine.
 	InlineIO    atomic.Uint64
@@ -125,6 +131,8 @@ func (s *Service) Snapshot() map[string]any {
 		"bytes_read": st.BytesRead.Load(), "bytes_written": st.BytesWritten.Load(),
 		"syncs": st.Syncs.Load(), "grants": st.Grants.Load(), "denied": st.Denied.Load(), "stale": st.Stale.Load(),
 		"claims": st.Claims.Load(), "claims_refused": st.ClaimsRefused.Load(),
+		"dir_claims": st.DirClaims.Load(), "dir_claims_refused": st.DirClaimsRefused.Load(),
+		"dir_releases": st.DirReleases.Load(), "dir_ended": st.DirEnded.Load(),
 		"io_inline": st.InlineIO.Load(), "io_handed_off": st.HandedOffIO.Load(),
 		"resyncs": st.Resyncs.Load(), "grants_dropped": st.GrantsDropped.Load(),
 		"stale_control": st.StaleControl.Load(), "deletes": st.Deletes.Load(),
@@ -225,6 +233,10 @@ type openBlob struct {
 
 	refs int    // grants + in-flight requests; protected by Service.mu
 	ver  uint64 // version of the last grant or revoke applied; protected by Service.mu
+	// writers counts its write grants, direct its direct opens
+	// (direct.go); protected by Service.mu.
+	writers int
+	direct  map[*grant]dirOpen
 
 	// The blob's cache region, made at its first read (regionOf), or
 	// kept from an earlier opening (openBlobLocked); nil while there is
@@ -258,6 +270,9 @@ type grant struct {
 	revoked bool          // protected by Service.mu
 	used    bool          // it served a request; protected by Service.mu
 	drained chan struct{} // closed once revoked and active is 0
+	// dirOpens: a direct open's (direct.go), its session's count of
+	// them, which its end lowers; nil for every other grant.
+	dirOpens *int
 
 	// The sequential read detector (readahead): where the last read
 	// ended and the readahead window it got, in pages. Racing reads of
@@ -323,11 +338,17 @@ type Service struct {
 	capFloor        map[uint64]uint64
 	rings           map[uint64]int // rings attached in this epoch, by session
 	endedUnattached []uint64
-	peer            *host.Peer  // the service session with metadata; immutable after Start
-	jpeers          *host.Peers // the journal service's session (journal.go); immutable after Start
-	meta            metaLink    // requests to metadata fail at once while its session is down
-	listing         blobListing // for the metadata service's orphan scan
-	closed          atomic.Bool
+	// Direct opens (direct.go), protected by mu but dirSeq: the
+	// directory generation, the direct opens of each session, the
+	// counter of their handles.
+	dirGen   uint64
+	dirOpens map[uint64]*int
+	dirSeq   atomic.Uint64
+	peer     *host.Peer  // the service session with metadata; immutable after Start
+	jpeers   *host.Peers // the journal service's session (journal.go); immutable after Start
+	meta     metaLink    // requests to metadata fail at once while its session is down
+	listing  blobListing // for the metadata service's orphan scan
+	closed   atomic.Bool
 	// syncFailure is the first failed sync of a blob or of the backend:
 	// set once, never cleared (after a failed fsync the device may have
 	// dropped data, so a later success proves nothing). Health reports it.
@@ -424,7 +445,7 @@ func (s *Service) Start() error {
 	sj := s.subj
 	s.host.HandleOrdered(sj.IO, map[string]nats.MsgHandler{
 		sj.Grant: s.onGrant, sj.Revoke: s.onRevoke, sj.Live: s.onLive, sj.Delete: s.onDelete,
-		sj.Resync: s.onResync, sj.Alloc: s.onAlloc, sj.Blobs: s.onBlobs,
+		sj.Resync: s.onResync, sj.Alloc: s.onAlloc, sj.DirGen: s.onDirGen, sj.Blobs: s.onBlobs,
 	})
 	s.host.Serve(&host.Listener{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode,
 		New: func() host.Session { return newSession(s) }, NewRegion: s.createRegion})
@@ -1332,6 +1353,13 @@ func (g *grant) revokeLocked() {
 		return
 	}
 	g.revoked = true
+	if g.write {
+		g.blob.writers--
+	}
+	if g.dirOpens != nil {
+		*g.dirOpens--
+		delete(g.blob.direct, g)
+	}
 	if g.active == 0 {
 		close(g.drained)
 	}

@@ -147,6 +147,8 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpCacheMap, s.cacheMap)
 	s.mux.Handle(proto.OpReadahead, s.readaheadHint)
 	s.mux.Handle(proto.OpClaim, s.claim)
+	s.mux.Handle(proto.OpClaimDir, s.claimDir)
+	s.mux.Handle(proto.OpRelease, s.release)
 }
 
 var errEOF = io.EOF

@@ -307,7 +307,7 @@ func (s *Service) resyncIO(ctx context.Context, epoch uint64) error {
 	floor := s.maxDV
 	s.mu.Unlock()
 	msg := control.Resync{Incarnation: s.inc, AllocLimit: limit, DVFloor: floor,
-		Stack: control.FormatStack(s.ns.StackID()), Empty: s.ns.Empty()}
+		Stack: control.FormatStack(s.ns.StackID()), Empty: s.ns.Empty(), DirGen: s.dg.gen.Load()}
 	err := s.host.Request(ctx, s.subj.Resync, msg, &r)
 	if err == nil {
 		s.alloc.limit = limit

@@ -137,6 +137,7 @@ func (s *Service) Snapshot() map[string]any {
 		"deletes_pending": s.dels.pending(), "deletes_done": st.DeletesDone.Load(),
 		"delete_failures": st.DeleteFailures.Load(),
 		"leases":          s.leases.count(), "lease_opens": st.LeaseOpens.Load(), "leases_ended": st.LeasesEnded.Load(),
+		"dir_gen_bumps": s.dg.bumps.Load(), "dir_snapshot_pages": s.dg.snaps.Load(),
 		"caps_minted": s.capsN.Minted.Load(), "caps_refused_grants": s.capsN.ThroughIO.Load(),
 		"live_from_table": s.liveN.table.Load(), "live_queries": s.liveN.nats.Load(),
 		"recalls": s.recallStats.recalls.Load(), "recall_waits": s.recallStats.waits.Load(), "recalls_unused": s.recallStats.unused.Load(), "recall_notices": s.recallStats.notices.Load(), "recall_p50_us": p50, "recall_p99_us": p99,
@@ -173,6 +174,7 @@ type Service struct {
 	revokes     *retrier                 // revocations to send again
 	leases      *leaseTable              // kept read leases (leases.go)
 	caps        atomic.Pointer[capEpoch] // the capability key of the current io epoch (caps.go)
+	dg          dirGen                   // directory snapshots' generation (dirgen.go)
 	live        liveTables               // io's live tables (live.go)
 	liveN       liveStats
 	sized       sizedSet // files whose size io reported in this io epoch (caps.go)
@@ -235,6 +237,7 @@ func New(opts Options) (*Service, error) {
 		stop:     make(chan struct{}),
 	}
 	s.version.Store(uint64(s.inc) << proto.CounterBits)
+	s.dg.gen.Store(1) // (0 is no generation: io honours no snapshot of it)
 	s.fresh.base = ns.Ino(n.NextIno())
 	s.io.init()
 	s.dels = newDeleter(s)

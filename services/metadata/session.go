@@ -113,12 +113,15 @@ func (se *session) register() {
 		proto.OpChmod: se.chmod, proto.OpChown: se.chown, proto.OpChtimes: se.chtimes,
 		proto.OpReadDir: se.readdir, proto.OpFStat: se.fstat, proto.OpSyncMeta: se.syncMeta,
 		proto.OpGrant: se.grantOp, proto.OpFChmod: se.fchmod, proto.OpFChown: se.fchown,
-		proto.OpFChtimes: se.fchtimes, proto.OpReopen: se.reopen,
+		proto.OpFChtimes: se.fchtimes, proto.OpReopen: se.reopen, proto.OpDirLease: se.dirLease,
 	} {
 		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
 			se.svc.Stats.Requests.Add(1)
 			if !se.hello && op != proto.OpHello {
 				return se.errno(syscall.ENOTCONN) // the protocol starts with OpHello
+			}
+			if dirChanging[op] {
+				return se.svc.changeDir(func() (int64, uint64) { return f(q) })
 			}
 			return f(q)
 		})

@@ -802,6 +802,56 @@ func (n *NS) ReadDirAt(c Cred, dir Ino, path string) ([]Dirent, error) {
 	return out, nil
 }
 
+// Openable is a regular file of a directory that a caller may open for
+// reading, as Snapshot lists them.
+type Openable struct {
+	Name string
+	Ino  Ino
+	Blob uint64
+	Mode uint32
+}
+
+// SnapshotAt lists, sorted by name, the regular files of directory path
+// (relative to dir) that c may open read-only by their name in it: c
+// may search every directory of the path and read and search the
+// directory itself (it learns every name), and may read the file. The
+// caller must keep the answer from outliving a change of the namespace
+// (the metadata service's directory generation does).
+func (n *NS) SnapshotAt(c Cred, dir Ino, path string) ([]Openable, error) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if n.closed {
+		return nil, errClosed
+	}
+	start, err := n.st.startDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	nd, err := n.st.resolveAt(&c, start, path)
+	if err != nil {
+		return nil, err
+	}
+	if !nd.isDir() {
+		return nil, syscall.ENOTDIR
+	}
+	if err := permission(&c, &nd.attr, mayRead|mayExec); err != nil {
+		return nil, err
+	}
+	if nd.attr.Nlink == 0 {
+		return nil, syscall.ENOENT
+	}
+	out := make([]Openable, 0, len(nd.entries))
+	for name, ino := range nd.entries {
+		e := n.st.inodes[ino]
+		if e == nil || e.attr.Mode&syscall.S_IFMT != syscall.S_IFREG || permission(&c, &e.attr, mayRead) != nil {
+			continue
+		}
+		out = append(out, Openable{Name: name, Ino: ino, Blob: e.attr.Blob, Mode: e.attr.Mode})
+	}
+	slices.SortFunc(out, func(a, b Openable) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
 // SetLive records the size and mtime the IO service reports for a regular
 // file after writes (trusted: no permission check). ctime becomes mtime
 // if that is later. ENOENT if the inode is gone.

@@ -43,9 +43,10 @@ type Ino uint64
 const RootIno Ino = 1
 
 // MaxIncarnation is the largest incarnation the namespace hands out: the
-// clients' protocol carries it in 24 bits of every session id and handle
+// clients' protocol carries it in the top 24 bits of every session id and
+// handle, whose highest bit only io's direct-open handles set
 // (proto.MaxIncarnation).
-const MaxIncarnation = 1<<24 - 1
+const MaxIncarnation = 1<<23 - 1
 
 // Attr is the persistent attributes of an inode.
 type Attr struct {
