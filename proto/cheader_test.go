@@ -48,7 +48,6 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_CLAIM_DIR", uint64(OpClaimDir)),
 		cheader.Def("WEIR_OP_RELEASE", uint64(OpRelease)),
 		cheader.Def("WEIR_OP_DIR_LEASE", uint64(OpDirLease)),
-
 	}
 }
 
