@@ -3,6 +3,7 @@ package iosvc
 import (
 	"bytes"
 	"cmp"
+	"container/list"
 	"errors"
 	"fmt"
 	"io"
@@ -194,11 +195,14 @@ func (pc *pageCache) reclaim() {
 
 // region is one open blob's cache region.
 type region struct {
-	pc  *pageCache
-	id  backend.BlobID
-	ino uint64
-	fd  *os.File // the memfd, read-write: io's
-	ro  *os.File // a read-only description of it: the clients'
+	// idleAt is its element in Service.idle while its blob is closed;
+	// protected by Service.mu.
+	idleAt *list.Element
+	pc     *pageCache
+	id     backend.BlobID
+	ino    uint64
+	fd     *os.File // the memfd, read-write: io's
+	ro     *os.File // a read-only description of it: the clients'
 
 	// life: page work takes it shared; close takes it exclusive, so the
 	// mappings stay mapped while anything uses them.

@@ -89,7 +89,7 @@ func (s *session) claimDir(q *ring.Request) (int64, uint64) {
 	q.ReadPayload(b[:])
 	rel := binary.LittleEndian.Uint64(b[proto.CapSize:])
 	if rel != 0 {
-		if res, _ := s.releaseDir(rel); res < 0 {
+		if res, _ := s.releaseDir(rel, true); res < 0 {
 			svc.Stats.DirClaimsRefused.Add(1)
 			return res, 0
 		}
@@ -177,13 +177,15 @@ func (s *session) release(q *ring.Request) (int64, uint64) {
 		s.svc.Stats.Stale.Add(1)
 		return fail(proto.ErrStale)
 	}
-	return s.releaseDir(q.Handle)
+	return s.releaseDir(q.Handle, false)
 }
 
 // releaseDir ends the session's direct open h: EINVAL if h is not a
 // direct open's handle; one the session does not hold (a writer's grant
-// ended it, or it was released already) is no error.
-func (s *session) releaseDir(h uint64) (int64, uint64) {
+// ended it, or it was released already) is no error. later: drop the
+// blob's reference off the poller (a release inside a claim: the blob's
+// close, and its region's, need not delay the claim's answer).
+func (s *session) releaseDir(h uint64, later bool) (int64, uint64) {
 	svc := s.svc
 	if h&proto.DirOpenBit == 0 {
 		return fail(syscall.EINVAL)
@@ -203,7 +205,9 @@ func (s *session) releaseDir(h uint64) (int64, uint64) {
 	svc.mu.Unlock()
 	svc.Stats.Grants.Add(-1)
 	svc.Stats.DirReleases.Add(1)
-	svc.releaseWhenDrained([]*grant{g})
+	if !later || !svc.background(func() { svc.releaseWhenDrained([]*grant{g}) }) {
+		svc.releaseWhenDrained([]*grant{g})
+	}
 	return 0, 0
 }
 

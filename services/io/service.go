@@ -1,6 +1,7 @@
 package iosvc
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -365,9 +366,10 @@ type Service struct {
 	// outlives its blob's closing (its pages stay cached, as the kernel's
 	// do after close) until the blob is deleted or idleRegions newer
 	// idle ones push it out. idle lists those of closed blobs, least
-	// recently closed first. Both protected by mu.
+	// recently closed first (each region's idleAt is its element, so
+	// that an open takes it out at once). Both protected by mu.
 	regions map[backend.BlobID]*region
-	idle    []*region
+	idle    list.List
 	bg      sync.WaitGroup // revocations waiting, live reports after a resync, deletes, blob listings
 	// stopping: Shutdown waits for bg; nothing more may start (protected by mu).
 	stopping bool
@@ -657,7 +659,10 @@ func (s *Service) Shutdown(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	regions := s.regions
-	s.regions, s.idle = map[backend.BlobID]*region{}, nil
+	s.regions = map[backend.BlobID]*region{}
+	for s.idle.Len() > 0 {
+		s.idle.Remove(s.idle.Front()).(*region).idleAt = nil
+	}
 	s.mu.Unlock()
 	for _, r := range regions {
 		r.close()
@@ -828,12 +833,14 @@ func (s *Service) idleRegionLocked(r *region) *region {
 	if s.regions[r.id] != r {
 		return nil
 	}
-	s.idle = append(s.idle, r)
-	if len(s.idle) <= idleRegions {
+	if r.idleAt == nil {
+		r.idleAt = s.idle.PushBack(r)
+	}
+	if s.idle.Len() <= idleRegions {
 		return nil
 	}
-	old := s.idle[0]
-	s.idle = s.idle[1:]
+	old := s.idle.Remove(s.idle.Front()).(*region)
+	old.idleAt = nil
 	delete(s.regions, old.id)
 	return old
 }
@@ -841,11 +848,9 @@ func (s *Service) idleRegionLocked(r *region) *region {
 // unidleLocked takes r off the idle list: its blob is open again. s.mu is
 // held.
 func (s *Service) unidleLocked(r *region) {
-	for i, x := range s.idle {
-		if x == r {
-			s.idle = append(s.idle[:i], s.idle[i+1:]...)
-			return
-		}
+	if r.idleAt != nil {
+		s.idle.Remove(r.idleAt)
+		r.idleAt = nil
 	}
 }
 
