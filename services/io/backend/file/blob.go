@@ -1,6 +1,7 @@
 package file
 
 import (
+	"container/list"
 	"errors"
 	"io"
 	"sync"
@@ -18,6 +19,10 @@ const edgeStripes = 64
 
 // blobFile is the state of one blob shared by all its open handles.
 type blobFile struct {
+	// idleAt is its element in Backend.idle while no handle holds it;
+	// protected by Backend.mu.
+	idleAt *list.Element
+
 	be *Backend       // immutable
 	id backend.BlobID // immutable
 	// direct: the file is open with O_DIRECT (the backend's mode), for
@@ -454,6 +459,5 @@ func (h *handle) Close() error {
 	if b.refs > 0 || be.open[b.id] != b {
 		return nil // other handles, or the backend closed it already
 	}
-	delete(be.open, b.id)
-	return b.closeFile()
+	return be.keepIdleLocked(b) // open still, for the next Open of it
 }

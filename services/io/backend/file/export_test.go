@@ -42,3 +42,19 @@ func OpenFlags(b backend.Blob) (int, error) {
 	defer h.b.mu.RUnlock()
 	return unix.FcntlInt(uintptr(h.b.fd), unix.F_GETFL, 0)
 }
+
+// SetMaxIdleFiles sets how many blobs without a handle the backend keeps
+// open, until cleanup restores it.
+func SetMaxIdleFiles(t interface{ Cleanup(func()) }, n int) {
+	old := maxIdleFiles
+	maxIdleFiles = n
+	t.Cleanup(func() { maxIdleFiles = old })
+}
+
+// Idle returns how many blobs without a handle b keeps open.
+func Idle(b backend.Backend) int {
+	be := b.(*Backend)
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	return be.idle.Len()
+}
