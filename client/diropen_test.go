@@ -153,8 +153,9 @@ func TestDirectOpens(t *testing.T) {
 	if d := st.Metadata.Stats.Opens.Load() - opens; d != 1 {
 		t.Errorf("a second open made %d metadata opens; want 1", d)
 	}
-	// Stat: promoted, with the attributes metadata has.
-	f, err := c2.Open("d/f12")
+	// Stat: the name's attributes; a call that needs a metadata handle
+	// (Chmod) opens it through metadata first.
+	f, err := c2.OpenFile("d/f12", os.O_RDONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,8 +165,14 @@ func TestDirectOpens(t *testing.T) {
 	if err != nil || fi.Size() != int64(len("contents of f12")) || fi.Mode() != 0o644 {
 		t.Fatalf("stat of a direct open: %v %v", fi, err)
 	}
+	if c2.DirectPromoted.Load() != promoted {
+		t.Errorf("Stat promoted the direct open; the name's stat serves it")
+	}
+	if err := f.Chmod(0o644); err != nil {
+		t.Fatalf("chmod of a direct open: %v", err)
+	}
 	if c2.DirectPromoted.Load() != promoted+1 {
-		t.Errorf("Stat did not promote the direct open")
+		t.Errorf("Chmod did not promote the direct open")
 	}
 	if b, err := io.ReadAll(f); err != nil || string(b) != "contents of f12" {
 		t.Fatalf("read after promotion: %q %v", b, err)

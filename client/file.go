@@ -1250,6 +1250,13 @@ func (fl *File) Stat() (fs.FileInfo, error) {
 	if err := fl.check("stat"); err != nil {
 		return nil, err
 	}
+	if fl.viaDir.Load() {
+		// A direct open (direct.go): its name's attributes, if the name
+		// still names it; else it is opened through metadata first.
+		if fi, err := fl.fs.statAt(nil, "stat", fl.name); err == nil && fi.a.Ino == fl.ino {
+			return newFileInfo(baseName(fl.name), fi.a), nil
+		}
+	}
 	var a proto.Attr
 	err := fl.fs.metaOp(true, func(c *conn) error {
 		h, err := fl.handleIn(c)

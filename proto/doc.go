@@ -135,6 +135,13 @@
 //	            8 × their count, at most RecallBatch); Aux = RecallAll: more
 //	            were, treat every grant as recalled. EBUSY: one is
 //	            outstanding already; ECANCELED: the session is ending
+//	OpDirLease  (FeatureDirOpen) Handle = a directory handle or
+//	            RootHandle; in: as OpReadDir; out: u32 count, count x
+//	            SnapEntry {u64 ino, u32 mode, [CapSize]byte capability,
+//	            str name}: the regular files the session may open for
+//	            reading there (a page of them, by name); Aux = 1 if more
+//	            follow. EAGAIN: changes raced the read, or io has no key
+//	            yet; open through OpOpen
 //
 //	OpAttach    in:  u32 version, u32 0, u64 session, [32]byte token
 //	OpRead      Handle, Offset, Arg = ReadDirect (O_DIRECT) or 0; the
@@ -148,6 +155,15 @@
 //	OpClaim     Handle = the data handle; in: capability (CapSize)
 //	            -   EKEYREJECTED: not a capability of this io epoch, or
 //	            revoked: ask again with OpGrant, Arg = GrantThroughIO
+//	OpClaimDir  (FeatureDirOpen) in: an OpDirLease entry's capability,
+//	            u64 direct handle to release first (0: none), ClaimDirSize
+//	            bytes in all; Result 0, Aux = the new direct handle
+//	            (DirOpenBit set), a read-only open of the file. EKEYREJECTED:
+//	            not of this io epoch or directory generation (the namespace
+//	            changed); EBUSY: a writer holds the file; EMFILE: too many;
+//	            on any of them open through OpOpen
+//	OpRelease   Handle = a direct handle: its end (one the session does not
+//	            hold is no error; EINVAL: not a direct handle)
 //	OpGetAttr   Handle; out: i64 size, i64 mtime, u8 changed
 //	OpCacheMap  Handle (a readable one); result 0, Aux = tag: the file's
 //	            cache region (docs/cache-abi.md), a read-only memfd, comes

@@ -102,6 +102,8 @@ func (s *Service) onGrant(m *nats.Msg) {
 	var ended []*grant
 	if g.Write {
 		ob.writers++
+	}
+	if g.Write || g.Truncate {
 		ended = s.endDirectLocked(ob, g.Session) // a writer's file takes no other session's direct opens
 	}
 	s.mu.Unlock()
@@ -343,7 +345,11 @@ func (s *Service) onResync(m *nats.Msg) {
 	s.grants = make(map[uint64]map[uint64]*grant)
 	s.sessions = make(map[uint64]*session) // every session must attach again
 	capKey, keyErr := s.newCapKeyLocked()
-	s.dirGen = max(s.dirGen, r.DirGen) // (a DirGen racing the resync is not undone)
+	if r.Incarnation != s.inc.Load() {
+		s.dirGen = r.DirGen // a new metadata service counts from its own start
+	} else {
+		s.dirGen = max(s.dirGen, r.DirGen) // (a DirGen racing the resync is not undone)
+	}
 	s.inc.Store(r.Incarnation)
 	s.resyncs.Add(1)
 	for { // data versions stay above every one metadata applied
