@@ -40,6 +40,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envHolder) != "" {
 		os.Exit(holderChild())
 	}
+	if os.Getenv(envDirChild) != "" {
+		os.Exit(dirOpenChild())
+	}
 	stop, err := exampleServices()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start the services for Example:", err)
