@@ -3,6 +3,7 @@ package client
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path"
@@ -118,7 +119,7 @@ func (f *FS) openDirect(c *conn, name string, flag int) (*File, bool) {
 	comp, err := call(bgctx, c.data, proto.OpClaimDir, 0, 0, 0, b[:], nil)
 	if err != nil || comp.Aux&proto.DirOpenBit == 0 {
 		if queued && err != nil {
-			f.late.giveBack(r) // (a refused claim released nothing)
+			f.late.giveBack(r) // (io may have released it already: a second release is no error)
 		}
 		f.DirectRefused.Add(1)
 		if errors.Is(err, syscall.EKEYREJECTED) {
@@ -199,7 +200,9 @@ func (f *FS) fetchSnapshot(c *conn, dir string) {
 // promoteLocked makes a directly opened file an ordinary one: opened
 // through metadata by its name in the sessions c, which must name the
 // same inode (ESTALE otherwise: it was renamed or removed meanwhile),
-// with its direct open released. hmu is held.
+// with its direct open released. On an error the file stays a direct
+// one: the call that needed metadata fails, its reads go on while io
+// honours the direct open. hmu is held.
 func (fl *File) promoteLocked(c *conn) error {
 	if !fl.viaDir.Load() {
 		return nil
@@ -208,12 +211,13 @@ func (fl *File) promoteLocked(c *conn) error {
 	body := (&proto.ModePathReq{Path: fl.name}).Append(nil)
 	out := make([]byte, proto.OpenRespSize(c.features))
 	comp, err := call(bgctx, c.meta, proto.OpOpen, uint32(os.O_RDONLY), proto.RootHandle, 0, body, out)
+	if err != nil && !lostSession(err) && !errors.Is(err, proto.ErrStale) {
+		// Renamed, removed, or no longer readable by its name: as
+		// below, the descriptor is good, but weir cannot reach it here.
+		return fmt.Errorf("%w (opened at io from a directory snapshot, the file cannot be opened by its name now: %v; weir gives such a file no metadata handle)", syscall.ESTALE, err)
+	}
 	if err != nil {
-		if lostSession(err) {
-			return err
-		}
-		fl.gone = &fileGone{err: err}
-		return fl.gone
+		return err
 	}
 	r, err := proto.DecodeOpenResp(out[:comp.Result], c.features)
 	if err != nil {
@@ -221,8 +225,7 @@ func (fl *File) promoteLocked(c *conn) error {
 	}
 	if r.Attr.Ino != fl.ino || r.Attr.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		_, _ = call(bgctx, c.meta, proto.OpClose, 0, r.Handle, 0, nil, nil)
-		fl.gone = &fileGone{err: syscall.ESTALE}
-		return fl.gone
+		return fmt.Errorf("%w (opened at io from a directory snapshot, the file's name now names another file or none; weir gives such a file no metadata handle)", syscall.ESTALE)
 	}
 	if fl.gen == c.gen {
 		fl.releaseDirectLocked(c)

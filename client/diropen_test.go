@@ -13,6 +13,7 @@ import (
 
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/ring"
 	"github.com/weir-storage/weir/stack"
 )
 
@@ -93,12 +94,13 @@ func writeFiles(t *testing.T, c *client.FS, dir string, n int) {
 // snapshot.
 func waitSnapshot(t *testing.T, c *client.FS, dir string) {
 	t.Helper()
+	before := c.Snapshots.Load()
 	for _, n := range []string{"f0", "f1"} {
 		if _, err := c.ReadFile(dir + "/" + n); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); c.Snapshots.Load() == 0; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); c.Snapshots.Load() == before; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no directory snapshot 10 s after two cold opens")
 		}
@@ -176,6 +178,29 @@ func TestDirectOpens(t *testing.T) {
 	}
 	if b, err := io.ReadAll(f); err != nil || string(b) != "contents of f12" {
 		t.Fatalf("read after promotion: %q %v", b, err)
+	}
+	// A direct file whose name went elsewhere: Stat fails (ESTALE: weir
+	// has no metadata handle of it), its reads go on.
+	writeFiles(t, c, "r", 3)
+	waitSnapshot(t, c2, "r")
+	direct = c2.DirectOpens.Load()
+	g, err := c2.OpenFile("r/f2", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if c2.DirectOpens.Load() != direct+1 {
+		t.Fatal("r/f2 was not opened directly")
+	}
+	if err := c.Rename("r/f2", "r/moved"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Stat(); !errors.Is(err, syscall.ESTALE) {
+		t.Errorf("Stat of a direct file whose name was renamed away: %v, want ESTALE", err)
+	}
+	buf := make([]byte, 32)
+	if n, err := g.ReadAt(buf, 0); string(buf[:n]) != "contents of f2" || (err != nil && err != io.EOF) {
+		t.Errorf("read of a direct file after its rename and a failed Stat: %q %v", buf[:n], err)
 	}
 	// A name the snapshot lacks is opened through metadata, not ENOENT.
 	if err := c.WriteFile("d/new", []byte("new"), 0o644); err != nil {
@@ -293,6 +318,11 @@ func TestDirectOpenRefusals(t *testing.T) {
 	if err != nil || h&proto.DirOpenBit == 0 {
 		t.Fatalf("claim: %#x %v", h, err)
 	}
+	// No mapping of the file's cache region by it (a writer's grant
+	// ends a direct open, and could not take a mapping back).
+	if err := rawCall(t, s.data, proto.OpCacheMap, h, make([]byte, 8)).Err(); !errors.Is(err, syscall.EBADF) {
+		t.Errorf("OpCacheMap of a direct handle: %v, want EBADF", err)
+	}
 	// The other session cannot read by it, nor release it.
 	if _, err := other.read(t, h); !errors.Is(err, syscall.EBADF) {
 		t.Errorf("another session's read by a direct handle: %v, want EBADF", err)
@@ -320,10 +350,24 @@ func TestDirectOpenRefusals(t *testing.T) {
 	if _, err := s.read(t, h2); !errors.Is(err, syscall.EBADF) {
 		t.Errorf("read by a released handle: %v, want EBADF", err)
 	}
-	// A session without the feature gets no snapshot.
+	// A session without the feature gets no snapshot; one that asks for
+	// it without the capabilities its end relies on is not given it.
 	plain := dialRaw(t, st, capFeatures)
 	if _, err := plain.snapshot(t, "d"); !errors.Is(err, syscall.EOPNOTSUPP) {
 		t.Errorf("snapshot without FeatureDirOpen: %v, want EOPNOTSUPP", err)
+	}
+	meta, err := ring.Dial(context.Background(), st.Config.Metadata.Socket, ring.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer meta.Close()
+	hello := make([]byte, proto.HelloRespSize)
+	copy(hello, (&proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureLeases | proto.FeatureDirOpen}).Append(nil))
+	if r := rawCall(t, meta, proto.OpHello, 0, hello); r.Result != proto.HelloRespSize {
+		t.Fatalf("hello: %+v", r)
+	}
+	if hr, err := proto.DecodeHelloResp(hello); err != nil || hr.Features != proto.FeatureLeases {
+		t.Errorf("hello asking for direct opens without capabilities answered features %#x, %v; want %#x", hr.Features, err, proto.FeatureLeases)
 	}
 }
 

@@ -278,7 +278,16 @@ func (fl *File) moveLocked(c *conn) error {
 	fl.dropClaimLocked()
 	fl.granted, fl.throughIO, fl.openCap = false, false, nil
 	if fl.viaDir.Load() {
-		return fl.promoteLocked(c) // (its direct open went with its sessions)
+		// Its direct open went with its sessions: open it through
+		// metadata, or it is gone.
+		if err := fl.promoteLocked(c); err != nil {
+			if lostSession(err) {
+				return err
+			}
+			fl.gone = &fileGone{err: err}
+			return fl.gone
+		}
+		return nil
 	}
 	if c.meta != fl.meta {
 		if err := fl.reopenLocked(c); err != nil {

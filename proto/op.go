@@ -48,7 +48,8 @@ const (
 	// never sends that OpGrant. Granted is then 0.
 	FeatureOpenCap uint64 = 1 << 4
 
-	// FeatureDirOpen (with FeatureOpenCap): OpDirLease answers a snapshot
+	// FeatureDirOpen (with FeatureOpenCap, FeatureCaps and FeatureLeases,
+	// or the service answers it off): OpDirLease answers a snapshot
 	// of a directory whose entries carry open capabilities, and the
 	// client opens such an entry read-only at io alone (OpClaimDir),
 	// with no metadata request: a cold open wakes one service, not two

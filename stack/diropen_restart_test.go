@@ -3,11 +3,79 @@ package stack_test
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/internal/config"
+	"github.com/weir-storage/weir/proto"
+	"github.com/weir-storage/weir/ring"
 )
+
+// rawDirDial is rawDial with the features direct opens need.
+func rawDirDial(t *testing.T, cfg *config.Config) *rawSession {
+	t.Helper()
+	ctx := context.Background()
+	s := &rawSession{}
+	var err error
+	if s.meta, err = ring.Dial(ctx, cfg.Metadata.Socket, ring.ClientOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out := make([]byte, proto.HelloRespSize)
+	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion,
+		Features: proto.FeatureLeases | proto.FeatureCaps | proto.FeatureOpenCap | proto.FeatureDirOpen}
+	if c := rawDo(t, s.meta, proto.OpHello, 0, 0, req.Append(nil), out); c.Result != proto.HelloRespSize {
+		t.Fatalf("hello: %+v", c)
+	}
+	if s.hello, err = proto.DecodeHelloResp(out); err != nil || s.hello.Features&proto.FeatureDirOpen == 0 {
+		t.Fatalf("hello: %+v %v", s.hello, err)
+	}
+	if s.data, err = ring.Dial(ctx, cfg.IO.Socket, ring.ClientOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	att := proto.AttachReq{Version: s.hello.Version, Session: s.hello.Session, Token: s.hello.Token}
+	if c := rawDo(t, s.data, proto.OpAttach, 0, 0, att.Append(nil), nil); c.Result != 0 {
+		t.Fatalf("attach: %+v", c)
+	}
+	t.Cleanup(func() { s.meta.Close(); s.data.Close() })
+	return s
+}
+
+// snapshotCap returns the capability of dir/name in dir's snapshot.
+func (s *rawSession) snapshotCap(t *testing.T, dir, name string) []byte {
+	t.Helper()
+	out := make([]byte, 32<<10)
+	c := rawDo(t, s.meta, proto.OpDirLease, proto.RootHandle, 0, (&proto.ReadDirReq{Path: dir}).Append(nil), out)
+	if c.Result < 0 {
+		t.Fatalf("snapshot of %s: %v", dir, syscall.Errno(-c.Result))
+	}
+	ents, err := proto.DecodeSnapEntries(out[:c.Result])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name == name {
+			return e.Cap[:]
+		}
+	}
+	t.Fatalf("%s not in the snapshot of %s", name, dir)
+	return nil
+}
+
+// claimDir presents cp on s's IO ring and releases the direct open it
+// gets; it returns the result (negative: an errno).
+func (s *rawSession) claimDir(t *testing.T, cp []byte) int64 {
+	t.Helper()
+	in := make([]byte, proto.ClaimDirSize)
+	copy(in, cp)
+	c := rawDo(t, s.data, proto.OpClaimDir, 0, 0, in, nil)
+	if c.Result < 0 {
+		return c.Result
+	}
+	rawDo(t, s.data, proto.OpRelease, c.Aux, 0, nil, nil)
+	return 0
+}
 
 // TestDirectOpensAfterMetadataRestart: a metadata service that starts
 // again counts its directory generation from its own start; io takes it
@@ -66,7 +134,25 @@ func TestDirectOpensAfterMetadataRestart(t *testing.T) {
 	if err := w.Remove("a/f5"); err != nil { // moves the generation on
 		t.Fatal(err)
 	}
-	md.stop()
+	// A raw session's snapshot, taken before metadata dies: once io
+	// lost its metadata session, it honours no direct open until a
+	// resync (the next incarnation may answer changes before it knows
+	// of the snapshots out).
+	raw := rawDirDial(t, cfg)
+	cp := raw.snapshotCap(t, "a", "f3")
+	if h := raw.claimDir(t, cp); h < 0 {
+		t.Fatalf("claim before the stop: %v", syscall.Errno(-h))
+	}
+	md.kill(t) // (a clean stop revokes its sessions' grants first)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		h := raw.claimDir(t, cp)
+		if h == -int64(syscall.EKEYREJECTED) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("io still answers %d to a direct open 10 s after the metadata service stopped", h)
+		}
+	}
 	startService(t, exe, "metadata", cfg, url)
 	// A snapshot lists only files whose size io reported to this
 	// incarnation (a first grant through io does): read them once.

@@ -205,7 +205,8 @@ type Resync struct {
 // DirGen moves io's directory generation forward (a smaller or equal Gen
 // changes nothing and is acked all the same).
 type DirGen struct {
-	Gen uint64 `json:"gen"`
+	Incarnation uint32 `json:"incarnation"` // the metadata incarnation that moves it
+	Gen         uint64 `json:"gen"`
 }
 
 // ResyncReply answers Resync once every request in flight on a dropped

@@ -43,6 +43,7 @@ const maxEndedUnattached = 1024
 // returns its bytes for the metadata service; every capability of the
 // last epoch is worth nothing from now on. Called with s.mu held.
 func (s *Service) newCapKeyLocked() ([]byte, error) {
+	s.capKey = nil // (none at all if the new one cannot be made)
 	b := make([]byte, grantcap.KeySize)
 	if _, err := rand.Read(b); err != nil {
 		return nil, fmt.Errorf("capability key: %w", err)

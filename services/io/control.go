@@ -135,6 +135,7 @@ func (s *Service) onRevoke(m *nats.Msg) {
 			gone = append(gone, g)
 		}
 		delete(s.grants, r.Session)
+		delete(s.dirOpens, r.Session) // (its direct opens end below)
 	} else if g := hs[r.Handle]; g != nil {
 		if g.blob.id != backend.BlobID(r.Blob) {
 			s.mu.Unlock()
@@ -350,6 +351,7 @@ func (s *Service) onResync(m *nats.Msg) {
 	} else {
 		s.dirGen = max(s.dirGen, r.DirGen) // (a DirGen racing the resync is not undone)
 	}
+	s.dirLive = keyErr == nil
 	s.inc.Store(r.Incarnation)
 	s.resyncs.Add(1)
 	for { // data versions stay above every one metadata applied

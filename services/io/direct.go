@@ -2,6 +2,7 @@ package iosvc
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 	"syscall"
 
@@ -54,6 +55,12 @@ func (s *Service) onDirGen(m *nats.Msg) {
 	var d control.DirGen
 	if err := control.Decode(m.Data, &d); err != nil || d.Gen == 0 {
 		s.host.Refuse(m, "malformed", control.Ack{}, "dirgen: no generation")
+		return
+	}
+	if inc := s.inc.Load(); d.Incarnation != inc {
+		// A late one of an incarnation that is over (NATS orders no
+		// messages across connections): the resync set the generation.
+		s.host.Refuse(m, "stale_incarnation", control.Ack{}, fmt.Sprintf("dirgen of incarnation %d; serving %d", d.Incarnation, inc))
 		return
 	}
 	s.mu.Lock()
@@ -124,6 +131,8 @@ func (s *session) claimDir(q *ring.Request) (int64, uint64) {
 		svc.mu.Unlock()
 		svc.Stats.Stale.Add(1)
 		return fail(proto.ErrStale)
+	case !svc.dirLive:
+		refuse = syscall.EKEYREJECTED // the metadata session was lost and no resync came since
 	case svc.capFloor[s.sid] == math.MaxUint64:
 		refuse = syscall.EKEYREJECTED // the session ended: metadata revoked every grant of it
 	case c.Ver != svc.dirGen:

@@ -343,6 +343,7 @@ type Service struct {
 	// directory generation, the direct opens of each session, the
 	// counter of their handles.
 	dirGen   uint64
+	dirLive  bool // a resync came since the metadata session was last lost: direct opens are honoured
 	dirOpens map[uint64]*int
 	dirSeq   atomic.Uint64
 	peer     *host.Peer  // the service session with metadata; immutable after Start
@@ -461,6 +462,11 @@ func (s *Service) Start() error {
 		s.meta.init()
 		s.peer = host.DialPeer(s.opts.MetadataSocket, string(control.RoleIO), s.log.Named("peer"), func(up bool) {
 			s.meta.set(up)
+			if !up {
+				s.mu.Lock()
+				s.dirLive = false // no direct open until the next resync: a new metadata may not know the snapshots out
+				s.mu.Unlock()
+			}
 			if !up && !s.closed.Load() {
 				s.log.Info("metadata service session ended; serving existing grants until it is back")
 			}

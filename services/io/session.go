@@ -744,6 +744,12 @@ func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
 		return fail(e)
 	}
 	defer s.svc.done(g)
+	if g.dirOpens != nil {
+		// A direct open (direct.go): a writer's grant ends it, and
+		// could not take a mapping back.
+		s.svc.Stats.Denied.Add(1)
+		return fail(syscall.EBADF)
+	}
 	r := s.svc.regionOf(g.blob)
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)

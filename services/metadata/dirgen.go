@@ -71,9 +71,12 @@ func (s *Service) changeDir(f func() (int64, uint64)) (int64, uint64) {
 	if d.out.Swap(false) {
 		next := d.gen.Load() + 1
 		var ack control.Ack
-		err := s.request(s.subj.DirGen, control.DirGen{Gen: next}, &ack)
+		err := s.request(s.subj.DirGen, control.DirGen{Incarnation: s.inc, Gen: next}, &ack)
 		if err != nil && !errors.Is(err, errIODown) {
-			// io may hold the old generation still, and serve it.
+			// io may hold the old generation still, and serve it; or
+			// it took next and the ack was lost: count on from next
+			// (forward is always safe), and bump again at the next change.
+			d.gen.Store(next)
 			d.out.Store(true)
 			d.bumpMu.Unlock()
 			s.log.Error("directory generation not acked: the change is refused", "error", err)

@@ -198,7 +198,13 @@ func (se *session) helloOp(q *ring.Request) (int64, uint64) {
 		se.svc.Stats.Errors.Add(1)
 		return -int64(proto.ErrVersion), proto.VersionRange(proto.MinVersion, proto.MaxVersion)
 	}
-	resp := proto.HelloResp{Version: v, Features: r.Features & proto.KnownFeatures, Session: se.id, Token: se.token}
+	feats := r.Features & proto.KnownFeatures
+	if need := proto.FeatureCaps | proto.FeatureLeases | proto.FeatureOpenCap; feats&need != need {
+		// Direct opens end with the session's revoke of every grant,
+		// which only a capability session is sent (endClaims).
+		feats &^= proto.FeatureDirOpen
+	}
+	resp := proto.HelloResp{Version: v, Features: feats, Session: se.id, Token: se.token}
 	res, aux := reply(q, resp.Append(nil))
 	if res >= 0 {
 		se.hello, se.version, se.features = true, v, resp.Features
