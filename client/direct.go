@@ -73,12 +73,12 @@ func (d *directState) resetLocked(gen uint64) {
 	d.seen = map[uint64]bool{}
 }
 
-// dropSnapshots forgets every snapshot: the namespace changed (a claim
-// was refused, or this client changed it).
+// dropSnapshots forgets every snapshot: io refused one's capability (the
+// namespace changed since, which moved the generation all share).
 func (f *FS) dropSnapshots() {
 	d := &f.direct
 	d.mu.Lock()
-	if d.snaps != nil && len(d.snaps) > 0 {
+	if len(d.snaps) > 0 {
 		d.snaps = map[string]map[string]proto.SnapEntry{}
 	}
 	d.mu.Unlock()

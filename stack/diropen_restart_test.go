@@ -10,36 +10,12 @@ import (
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/proto"
-	"github.com/weir-storage/weir/ring"
 )
 
 // rawDirDial is rawDial with the features direct opens need.
 func rawDirDial(t *testing.T, cfg *config.Config) *rawSession {
 	t.Helper()
-	ctx := context.Background()
-	s := &rawSession{}
-	var err error
-	if s.meta, err = ring.Dial(ctx, cfg.Metadata.Socket, ring.ClientOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	out := make([]byte, proto.HelloRespSize)
-	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion,
-		Features: proto.FeatureLeases | proto.FeatureCaps | proto.FeatureOpenCap | proto.FeatureDirOpen}
-	if c := rawDo(t, s.meta, proto.OpHello, 0, 0, req.Append(nil), out); c.Result != proto.HelloRespSize {
-		t.Fatalf("hello: %+v", c)
-	}
-	if s.hello, err = proto.DecodeHelloResp(out); err != nil || s.hello.Features&proto.FeatureDirOpen == 0 {
-		t.Fatalf("hello: %+v %v", s.hello, err)
-	}
-	if s.data, err = ring.Dial(ctx, cfg.IO.Socket, ring.ClientOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	att := proto.AttachReq{Version: s.hello.Version, Session: s.hello.Session, Token: s.hello.Token}
-	if c := rawDo(t, s.data, proto.OpAttach, 0, 0, att.Append(nil), nil); c.Result != 0 {
-		t.Fatalf("attach: %+v", c)
-	}
-	t.Cleanup(func() { s.meta.Close(); s.data.Close() })
-	return s
+	return rawDialFeatures(t, cfg, proto.FeatureLeases|proto.FeatureCaps|proto.FeatureOpenCap|proto.FeatureDirOpen)
 }
 
 // snapshotCap returns the capability of dir/name in dir's snapshot.

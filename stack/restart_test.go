@@ -132,6 +132,13 @@ type rawSession struct {
 
 func rawDial(t *testing.T, cfg *config.Config) *rawSession {
 	t.Helper()
+	return rawDialFeatures(t, cfg, 0)
+}
+
+// rawDialFeatures is rawDial asking for features, which the service must
+// give.
+func rawDialFeatures(t *testing.T, cfg *config.Config, features uint64) *rawSession {
+	t.Helper()
 	ctx := context.Background()
 	s := &rawSession{}
 	var err error
@@ -139,12 +146,12 @@ func rawDial(t *testing.T, cfg *config.Config) *rawSession {
 		t.Fatal(err)
 	}
 	out := make([]byte, proto.HelloRespSize)
-	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion}
+	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: features}
 	if c := rawDo(t, s.meta, proto.OpHello, 0, 0, req.Append(nil), out); c.Result != proto.HelloRespSize {
 		t.Fatalf("hello: %+v", c)
 	}
-	if s.hello, err = proto.DecodeHelloResp(out); err != nil {
-		t.Fatal(err)
+	if s.hello, err = proto.DecodeHelloResp(out); err != nil || s.hello.Features != features {
+		t.Fatalf("hello: %+v %v (asked for features %#x)", s.hello, err, features)
 	}
 	if s.data, err = ring.Dial(ctx, cfg.IO.Socket, ring.ClientOptions{}); err != nil {
 		t.Fatal(err)

@@ -774,25 +774,9 @@ func (n *NS) ReadDir(c Cred, path string) ([]Dirent, error) { return n.ReadDirAt
 func (n *NS) ReadDirAt(c Cred, dir Ino, path string) ([]Dirent, error) {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	if n.closed {
-		return nil, errClosed
-	}
-	start, err := n.st.startDir(dir)
+	nd, err := n.listableLocked(&c, dir, path, mayRead)
 	if err != nil {
 		return nil, err
-	}
-	nd, err := n.st.resolveAt(&c, start, path)
-	if err != nil {
-		return nil, err
-	}
-	if !nd.isDir() {
-		return nil, syscall.ENOTDIR
-	}
-	if err := permission(&c, &nd.attr, mayRead); err != nil {
-		return nil, err
-	}
-	if nd.attr.Nlink == 0 {
-		return nil, syscall.ENOENT // a removed directory, still open: getdents says ENOENT
 	}
 	out := make([]Dirent, 0, len(nd.entries))
 	for name, ino := range nd.entries {
@@ -800,6 +784,32 @@ func (n *NS) ReadDirAt(c Cred, dir Ino, path string) ([]Dirent, error) {
 	}
 	slices.SortFunc(out, func(a, b Dirent) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+// listableLocked resolves directory path (relative to dir) for a listing
+// that needs mask on it; n.mu is held.
+func (n *NS) listableLocked(c *Cred, dir Ino, path string, mask uint32) (*inode, error) {
+	if n.closed {
+		return nil, errClosed
+	}
+	start, err := n.st.startDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	nd, err := n.st.resolveAt(c, start, path)
+	if err != nil {
+		return nil, err
+	}
+	if !nd.isDir() {
+		return nil, syscall.ENOTDIR
+	}
+	if err := permission(c, &nd.attr, mask); err != nil {
+		return nil, err
+	}
+	if nd.attr.Nlink == 0 {
+		return nil, syscall.ENOENT // a removed directory, still open: getdents says ENOENT
+	}
+	return nd, nil
 }
 
 // Openable is a regular file of a directory that a caller may open for
@@ -820,25 +830,9 @@ type Openable struct {
 func (n *NS) SnapshotAt(c Cred, dir Ino, path string) ([]Openable, error) {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
-	if n.closed {
-		return nil, errClosed
-	}
-	start, err := n.st.startDir(dir)
+	nd, err := n.listableLocked(&c, dir, path, mayRead|mayExec)
 	if err != nil {
 		return nil, err
-	}
-	nd, err := n.st.resolveAt(&c, start, path)
-	if err != nil {
-		return nil, err
-	}
-	if !nd.isDir() {
-		return nil, syscall.ENOTDIR
-	}
-	if err := permission(&c, &nd.attr, mayRead|mayExec); err != nil {
-		return nil, err
-	}
-	if nd.attr.Nlink == 0 {
-		return nil, syscall.ENOENT
 	}
 	out := make([]Openable, 0, len(nd.entries))
 	for name, ino := range nd.entries {
