@@ -1,0 +1,649 @@
+/*
+ * libweir: the ring ABI's client side and the protocol's first calls.
+ * See weir.h for what is built; docs/ring-abi.md and proto/doc.go are the
+ * contracts this file follows, section by section.
+ */
+#define _GNU_SOURCE
+#include "weir.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "weir_ring.h"
+
+/* One ring: a session with one service (docs/ring-abi.md). */
+struct ring {
+	int sock;
+	uint8_t *base;
+	size_t size;
+	struct weir_ring_header geo; /* private copy of the immutable part (§2) */
+	uint64_t sq_tail, cq_head;   /* private positions (§5) */
+	uint64_t next_id;
+	int dead; /* the session is over: every call fails with EPIPE */
+	pthread_mutex_t mu;
+};
+
+struct weir_fs {
+	struct ring meta, io;
+	uint32_t version;
+	uint64_t session;
+	uint8_t token[WEIR_TOKEN_SIZE];
+};
+
+/* A call's bound on one request's payload (a client policy). */
+#define CHUNK (1u << 20)
+/* How long a caller spins for its completion before it sleeps. */
+#define SPIN_NS 50000L
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define cpu_relax() __asm__ __volatile__("yield")
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+static inline uint32_t *word32(struct ring *r, size_t off) { return (uint32_t *)(r->base + off); }
+
+static inline uint64_t get64(const uint8_t *p)
+{
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return v;
+}
+
+static inline uint32_t get32(const uint8_t *p)
+{
+	uint32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+static inline void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+
+static long futex(uint32_t *w, int op, uint32_t val, const struct timespec *ts)
+{
+	/* Not FUTEX_PRIVATE_FLAG: the sleeper and the waker are two processes (§8). */
+	return syscall(SYS_futex, w, op, val, ts, NULL, 0);
+}
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int pow2_in(uint32_t v, uint32_t lo, uint32_t hi) { return v >= lo && v <= hi && (v & (v - 1)) == 0; }
+
+/* validate is Geometry.Validate (§2, "Attaching", step 5), on the
+ * private copy g, for a memfd of size bytes. */
+static int validate(const struct weir_ring_header *g, uint64_t size)
+{
+	if (g->magic != WEIR_RING_MAGIC || g->version != WEIR_RING_ABI_VERSION || g->header_size != WEIR_RING_HEADER_SIZE ||
+	    g->sq_slot_size != WEIR_SQ_SLOT_SIZE || g->cq_slot_size != WEIR_CQ_SLOT_SIZE)
+		return -EPROTO;
+	if ((g->features & ~WEIR_KNOWN_FEATURES) != 0 || !pow2_in(g->sq_entries, 2, WEIR_MAX_QUEUE_ENTRIES) ||
+	    !pow2_in(g->cq_entries, g->sq_entries, WEIR_MAX_QUEUE_ENTRIES) || !pow2_in(g->block_size, 64, 1u << 20) ||
+	    g->max_segments < 1 || g->max_segments > WEIR_MAX_SEGMENTS || g->sq_offset != WEIR_RING_HEADER_SIZE)
+		return -EPROTO;
+	/* No sum below can wrap: each operand is checked against total_size first. */
+	if (g->total_size != size || g->cq_offset > g->total_size || g->arena_offset > g->total_size)
+		return -EPROTO;
+	if (g->cq_offset % WEIR_PAGE_SIZE != 0 || g->cq_offset < g->sq_offset + (uint64_t)g->sq_entries * WEIR_SQ_SLOT_SIZE)
+		return -EPROTO;
+	if (g->arena_offset % WEIR_PAGE_SIZE != 0 || g->arena_offset < g->cq_offset + (uint64_t)g->cq_entries * WEIR_CQ_SLOT_SIZE)
+		return -EPROTO;
+	if (g->arena_size == 0 || g->arena_size >= WEIR_MAX_ARENA_SIZE || g->arena_size % g->block_size != 0 ||
+	    g->arena_size > g->total_size - g->arena_offset)
+		return -EPROTO;
+	return 0;
+}
+
+/* attach checks the region memfd fd and maps it (§2, "Attaching"). */
+static int attach(struct ring *r, int fd)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return -EPROTO; /* it could shrink under the mapping (SIGBUS) */
+	struct stat st;
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (st.st_size < (off_t)WEIR_RING_HEADER_SIZE)
+		return -EPROTO;
+	memset(&r->geo, 0, sizeof r->geo);
+	if (pread(fd, &r->geo, WEIR_HDR_FIXED_LEN, 0) != (ssize_t)WEIR_HDR_FIXED_LEN)
+		return -EPROTO;
+	int err = validate(&r->geo, (uint64_t)st.st_size);
+	if (err)
+		return err;
+	void *p = mmap(NULL, r->geo.total_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	r->base = p;
+	r->size = r->geo.total_size;
+	return 0;
+}
+
+/* handshake receives the hello and its memfd, attaches, and acks (§6). */
+static int handshake(struct ring *r)
+{
+	uint8_t msg[WEIR_HELLO_LEN];
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(4 * sizeof(int))];
+	} ctl;
+	struct iovec iov = {.iov_base = msg, .iov_len = sizeof msg};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+	ssize_t n = recvmsg(r->sock, &mh, MSG_CMSG_CLOEXEC);
+	int fds[4] = {-1, -1, -1, -1}, nfd = 0;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k && nfd < 4; i++)
+			memcpy(&fds[nfd++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+	}
+	int err = 0;
+	if (n < 0)
+		err = -errno;
+	else if (n != (ssize_t)sizeof msg || nfd != 1 || (mh.msg_flags & MSG_CTRUNC) || get64(msg) != WEIR_HELLO_MAGIC ||
+		 get32(msg + 8) != WEIR_RING_ABI_VERSION || get32(msg + 12) != 0)
+		err = -EPROTO;
+	if (!err)
+		err = attach(r, fds[0]);
+	for (int i = 0; i < nfd; i++)
+		close(fds[i]); /* the mapping keeps the region */
+	if (err)
+		return err;
+	put64(msg, WEIR_ACK_MAGIC);
+	put32(msg + 8, WEIR_RING_ABI_VERSION);
+	put32(msg + 12, 0);
+	if (send(r->sock, msg, sizeof msg, MSG_NOSIGNAL) != (ssize_t)sizeof msg)
+		return errno ? -errno : -EPIPE;
+	__atomic_store_n(word32(r, WEIR_HDR_OFF_CLIENT_STATE), WEIR_STATE_RUNNING, __ATOMIC_RELEASE);
+	return 0;
+}
+
+/* move_high moves fd to a number at the top of the process's range, so
+ * that a program under the shim, which knows nothing of it, does not
+ * close it or dup2 over it as one of its own low numbers (dash moves fd
+ * 3 away for "exec 3>file"). */
+static int move_high(int fd)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < 256)
+		return fd;
+	rlim_t top = rl.rlim_cur > (1u << 20) ? (1u << 20) : rl.rlim_cur;
+	int hi = fcntl(fd, F_DUPFD_CLOEXEC, (int)(top - 64));
+	if (hi < 0)
+		return fd;
+	close(fd);
+	return hi;
+}
+
+static int ring_dial(struct ring *r, const char *path)
+{
+	memset(r, 0, sizeof *r);
+	r->sock = -1;
+	pthread_mutex_init(&r->mu, NULL);
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof sa.sun_path)
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+	r->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (r->sock < 0)
+		return -errno;
+	r->sock = move_high(r->sock);
+	struct timeval tv = {.tv_sec = WEIR_HANDSHAKE_TIMEOUT_MS / 1000};
+	setsockopt(r->sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(r->sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	if (connect(r->sock, (struct sockaddr *)&sa, sizeof sa) < 0)
+		return -errno;
+	return handshake(r);
+}
+
+static void ring_close(struct ring *r)
+{
+	if (r->base) {
+		__atomic_store_n(word32(r, WEIR_HDR_OFF_CLIENT_STATE), WEIR_STATE_CLOSED, __ATOMIC_RELEASE);
+		uint32_t *bell = word32(r, WEIR_HDR_OFF_SQ_BELL);
+		__atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+		futex(bell, FUTEX_WAKE, 1 << 30, NULL); /* the server sees the close at once */
+		munmap(r->base, r->size);
+		r->base = NULL;
+	}
+	if (r->sock >= 0)
+		close(r->sock);
+	r->sock = -1;
+	pthread_mutex_destroy(&r->mu);
+}
+
+/* peer_gone reports whether the service closed the socket or its session
+ * (§7, §8): then no completion will come. */
+static int peer_gone(struct ring *r)
+{
+	if (__atomic_load_n(word32(r, WEIR_HDR_OFF_SERVER_STATE), __ATOMIC_ACQUIRE) == WEIR_STATE_CLOSED)
+		return 1;
+	struct pollfd p = {.fd = r->sock, .events = POLLIN | POLLRDHUP};
+	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+		return 1;
+	return 0;
+}
+
+/* reap takes the next completion if one is published: 1 with *c filled,
+ * 0 if the CQ is empty, -EIO if the peer wrote a sequence from the future. */
+static int reap(struct ring *r, struct weir_cqe *c)
+{
+	uint64_t pos = r->cq_head;
+	uint8_t *slot = r->base + r->geo.cq_offset + (pos & (r->geo.cq_entries - 1)) * WEIR_CQ_SLOT_SIZE;
+	uint64_t seq = __atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE);
+	int64_t diff = (int64_t)(seq - (pos + 1));
+	if (diff < 0)
+		return 0;
+	if (diff > 0)
+		return -EIO;
+	memcpy(c, slot, sizeof *c);
+	__atomic_store_n((uint64_t *)slot, pos + r->geo.cq_entries, __ATOMIC_RELEASE);
+	r->cq_head = pos + 1;
+	return 1;
+}
+
+/* wait_for waits for the completion of req_id; r->mu is held. */
+static int wait_for(struct ring *r, uint64_t id, struct weir_cqe *c)
+{
+	int64_t spin_until = now_ns() + SPIN_NS;
+	uint32_t *bell = word32(r, WEIR_HDR_OFF_CQ_BELL), *waiters = word32(r, WEIR_HDR_OFF_CQ_WAITERS);
+	for (;;) {
+		int got = reap(r, c);
+		if (got < 0)
+			return got;
+		if (got) {
+			if (c->req_id == id)
+				return 0;
+			continue; /* a stray: no request of ours waits for it */
+		}
+		if (now_ns() < spin_until) {
+			cpu_relax();
+			continue;
+		}
+		if (peer_gone(r))
+			return -EPIPE;
+		uint32_t v = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
+		__atomic_store_n(waiters, 1, __ATOMIC_SEQ_CST);
+		got = reap(r, c);
+		if (got == 0) {
+			struct timespec ts = {.tv_nsec = WEIR_MAX_SLEEP_NS};
+			futex(bell, FUTEX_WAIT, v, &ts); /* EAGAIN, EINTR, ETIMEDOUT: look again */
+		}
+		__atomic_store_n(waiters, 0, __ATOMIC_SEQ_CST);
+		if (got < 0)
+			return got;
+		if (got && c->req_id == id)
+			return 0;
+	}
+}
+
+/* call sends one request with a payload of max(inlen, outlen) bytes
+ * (in copied in first) and waits for it; out receives the answer's
+ * bytes. It returns the completion's result; *aux its aux. */
+static int64_t call(struct ring *r, uint8_t op, uint32_t arg, uint64_t handle, uint64_t off, const void *in,
+		    size_t inlen, void *out, size_t outlen, uint64_t *aux)
+{
+	size_t len = inlen > outlen ? inlen : outlen;
+	if (len > r->geo.arena_size || len > UINT32_MAX)
+		return -E2BIG;
+	pthread_mutex_lock(&r->mu);
+	int64_t res;
+	if (r->dead) {
+		res = -EPIPE;
+		goto out;
+	}
+	uint8_t *arena = r->base + r->geo.arena_offset;
+	if (inlen)
+		memcpy(arena, in, inlen); /* one request at a time: its payload is the arena's start */
+	uint64_t pos = r->sq_tail;
+	uint8_t *slot = r->base + r->geo.sq_offset + (pos & (r->geo.sq_entries - 1)) * WEIR_SQ_SLOT_SIZE;
+	uint64_t seq = __atomic_load_n((uint64_t *)slot, __ATOMIC_ACQUIRE);
+	int64_t diff = (int64_t)(seq - pos);
+	if (diff != 0) {
+		/* With one request at a time the slot is free unless the
+		 * server never took an earlier one (full) or wrote a
+		 * sequence from the future (corrupt): the session is over. */
+		r->dead = 1;
+		res = diff < 0 ? -EBUSY : -EIO;
+		goto out;
+	}
+	uint64_t id = ++r->next_id;
+	struct weir_sqe *d = (struct weir_sqe *)slot;
+	d->opcode = op;
+	d->flags = 0;
+	d->nseg = len ? 1 : 0;
+	d->arg = arg;
+	d->req_id = id;
+	d->handle = handle;
+	d->offset = off;
+	d->length = len;
+	d->segs[0].off = 0;
+	d->segs[0].len = (uint32_t)len;
+	__atomic_store_n((uint64_t *)slot, pos + 1, __ATOMIC_SEQ_CST);
+	r->sq_tail = pos + 1;
+	if (__atomic_load_n(word32(r, WEIR_HDR_OFF_SQ_WAITERS), __ATOMIC_SEQ_CST) != 0) {
+		uint32_t *bell = word32(r, WEIR_HDR_OFF_SQ_BELL);
+		__atomic_fetch_add(bell, 1, __ATOMIC_SEQ_CST);
+		futex(bell, FUTEX_WAKE, 1 << 30, NULL);
+	}
+	struct weir_cqe c;
+	int err = wait_for(r, id, &c);
+	if (err) {
+		r->dead = 1;
+		res = err;
+		goto out;
+	}
+	res = c.result;
+	if (aux)
+		*aux = c.aux;
+	if (res > 0 && out) {
+		if ((uint64_t)res > len) {
+			res = -EIO; /* more than the buffer: a broken service */
+			goto out;
+		}
+		memcpy(out, arena, (size_t)res < outlen ? (size_t)res : outlen);
+	}
+out:
+	pthread_mutex_unlock(&r->mu);
+	return res;
+}
+
+/* The most times one request is granted again after io refused it
+ * (EBADF): each time another trust group's grant recalled the handle's
+ * in between (the Go client's maxRegrants). */
+#define MAX_REGRANTS 8
+
+/* io_call is call on the IO ring for a request naming handle: an EBADF
+ * (the grant is not, or no longer, at io: recalled by another trust
+ * group's) asks metadata to grant the handle again (OpGrant) and sends
+ * the request again, as proto/doc.go's grant rule says. */
+static int64_t io_call(weir_fs *fs, uint8_t op, uint32_t arg, uint64_t handle, uint64_t off, const void *in,
+		       size_t inlen, void *out, size_t outlen, uint64_t *aux)
+{
+	int64_t res = call(&fs->io, op, arg, handle, off, in, inlen, out, outlen, aux);
+	for (int i = 0; res == -EBADF && i < MAX_REGRANTS; i++) {
+		int64_t g = call(&fs->meta, WEIR_OP_GRANT, 0, handle, 0, NULL, 0, NULL, 0, NULL);
+		if (g < 0)
+			return g == -EBADF ? res : g; /* not a handle of ours: io's EBADF stands */
+		res = call(&fs->io, op, arg, handle, off, in, inlen, out, outlen, aux);
+	}
+	return res;
+}
+
+int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
+{
+	weir_fs *fs = calloc(1, sizeof *fs);
+	if (!fs)
+		return -ENOMEM;
+	int err = ring_dial(&fs->meta, meta_sock);
+	if (!err)
+		err = ring_dial(&fs->io, io_sock);
+	uint8_t b[WEIR_HELLO_RESP_SIZE] = {0};
+	if (!err) {
+		put32(b, WEIR_PROTO_MIN_VERSION);
+		put32(b + 4, WEIR_PROTO_MAX_VERSION);
+		put64(b + 8, 0); /* no optional feature yet */
+		int64_t res = call(&fs->meta, WEIR_OP_HELLO, 0, 0, 0, b, 16, b, sizeof b, NULL);
+		if (res < 0)
+			err = (int)res;
+		else if (res != WEIR_HELLO_RESP_SIZE || get64(b + 8) != 0)
+			err = -EPROTO;
+	}
+	if (!err) {
+		fs->version = get32(b);
+		fs->session = get64(b + 16);
+		memcpy(fs->token, b + 24, WEIR_TOKEN_SIZE);
+		uint8_t a[WEIR_ATTACH_REQ_SIZE] = {0};
+		put32(a, fs->version);
+		put64(a + 8, fs->session);
+		memcpy(a + 16, fs->token, WEIR_TOKEN_SIZE);
+		int64_t res;
+		for (int i = 0; i < 50; i++) { /* EAGAIN: io could not reach metadata yet */
+			res = call(&fs->io, WEIR_OP_ATTACH, 0, 0, 0, a, sizeof a, NULL, 0, NULL);
+			if (res != -EAGAIN)
+				break;
+			usleep(20000);
+		}
+		if (res < 0)
+			err = (int)res;
+	}
+	if (err) {
+		weir_fs_close(fs);
+		return err;
+	}
+	*out = fs;
+	return 0;
+}
+
+int weir_own_fd(const weir_fs *fs, int fd)
+{
+	return fs && fd >= 0 && (fd == fs->meta.sock || fd == fs->io.sock);
+}
+
+void weir_fs_close(weir_fs *fs)
+{
+	if (!fs)
+		return;
+	ring_close(&fs->io);
+	ring_close(&fs->meta);
+	free(fs);
+}
+
+/* path_body appends "u32 perm (if with_perm), str path" to b. */
+static int path_body(uint8_t *b, size_t cap, int with_perm, uint32_t perm, const char *path, size_t *len)
+{
+	size_t n = strlen(path), at = 0;
+	if (n > WEIR_MAX_PATH)
+		return -ENAMETOOLONG;
+	if (cap < (with_perm ? 4 : 0) + 2 + n)
+		return -ENAMETOOLONG;
+	if (with_perm) {
+		put32(b, perm);
+		at = 4;
+	}
+	put16(b + at, (uint16_t)n);
+	memcpy(b + at + 2, path, n);
+	*len = at + 2 + n;
+	return 0;
+}
+
+#define BODY_MAX (4 + 2 + WEIR_MAX_PATH)
+
+static void decode_attr(const uint8_t *p, struct weir_attr *a)
+{
+	a->ino = get64(p);
+	a->mode = get32(p + 8);
+	a->uid = get32(p + 12);
+	a->gid = get32(p + 16);
+	a->nlink = get32(p + 20);
+	a->size = (int64_t)get64(p + 24);
+	a->atime = (int64_t)get64(p + 32);
+	a->mtime = (int64_t)get64(p + 40);
+	a->ctime = (int64_t)get64(p + 48);
+}
+
+int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t *handle)
+{
+	uint8_t b[BODY_MAX];
+	size_t n;
+	int err = path_body(b, sizeof b, 1, mode, path, &n);
+	if (err)
+		return err;
+	uint8_t r[WEIR_OPEN_RESP_SIZE];
+	int64_t res = call(&fs->meta, WEIR_OP_OPEN, (uint32_t)(flags & ~O_CLOEXEC), 0, 0, b, n, r, sizeof r, NULL);
+	if (res < 0)
+		return (int)res;
+	if (res != WEIR_OPEN_RESP_SIZE)
+		return -EPROTO;
+	uint64_t h = get64(r);
+	struct weir_attr a;
+	decode_attr(r + 8, &a);
+	int granted = r[8 + WEIR_ATTR_SIZE + 1];
+	if ((a.mode & S_IFMT) == S_IFREG && !granted) {
+		/* Features 0: the handle is granted at io through metadata
+		 * (a NATS round trip) before any data request names it. */
+		res = call(&fs->meta, WEIR_OP_GRANT, 0, h, 0, NULL, 0, NULL, 0, NULL);
+		if (res < 0) {
+			call(&fs->meta, WEIR_OP_CLOSE, 0, h, 0, NULL, 0, NULL, 0, NULL);
+			return (int)res;
+		}
+	}
+	*handle = h;
+	return 0;
+}
+
+ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t off)
+{
+	size_t done = 0, chunk = fs->io.geo.arena_size < CHUNK ? fs->io.geo.arena_size : CHUNK;
+	while (done < n) {
+		size_t want = n - done < chunk ? n - done : chunk;
+		int64_t res = io_call(fs, WEIR_OP_READ, 0, handle, off + done, NULL, 0, (uint8_t *)buf + done, want, NULL);
+		if (res < 0)
+			return done ? (ssize_t)done : (ssize_t)res;
+		done += (size_t)res;
+		if ((size_t)res < want)
+			break; /* the end of the file */
+	}
+	return (ssize_t)done;
+}
+
+ssize_t weir_pwrite(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t off)
+{
+	size_t done = 0, chunk = fs->io.geo.arena_size < CHUNK ? fs->io.geo.arena_size : CHUNK;
+	while (done < n) {
+		size_t want = n - done < chunk ? n - done : chunk;
+		int64_t res = io_call(fs, WEIR_OP_WRITE, 0, handle, off + done, (const uint8_t *)buf + done, want, NULL, 0, NULL);
+		if (res < 0)
+			return done ? (ssize_t)done : (ssize_t)res;
+		if (res == 0 || (size_t)res > want)
+			return done ? (ssize_t)done : -EIO;
+		done += (size_t)res;
+	}
+	return (ssize_t)done;
+}
+
+ssize_t weir_append(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t *at)
+{
+	size_t chunk = fs->io.geo.arena_size < CHUNK ? fs->io.geo.arena_size : CHUNK;
+	if (n > chunk)
+		n = chunk; /* one request: one atomic append (a short write, as write(2) may) */
+	uint64_t aux = 0;
+	int64_t res = io_call(fs, WEIR_OP_WRITE, WEIR_WRITE_APPEND, handle, 0, buf, n, NULL, 0, &aux);
+	if (res >= 0 && at)
+		*at = aux;
+	return (ssize_t)res;
+}
+
+int weir_fstat(weir_fs *fs, uint64_t handle, struct weir_attr *attr)
+{
+	uint8_t r[WEIR_ATTR_SIZE];
+	int64_t res = call(&fs->meta, WEIR_OP_FSTAT, 0, handle, 0, NULL, 0, r, sizeof r, NULL);
+	if (res < 0)
+		return (int)res;
+	if (res != WEIR_ATTR_SIZE)
+		return -EPROTO;
+	decode_attr(r, attr);
+	return 0;
+}
+
+int weir_ftruncate(weir_fs *fs, uint64_t handle, uint64_t size)
+{
+	return (int)io_call(fs, WEIR_OP_TRUNCATE, 0, handle, size, NULL, 0, NULL, 0, NULL);
+}
+
+int weir_fsync(weir_fs *fs, uint64_t handle)
+{
+	return (int)io_call(fs, WEIR_OP_SYNC, 0, handle, 0, NULL, 0, NULL, 0, NULL);
+}
+
+int weir_close(weir_fs *fs, uint64_t handle)
+{
+	return (int)call(&fs->meta, WEIR_OP_CLOSE, 0, handle, 0, NULL, 0, NULL, 0, NULL);
+}
+
+int weir_stat(weir_fs *fs, const char *path, struct weir_attr *attr)
+{
+	uint8_t b[BODY_MAX];
+	size_t n;
+	int err = path_body(b, sizeof b, 0, 0, path, &n);
+	if (err)
+		return err;
+	uint8_t r[WEIR_ATTR_SIZE];
+	int64_t res = call(&fs->meta, WEIR_OP_STAT, 0, 0, 0, b, n, r, sizeof r, NULL);
+	if (res < 0)
+		return (int)res;
+	if (res != WEIR_ATTR_SIZE)
+		return -EPROTO;
+	decode_attr(r, attr);
+	return 0;
+}
+
+static int path_call(weir_fs *fs, uint8_t op, const char *path)
+{
+	uint8_t b[BODY_MAX];
+	size_t n;
+	int err = path_body(b, sizeof b, 0, 0, path, &n);
+	if (err)
+		return err;
+	int64_t res = call(&fs->meta, op, 0, 0, 0, b, n, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_unlink(weir_fs *fs, const char *path) { return path_call(fs, WEIR_OP_UNLINK, path); }
+int weir_rmdir(weir_fs *fs, const char *path) { return path_call(fs, WEIR_OP_RMDIR, path); }
+
+int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode)
+{
+	uint8_t b[BODY_MAX];
+	size_t n;
+	int err = path_body(b, sizeof b, 1, mode, path, &n);
+	if (err)
+		return err;
+	uint8_t r[WEIR_ATTR_SIZE];
+	int64_t res = call(&fs->meta, WEIR_OP_MKDIR, 0, 0, 0, b, n, r, sizeof r, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime)
+{
+	uint8_t b[16 + BODY_MAX];
+	size_t n;
+	put64(b, (uint64_t)atime);
+	put64(b + 8, (uint64_t)mtime);
+	int err = path_body(b + 16, sizeof b - 16, 0, 0, path, &n);
+	if (err)
+		return err;
+	int64_t res = call(&fs->meta, WEIR_OP_CHTIMES, 0, 0, 0, b, 16 + n, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime)
+{
+	uint8_t b[16];
+	put64(b, (uint64_t)atime);
+	put64(b + 8, (uint64_t)mtime);
+	int64_t res = call(&fs->meta, WEIR_OP_FCHTIMES, 0, handle, 0, b, sizeof b, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}

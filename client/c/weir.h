@@ -1,0 +1,75 @@
+/*
+ * libweir: weir's client library in plain C (no Go runtime in the
+ * process), for the LD_PRELOAD shim and for C programs (issue 11).
+ *
+ * This first part speaks the ring ABI (ring/include/weir_ring.h,
+ * docs/ring-abi.md) and the protocol (proto/include/weir_proto.h,
+ * proto/doc.go) with no optional feature: a session with each service,
+ * then open, read, write, fsync, close, stat, unlink, mkdir. Not yet:
+ * leases and recall notices (features 0 only: every open is granted
+ * through metadata), the page-cache region, fork handling, recovery
+ * after a service restart.
+ *
+ * Every call returns 0 (or a byte count) on success and a negated errno
+ * on failure, as the services answer. A weir_fs is safe for concurrent use
+ * by threads: each ring serves one request at a time, under its lock.
+ * No call is async-signal-safe (they take a pthread mutex).
+ */
+#ifndef WEIR_CLIENT_H
+#define WEIR_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "weir_proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct weir_fs weir_fs;
+
+/* weir_dial opens a session with the metadata service at meta_sock and
+ * the IO service at io_sock (their Unix socket paths). */
+int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out);
+
+/* weir_own_fd says whether fd is one of fs's own descriptors (the
+ * services' sockets, kept at the top of the descriptor range): closing
+ * it would end the sessions. */
+int weir_own_fd(const weir_fs *fs, int fd);
+
+/* weir_fs_close ends both sessions and frees fs; its handles end too. */
+void weir_fs_close(weir_fs *fs);
+
+/* weir_open opens path (relative to the root) with Linux open flags and
+ * mode, and stores the handle. */
+int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t *handle);
+
+/* weir_pread and weir_pwrite move up to n bytes at off; they return the
+ * count (short only at the end of the file, for reads). */
+ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t off);
+ssize_t weir_pwrite(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t off);
+
+/* weir_append writes n bytes at the end of the file, atomically with
+ * every other write of it (O_APPEND), and stores where they went. */
+ssize_t weir_append(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t *at);
+
+int weir_fsync(weir_fs *fs, uint64_t handle);
+int weir_fstat(weir_fs *fs, uint64_t handle, struct weir_attr *attr);
+int weir_ftruncate(weir_fs *fs, uint64_t handle, uint64_t size);
+int weir_close(weir_fs *fs, uint64_t handle);
+int weir_stat(weir_fs *fs, const char *path, struct weir_attr *attr);
+int weir_unlink(weir_fs *fs, const char *path);
+int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode);
+int weir_rmdir(weir_fs *fs, const char *path);
+
+/* Times in Unix nanoseconds; WEIR_TIME_OMIT leaves one unchanged. */
+int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime);
+int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
