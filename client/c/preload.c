@@ -36,6 +36,9 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <sys/uio.h>
+#include <dirent.h>
+#include <grp.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -88,6 +91,24 @@ REAL(int, rmdir, const char *)
 REAL(int, statx, int, const char *, int, unsigned int, struct statx *)
 REAL(FILE *, fopen, const char *, const char *)
 REAL(FILE *, fopen64, const char *, const char *)
+REAL(FILE *, fdopen, int, const char *)
+REAL(int, fileno, FILE *)
+REAL(int, fileno_unlocked, FILE *)
+REAL(int, rename, const char *, const char *)
+REAL(int, renameat, int, const char *, int, const char *)
+REAL(int, renameat2, int, const char *, int, const char *, unsigned int)
+REAL(int, access, const char *, int)
+REAL(int, euidaccess, const char *, int)
+REAL(int, eaccess, const char *, int)
+REAL(int, faccessat, int, const char *, int, int)
+REAL(DIR *, opendir, const char *)
+REAL(struct dirent *, readdir, DIR *)
+REAL(struct dirent64 *, readdir64, DIR *)
+REAL(int, closedir, DIR *)
+REAL(int, dirfd, DIR *)
+REAL(void, rewinddir, DIR *)
+REAL(ssize_t, readv, int, const struct iovec *, int)
+REAL(ssize_t, writev, int, const struct iovec *, int)
 REAL(int, utimensat, int, const char *, const struct timespec *, int)
 REAL(int, futimens, int, const struct timespec *)
 REAL(ssize_t, getxattr, const char *, const char *, void *, size_t)
@@ -845,7 +866,63 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 }
 
 /* stdio: a FILE of a weir path is a fopencookie stream over the
- * descriptor calls above (fileno of it is -1). */
+ * descriptor calls above; fileno of it is its descriptor (streams[]). */
+#define MAX_STREAMS 256
+static struct {
+	FILE *f;
+	int fd;
+} streams[MAX_STREAMS]; /* under tab_mu */
+
+static FILE *track(FILE *f, int fd)
+{
+	pthread_mutex_lock(&tab_mu);
+	for (int i = 0; f && i < MAX_STREAMS; i++)
+		if (!streams[i].f) {
+			streams[i].f = f;
+			streams[i].fd = fd;
+			break;
+		}
+	pthread_mutex_unlock(&tab_mu);
+	return f;
+}
+
+static void untrack(int fd)
+{
+	pthread_mutex_lock(&tab_mu);
+	for (int i = 0; i < MAX_STREAMS; i++)
+		if (streams[i].f && streams[i].fd == fd)
+			streams[i].f = NULL;
+	pthread_mutex_unlock(&tab_mu);
+}
+
+static int stream_fd(FILE *f)
+{
+	int fd = -2;
+	pthread_mutex_lock(&tab_mu);
+	for (int i = 0; i < MAX_STREAMS; i++)
+		if (streams[i].f == f)
+			fd = streams[i].fd;
+	pthread_mutex_unlock(&tab_mu);
+	return fd;
+}
+
+int fileno(FILE *f)
+{
+	int fd = stream_fd(f);
+	if (fd != -2)
+		return fd;
+	init_fileno();
+	return real_fileno(f);
+}
+
+int fileno_unlocked(FILE *f)
+{
+	int fd = stream_fd(f);
+	if (fd != -2)
+		return fd;
+	init_fileno_unlocked();
+	return real_fileno_unlocked(f);
+}
 static ssize_t ck_read(void *c, char *buf, size_t n) { return read((int)(intptr_t)c, buf, n); }
 static ssize_t ck_write(void *c, const char *buf, size_t n) { return write((int)(intptr_t)c, buf, n); }
 static int ck_seek(void *c, off64_t *off, int whence)
@@ -856,7 +933,11 @@ static int ck_seek(void *c, off64_t *off, int whence)
 	*off = r;
 	return 0;
 }
-static int ck_close(void *c) { return close((int)(intptr_t)c); }
+static int ck_close(void *c)
+{
+	untrack((int)(intptr_t)c);
+	return close((int)(intptr_t)c);
+}
 
 static FILE *wfopen(const char *path, const char *mode)
 {
@@ -881,7 +962,7 @@ static FILE *wfopen(const char *path, const char *mode)
 	if (fd < 0)
 		return NULL;
 	cookie_io_functions_t io = {.read = ck_read, .write = ck_write, .seek = ck_seek, .close = ck_close};
-	FILE *f = fopencookie((void *)(intptr_t)fd, mode, io);
+	FILE *f = track(fopencookie((void *)(intptr_t)fd, mode, io), fd);
 	if (!f) {
 		int e = errno;
 		close(fd);
@@ -978,4 +1059,324 @@ int utimensat(int dirfd, const char *path, const struct timespec times[2], int f
 	}
 	init_utimensat();
 	return real_utimensat(dirfd, path, times, flags);
+}
+
+int rename(const char *oldpath, const char *newpath)
+{
+	char a[PATH_MAX], b[PATH_MAX];
+	int wa = weir_path(oldpath, a, sizeof a), wb = weir_path(newpath, b, sizeof b);
+	if (wa != wb)
+		return fail(EXDEV); /* between weir and the kernel: another file system */
+	if (wa) {
+		int err = 0;
+		weir_fs *f = fs(&err);
+		if (!f)
+			return fail(err ? err : EIO);
+		int e = weir_rename(f, a, b);
+		return e ? fail(-e) : 0;
+	}
+	init_rename();
+	return real_rename(oldpath, newpath);
+}
+
+static int at_weir(int dirfd, const char *path)
+{
+	char w[PATH_MAX];
+	return (dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w);
+}
+
+int renameat2(int olddir, const char *oldpath, int newdir, const char *newpath, unsigned int flags)
+{
+	int wa = at_weir(olddir, oldpath), wb = at_weir(newdir, newpath);
+	if (wa || wb) {
+		if (flags)
+			return fail(EINVAL); /* RENAME_NOREPLACE, RENAME_EXCHANGE: not yet */
+		return rename(oldpath, newpath);
+	}
+	init_renameat2();
+	return real_renameat2(olddir, oldpath, newdir, newpath, flags);
+}
+
+int renameat(int olddir, const char *oldpath, int newdir, const char *newpath)
+{
+	if (at_weir(olddir, oldpath) || at_weir(newdir, newpath))
+		return renameat2(olddir, oldpath, newdir, newpath, 0);
+	init_renameat();
+	return real_renameat(olddir, oldpath, newdir, newpath);
+}
+
+/* waccess is access(2) from the attributes: the real uid and gid, as the
+ * kernel checks (root passes but for X on a file with no x bit). */
+static int waccess(const char *w, int mode)
+{
+	int err = 0;
+	weir_fs *f = fs(&err);
+	if (!f)
+		return fail(err ? err : EIO);
+	struct weir_attr a;
+	int e = weir_stat(f, w, &a);
+	if (e)
+		return fail(-e);
+	if (mode == F_OK)
+		return 0;
+	uid_t uid = getuid();
+	if (uid == 0)
+		return (mode & X_OK) && !S_ISDIR(a.mode) && !(a.mode & 0111) ? fail(EACCES) : 0;
+	unsigned bits;
+	if (a.uid == uid) {
+		bits = a.mode >> 6 & 7;
+	} else {
+		int in = a.gid == getgid();
+		gid_t gs[256];
+		int n = getgroups(256, gs);
+		for (int i = 0; !in && i < n; i++)
+			in = gs[i] == a.gid;
+		bits = in ? a.mode >> 3 & 7 : a.mode & 7;
+	}
+	unsigned want = (mode & R_OK ? 4 : 0) | (mode & W_OK ? 2 : 0) | (mode & X_OK ? 1 : 0);
+	return (want & ~bits) ? fail(EACCES) : 0;
+}
+
+int access(const char *path, int mode)
+{
+	char w[PATH_MAX];
+	if (weir_path(path, w, sizeof w))
+		return waccess(w, mode);
+	init_access();
+	return real_access(path, mode);
+}
+
+int euidaccess(const char *path, int mode)
+{
+	char w[PATH_MAX];
+	if (weir_path(path, w, sizeof w))
+		return waccess(w, mode);
+	init_euidaccess();
+	return real_euidaccess(path, mode);
+}
+
+int eaccess(const char *path, int mode)
+{
+	char w[PATH_MAX];
+	if (weir_path(path, w, sizeof w))
+		return waccess(w, mode);
+	init_eaccess();
+	return real_eaccess(path, mode);
+}
+
+int faccessat(int dirfd, const char *path, int mode, int flags)
+{
+	char w[PATH_MAX];
+	if ((dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w))
+		return waccess(w, mode); /* (AT_EACCESS: the effective ids are the real ones here) */
+	init_faccessat();
+	return real_faccessat(dirfd, path, mode, flags);
+}
+
+/* A weir directory stream: the whole listing, read at opendir (a
+ * snapshot, as getdents of a directory that changes may give). Told
+ * from glibc's own streams by its magic word. */
+#define WDIR_MAGIC 0x52494457u /* "WDIR" */
+struct wdir {
+	uint32_t magic;
+	size_t n, next, cap;
+	struct dirent64 *ents;
+	struct dirent de; /* the last one readdir returned */
+};
+
+static int wdir_add(void *arg, const char *name, uint64_t ino, uint32_t type)
+{
+	struct wdir *d = arg;
+	if (d->n == d->cap) {
+		size_t cap = d->cap ? d->cap * 2 : 64;
+		struct dirent64 *e = realloc(d->ents, cap * sizeof *e);
+		if (!e)
+			return 1;
+		d->ents = e;
+		d->cap = cap;
+	}
+	struct dirent64 *e = &d->ents[d->n++];
+	memset(e, 0, sizeof *e);
+	e->d_ino = ino;
+	e->d_off = (off64_t)d->n;
+	e->d_reclen = sizeof *e;
+	e->d_type = S_ISDIR(type) ? DT_DIR : DT_REG;
+	snprintf(e->d_name, sizeof e->d_name, "%s", name);
+	return 0;
+}
+
+static struct wdir *as_wdir(DIR *d) { return d && ((struct wdir *)(void *)d)->magic == WDIR_MAGIC ? (struct wdir *)(void *)d : NULL; }
+
+DIR *opendir(const char *path)
+{
+	char w[PATH_MAX];
+	if (!weir_path(path, w, sizeof w)) {
+		init_opendir();
+		return real_opendir(path);
+	}
+	int err = 0;
+	weir_fs *f = fs(&err);
+	if (!f) {
+		errno = err ? err : EIO;
+		return NULL;
+	}
+	struct wdir *d = calloc(1, sizeof *d);
+	if (!d) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	d->magic = WDIR_MAGIC;
+	/* "." and "..", as getdents gives them (weir lists neither). */
+	wdir_add(d, ".", 0, S_IFDIR);
+	wdir_add(d, "..", 0, S_IFDIR);
+	int e = weir_readdir(f, w, wdir_add, d);
+	if (e) {
+		free(d->ents);
+		free(d);
+		errno = -e;
+		return NULL;
+	}
+	return (DIR *)(void *)d;
+}
+
+struct dirent64 *readdir64(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_readdir64();
+		return real_readdir64(dir);
+	}
+	return d->next < d->n ? &d->ents[d->next++] : NULL;
+}
+
+struct dirent *readdir(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_readdir();
+		return real_readdir(dir);
+	}
+	if (d->next >= d->n)
+		return NULL;
+	struct dirent64 *e = &d->ents[d->next++];
+	memset(&d->de, 0, sizeof d->de);
+	d->de.d_ino = (ino_t)e->d_ino;
+	d->de.d_off = (off_t)e->d_off;
+	d->de.d_reclen = sizeof d->de;
+	d->de.d_type = e->d_type;
+	snprintf(d->de.d_name, sizeof d->de.d_name, "%s", e->d_name);
+	return &d->de;
+}
+
+int closedir(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_closedir();
+		return real_closedir(dir);
+	}
+	d->magic = 0;
+	free(d->ents);
+	free(d);
+	return 0;
+}
+
+void rewinddir(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_rewinddir();
+		real_rewinddir(dir);
+		return;
+	}
+	d->next = 0;
+}
+
+int dirfd(DIR *dir)
+{
+	if (as_wdir(dir))
+		return fail(ENOTSUP); /* no descriptor behind a weir stream (not yet) */
+	init_dirfd();
+	return real_dirfd(dir);
+}
+
+ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+	struct desc *d = get(fd);
+	if (!d) {
+		if (inherited(fd))
+			return fail(EBADF);
+		init_readv();
+		return real_readv(fd, iov, n);
+	}
+	put(d);
+	ssize_t total = 0;
+	for (int i = 0; i < n; i++) {
+		ssize_t r = read(fd, iov[i].iov_base, iov[i].iov_len);
+		if (r < 0)
+			return total ? total : r;
+		total += r;
+		if ((size_t)r < iov[i].iov_len)
+			break;
+	}
+	return total;
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+	struct desc *d = get(fd);
+	if (!d) {
+		if (inherited(fd))
+			return fail(EBADF);
+		init_writev();
+		return real_writev(fd, iov, n);
+	}
+	put(d);
+	/* One write of the whole vector where it fits one request, so that an
+	 * O_APPEND writev stays one atomic append. */
+	size_t sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += iov[i].iov_len;
+	if (sum <= (1u << 20)) {
+		char *b = malloc(sum ? sum : 1);
+		if (b) {
+			size_t at = 0;
+			for (int i = 0; i < n; i++) {
+				memcpy(b + at, iov[i].iov_base, iov[i].iov_len);
+				at += iov[i].iov_len;
+			}
+			ssize_t r = write(fd, b, sum);
+			int e = errno;
+			free(b);
+			errno = e;
+			return r;
+		}
+	}
+	ssize_t total = 0;
+	for (int i = 0; i < n; i++) {
+		ssize_t r = write(fd, iov[i].iov_base, iov[i].iov_len);
+		if (r < 0)
+			return total ? total : r;
+		total += r;
+		if ((size_t)r < iov[i].iov_len)
+			break;
+	}
+	return total;
+}
+
+FILE *fdopen(int fd, const char *mode)
+{
+	struct desc *d = get(fd);
+	if (!d) {
+		if (inherited(fd)) {
+			errno = EBADF;
+			return NULL;
+		}
+		init_fdopen();
+		return real_fdopen(fd, mode);
+	}
+	put(d);
+	/* The stream owns fd from here: its fclose closes it. */
+	cookie_io_functions_t io = {.read = ck_read, .write = ck_write, .seek = ck_seek, .close = ck_close};
+	return track(fopencookie((void *)(intptr_t)fd, mode, io), fd);
 }

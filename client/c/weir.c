@@ -647,3 +647,82 @@ int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime)
 	int64_t res = call(&fs->meta, WEIR_OP_FCHTIMES, 0, handle, 0, b, sizeof b, NULL, 0, NULL);
 	return res < 0 ? (int)res : 0;
 }
+
+int weir_rename(weir_fs *fs, const char *oldpath, const char *newpath)
+{
+	size_t a = strlen(oldpath), b = strlen(newpath);
+	if (a > WEIR_MAX_PATH || b > WEIR_MAX_PATH)
+		return -ENAMETOOLONG;
+	uint8_t *body = malloc(8 + 2 + a + 2 + b);
+	if (!body)
+		return -ENOMEM;
+	put64(body, WEIR_ROOT_HANDLE);
+	put16(body + 8, (uint16_t)a);
+	memcpy(body + 10, oldpath, a);
+	put16(body + 10 + a, (uint16_t)b);
+	memcpy(body + 12 + a, newpath, b);
+	int64_t res = call(&fs->meta, WEIR_OP_RENAME, 0, WEIR_ROOT_HANDLE, 0, body, 12 + a + b, NULL, 0, NULL);
+	free(body);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_readdir(weir_fs *fs, const char *path, int (*fn)(void *arg, const char *name, uint64_t ino, uint32_t type),
+		 void *arg)
+{
+	enum { PAGE = 16 << 10 };
+	uint8_t *buf = malloc(PAGE);
+	char after[WEIR_MAX_NAME + 1] = "";
+	size_t n = strlen(path);
+	if (!buf)
+		return -ENOMEM;
+	if (n > WEIR_MAX_PATH) {
+		free(buf);
+		return -ENAMETOOLONG;
+	}
+	for (;;) {
+		size_t al = strlen(after);
+		put16(buf, (uint16_t)n);
+		memcpy(buf + 2, path, n);
+		put16(buf + 2 + n, (uint16_t)al);
+		memcpy(buf + 4 + n, after, al);
+		uint64_t more = 0;
+		int64_t res = call(&fs->meta, WEIR_OP_READDIR, 0, WEIR_ROOT_HANDLE, 0, buf, 4 + n + al, buf, PAGE, &more);
+		if (res < 0) {
+			free(buf);
+			return (int)res;
+		}
+		/* u32 count, then {u64 ino, u32 type, str name}: checked, as any
+		 * answer (a name is 1 to NAME_MAX bytes, no '/' or NUL). */
+		if (res < 4) {
+			free(buf);
+			return -EPROTO;
+		}
+		uint32_t count = get32(buf);
+		size_t at = 4, end = (size_t)res;
+		for (uint32_t i = 0; i < count; i++) {
+			if (end - at < 14) {
+				free(buf);
+				return -EPROTO;
+			}
+			uint64_t ino = get64(buf + at);
+			uint32_t type = get32(buf + at + 8);
+			uint16_t nl = (uint16_t)(buf[at + 12] | buf[at + 13] << 8);
+			at += 14;
+			if (nl == 0 || nl > WEIR_MAX_NAME || end - at < nl || memchr(buf + at, '/', nl) || memchr(buf + at, 0, nl)) {
+				free(buf);
+				return -EPROTO;
+			}
+			memcpy(after, buf + at, nl);
+			after[nl] = 0;
+			at += nl;
+			if (fn(arg, after, ino, type)) {
+				free(buf);
+				return 0;
+			}
+		}
+		if (more != 1 || count == 0)
+			break;
+	}
+	free(buf);
+	return 0;
+}

@@ -64,6 +64,13 @@ int weir_unlink(weir_fs *fs, const char *path);
 int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode);
 int weir_rmdir(weir_fs *fs, const char *path);
 
+int weir_rename(weir_fs *fs, const char *oldpath, const char *newpath);
+
+/* weir_readdir lists directory path: calls fn for each entry (name, inode,
+ * S_IF* type bits) in name order; a non-zero return from fn stops it. */
+int weir_readdir(weir_fs *fs, const char *path, int (*fn)(void *arg, const char *name, uint64_t ino, uint32_t type),
+		 void *arg);
+
 /* Times in Unix nanoseconds; WEIR_TIME_OMIT leaves one unchanged. */
 int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime);
 int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime);

@@ -143,6 +143,10 @@ var shimScript = []string{
 	`cp $D/x $D/x2 && cat $D/x2 && cmp $D/x $D/x2 && echo same`,
 	`stat -c '%s %a %F' $D/x $D/y; touch $D/t; stat -c '%s %a' $D/t`,
 	`cat $D/none; echo "status $?"`,
+	`mkdir $D/l && touch $D/l/b $D/l/a && ls $D/l && echo $D/l/* && ls -a $D/l`,
+	`mv $D/l/a $D/l/c && ls $D/l && mv $D/l/b $D/l/c && ls $D/l && cat $D/l/c`,
+	`[ -r $D/x ] && echo r; [ -w $D/x ] && echo w; [ -x $D/x ] || echo notx; [ -e $D/none ] || echo none; [ -d $D/l ] && echo dir`,
+	`printf '%s\n' one two three > $D/v && sort -r $D/v && grep -c o $D/v && sed -n 2p $D/v`,
 }
 
 // TestShimDifferential: unmodified programs (sh, coreutils, python3 if
