@@ -25,12 +25,12 @@ FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:Fuz
 # test runs its seeds, TestPowerCutAtEveryWrite the crash images).
 FUZZ_LONG := ./stack:FuzzServiceRequest ./internal/staging:FuzzOpen
 
-.PHONY: help demo up build spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop crash lint bench bench-transport bench-fileops bench-backend bench-fsync bench-quick clean
+.PHONY: help demo up build libweir spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop crash lint bench bench-transport bench-fileops bench-backend bench-fsync bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
 	@echo "up               run weir in the foreground on DATA (default ./weir-data) until Ctrl-C"
-	@echo "build            compile every package and command"
+	@echo "build            compile every package and command, and libweir (bin/libweir.so, bin/libweir-preload.so)"
 	@echo "spdk             build everything with the SPDK backend (needs an installed SPDK)"
 	@echo "test-spdk        backend suite, conformance suite (3 runs in one process), load faults, identity and kill -9 restart on SPDK Blobstore"
 	@echo "test             go test -race on everything, then a short run of each fuzzer"
@@ -53,9 +53,19 @@ demo:
 up:
 	$(GO) run ./cmd/weir up --data $(DATA)
 
-build:
+build: libweir
 	$(GO) build ./...
 	$(GO) build -o bin/weir ./cmd/weir
+
+# libweir (client/c): the C client library and the LD_PRELOAD shim, built
+# with the system compiler. `go test ./client/c/ctest` (in make test)
+# builds them again and runs the C tests and the shim's real programs.
+CC      ?= cc
+CFLAGS_WEIR := -std=gnu11 -O2 -g -Wall -Wextra -Werror -fPIC -pthread -Iclient/c -Iproto/include -Iring/include
+libweir:
+	@mkdir -p bin
+	$(CC) $(CFLAGS_WEIR) -shared client/c/weir.c -o bin/libweir.so
+	$(CC) $(CFLAGS_WEIR) -shared client/c/weir.c client/c/preload.c -o bin/libweir-preload.so -ldl
 
 # The SPDK backend builds only with the spdk tag, against an SPDK found by
 # pkg-config: in SPDK_PREFIX (default /opt/spdk) or on PKG_CONFIG_PATH.
