@@ -127,6 +127,15 @@ static int fail(int err)
 	return -1;
 }
 
+/* abs_or_cwd says whether path resolves from the cwd (AT_FDCWD) or is
+ * absolute: the only *at() forms routed to weir. A NULL path (EFAULT
+ * for the kernel) is not: it goes to the kernel, which answers it. */
+static int abs_or_cwd(int dirfd, const char *path)
+{
+	const char *volatile p = path; /* (a nonnull parameter may still be NULL) */
+	return p && (dirfd == AT_FDCWD || p[0] == '/');
+}
+
 /* weir_path returns the path inside weir for path (relative to the
  * kernel's cwd), in out; 0 if path is not under the mount. */
 static int weir_path(const char *path, char *out, size_t cap)
@@ -376,7 +385,7 @@ int openat(int dirfd, const char *path, int flags, ...)
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
 	char w[PATH_MAX];
-	if ((dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w))
+	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w))
 		return wopen(w, flags, mode);
 	init_openat();
 	return real_openat(dirfd, path, flags, mode);
@@ -424,18 +433,16 @@ ssize_t read(int fd, void *buf, size_t n)
 	}
 	ssize_t r;
 	if (!readable(d->flags)) {
-		r = fail(EBADF);
+		r = -EBADF;
 	} else {
 		pthread_mutex_lock(&d->mu);
 		r = weir_pread(wfs, d->handle, buf, n, d->off);
 		if (r > 0)
 			d->off += (uint64_t)r;
 		pthread_mutex_unlock(&d->mu);
-		if (r < 0)
-			r = fail((int)-r);
 	}
 	put(d);
-	return r;
+	return r < 0 ? fail((int)-r) : r;
 }
 
 ssize_t write(int fd, const void *buf, size_t n)
@@ -449,7 +456,7 @@ ssize_t write(int fd, const void *buf, size_t n)
 	}
 	ssize_t r;
 	if (!writable(d->flags)) {
-		r = fail(EBADF);
+		r = -EBADF;
 	} else {
 		pthread_mutex_lock(&d->mu);
 		if (d->flags & O_APPEND) {
@@ -463,11 +470,9 @@ ssize_t write(int fd, const void *buf, size_t n)
 				d->off += (uint64_t)r;
 		}
 		pthread_mutex_unlock(&d->mu);
-		if (r < 0)
-			r = fail((int)-r);
 	}
 	put(d);
-	return r;
+	return r < 0 ? fail((int)-r) : r;
 }
 
 ssize_t pread(int fd, void *buf, size_t n, off_t off)
@@ -479,11 +484,9 @@ ssize_t pread(int fd, void *buf, size_t n, off_t off)
 		init_pread();
 		return real_pread(fd, buf, n, off);
 	}
-	ssize_t r = off < 0 ? fail(EINVAL) : !readable(d->flags) ? fail(EBADF) : weir_pread(wfs, d->handle, buf, n, (uint64_t)off);
-	if (r < -1)
-		r = fail((int)-r);
+	ssize_t r = off < 0 ? -EINVAL : !readable(d->flags) ? -EBADF : weir_pread(wfs, d->handle, buf, n, (uint64_t)off);
 	put(d);
-	return r;
+	return r < 0 ? fail((int)-r) : r;
 }
 
 ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
@@ -496,13 +499,11 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 		return real_pwrite(fd, buf, n, off);
 	}
 	/* Linux: pwrite on an O_APPEND descriptor appends (a documented bug). */
-	ssize_t r = off < 0 ? fail(EINVAL) : !writable(d->flags) ? fail(EBADF)
-		    : (d->flags & O_APPEND)                   ? weir_append(wfs, d->handle, buf, n, NULL)
-							      : weir_pwrite(wfs, d->handle, buf, n, (uint64_t)off);
-	if (r < -1)
-		r = fail((int)-r);
+	ssize_t r = off < 0 ? -EINVAL : !writable(d->flags) ? -EBADF
+		    : (d->flags & O_APPEND)                 ? weir_append(wfs, d->handle, buf, n, NULL)
+							    : weir_pwrite(wfs, d->handle, buf, n, (uint64_t)off);
 	put(d);
-	return r;
+	return r < 0 ? fail((int)-r) : r;
 }
 
 ssize_t pread64(int fd, void *buf, size_t n, off64_t off) { return pread(fd, buf, n, (off_t)off); }
@@ -536,8 +537,8 @@ off_t lseek(int fd, off_t off, int whence)
 	default:
 		e = -EINVAL; /* SEEK_DATA and SEEK_HOLE: not yet */
 	}
-	if (!e && (base + off < 0))
-		e = -EINVAL;
+	if (!e && ((off < 0 && base < -(int64_t)off) || (off > 0 && base > INT64_MAX - (int64_t)off)))
+		e = -EINVAL; /* before 0, or past what an offset holds (no signed overflow) */
 	if (e) {
 		r = fail(-e);
 	} else {
@@ -664,9 +665,10 @@ int lstat64(const char *path, struct stat64 *st) { return lstat(path, (struct st
 int fstatat(int dirfd, const char *path, struct stat *st, int flags)
 {
 	char w[PATH_MAX];
-	if (!*path && (flags & AT_EMPTY_PATH))
+	const char *volatile vp = path;
+	if (vp && !*vp && (flags & AT_EMPTY_PATH))
 		return fstat(dirfd, st);
-	if ((dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w))
+	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w))
 		return wstat(w, st);
 	init_fstatat();
 	return real_fstatat(dirfd, path, st, flags);
@@ -807,7 +809,7 @@ int rmdir(const char *path)
 int unlinkat(int dirfd, const char *path, int flags)
 {
 	char w[PATH_MAX];
-	if ((dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w))
+	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w))
 		return (flags & AT_REMOVEDIR) ? rmdir(path) : unlink(path);
 	init_unlinkat();
 	return real_unlinkat(dirfd, path, flags);
@@ -840,7 +842,8 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 	char w[PATH_MAX];
 	struct weir_attr a;
 	int e = 1; /* not weir's */
-	if (!*path && (flags & AT_EMPTY_PATH)) {
+	const char *volatile vp = path;
+	if (vp && !*vp && (flags & AT_EMPTY_PATH)) {
 		struct desc *d = get(dirfd);
 		if (d) {
 			e = weir_fstat(wfs, d->handle, &a);
@@ -848,7 +851,7 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 		} else if (inherited(dirfd)) {
 			return fail(EBADF);
 		}
-	} else if ((dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w)) {
+	} else if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w)) {
 		int err = 0;
 		weir_fs *f = fs(&err);
 		if (!f)
@@ -924,7 +927,18 @@ int fileno_unlocked(FILE *f)
 	return real_fileno_unlocked(f);
 }
 static ssize_t ck_read(void *c, char *buf, size_t n) { return read((int)(intptr_t)c, buf, n); }
-static ssize_t ck_write(void *c, const char *buf, size_t n) { return write((int)(intptr_t)c, buf, n); }
+static ssize_t ck_write(void *c, const char *buf, size_t n)
+{
+	/* glibc marks a cookie stream in error on a short count: write it all. */
+	size_t done = 0;
+	while (done < n) {
+		ssize_t r = write((int)(intptr_t)c, buf + done, n - done);
+		if (r <= 0)
+			return done ? (ssize_t)done : -1;
+		done += (size_t)r;
+	}
+	return (ssize_t)done;
+}
 static int ck_seek(void *c, off64_t *off, int whence)
 {
 	off_t r = lseek((int)(intptr_t)c, (off_t)*off, whence);
@@ -1009,6 +1023,14 @@ NO_XATTR(lgetxattr, const char *n, void *v, size_t s)
 NO_XATTR(listxattr, char *l, size_t s)
 NO_XATTR(llistxattr, char *l, size_t s)
 
+static int get_is_weir(int fd)
+{
+	struct desc *d = get(fd);
+	if (d)
+		put(d);
+	return d != NULL;
+}
+
 /* ns converts a utimensat time (UTIME_NOW, UTIME_OMIT) to weir's. */
 static int64_t ns(const struct timespec *ts, int i)
 {
@@ -1047,7 +1069,10 @@ int futimens(int fd, const struct timespec times[2])
 int utimensat(int dirfd, const char *path, const struct timespec times[2], int flags)
 {
 	char w[PATH_MAX];
-	if ((dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w)) {
+	const char *volatile vp = path;
+	if (!vp && get_is_weir(dirfd))
+		return futimens(dirfd, times); /* Linux's futimens form */
+	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w)) {
 		if (bad_times(times))
 			return fail(EINVAL);
 		int err = 0;
@@ -1082,7 +1107,7 @@ int rename(const char *oldpath, const char *newpath)
 static int at_weir(int dirfd, const char *path)
 {
 	char w[PATH_MAX];
-	return (dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w);
+	return abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w);
 }
 
 int renameat2(int olddir, const char *oldpath, int newdir, const char *newpath, unsigned int flags)
@@ -1167,7 +1192,7 @@ int eaccess(const char *path, int mode)
 int faccessat(int dirfd, const char *path, int mode, int flags)
 {
 	char w[PATH_MAX];
-	if ((dirfd == AT_FDCWD || path[0] == '/') && weir_path(path, w, sizeof w))
+	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w))
 		return waccess(w, mode); /* (AT_EACCESS: the effective ids are the real ones here) */
 	init_faccessat();
 	return real_faccessat(dirfd, path, mode, flags);
@@ -1179,6 +1204,7 @@ int faccessat(int dirfd, const char *path, int mode, int flags)
 #define WDIR_MAGIC 0x52494457u /* "WDIR" */
 struct wdir {
 	uint32_t magic;
+	int err; /* a listing that could not be kept whole */
 	size_t n, next, cap;
 	struct dirent64 *ents;
 	struct dirent de; /* the last one readdir returned */
@@ -1190,8 +1216,10 @@ static int wdir_add(void *arg, const char *name, uint64_t ino, uint32_t type)
 	if (d->n == d->cap) {
 		size_t cap = d->cap ? d->cap * 2 : 64;
 		struct dirent64 *e = realloc(d->ents, cap * sizeof *e);
-		if (!e)
+		if (!e) {
+			d->err = ENOMEM;
 			return 1;
+		}
 		d->ents = e;
 		d->cap = cap;
 	}
@@ -1230,6 +1258,8 @@ DIR *opendir(const char *path)
 	wdir_add(d, ".", 0, S_IFDIR);
 	wdir_add(d, "..", 0, S_IFDIR);
 	int e = weir_readdir(f, w, wdir_add, d);
+	if (!e && d->err)
+		e = -d->err; /* never a listing with entries missing */
 	if (e) {
 		free(d->ents);
 		free(d);

@@ -80,7 +80,15 @@ int main(void)
 {
 	const char *meta = getenv("WEIR_META_SOCK"), *io = getenv("WEIR_IO_SOCK");
 	CHECK(meta && io, "WEIR_META_SOCK and WEIR_IO_SOCK must name the services' sockets");
-	int err = weir_dial(meta, io, &fs);
+	/* A dial that fails closes nothing of the program's (fd 0 included). */
+	CHECK(fcntl(0, F_GETFD) >= 0, "fd 0 is not open to begin with");
+	weir_fs *none;
+	int err = weir_dial("/nonexistent/metadata.sock", io, &none);
+	CHECK(err == -ENOENT, "dial of a missing socket: %d, want -ENOENT", err);
+	err = weir_dial(meta, "/nonexistent/io.sock", &none);
+	CHECK(err == -ENOENT, "dial of a missing io socket: %d, want -ENOENT", err);
+	CHECK(fcntl(0, F_GETFD) >= 0, "a failed dial closed fd 0");
+	err = weir_dial(meta, io, &fs);
 	CHECK(err == 0, "dial: %s", strerror(-err));
 	err = weir_mkdir(fs, "c", 0755);
 	CHECK(err == 0, "mkdir: %s", strerror(-err));

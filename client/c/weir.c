@@ -33,6 +33,7 @@ struct ring {
 	uint64_t sq_tail, cq_head;   /* private positions (§5) */
 	uint64_t next_id;
 	int dead; /* the session is over: every call fails with EPIPE */
+	int inited; /* mu is initialised (ring_dial ran) */
 	pthread_mutex_t mu;
 };
 
@@ -202,6 +203,7 @@ static int ring_dial(struct ring *r, const char *path)
 	memset(r, 0, sizeof *r);
 	r->sock = -1;
 	pthread_mutex_init(&r->mu, NULL);
+	r->inited = 1;
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	if (strlen(path) >= sizeof sa.sun_path)
 		return -ENAMETOOLONG;
@@ -231,7 +233,9 @@ static void ring_close(struct ring *r)
 	if (r->sock >= 0)
 		close(r->sock);
 	r->sock = -1;
-	pthread_mutex_destroy(&r->mu);
+	if (r->inited)
+		pthread_mutex_destroy(&r->mu);
+	r->inited = 0;
 }
 
 /* peer_gone reports whether the service closed the socket or its session
@@ -286,6 +290,7 @@ static int wait_for(struct ring *r, uint64_t id, struct weir_cqe *c)
 			return -EPIPE;
 		uint32_t v = __atomic_load_n(bell, __ATOMIC_ACQUIRE);
 		__atomic_store_n(waiters, 1, __ATOMIC_SEQ_CST);
+		__atomic_thread_fence(__ATOMIC_SEQ_CST); /* the re-check's load after the store (§5) */
 		got = reap(r, c);
 		if (got == 0) {
 			struct timespec ts = {.tv_nsec = WEIR_MAX_SLEEP_NS};
@@ -397,6 +402,7 @@ int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 	weir_fs *fs = calloc(1, sizeof *fs);
 	if (!fs)
 		return -ENOMEM;
+	fs->meta.sock = fs->io.sock = -1; /* (0 is the program's stdin: never ours to close) */
 	int err = ring_dial(&fs->meta, meta_sock);
 	if (!err)
 		err = ring_dial(&fs->io, io_sock);
@@ -551,6 +557,8 @@ ssize_t weir_append(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uin
 		n = chunk; /* one request: one atomic append (a short write, as write(2) may) */
 	uint64_t aux = 0;
 	int64_t res = io_call(fs, WEIR_OP_WRITE, WEIR_WRITE_APPEND, handle, 0, buf, n, NULL, 0, &aux);
+	if (res > (int64_t)n)
+		return -EIO; /* more than was sent: a broken service */
 	if (res >= 0 && at)
 		*at = aux;
 	return (ssize_t)res;
@@ -570,17 +578,20 @@ int weir_fstat(weir_fs *fs, uint64_t handle, struct weir_attr *attr)
 
 int weir_ftruncate(weir_fs *fs, uint64_t handle, uint64_t size)
 {
-	return (int)io_call(fs, WEIR_OP_TRUNCATE, 0, handle, size, NULL, 0, NULL, 0, NULL);
+	int64_t res = io_call(fs, WEIR_OP_TRUNCATE, 0, handle, size, NULL, 0, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
 }
 
 int weir_fsync(weir_fs *fs, uint64_t handle)
 {
-	return (int)io_call(fs, WEIR_OP_SYNC, 0, handle, 0, NULL, 0, NULL, 0, NULL);
+	int64_t res = io_call(fs, WEIR_OP_SYNC, 0, handle, 0, NULL, 0, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
 }
 
 int weir_close(weir_fs *fs, uint64_t handle)
 {
-	return (int)call(&fs->meta, WEIR_OP_CLOSE, 0, handle, 0, NULL, 0, NULL, 0, NULL);
+	int64_t res = call(&fs->meta, WEIR_OP_CLOSE, 0, handle, 0, NULL, 0, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
 }
 
 int weir_stat(weir_fs *fs, const char *path, struct weir_attr *attr)
@@ -708,12 +719,18 @@ int weir_readdir(weir_fs *fs, const char *path, int (*fn)(void *arg, const char 
 			uint32_t type = get32(buf + at + 8);
 			uint16_t nl = (uint16_t)(buf[at + 12] | buf[at + 13] << 8);
 			at += 14;
+			char name[WEIR_MAX_NAME + 1];
 			if (nl == 0 || nl > WEIR_MAX_NAME || end - at < nl || memchr(buf + at, '/', nl) || memchr(buf + at, 0, nl)) {
 				free(buf);
 				return -EPROTO;
 			}
-			memcpy(after, buf + at, nl);
-			after[nl] = 0;
+			memcpy(name, buf + at, nl);
+			name[nl] = 0;
+			if (after[0] && strcmp(name, after) <= 0) {
+				free(buf);
+				return -EPROTO; /* names must increase: a service that repeats them would make this loop */
+			}
+			memcpy(after, name, nl + 1);
 			at += nl;
 			if (fn(arg, after, ino, type)) {
 				free(buf);
