@@ -49,22 +49,8 @@ func (w logWriter) Write(p []byte) (int, error) {
 // backend, and what it left reads the same through the Go client.
 func TestBasic(t *testing.T) {
 	bin := build(t, "test_basic.c")
-	cfg := stacktest.Config(t, t.TempDir())
-	cfg.IO.Backend = "file"
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	st, err := stack.Start(cfg, hclog.New(&hclog.LoggerOptions{Name: "ctest", Level: hclog.Warn, Output: logWriter{t}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := st.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	}()
+	st := startStack(t)
+	cfg := st.Config
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin)
