@@ -48,6 +48,7 @@ _Static_assert(sizeof(struct stat) == sizeof(struct stat64), "struct stat64 is s
 
 /* An open file description of weir: shared by dup'ed descriptors. */
 struct desc {
+	pid_t pid; /* the process whose session the handle is of */
 	uint64_t handle;
 	int flags; /* the open flags */
 	int refs;  /* descriptors naming it; under tab_mu */
@@ -234,7 +235,7 @@ static struct desc *get(int fd)
 		return NULL;
 	pthread_mutex_lock(&tab_mu);
 	struct desc *d = tab[fd];
-	if (d && wfs_pid != getpid())
+	if (d && d->pid != getpid())
 		d = NULL; /* inherited across fork: not yet (EBADF below) */
 	if (d)
 		d->refs++;
@@ -249,7 +250,7 @@ static void put(struct desc *d)
 	pthread_mutex_unlock(&tab_mu);
 	if (last) {
 		weir_fs *f = wfs;
-		if (f && wfs_pid == getpid())
+		if (f && wfs_pid == getpid() && d->pid == wfs_pid)
 			weir_close(f, d->handle);
 		pthread_mutex_destroy(&d->mu);
 		free(d);
@@ -262,7 +263,7 @@ static int inherited(int fd)
 	if (fd < 0 || fd >= MAX_FDS)
 		return 0;
 	pthread_mutex_lock(&tab_mu);
-	int r = tab[fd] != NULL && wfs_pid != getpid();
+	int r = tab[fd] != NULL && tab[fd]->pid != getpid();
 	pthread_mutex_unlock(&tab_mu);
 	return r;
 }
@@ -340,6 +341,7 @@ static int wopen(const char *wpath, int flags, mode_t mode)
 		weir_close(f, h);
 		return fail(ENOMEM);
 	}
+	d->pid = getpid();
 	d->handle = h;
 	d->flags = flags;
 	pthread_mutex_init(&d->mu, NULL);
@@ -413,7 +415,7 @@ int close(int fd)
 		struct desc *d = tab[fd];
 		tab[fd] = NULL;
 		pthread_mutex_unlock(&tab_mu);
-		if (d && wfs_pid == getpid())
+		if (d && d->pid == getpid())
 			put(d);
 	}
 	return real_close(fd);
@@ -1409,4 +1411,34 @@ FILE *fdopen(int fd, const char *mode)
 	/* The stream owns fd from here: its fclose closes it. */
 	cookie_io_functions_t io = {.read = ck_read, .write = ck_write, .seek = ck_seek, .close = ck_close};
 	return track(fopencookie((void *)(intptr_t)fd, mode, io), fd);
+}
+
+/* fork: the child must not use its parent's sessions (their rings are
+ * shared memory; a request of the child's would be the parent's), and no
+ * lock of the shim may be left held by a thread the child does not have.
+ * The child keeps its parent's weir descriptors as numbers that answer
+ * EBADF (not yet shared: issue 11) and dials sessions of its own at its
+ * first weir call. */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&fs_mu);
+	pthread_mutex_lock(&tab_mu);
+}
+
+static void fork_parent(void)
+{
+	pthread_mutex_unlock(&tab_mu);
+	pthread_mutex_unlock(&fs_mu);
+}
+
+static void fork_child(void)
+{
+	wfs = NULL; /* (its mappings and sockets stay, unused, until exec or exit) */
+	pthread_mutex_unlock(&tab_mu);
+	pthread_mutex_unlock(&fs_mu);
+}
+
+__attribute__((constructor)) static void shim_init(void)
+{
+	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }

@@ -19,7 +19,11 @@ import (
 )
 
 // build compiles libweir with the C test main into a binary.
-func build(t *testing.T, main string) string {
+func build(t *testing.T, main string) string { return buildC(t, main, true) }
+
+// buildC compiles the C test main, with libweir or (a program the shim
+// serves, which knows nothing of weir) without.
+func buildC(t *testing.T, main string, withLib bool) string {
 	t.Helper()
 	cc, err := exec.LookPath("cc")
 	if err != nil {
@@ -29,9 +33,12 @@ func build(t *testing.T, main string) string {
 	lib := filepath.Dir(filepath.Dir(here)) // client/c
 	top := filepath.Dir(filepath.Dir(lib))
 	out := filepath.Join(t.TempDir(), strings.TrimSuffix(main, ".c"))
-	cmd := exec.Command(cc, "-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread",
-		"-I", lib, "-I", filepath.Join(top, "proto", "include"), "-I", filepath.Join(top, "ring", "include"),
-		filepath.Join(lib, "weir.c"), filepath.Join(lib, main), "-o", out)
+	args := []string{"-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread",
+		"-I", lib, "-I", filepath.Join(top, "proto", "include"), "-I", filepath.Join(top, "ring", "include")}
+	if withLib {
+		args = append(args, filepath.Join(lib, "weir.c"))
+	}
+	cmd := exec.Command(cc, append(args, filepath.Join(lib, main), "-o", out)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %v\n%s", cmd.Args, err, b)
 	}
@@ -133,6 +140,7 @@ var shimScript = []string{
 	`mv $D/l/a $D/l/c && ls $D/l && mv $D/l/b $D/l/c && ls $D/l && cat $D/l/c`,
 	`[ -r $D/x ] && echo r; [ -w $D/x ] && echo w; [ -x $D/x ] || echo notx; [ -e $D/none ] || echo none; [ -d $D/l ] && echo dir`,
 	`printf '%s\n' one two three > $D/v && sort -r $D/v && grep -c o $D/v && sed -n 2p $D/v`,
+	`(echo sub > $D/s; echo more >> $D/s; cat $D/s) && cat $D/s && (mkdir $D/fk; echo x > $D/fk/y) && ls $D/fk`,
 }
 
 // TestShimDifferential: unmodified programs (sh, coreutils, python3 if
@@ -190,5 +198,20 @@ func TestShimExecLosesDescriptorsLoudly(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "Bad file descriptor") {
 		t.Fatalf("wc -c < a weir file: %v %q; want its failure with EBADF", err, out)
+	}
+}
+
+// TestShimFork: a forked child dials sessions of its own, its inherited
+// weir descriptors answer EBADF, and its parent's are unharmed.
+func TestShimFork(t *testing.T) {
+	so := buildShim(t)
+	bin := buildC(t, "test_fork.c", false)
+	st := startStack(t)
+	cmd := exec.Command(bin)
+	cmd.Env = append(cmd.Environ(), "LD_PRELOAD="+so, "WEIR_MOUNT=/weir",
+		"WEIR_META_SOCK="+st.Config.Metadata.Socket, "WEIR_IO_SOCK="+st.Config.IO.Socket)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "ok") {
+		t.Fatalf("%s: %v\n%s", bin, err, out)
 	}
 }
