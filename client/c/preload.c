@@ -1164,32 +1164,20 @@ static int waccess(const char *w, int mode)
 	return (want & ~bits) ? fail(EACCES) : 0;
 }
 
-int access(const char *path, int mode)
-{
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w))
-		return waccess(w, mode);
-	init_access();
-	return real_access(path, mode);
-}
-
-int euidaccess(const char *path, int mode)
-{
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w))
-		return waccess(w, mode);
-	init_euidaccess();
-	return real_euidaccess(path, mode);
-}
-
-int eaccess(const char *path, int mode)
-{
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w))
-		return waccess(w, mode);
-	init_eaccess();
-	return real_eaccess(path, mode);
-}
+/* access, euidaccess and eaccess: one check for a weir path (the real
+ * ids are the effective ones here), the kernel's otherwise. */
+#define ACCESS(name)                                   \
+	int name(const char *path, int mode)           \
+	{                                              \
+		char w[PATH_MAX];                      \
+		if (weir_path(path, w, sizeof w))      \
+			return waccess(w, mode);       \
+		init_##name();                         \
+		return real_##name(path, mode);        \
+	}
+ACCESS(access)
+ACCESS(euidaccess)
+ACCESS(eaccess)
 
 int faccessat(int dirfd, const char *path, int mode, int flags)
 {

@@ -15,15 +15,7 @@
 
 #include "weir.h"
 
-#define CHECK(cond, ...)                                                  \
-	do {                                                              \
-		if (!(cond)) {                                            \
-			fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);   \
-			fprintf(stderr, __VA_ARGS__);                     \
-			fprintf(stderr, "\n");                            \
-			exit(1);                                          \
-		}                                                         \
-	} while (0)
+#include "test.h"
 
 static weir_fs *fs;
 

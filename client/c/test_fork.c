@@ -13,15 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define CHECK(cond, ...)                                                \
-	do {                                                            \
-		if (!(cond)) {                                          \
-			fprintf(stderr, "%s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                   \
-			fprintf(stderr, "\n");                          \
-			_exit(1);                                       \
-		}                                                       \
-	} while (0)
+#include "test.h"
 
 int main(void)
 {
