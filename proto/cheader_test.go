@@ -48,6 +48,7 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_CLAIM_DIR", uint64(OpClaimDir)),
 		cheader.Def("WEIR_OP_RELEASE", uint64(OpRelease)),
 		cheader.Def("WEIR_OP_DIR_LEASE", uint64(OpDirLease)),
+		cheader.Def("WEIR_OP_INHERIT", uint64(OpInherit)),
 	}
 }
 

@@ -130,6 +130,13 @@
 //	OpFChtimes  Handle; in: i64 atime, i64 mtime    -
 //	OpReopen    in:  ticket                         out: as OpOpen, with a
 //	            ticket
+//	OpInherit   (FeatureReopen) in: a ticket this incarnation issued to
+//	            this uid; out: as OpOpen: a handle of the same file with
+//	            the same flags, for a process that shares the open file
+//	            description across fork or exec (the C shim). EPERM: not
+//	            genuine, another uid's, or of another incarnation (use
+//	            OpReopen); ESTALE: the file is gone; EACCES: another uid's
+//	            file that no longer allows the access
 //	OpRecallWait (FeatureRecalls) a long poll; out: u64 data handles whose
 //	            grants another trust group's grant recalled (Result =
 //	            8 × their count, at most RecallBatch); Aux = RecallAll: more

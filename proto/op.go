@@ -86,6 +86,7 @@ const (
 	OpReopen     uint8 = 0x22
 	OpRecallWait uint8 = 0x23
 	OpDirLease   uint8 = 0x24
+	OpInherit    uint8 = 0x25
 
 	OpAttach    uint8 = 0x40
 	OpRead      uint8 = 0x41

@@ -132,7 +132,7 @@ func (e *hostileEnv) do(t testing.TB, c *ring.Client, call *ring.Call, in, out [
 // services' ranges, small or wild handles and offsets, and a payload that
 // is random bytes or a well-formed body with random fields.
 func (e *hostileEnv) hostileRequest(t testing.TB, r *rand.Rand) {
-	c, first, n := e.meta, proto.OpHello, int(proto.OpReopen-proto.OpHello)+1
+	c, first, n := e.meta, proto.OpHello, int(proto.OpInherit-proto.OpHello)+1
 	if r.IntN(2) == 0 {
 		c, first, n = e.data, proto.OpAttach, int(proto.OpClaim-proto.OpAttach)+1
 	}

@@ -203,3 +203,87 @@ func TestIdleClientKeepsFiles(t *testing.T) {
 		t.Errorf("recoveries = %d, want 1", fsys.Recoveries.Load())
 	}
 }
+
+// inherit sends OpInherit with tk: the response, or the errno.
+func (m *metaSession) inherit(t *testing.T, tk proto.Ticket) (proto.OpenResp, syscall.Errno) {
+	t.Helper()
+	out := make([]byte, proto.OpenRespSize(proto.FeatureReopen))
+	c := rawCall(t, m.c, proto.OpInherit, 0, 0, tk[:], out)
+	if c.Result < 0 {
+		return proto.OpenResp{}, syscall.Errno(-c.Result)
+	}
+	r, err := proto.DecodeOpenResp(out[:c.Result], proto.FeatureReopen)
+	if err != nil {
+		t.Fatalf("inherit: %+v %v", c, err)
+	}
+	return r, 0
+}
+
+// TestInheritTickets: another session of the same uid gets a handle of
+// the same inode with the same flags from a ticket of this incarnation
+// (the C shim's fork and exec), as often as it asks, after a rename and
+// after an unlink while the file is open; not from a ticket altered in
+// any byte (the uid and the flags among them), not after a restart, and
+// not once an unlinked file is gone.
+func TestInheritTickets(t *testing.T) {
+	cfg := testConfig(t)
+	url, md, _ := startPair(t, cfg)
+	m := dialMeta(t, cfg.Metadata.Socket)
+	f := m.open(t, "f", syscall.O_RDONLY)
+	g := m.open(t, "g", syscall.O_WRONLY|syscall.O_APPEND)
+	child := dialMeta(t, cfg.Metadata.Socket)
+	var held []uint64
+	for i := 0; i < 2; i++ {
+		r, e := child.inherit(t, g.Ticket)
+		if e != 0 {
+			t.Fatalf("inherit %d: %v", i, e)
+		}
+		if r.Handle == g.Handle || r.Attr.Ino != g.Attr.Ino {
+			t.Fatalf("inherited handle %#x of inode %d; the original %#x of %d", r.Handle, r.Attr.Ino, g.Handle, g.Attr.Ino)
+		}
+		if r.Ticket != g.Ticket && r.Ticket == ([proto.TicketSize]byte{}) {
+			t.Fatalf("inherited handle has no ticket")
+		}
+		held = append(held, r.Handle)
+	}
+	for i := range proto.TicketSize {
+		bad := f.Ticket
+		bad[i] ^= 0x02
+		if _, e := child.inherit(t, bad); e != syscall.EPERM {
+			t.Errorf("inherit with byte %d of the ticket altered: %v, want EPERM", i, e)
+		}
+	}
+	if rawCall(t, m.c, proto.OpRename, 0, 0, (&proto.RenameReq{Old: "f", New: "f2"}).Append(nil), nil).Result != 0 {
+		t.Fatal("rename")
+	}
+	if r, e := child.inherit(t, f.Ticket); e != 0 || r.Attr.Ino != f.Attr.Ino {
+		t.Errorf("inherit after a rename: %+v %v", r, e)
+	}
+	if rawCall(t, m.c, proto.OpUnlink, 0, 0, (&proto.PathReq{Path: "g"}).Append(nil), nil).Result != 0 {
+		t.Fatal("unlink")
+	}
+	r, e := child.inherit(t, g.Ticket)
+	if e != 0 || r.Attr.Ino != g.Attr.Ino || r.Attr.Nlink != 0 {
+		t.Fatalf("inherit of an unlinked file still open: %+v %v", r, e)
+	}
+	// Once no handle holds it, the unlinked file is gone.
+	rawDo(t, m.c, proto.OpClose, g.Handle, 0, nil, nil)
+	for _, h := range append(held, r.Handle) {
+		rawDo(t, child.c, proto.OpClose, h, 0, nil, nil)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, e := child.inherit(t, g.Ticket)
+		if e == syscall.ESTALE {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("inherit of an unlinked file no handle holds: %v, want ESTALE", e)
+		}
+	}
+	md.kill(t)
+	startService(t, buildWeir(t), "metadata", cfg, url)
+	m2 := dialMeta(t, cfg.Metadata.Socket)
+	if _, e := m2.inherit(t, f.Ticket); e != syscall.EPERM {
+		t.Errorf("inherit with a ticket of the last incarnation: %v, want EPERM", e)
+	}
+}

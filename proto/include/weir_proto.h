@@ -133,6 +133,7 @@
 #define WEIR_OP_FCHTIMES 0x21u
 #define WEIR_OP_REOPEN 0x22u
 #define WEIR_OP_DIR_LEASE 0x24u /* in: path, after (as READDIR); out: u32 count, then per entry u64 ino, u32 mode, WEIR_CAP_SIZE cap, u16 name length, name; aux 1: more */
+#define WEIR_OP_INHERIT 0x25u /* in: ticket of this incarnation (WEIR_FEATURE_REOPEN); out: as OPEN: the same file, flags and uid, for a process that inherited the open file description */
 #define WEIR_OP_RECALL_WAIT 0x23u /* out: u64 data handles another trust group recalled (at most WEIR_RECALL_BATCH); aux WEIR_RECALL_ALL: all may be */
 
 /* IO ring opcodes: 0x40-0x5f. */

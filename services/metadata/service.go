@@ -106,6 +106,7 @@ type Stats struct {
 	Requests atomic.Uint64
 	Opens    atomic.Uint64
 	Reopens  atomic.Uint64
+	Inherits atomic.Uint64 // OpInherit: a handle of a description shared across fork or exec
 	Handles  atomic.Int64
 	Errors   atomic.Uint64 // requests answered with an errno
 
@@ -129,7 +130,7 @@ func (s *Service) Snapshot() map[string]any {
 	p50, p99 := s.recallStats.percentiles()
 	m := map[string]any{
 		"sessions": st.Sessions.Load(), "requests": st.Requests.Load(), "opens": st.Opens.Load(),
-		"reopens": st.Reopens.Load(), "handles": st.Handles.Load(), "errors": st.Errors.Load(),
+		"reopens": st.Reopens.Load(), "inherits": st.Inherits.Load(), "handles": st.Handles.Load(), "errors": st.Errors.Load(),
 		"grants": st.Grants.Load(), "grant_failures": st.GrantFailures.Load(),
 		"revokes": st.Revokes.Load(), "revoke_retries": st.RevokeRetries.Load(),
 		"stale_reports": st.StaleReports.Load(), "resyncs": st.Resyncs.Load(), "live_batches": st.LiveBatches.Load(),

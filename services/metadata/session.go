@@ -114,6 +114,7 @@ func (se *session) register() {
 		proto.OpReadDir: se.readdir, proto.OpFStat: se.fstat, proto.OpSyncMeta: se.syncMeta,
 		proto.OpGrant: se.grantOp, proto.OpFChmod: se.fchmod, proto.OpFChown: se.fchown,
 		proto.OpFChtimes: se.fchtimes, proto.OpReopen: se.reopen, proto.OpDirLease: se.dirLease,
+		proto.OpInherit: se.inherit,
 	} {
 		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
 			se.svc.Stats.Requests.Add(1)
@@ -406,6 +407,43 @@ func (se *session) reopen(q *ring.Request) (int64, uint64) {
 	}
 	se.svc.Stats.Reopens.Add(1)
 	return res, aux
+}
+
+// inherit opens again, by a ticket of this incarnation, a file this uid
+// has open (OpInherit): a process that shares an open file description
+// with the process that opened it, across fork or exec, gets its own
+// handle of the same inode with the same flags, as its descriptor names
+// the same file whatever happened to the path since. The file's mode is
+// checked again for a uid that is not its owner (ns.Reopen), as a reopen
+// after a restart is; what is left is the same as there (tickets.go).
+func (se *session) inherit(q *ring.Request) (int64, uint64) {
+	if se.features&proto.FeatureReopen == 0 {
+		return se.errno(syscall.EOPNOTSUPP)
+	}
+	if q.Length < uint64(proto.OpenRespSize(se.features)) {
+		return se.errno(syscall.ERANGE)
+	}
+	t, err := proto.DecodeTicket(body(q))
+	if err != nil {
+		return se.errno(err)
+	}
+	ino, flags, ok := se.svc.checkInheritTicket(t, se.cred.UID)
+	if !ok {
+		if !se.warnedTicket {
+			se.warnedTicket = true
+			se.svc.log.Warn("inherit with a ticket that is not genuine, not this uid's or not this incarnation's", "pid", se.pid, "uid", se.cred.UID)
+		}
+		return se.errno(syscall.EPERM)
+	}
+	a, err := se.svc.ns.Reopen(se.cred, ino, flags)
+	switch {
+	case errors.Is(err, syscall.ENOENT):
+		return se.errno(proto.ErrStale)
+	case err != nil:
+		return se.errno(err)
+	}
+	se.svc.Stats.Inherits.Add(1)
+	return se.finishOpen(q, a, false, flags)
 }
 
 // grantOp grants a handle before its first read or write; a handle whose

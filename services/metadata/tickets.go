@@ -132,13 +132,31 @@ func (s *Service) checkTicket(t proto.Ticket, uid uint32, sid uint64) (handle ui
 	if late {
 		return 0, 0, 0, ticketLate
 	}
-	v := binary.LittleEndian.Uint64(t[8:])
+	ino, flags = ticketFields(binary.LittleEndian.Uint64(t[8:]))
+	return handle, ino, flags, ticketOK
+}
+
+// checkInheritTicket returns what t names if uid may inherit it
+// (OpInherit): genuine, issued to uid, by this incarnation.
+func (s *Service) checkInheritTicket(t proto.Ticket, uid uint32) (ino ns.Ino, flags int, ok bool) {
+	want := t
+	s.ticketMAC(&want)
+	if !hmac.Equal(t[20:], want[20:]) || binary.LittleEndian.Uint32(t[16:]) != uid ||
+		proto.IncarnationOf(binary.LittleEndian.Uint64(t[0:])) != s.inc {
+		return 0, 0, false
+	}
+	ino, flags = ticketFields(binary.LittleEndian.Uint64(t[8:]))
+	return ino, flags, true
+}
+
+// ticketFields decodes a ticket's second word.
+func ticketFields(v uint64) (ino ns.Ino, flags int) {
 	for _, b := range ticketBits {
 		if v&b.bit != 0 {
 			flags |= b.flag
 		}
 	}
-	return handle, ns.Ino(v & (1<<48 - 1)), flags, ticketOK
+	return ns.Ino(v & (1<<48 - 1)), flags
 }
 
 // releaseTicket gives back the ticket of handle that checkTicket reserved
