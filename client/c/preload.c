@@ -2,30 +2,40 @@
  * libweir-preload.so: LD_PRELOAD=libweir-preload.so runs an unmodified
  * dynamically linked program with the paths under WEIR_MOUNT (default
  * /weir) served by weir; every other path goes to the kernel untouched.
+ * docs/architecture.md, "C library and shim", has the design; what each
+ * entry point does is beside it below.
  *
- * This first part (issue 11) routes absolute paths (and relative ones
- * whose cwd-joined form lies under the mount), with "." and ".."
- * resolved lexically, and catches: open, open64, openat, openat64,
- * __open_2, __open64_2, creat, close, read, write, pread(64),
- * pwrite(64), lseek(64), fsync, fdatasync, ftruncate(64), fstat(64),
- * stat(64), lstat(64), fstatat(64), unlink, mkdir, dup, dup2, dup3,
- * fcntl(F_DUPFD, F_DUPFD_CLOEXEC, F_GETFL, F_GETFD, F_SETFD).
+ * Descriptors. A weir descriptor is a real descriptor number: an O_PATH
+ * descriptor of a small memfd, the description page (layout below), which
+ * holds what the kernel's open file description would: the offset, the
+ * status flags, the file's ticket, and for a directory its path. The
+ * kernel then does for weir descriptors what it does for its own: dup and
+ * fork share the page (so offsets and flags are shared, across processes
+ * too), FD_CLOEXEC and O_CLOEXEC are honoured by exec, and a descriptor
+ * without them survives exec (a failed exec loses nothing); numbers never
+ * collide with the kernel's. A process that did not open a description
+ * itself (a forked child, or a new image after exec, which finds its
+ * pages in /proc/self/fd at start) gets its own handle of the file from
+ * the metadata service with the page's ticket (OpInherit) at its first
+ * use. A program without the shim that inherits a weir descriptor gets
+ * EBADF from read and write (an O_PATH descriptor), never wrong data.
  *
- * A weir descriptor is a real descriptor number (a /dev/null opened
- * O_CLOEXEC holds it), so it never collides with a kernel one; dup shares
- * the open file description (offset, flags), as the kernel's does.
- * Not yet (documented in docs/architecture.md, "C library and shim"):
- * fork (a child's weir descriptors answer EBADF: its rings would be the
- * parent's), exec (weir descriptors close on exec), the readv/writev and
- * stdio families, directories (opendir), rename, mmap, locks, statx,
- * openat relative to a weir directory descriptor, and chdir into the
- * mount. Static binaries, Go binaries and raw system calls bypass any
- * LD_PRELOAD shim.
+ * Paths are resolved lexically ("." and ".."; weir has no symbolic
+ * links) against the cwd, a weir directory descriptor, or a kernel one;
+ * chdir into the mount keeps the weir cwd here (and in a page that exec
+ * passes on) and moves the kernel's to /proc, so that a program the shim
+ * does not serve cannot write relative paths anywhere real.
+ *
+ * Not caught (see the architecture document): static binaries, Go
+ * binaries, raw system calls, io_uring, and glibc's internal calls
+ * (scandir, nftw, glob open directories without the public entry points).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -33,12 +43,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/uio.h>
-#include <dirent.h>
-#include <grp.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -46,14 +58,53 @@
 
 _Static_assert(sizeof(struct stat) == sizeof(struct stat64), "struct stat64 is struct stat (64-bit Linux)");
 
-/* An open file description of weir: shared by dup'ed descriptors. */
+/*
+ * The description page (one memfd of PAGE_BYTES per open file
+ * description; written only by the processes that share it):
+ *
+ *	  0 u32 magic     "WDSC" (WPAGE_MAGIC)
+ *	  4 u32 version   1
+ *	  8 i32 flags     open flags; F_SETFL changes the status flags
+ *	 12 u32 kind      1 file, 2 directory, 3 O_PATH
+ *	 16 u64 off       the offset (a directory's: the next entry's index)
+ *	 24 u64 ino       the file's inode
+ *	 32 [32] ticket   the metadata service's, for OpInherit (files)
+ *	 64 mutex         process-shared and robust: off and flags
+ *	256 char path[]   the path inside weir, NUL-terminated (PATH_MAX)
+ *
+ * A page is as trustworthy as the process that maps it: it only ever
+ * holds what this process or its ancestors (same uid) wrote, and the
+ * services check every request made from it.
+ */
+#define WPAGE_MAGIC 0x43534457u /* "WDSC" */
+#define PAGE_BYTES 8192
+enum { K_FILE = 1, K_DIR = 2, K_PATH = 3 };
+struct wpage {
+	uint32_t magic, version;
+	int32_t flags;
+	uint32_t kind;
+	uint64_t off, ino;
+	uint8_t ticket[WEIR_TICKET_SIZE];
+	union {
+		pthread_mutex_t mu;
+		char pad[192];
+	};
+	char path[PATH_MAX];
+};
+_Static_assert(sizeof(struct wpage) <= PAGE_BYTES, "the page holds the description");
+_Static_assert(offsetof(struct wpage, mu) == 64 && offsetof(struct wpage, path) == 256, "layout as documented");
+
+/* A description as this process holds it. */
 struct desc {
-	pid_t pid; /* the process whose session the handle is of */
-	uint64_t handle;
-	int flags; /* the open flags */
-	int refs;  /* descriptors naming it; under tab_mu */
-	pthread_mutex_t mu;
-	uint64_t off; /* under mu */
+	struct wpage *pg;
+	ino_t key;       /* the page's memfd inode: dup'ed descriptors share it */
+	pid_t pid;       /* the process handle is of (another: not adopted yet) */
+	uint64_t handle; /* files: this process's handle */
+	int refs;        /* descriptors naming it, and calls in flight; under tab_mu */
+	/* Directories: the listing getdents64 serves, read when it starts
+	 * from entry 0 (under pg->mu). */
+	struct dirent64 *ents;
+	size_t nents;
 };
 
 #define MAX_FDS 65536
@@ -62,6 +113,12 @@ static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t fs_mu = PTHREAD_MUTEX_INITIALIZER;
 static weir_fs *wfs;
 static pid_t wfs_pid; /* the process that dialled wfs: a forked child must not use it */
+
+/* The weir cwd: set while the cwd is inside the mount. */
+static pthread_mutex_t cwd_mu = PTHREAD_MUTEX_INITIALIZER;
+static int wcwd_on;           /* under cwd_mu */
+static char wcwd[PATH_MAX];   /* the weir path of the cwd; under cwd_mu */
+static int cwd_fd = -1;       /* an O_PATH of a "weir-cwd" memfd holding it, for exec */
 
 #define REAL(ret, name, ...)                                                     \
 	static ret (*real_##name)(__VA_ARGS__);                                  \
@@ -74,53 +131,80 @@ static pid_t wfs_pid; /* the process that dialled wfs: a forked child must not u
 REAL(int, open, const char *, int, ...)
 REAL(int, openat, int, const char *, int, ...)
 REAL(int, close, int)
+REAL(int, close_range, unsigned int, unsigned int, int)
 REAL(ssize_t, read, int, void *, size_t)
 REAL(ssize_t, write, int, const void *, size_t)
 REAL(ssize_t, pread, int, void *, size_t, off_t)
 REAL(ssize_t, pwrite, int, const void *, size_t, off_t)
+REAL(ssize_t, readv, int, const struct iovec *, int)
+REAL(ssize_t, writev, int, const struct iovec *, int)
+REAL(ssize_t, preadv, int, const struct iovec *, int, off_t)
+REAL(ssize_t, pwritev, int, const struct iovec *, int, off_t)
+REAL(ssize_t, preadv2, int, const struct iovec *, int, off_t, int)
+REAL(ssize_t, pwritev2, int, const struct iovec *, int, off_t, int)
 REAL(off_t, lseek, int, off_t, int)
 REAL(int, fsync, int)
 REAL(int, fdatasync, int)
+REAL(int, sync_file_range, int, off64_t, off64_t, unsigned int)
 REAL(int, ftruncate, int, off_t)
+REAL(int, truncate, const char *, off_t)
+REAL(int, fallocate, int, int, off_t, off_t)
+REAL(int, posix_fallocate, int, off_t, off_t)
+REAL(int, posix_fadvise, int, off_t, off_t, int)
 REAL(int, fstat, int, struct stat *)
-REAL(int, stat, const char *, struct stat *)
-REAL(int, lstat, const char *, struct stat *)
 REAL(int, fstatat, int, const char *, struct stat *, int)
-REAL(int, unlink, const char *)
-REAL(int, unlinkat, int, const char *, int)
-REAL(int, rmdir, const char *)
 REAL(int, statx, int, const char *, int, unsigned int, struct statx *)
-REAL(FILE *, fopen, const char *, const char *)
-REAL(FILE *, fopen64, const char *, const char *)
-REAL(FILE *, fdopen, int, const char *)
-REAL(int, fileno, FILE *)
-REAL(int, fileno_unlocked, FILE *)
-REAL(int, rename, const char *, const char *)
-REAL(int, renameat, int, const char *, int, const char *)
+REAL(int, statfs, const char *, struct statfs *)
+REAL(int, fstatfs, int, struct statfs *)
+REAL(int, statvfs, const char *, struct statvfs *)
+REAL(int, fstatvfs, int, struct statvfs *)
+REAL(int, unlinkat, int, const char *, int)
+REAL(int, mkdirat, int, const char *, mode_t)
 REAL(int, renameat2, int, const char *, int, const char *, unsigned int)
-REAL(int, access, const char *, int)
-REAL(int, euidaccess, const char *, int)
-REAL(int, eaccess, const char *, int)
+REAL(int, linkat, int, const char *, int, const char *, int)
+REAL(int, symlinkat, const char *, int, const char *)
+REAL(ssize_t, readlink, const char *, char *, size_t)
+REAL(ssize_t, readlinkat, int, const char *, char *, size_t)
+REAL(int, fchmod, int, mode_t)
+REAL(int, fchmodat, int, const char *, mode_t, int)
+REAL(int, fchown, int, uid_t, gid_t)
+REAL(int, fchownat, int, const char *, uid_t, gid_t, int)
 REAL(int, faccessat, int, const char *, int, int)
+REAL(int, utimensat, int, const char *, const struct timespec *, int)
+REAL(int, futimens, int, const struct timespec *)
+REAL(int, chdir, const char *)
+REAL(int, fchdir, int)
+REAL(char *, getcwd, char *, size_t)
+REAL(char *, get_current_dir_name, void)
+REAL(char *, realpath, const char *, char *)
 REAL(DIR *, opendir, const char *)
+REAL(DIR *, fdopendir, int)
 REAL(struct dirent *, readdir, DIR *)
 REAL(struct dirent64 *, readdir64, DIR *)
 REAL(int, closedir, DIR *)
 REAL(int, dirfd, DIR *)
 REAL(void, rewinddir, DIR *)
-REAL(ssize_t, readv, int, const struct iovec *, int)
-REAL(ssize_t, writev, int, const struct iovec *, int)
-REAL(int, utimensat, int, const char *, const struct timespec *, int)
-REAL(int, futimens, int, const struct timespec *)
+REAL(long, telldir, DIR *)
+REAL(void, seekdir, DIR *, long)
+REAL(ssize_t, getdents64, int, void *, size_t)
+REAL(FILE *, fopen, const char *, const char *)
+REAL(FILE *, fopen64, const char *, const char *)
+REAL(FILE *, fdopen, int, const char *)
+REAL(int, fileno, FILE *)
+REAL(int, fileno_unlocked, FILE *)
 REAL(ssize_t, getxattr, const char *, const char *, void *, size_t)
 REAL(ssize_t, lgetxattr, const char *, const char *, void *, size_t)
+REAL(ssize_t, fgetxattr, int, const char *, void *, size_t)
 REAL(ssize_t, listxattr, const char *, char *, size_t)
 REAL(ssize_t, llistxattr, const char *, char *, size_t)
-REAL(int, mkdir, const char *, mode_t)
+REAL(ssize_t, flistxattr, int, char *, size_t)
 REAL(int, dup, int)
 REAL(int, dup2, int, int)
 REAL(int, dup3, int, int, int)
 REAL(int, fcntl, int, int, ...)
+REAL(int, flock, int, int)
+REAL(void *, mmap, void *, size_t, int, int, int, off_t)
+REAL(long, syscall, long, ...)
 
 static int fail(int err)
 {
@@ -128,38 +212,24 @@ static int fail(int err)
 	return -1;
 }
 
-/* abs_or_cwd says whether path resolves from the cwd (AT_FDCWD) or is
- * absolute: the only *at() forms routed to weir. A NULL path (EFAULT
- * for the kernel) is not: it goes to the kernel, which answers it. */
-static int abs_or_cwd(int dirfd, const char *path)
+static const char *mount_point(size_t *len)
 {
-	const char *volatile p = path; /* (a nonnull parameter may still be NULL) */
-	return p && (dirfd == AT_FDCWD || p[0] == '/');
+	const char *m = getenv("WEIR_MOUNT");
+	if (!m || m[0] != '/')
+		m = "/weir";
+	size_t n = strlen(m);
+	while (n > 1 && m[n - 1] == '/')
+		n--;
+	*len = n;
+	return m;
 }
 
-/* weir_path returns the path inside weir for path (relative to the
- * kernel's cwd), in out; 0 if path is not under the mount. */
-static int weir_path(const char *path, char *out, size_t cap)
+/* normalize resolves ".", ".." and repeated slashes of the absolute path
+ * in lexically, into out; 0 if it does not fit. */
+static int normalize(const char *in, char *out, size_t cap)
 {
-	const char *mount = getenv("WEIR_MOUNT");
-	if (!mount || !*mount)
-		mount = "/weir";
-	if (!path || !*path)
-		return 0;
-	char full[PATH_MAX * 2];
-	if (path[0] == '/') {
-		if (strlen(path) >= sizeof full)
-			return 0;
-		strcpy(full, path);
-	} else {
-		char cwd[PATH_MAX];
-		if (!getcwd(cwd, sizeof cwd) || (size_t)snprintf(full, sizeof full, "%s/%s", cwd, path) >= sizeof full)
-			return 0;
-	}
-	/* Lexical resolution of ".", ".." and repeated slashes. */
-	char norm[PATH_MAX * 2];
 	size_t n = 0;
-	for (const char *p = full; *p;) {
+	for (const char *p = in; *p;) {
 		while (*p == '/')
 			p++;
 		const char *e = p;
@@ -170,30 +240,46 @@ static int weir_path(const char *path, char *out, size_t cap)
 			break;
 		if (len == 1 && p[0] == '.') {
 		} else if (len == 2 && p[0] == '.' && p[1] == '.') {
-			while (n > 0 && norm[n - 1] != '/')
+			while (n > 0 && out[n - 1] != '/')
 				n--;
 			if (n > 0)
 				n--;
 		} else {
-			if (n + 1 + len >= sizeof norm)
+			if (n + 1 + len >= cap)
 				return 0;
-			norm[n++] = '/';
-			memcpy(norm + n, p, len);
+			out[n++] = '/';
+			memcpy(out + n, p, len);
 			n += len;
 		}
 		p = e;
 	}
-	norm[n] = 0;
-	size_t m = strlen(mount);
-	while (m > 1 && mount[m - 1] == '/')
-		m--;
-	if (strncmp(norm, mount, m) != 0 || (norm[m] != '/' && norm[m] != 0))
-		return 0;
-	const char *rest = norm[m] == '/' ? norm + m + 1 : ".";
-	if (strlen(rest) >= cap)
-		return 0;
-	strcpy(out, *rest ? rest : ".");
+	if (n == 0)
+		out[n++] = '/';
+	out[n] = 0;
 	return 1;
+}
+
+/* in_mount returns the path inside weir ("." for the root) of the
+ * normalized absolute path norm, or NULL if it is not under the mount. */
+static const char *in_mount(const char *norm)
+{
+	size_t m;
+	const char *mount = mount_point(&m);
+	if (m == 1)
+		return norm[1] ? norm + 1 : "."; /* (WEIR_MOUNT=/: everything) */
+	if (strncmp(norm, mount, m) != 0 || (norm[m] != '/' && norm[m] != 0))
+		return NULL;
+	return norm[m] == '/' ? norm + m + 1 : ".";
+}
+
+/* has_dotdot says whether a relative path has a ".." component (only
+ * then can it leave the directory it starts from). */
+static int has_dotdot(const char *p)
+{
+	for (const char *s = p; (s = strstr(s, "..")) != NULL; s += 2)
+		if ((s == p || s[-1] == '/') && (s[2] == 0 || s[2] == '/'))
+			return 1;
+	return 0;
 }
 
 /* fs returns the process's weir sessions, dialling them at first use. */
@@ -227,45 +313,156 @@ static weir_fs *fs(int *err)
 	return f;
 }
 
-/* get returns fd's description with a reference, or NULL if fd is not
- * weir's; put drops the reference. */
-static struct desc *get(int fd)
+#define FS_OR_FAIL(f)                                   \
+	int fs_err_ = 0;                                \
+	weir_fs *f = fs(&fs_err_);                      \
+	if (!f)                                         \
+		return fail(fs_err_ ? fs_err_ : EIO)
+
+/* Page locks: robust, so that a process killed while holding one (it
+ * shares the page with others) does not leave them waiting forever. */
+static void lock_pg(struct wpage *p)
 {
+	if (pthread_mutex_lock(&p->mu) == EOWNERDEAD)
+		pthread_mutex_consistent(&p->mu);
+}
+static void unlock_pg(struct wpage *p) { pthread_mutex_unlock(&p->mu); }
+
+/* map_page maps the memfd behind the O_PATH descriptor fd (its inode in
+ * *key), or NULL. */
+static struct wpage *map_page(int fd, ino_t *key)
+{
+	char pp[64];
+	snprintf(pp, sizeof pp, "/proc/self/fd/%d", fd);
+	init_open();
+	init_close();
+	init_fstat();
+	int m = real_open(pp, O_RDWR | O_CLOEXEC);
+	if (m < 0)
+		return NULL;
+	struct stat st;
+	void *p = MAP_FAILED;
+	if (real_fstat(m, &st) == 0 && st.st_size == PAGE_BYTES)
+		p = mmap(NULL, PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, m, 0);
+	real_close(m);
+	if (p == MAP_FAILED)
+		return NULL;
+	*key = st.st_ino;
+	return p;
+}
+
+/* new_page makes a description page and its descriptor (close-on-exec
+ * if cloexec), and returns the descriptor, or -errno. */
+static int new_page(const char *name, int cloexec, struct wpage **out, ino_t *key)
+{
+	init_ftruncate();
+	init_open();
+	init_close();
+	int m = memfd_create(name, MFD_CLOEXEC);
+	if (m < 0)
+		return -errno;
+	int e = 0, fd = -1;
+	if (real_ftruncate(m, PAGE_BYTES) != 0) {
+		e = errno;
+	} else {
+		char pp[64];
+		snprintf(pp, sizeof pp, "/proc/self/fd/%d", m);
+		fd = real_open(pp, O_PATH | (cloexec ? O_CLOEXEC : 0));
+		if (fd < 0)
+			e = errno == ENOENT ? ENOSYS : errno; /* (no /proc: weir descriptors need it) */
+	}
+	real_close(m);
+	if (e)
+		return -e;
+	if (fd >= MAX_FDS) {
+		real_close(fd);
+		return -EMFILE;
+	}
+	struct wpage *p = map_page(fd, key);
+	if (!p) {
+		e = errno ? errno : ENOMEM;
+		real_close(fd);
+		return -e;
+	}
+	pthread_mutexattr_t a;
+	pthread_mutexattr_init(&a);
+	pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+	pthread_mutex_init(&p->mu, &a);
+	pthread_mutexattr_destroy(&a);
+	p->magic = WPAGE_MAGIC;
+	p->version = 1;
+	*out = p;
+	return fd;
+}
+
+static void free_desc(struct desc *d)
+{
+	free(d->ents);
+	munmap(d->pg, PAGE_BYTES);
+	free(d);
+}
+
+/* adopt gives d a handle of this process's session if another process
+ * opened it (fork, exec). Under adopt_mu, which fork_prepare holds too. */
+static pthread_mutex_t adopt_mu = PTHREAD_MUTEX_INITIALIZER;
+static int adopt(struct desc *d)
+{
+	pthread_mutex_lock(&adopt_mu);
+	int e = 0;
+	if (d->pid != getpid()) {
+		if (d->pg->kind == K_FILE) {
+			int err = 0;
+			weir_fs *f = fs(&err);
+			uint64_t h = 0;
+			e = f ? weir_inherit(f, d->pg->ticket, &h) : -(err ? err : EIO);
+			if (!e)
+				d->handle = h;
+		}
+		if (!e)
+			d->pid = getpid();
+	}
+	pthread_mutex_unlock(&adopt_mu);
+	return e;
+}
+
+/* get returns fd's description with a reference, adopted, or NULL if fd
+ * is not weir's (*err 0) or cannot be used here (*err, an errno); put
+ * drops the reference. */
+static struct desc *get(int fd, int *err)
+{
+	*err = 0;
 	if (fd < 0 || fd >= MAX_FDS)
 		return NULL;
 	pthread_mutex_lock(&tab_mu);
 	struct desc *d = tab[fd];
-	if (d && d->pid != getpid())
-		d = NULL; /* inherited across fork: not yet (EBADF below) */
 	if (d)
 		d->refs++;
 	pthread_mutex_unlock(&tab_mu);
+	if (d && d->pid != getpid()) {
+		int e = adopt(d);
+		if (e) {
+			void put(struct desc *);
+			put(d);
+			*err = -e == ESTALE ? EBADF : -e; /* (the file is gone) */
+			return NULL;
+		}
+	}
 	return d;
 }
 
-static void put(struct desc *d)
+void put(struct desc *d);
+void put(struct desc *d)
 {
 	pthread_mutex_lock(&tab_mu);
 	int last = --d->refs == 0;
 	pthread_mutex_unlock(&tab_mu);
 	if (last) {
 		weir_fs *f = wfs;
-		if (f && wfs_pid == getpid() && d->pid == wfs_pid)
+		if (d->handle && f && wfs_pid == getpid() && d->pid == wfs_pid)
 			weir_close(f, d->handle);
-		pthread_mutex_destroy(&d->mu);
-		free(d);
+		free_desc(d);
 	}
-}
-
-/* inherited says whether fd was weir's in a parent before a fork. */
-static int inherited(int fd)
-{
-	if (fd < 0 || fd >= MAX_FDS)
-		return 0;
-	pthread_mutex_lock(&tab_mu);
-	int r = tab[fd] != NULL && tab[fd]->pid != getpid();
-	pthread_mutex_unlock(&tab_mu);
-	return r;
 }
 
 /* install makes fd name d (one more reference), dropping what fd named. */
@@ -281,9 +478,159 @@ static void install(int fd, struct desc *d)
 		put(old);
 }
 
+/* forget drops what fd named in the table (the kernel closed it). */
+static void forget(int fd)
+{
+	if (fd < 0 || fd >= MAX_FDS)
+		return;
+	pthread_mutex_lock(&tab_mu);
+	struct desc *d = tab[fd];
+	tab[fd] = NULL;
+	pthread_mutex_unlock(&tab_mu);
+	if (d)
+		put(d);
+}
+
+/* Macros for an entry point on a descriptor: D is its weir description,
+ * or the kernel's call is made. */
+#define FD_OR_KERNEL(fd, d, kernel_call)                      \
+	int d##_err = 0;                                      \
+	struct desc *d = get((fd), &d##_err);                 \
+	if (!d) {                                             \
+		if (d##_err)                                  \
+			return fail(d##_err);                 \
+		return (kernel_call);                         \
+	}
+
+/* copy_cwd copies the weir cwd into out; 0 if the cwd is the kernel's. */
+static int copy_cwd(char *out, size_t cap)
+{
+	pthread_mutex_lock(&cwd_mu);
+	int on = wcwd_on;
+	if (on)
+		snprintf(out, cap, "%s", wcwd);
+	pthread_mutex_unlock(&cwd_mu);
+	return on;
+}
+
+/* A resolved path: weir's (w, inside weir), or the kernel's (kpath from
+ * kdir: the caller's, or an absolute one the shim made). */
+struct route {
+	int weir;
+	char w[PATH_MAX];
+	const char *kpath;
+	int kdir;
+	char kbuf[PATH_MAX];
+};
+
+/* route resolves path from dirfd (AT_FDCWD, a weir directory, or a
+ * kernel one); 0, or an errno (a weir descriptor that is not a
+ * directory: ENOTDIR). */
+static int route(int dirfd, const char *path, struct route *r)
+{
+	const char *volatile vp = path; /* (a nonnull parameter may still be NULL) */
+	r->weir = 0;
+	r->kpath = path;
+	r->kdir = dirfd;
+	if (!vp || !*vp)
+		return 0; /* the kernel answers EFAULT or ENOENT */
+	char full[PATH_MAX * 2 + 2];
+	int made = 0; /* the kernel's path must be the one made here */
+	size_t pl = strlen(path);
+	if (pl >= PATH_MAX)
+		return 0; /* the kernel answers ENAMETOOLONG */
+	size_t ml;
+	const char *mount = mount_point(&ml);
+	if (path[0] == '/') {
+		memcpy(full, path, pl + 1);
+	} else if (dirfd == AT_FDCWD) {
+		char c[PATH_MAX];
+		if (copy_cwd(c, sizeof c)) {
+			snprintf(full, sizeof full, "%.*s/%s/%s", (int)ml, mount, c, path);
+			made = 1;
+		} else {
+			init_getcwd();
+			if (!real_getcwd(c, sizeof c))
+				return 0;
+			snprintf(full, sizeof full, "%s/%s", c, path);
+		}
+	} else {
+		int e = 0;
+		struct desc *d = get(dirfd, &e);
+		if (d) {
+			int k = d->pg->kind;
+			if (k != K_FILE)
+				snprintf(full, sizeof full, "%.*s/%s/%s", (int)ml, mount, d->pg->path, path);
+			put(d);
+			if (k == K_FILE)
+				return ENOTDIR;
+			made = 1;
+		} else if (e) {
+			return e;
+		} else {
+			/* A kernel directory: only ".." can climb from it into
+			 * the mount (which no kernel directory is under). */
+			if (!has_dotdot(path)) {
+				char c[PATH_MAX];
+				int ancestor = 0;
+				/* ...or it is an ancestor of the mount ("/" and "weir/x"). */
+				char pp[64];
+				snprintf(pp, sizeof pp, "/proc/self/fd/%d", dirfd);
+				init_readlink();
+				ssize_t n = real_readlink(pp, c, sizeof c - 1);
+				if (n > 0 && c[0] == '/') {
+					c[n] = 0;
+					ancestor = strncmp(mount, c, (size_t)n) == 0 && (n == 1 || mount[n] == '/' || (size_t)n == ml);
+					if (ancestor)
+						snprintf(full, sizeof full, "%s/%s", c, path);
+				}
+				if (!ancestor)
+					return 0;
+			} else {
+				char c[PATH_MAX], pp[64];
+				snprintf(pp, sizeof pp, "/proc/self/fd/%d", dirfd);
+				init_readlink();
+				ssize_t n = real_readlink(pp, c, sizeof c - 1);
+				if (n <= 0 || c[0] != '/')
+					return 0; /* not a directory the kernel names: its answer */
+				c[n] = 0;
+				snprintf(full, sizeof full, "%s/%s", c, path);
+			}
+		}
+	}
+	char norm[PATH_MAX * 2 + 2];
+	if (!normalize(full, norm, sizeof norm))
+		return 0;
+	const char *in = in_mount(norm);
+	if (in) {
+		if (strlen(in) >= sizeof r->w)
+			return ENAMETOOLONG;
+		strcpy(r->w, in);
+		r->weir = 1;
+		return 0;
+	}
+	if (made) {
+		if (strlen(norm) >= sizeof r->kbuf)
+			return ENAMETOOLONG;
+		strcpy(r->kbuf, norm);
+		r->kpath = r->kbuf;
+		r->kdir = AT_FDCWD;
+	}
+	return 0;
+}
+
+/* ROUTE resolves (dirfd, path) into the route R, failing the call on an
+ * error. */
+#define ROUTE(dirfd, path, R)                        \
+	struct route R;                              \
+	do {                                         \
+		int route_e_ = route(dirfd, path, &R); \
+		if (route_e_)                        \
+			return fail(route_e_);       \
+	} while (0)
+
 /* cur_umask returns the process's umask (the kernel applies it to a
- * create; weir's service takes the mode as given, as the Go client
- * applies it too). */
+ * create; weir's service takes the mode as given). */
 static mode_t cur_umask(void)
 {
 	init_open();
@@ -306,52 +653,112 @@ static mode_t cur_umask(void)
 	return m;
 }
 
-static int wopen(const char *wpath, int flags, mode_t mode)
+/* waccess is access(2) from the attributes: the real uid and gid, as the
+ * kernel checks (root passes but for X on a file with no x bit). */
+static int may(const struct weir_attr *a, int mode)
 {
-	int err = 0;
-	weir_fs *f = fs(&err);
-	if (!f)
-		return fail(err ? err : EIO);
-	if (flags & (O_DIRECTORY | O_PATH | O_TMPFILE))
-		return fail(EOPNOTSUPP); /* not yet */
-	uint64_t h;
-	if (flags & O_CREAT)
-		mode &= ~cur_umask();
-	int e = weir_open(f, wpath, flags & ~O_CLOEXEC, mode & 07777, &h);
+	if (mode == F_OK)
+		return 0;
+	uid_t uid = getuid();
+	if (uid == 0)
+		return (mode & X_OK) && !S_ISDIR(a->mode) && !(a->mode & 0111) ? EACCES : 0;
+	unsigned bits;
+	if (a->uid == uid) {
+		bits = a->mode >> 6 & 7;
+	} else {
+		int in = a->gid == getgid();
+		gid_t gs[256];
+		int n = getgroups(256, gs);
+		for (int i = 0; !in && i < n; i++)
+			in = gs[i] == a->gid;
+		bits = in ? a->mode >> 3 & 7 : a->mode & 7;
+	}
+	unsigned want = (mode & R_OK ? 4 : 0) | (mode & W_OK ? 2 : 0) | (mode & X_OK ? 1 : 0);
+	return (want & ~bits) ? EACCES : 0;
+}
+
+static int waccess(const char *w, int mode)
+{
+	FS_OR_FAIL(f);
+	struct weir_attr a;
+	int e = weir_stat(f, w, &a);
 	if (e)
 		return fail(-e);
-	init_open();
-	/* The number, never the kernel's: an O_PATH descriptor, so that a
-	 * program that gets it across exec (not yet served) fails its reads
-	 * and writes with EBADF instead of reading /dev/null's nothing. */
-	int fd = real_open("/dev/null", O_PATH | O_CLOEXEC);
-	if (fd < 0 || fd >= MAX_FDS) {
-		int se = fd < 0 ? errno : EMFILE;
+	e = may(&a, mode);
+	return e ? fail(e) : 0;
+}
+
+/* wopen opens the weir path w and returns its descriptor. */
+static int wopen(const char *w, int flags, mode_t mode)
+{
+	FS_OR_FAIL(f);
+	if ((flags & O_TMPFILE) == O_TMPFILE)
+		return fail(EOPNOTSUPP); /* as a kernel file system without it */
+	uint64_t h = 0;
+	struct weir_attr a;
+	uint8_t ticket[WEIR_TICKET_SIZE] = {0};
+	int kind = K_FILE, e;
+	if (flags & (O_PATH | O_DIRECTORY)) {
+		/* No handle: the page names the path (a directory's is what
+		 * openat and fchdir start from). */
+		e = weir_stat(f, w, &a);
+		if (!e && (flags & O_DIRECTORY) && !S_ISDIR(a.mode))
+			e = -ENOTDIR;
+		if (!e && !(flags & O_PATH) && (flags & O_ACCMODE) != O_RDONLY)
+			e = -EISDIR;
+		if (!e && !(flags & O_PATH))
+			e = -may(&a, R_OK);
+		kind = (flags & O_PATH) ? K_PATH : K_DIR;
+	} else {
+		if (flags & O_CREAT)
+			mode &= ~cur_umask();
+		e = weir_open(f, w, flags & ~O_CLOEXEC, mode & 07777, &h, &a, ticket);
+		if (!e && S_ISDIR(a.mode)) {
+			weir_close(f, h); /* (a directory opened O_RDONLY without O_DIRECTORY) */
+			h = 0;
+			kind = K_DIR;
+		}
+	}
+	if (e)
+		return fail(-e);
+	struct wpage *p;
+	ino_t key;
+	int fd = new_page("weir-desc", flags & O_CLOEXEC, &p, &key);
+	struct desc *d = fd < 0 ? NULL : calloc(1, sizeof *d);
+	if (!d) {
 		if (fd >= 0) {
-			init_close();
+			munmap(p, PAGE_BYTES);
 			real_close(fd);
 		}
-		weir_close(f, h);
-		return fail(se);
+		if (h)
+			weir_close(f, h);
+		return fail(fd < 0 ? -fd : ENOMEM);
 	}
-	struct desc *d = calloc(1, sizeof *d);
-	if (!d) {
-		init_close();
-		real_close(fd);
-		weir_close(f, h);
-		return fail(ENOMEM);
-	}
+	p->flags = flags & ~O_CLOEXEC;
+	p->kind = (uint32_t)kind;
+	p->ino = a.ino;
+	memcpy(p->ticket, ticket, sizeof ticket);
+	snprintf(p->path, sizeof p->path, "%s", w);
+	d->pg = p;
+	d->key = key;
 	d->pid = getpid();
 	d->handle = h;
-	d->flags = flags;
-	pthread_mutex_init(&d->mu, NULL);
 	install(fd, d);
 	return fd;
 }
 
 static mode_t open_mode(int flags, va_list ap)
 {
-	return (flags & (O_CREAT | O_TMPFILE)) ? (mode_t)va_arg(ap, int) : 0;
+	return ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) ? (mode_t)va_arg(ap, int) : 0;
+}
+
+static int do_openat(int dirfd, const char *path, int flags, mode_t mode)
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		return wopen(r.w, flags, mode);
+	init_openat();
+	return real_openat(r.kdir, r.kpath, flags, mode);
 }
 
 int open(const char *path, int flags, ...)
@@ -360,11 +767,7 @@ int open(const char *path, int flags, ...)
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w))
-		return wopen(w, flags, mode);
-	init_open();
-	return real_open(path, flags, mode);
+	return do_openat(AT_FDCWD, path, flags, mode);
 }
 
 int open64(const char *path, int flags, ...)
@@ -373,12 +776,8 @@ int open64(const char *path, int flags, ...)
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
-	return open(path, flags | O_LARGEFILE, mode);
+	return do_openat(AT_FDCWD, path, flags | O_LARGEFILE, mode);
 }
-
-int __open_2(const char *path, int flags) { return open(path, flags); }
-int __open64_2(const char *path, int flags) { return open(path, flags | O_LARGEFILE); }
-int creat(const char *path, mode_t mode) { return open(path, O_WRONLY | O_CREAT | O_TRUNC, mode); }
 
 int openat(int dirfd, const char *path, int flags, ...)
 {
@@ -386,11 +785,7 @@ int openat(int dirfd, const char *path, int flags, ...)
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
-	char w[PATH_MAX];
-	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w))
-		return wopen(w, flags, mode);
-	init_openat();
-	return real_openat(dirfd, path, flags, mode);
+	return do_openat(dirfd, path, flags, mode);
 }
 
 int openat64(int dirfd, const char *path, int flags, ...)
@@ -399,79 +794,138 @@ int openat64(int dirfd, const char *path, int flags, ...)
 	va_start(ap, flags);
 	mode_t mode = open_mode(flags, ap);
 	va_end(ap);
-	return openat(dirfd, path, flags | O_LARGEFILE, mode);
+	return do_openat(dirfd, path, flags | O_LARGEFILE, mode);
 }
 
-/* own says whether fd is the shim's own (a service socket). */
-static int own(int fd) { return wfs && wfs_pid == getpid() && weir_own_fd(wfs, fd); }
+/* The fortify forms (_FORTIFY_SOURCE), which take no mode. */
+int __open_2(const char *path, int flags) { return do_openat(AT_FDCWD, path, flags, 0); }
+int __open64_2(const char *path, int flags) { return do_openat(AT_FDCWD, path, flags | O_LARGEFILE, 0); }
+int __openat_2(int dirfd, const char *path, int flags) { return do_openat(dirfd, path, flags, 0); }
+int __openat64_2(int dirfd, const char *path, int flags) { return do_openat(dirfd, path, flags | O_LARGEFILE, 0); }
+int creat(const char *path, mode_t mode) { return do_openat(AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC, mode); }
+int creat64(const char *path, mode_t mode) { return do_openat(AT_FDCWD, path, O_WRONLY | O_CREAT | O_TRUNC | O_LARGEFILE, mode); }
+
+/* own says whether fd is the shim's own (a service socket, the cwd page). */
+static int own(int fd) { return (wfs && wfs_pid == getpid() && weir_own_fd(wfs, fd)) || (fd >= 0 && fd == cwd_fd); }
 
 int close(int fd)
 {
 	init_close();
 	if (own(fd))
 		return fail(EBADF); /* not the program's: as if it were not open */
-	if (fd >= 0 && fd < MAX_FDS) {
-		pthread_mutex_lock(&tab_mu);
-		struct desc *d = tab[fd];
-		tab[fd] = NULL;
-		pthread_mutex_unlock(&tab_mu);
-		if (d && d->pid == getpid())
-			put(d);
-	}
+	forget(fd);
 	return real_close(fd);
 }
 
-static int readable(int flags) { return (flags & O_ACCMODE) != O_WRONLY; }
-static int writable(int flags) { return (flags & O_ACCMODE) != O_RDONLY; }
+/* close_range and closefrom: the kernel's, around the shim's own
+ * descriptors, which the program never had. */
+static int close_span(unsigned a, unsigned b, int flags)
+{
+	init_close_range();
+	if (!real_close_range)
+		return fail(ENOSYS);
+	if (!(flags & CLOSE_RANGE_CLOEXEC))
+		for (unsigned fd = a; fd <= b && fd < MAX_FDS; fd++)
+			forget((int)fd);
+	return real_close_range(a, b, flags);
+}
+
+int close_range(unsigned int first, unsigned int last, int flags)
+{
+	if (first > last)
+		return fail(EINVAL);
+	int mine[3] = {-1, -1, -1}, n = 0;
+	/* The shim's descriptors in the range, in order (at most three). */
+	if (wfs && wfs_pid == getpid())
+		for (unsigned fd = first; fd <= last && fd < MAX_FDS && n < 2; fd++)
+			if (weir_own_fd(wfs, (int)fd))
+				mine[n++] = (int)fd;
+	if (cwd_fd >= 0 && (unsigned)cwd_fd >= first && (unsigned)cwd_fd <= last)
+		mine[n++] = cwd_fd;
+	for (int i = 0; i < n; i++)
+		for (int j = i + 1; j < n; j++)
+			if (mine[j] < mine[i]) {
+				int t = mine[i];
+				mine[i] = mine[j];
+				mine[j] = t;
+			}
+	unsigned at = first;
+	for (int i = 0; i < n; i++) {
+		if ((unsigned)mine[i] > at && close_span(at, (unsigned)mine[i] - 1, flags) != 0)
+			return -1;
+		at = (unsigned)mine[i] + 1;
+	}
+	if (at <= last && close_span(at, last, flags) != 0)
+		return -1;
+	return 0;
+}
+
+void closefrom(int lowfd)
+{
+	if (lowfd >= 0)
+		close_range((unsigned)lowfd, ~0u, 0);
+}
+
+static int readable(int flags) { return (flags & O_ACCMODE) != O_WRONLY && !(flags & O_PATH); }
+static int writable(int flags) { return (flags & O_ACCMODE) != O_RDONLY && !(flags & O_PATH); }
+
+/* A file's data calls need a file description (not a directory's). */
+static int data_errno(const struct desc *d, int write)
+{
+	if (d->pg->kind == K_PATH)
+		return EBADF;
+	if (d->pg->kind == K_DIR)
+		return write ? EBADF : EISDIR;
+	return 0;
+}
 
 ssize_t read(int fd, void *buf, size_t n)
 {
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_read();
-		return real_read(fd, buf, n);
-	}
+	init_read();
+	FD_OR_KERNEL(fd, d, real_read(fd, buf, n));
 	ssize_t r;
-	if (!readable(d->flags)) {
-		r = -EBADF;
+	int e = data_errno(d, 0);
+	if (e || !readable(d->pg->flags)) {
+		r = -(e ? e : EBADF);
 	} else {
-		pthread_mutex_lock(&d->mu);
-		r = weir_pread(wfs, d->handle, buf, n, d->off);
+		lock_pg(d->pg);
+		r = weir_pread(wfs, d->handle, buf, n, d->pg->off);
 		if (r > 0)
-			d->off += (uint64_t)r;
-		pthread_mutex_unlock(&d->mu);
+			d->pg->off += (uint64_t)r;
+		unlock_pg(d->pg);
 	}
 	put(d);
 	return r < 0 ? fail((int)-r) : r;
 }
 
+ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen)
+{
+	if (n > buflen)
+		abort(); /* as glibc's __chk_fail */
+	return read(fd, buf, n);
+}
+
 ssize_t write(int fd, const void *buf, size_t n)
 {
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_write();
-		return real_write(fd, buf, n);
-	}
+	init_write();
+	FD_OR_KERNEL(fd, d, real_write(fd, buf, n));
 	ssize_t r;
-	if (!writable(d->flags)) {
-		r = -EBADF;
+	int e = data_errno(d, 1);
+	if (e || !writable(d->pg->flags)) {
+		r = -(e ? e : EBADF);
 	} else {
-		pthread_mutex_lock(&d->mu);
-		if (d->flags & O_APPEND) {
+		lock_pg(d->pg);
+		if (d->pg->flags & O_APPEND) {
 			uint64_t at = 0;
 			r = weir_append(wfs, d->handle, buf, n, &at);
 			if (r > 0)
-				d->off = at + (uint64_t)r;
+				d->pg->off = at + (uint64_t)r;
 		} else {
-			r = weir_pwrite(wfs, d->handle, buf, n, d->off);
+			r = weir_pwrite(wfs, d->handle, buf, n, d->pg->off);
 			if (r > 0)
-				d->off += (uint64_t)r;
+				d->pg->off += (uint64_t)r;
 		}
-		pthread_mutex_unlock(&d->mu);
+		unlock_pg(d->pg);
 	}
 	put(d);
 	return r < 0 ? fail((int)-r) : r;
@@ -479,114 +933,367 @@ ssize_t write(int fd, const void *buf, size_t n)
 
 ssize_t pread(int fd, void *buf, size_t n, off_t off)
 {
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_pread();
-		return real_pread(fd, buf, n, off);
-	}
-	ssize_t r = off < 0 ? -EINVAL : !readable(d->flags) ? -EBADF : weir_pread(wfs, d->handle, buf, n, (uint64_t)off);
+	init_pread();
+	FD_OR_KERNEL(fd, d, real_pread(fd, buf, n, off));
+	int e = data_errno(d, 0);
+	ssize_t r = e ? -e : off < 0 ? -EINVAL : !readable(d->pg->flags) ? -EBADF : weir_pread(wfs, d->handle, buf, n, (uint64_t)off);
 	put(d);
 	return r < 0 ? fail((int)-r) : r;
 }
 
 ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 {
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_pwrite();
-		return real_pwrite(fd, buf, n, off);
-	}
+	init_pwrite();
+	FD_OR_KERNEL(fd, d, real_pwrite(fd, buf, n, off));
+	int e = data_errno(d, 1);
 	/* Linux: pwrite on an O_APPEND descriptor appends (a documented bug). */
-	ssize_t r = off < 0 ? -EINVAL : !writable(d->flags) ? -EBADF
-		    : (d->flags & O_APPEND)                 ? weir_append(wfs, d->handle, buf, n, NULL)
-							    : weir_pwrite(wfs, d->handle, buf, n, (uint64_t)off);
+	ssize_t r = e ? -e : off < 0 ? -EINVAL : !writable(d->pg->flags) ? -EBADF
+		    : (d->pg->flags & O_APPEND) ? weir_append(wfs, d->handle, buf, n, NULL)
+						: weir_pwrite(wfs, d->handle, buf, n, (uint64_t)off);
 	put(d);
 	return r < 0 ? fail((int)-r) : r;
 }
 
 ssize_t pread64(int fd, void *buf, size_t n, off64_t off) { return pread(fd, buf, n, (off_t)off); }
 ssize_t pwrite64(int fd, const void *buf, size_t n, off64_t off) { return pwrite(fd, buf, n, (off_t)off); }
+ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen)
+{
+	if (n > buflen)
+		abort();
+	return pread(fd, buf, n, off);
+}
+ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t buflen)
+{
+	if (n > buflen)
+		abort();
+	return pread(fd, buf, n, (off_t)off);
+}
+
+/* The vector calls: one request per buffer, but for a write, which
+ * gathers the vector into one (so that an O_APPEND writev stays one
+ * atomic append) where it fits 1 MiB. */
+static ssize_t vec_read(int fd, const struct iovec *iov, int n, off_t off, int positioned)
+{
+	if (n < 0 || n > IOV_MAX)
+		return fail(EINVAL);
+	ssize_t total = 0;
+	for (int i = 0; i < n; i++) {
+		ssize_t r = positioned ? pread(fd, iov[i].iov_base, iov[i].iov_len, off + total)
+				       : read(fd, iov[i].iov_base, iov[i].iov_len);
+		if (r < 0)
+			return total ? total : r;
+		total += r;
+		if ((size_t)r < iov[i].iov_len)
+			break;
+	}
+	return total;
+}
+
+static ssize_t vec_write(int fd, const struct iovec *iov, int n, off_t off, int positioned)
+{
+	if (n < 0 || n > IOV_MAX)
+		return fail(EINVAL);
+	size_t sum = 0;
+	for (int i = 0; i < n; i++)
+		sum += iov[i].iov_len;
+	if (sum <= (1u << 20)) {
+		char *b = malloc(sum ? sum : 1);
+		if (b) {
+			size_t at = 0;
+			for (int i = 0; i < n; i++) {
+				memcpy(b + at, iov[i].iov_base, iov[i].iov_len);
+				at += iov[i].iov_len;
+			}
+			ssize_t r = positioned ? pwrite(fd, b, sum, off) : write(fd, b, sum);
+			int e = errno;
+			free(b);
+			errno = e;
+			return r;
+		}
+	}
+	ssize_t total = 0;
+	for (int i = 0; i < n; i++) {
+		ssize_t r = positioned ? pwrite(fd, iov[i].iov_base, iov[i].iov_len, off + total)
+				       : write(fd, iov[i].iov_base, iov[i].iov_len);
+		if (r < 0)
+			return total ? total : r;
+		total += r;
+		if ((size_t)r < iov[i].iov_len)
+			break;
+	}
+	return total;
+}
+
+/* is_weir says whether fd is a weir descriptor (or one this process may
+ * not use: its call fails); it takes no reference. */
+static int is_weir(int fd)
+{
+	if (fd < 0 || fd >= MAX_FDS)
+		return 0;
+	pthread_mutex_lock(&tab_mu);
+	int r = tab[fd] != NULL;
+	pthread_mutex_unlock(&tab_mu);
+	return r;
+}
+
+ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+	init_readv();
+	return is_weir(fd) ? vec_read(fd, iov, n, 0, 0) : real_readv(fd, iov, n);
+}
+ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+	init_writev();
+	return is_weir(fd) ? vec_write(fd, iov, n, 0, 0) : real_writev(fd, iov, n);
+}
+ssize_t preadv(int fd, const struct iovec *iov, int n, off_t off)
+{
+	init_preadv();
+	return is_weir(fd) ? vec_read(fd, iov, n, off, 1) : real_preadv(fd, iov, n, off);
+}
+ssize_t pwritev(int fd, const struct iovec *iov, int n, off_t off)
+{
+	init_pwritev();
+	return is_weir(fd) ? vec_write(fd, iov, n, off, 1) : real_pwritev(fd, iov, n, off);
+}
+/* preadv2 and pwritev2: offset -1 is the descriptor's; the RWF_ flags are
+ * hints but RWF_APPEND (appends whatever the descriptor's flags) and the
+ * sync ones (the write, then fdatasync). */
+ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+	init_preadv2();
+	if (!is_weir(fd))
+		return real_preadv2(fd, iov, n, off, flags);
+	return off == -1 ? vec_read(fd, iov, n, 0, 0) : vec_read(fd, iov, n, off, 1);
+}
+ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+	init_pwritev2();
+	if (!is_weir(fd))
+		return real_pwritev2(fd, iov, n, off, flags);
+	ssize_t r;
+	if (flags & RWF_APPEND) {
+		int e = 0;
+		struct desc *d = get(fd, &e);
+		if (!d)
+			return fail(e ? e : EBADF);
+		lock_pg(d->pg);
+		int was = d->pg->flags;
+		d->pg->flags |= O_APPEND;
+		unlock_pg(d->pg);
+		r = vec_write(fd, iov, n, 0, 0);
+		int se = errno;
+		lock_pg(d->pg);
+		d->pg->flags = (d->pg->flags & ~O_APPEND) | (was & O_APPEND);
+		unlock_pg(d->pg);
+		put(d);
+		errno = se;
+	} else {
+		r = off == -1 ? vec_write(fd, iov, n, 0, 0) : vec_write(fd, iov, n, off, 1);
+	}
+	if (r >= 0 && (flags & (RWF_DSYNC | RWF_SYNC)) && fdatasync(fd) != 0)
+		return -1;
+	return r;
+}
+ssize_t preadv64(int fd, const struct iovec *iov, int n, off64_t off) { return preadv(fd, iov, n, (off_t)off); }
+ssize_t pwritev64(int fd, const struct iovec *iov, int n, off64_t off) { return pwritev(fd, iov, n, (off_t)off); }
+ssize_t preadv64v2(int fd, const struct iovec *iov, int n, off64_t off, int fl) { return preadv2(fd, iov, n, (off_t)off, fl); }
+ssize_t pwritev64v2(int fd, const struct iovec *iov, int n, off64_t off, int fl) { return pwritev2(fd, iov, n, (off_t)off, fl); }
+
+static int attr_of(struct desc *d, struct weir_attr *a)
+{
+	if (d->pg->kind == K_FILE)
+		return weir_fstat(wfs, d->handle, a);
+	return weir_stat(wfs, d->pg->path, a); /* (a directory's page names its path) */
+}
 
 off_t lseek(int fd, off_t off, int whence)
 {
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_lseek();
-		return real_lseek(fd, off, whence);
-	}
+	init_lseek();
+	FD_OR_KERNEL(fd, d, real_lseek(fd, off, whence));
 	off_t r;
-	pthread_mutex_lock(&d->mu);
+	int e = d->pg->kind == K_PATH ? -EBADF : 0;
+	lock_pg(d->pg);
 	int64_t base = 0;
-	int e = 0;
-	switch (whence) {
-	case SEEK_SET:
-		break;
-	case SEEK_CUR:
-		base = (int64_t)d->off;
-		break;
-	case SEEK_END: {
-		struct weir_attr a;
-		e = weir_fstat(wfs, d->handle, &a);
-		base = a.size;
-		break;
-	}
-	default:
-		e = -EINVAL; /* SEEK_DATA and SEEK_HOLE: not yet */
+	struct weir_attr a;
+	if (!e) {
+		switch (whence) {
+		case SEEK_SET:
+			break;
+		case SEEK_CUR:
+			base = (int64_t)d->pg->off;
+			break;
+		case SEEK_END:
+		case SEEK_DATA:
+		case SEEK_HOLE:
+			if (d->pg->kind == K_DIR) {
+				e = -EINVAL;
+				break;
+			}
+			e = weir_fstat(wfs, d->handle, &a);
+			if (e || whence == SEEK_END) {
+				base = a.size;
+				break;
+			}
+			/* No holes are reported: data everywhere, one hole at the end. */
+			if (off < 0 || off >= a.size)
+				e = -ENXIO;
+			else if (whence == SEEK_HOLE)
+				off = (off_t)a.size;
+			break;
+		default:
+			e = -EINVAL;
+		}
 	}
 	if (!e && ((off < 0 && base < -(int64_t)off) || (off > 0 && base > INT64_MAX - (int64_t)off)))
 		e = -EINVAL; /* before 0, or past what an offset holds (no signed overflow) */
 	if (e) {
 		r = fail(-e);
 	} else {
-		d->off = (uint64_t)(base + off);
-		r = (off_t)d->off;
+		d->pg->off = (uint64_t)(base + off);
+		if (d->pg->kind == K_DIR && d->pg->off == 0) {
+			free(d->ents); /* rewound: list afresh */
+			d->ents = NULL;
+		}
+		r = (off_t)d->pg->off;
 	}
-	pthread_mutex_unlock(&d->mu);
+	unlock_pg(d->pg);
 	put(d);
 	return r;
 }
 
 off64_t lseek64(int fd, off64_t off, int whence) { return lseek(fd, (off_t)off, whence); }
 
-#define FD_CALL(name, expr)                      \
-	int name(int fd)                         \
-	{                                        \
-		struct desc *d = get(fd);        \
-		if (!d) {                        \
-			if (inherited(fd))       \
-				return fail(EBADF); \
-			init_##name();           \
-			return real_##name(fd);  \
-		}                                \
-		int e = (expr);                  \
-		put(d);                          \
-		return e ? fail(-e) : 0;         \
-	}
+/* fsync of a directory: weir's namespace is durable when a call returns. */
+static int do_sync(struct desc *d) { return d->pg->kind == K_FILE ? weir_fsync(wfs, d->handle) : d->pg->kind == K_PATH ? -EBADF : 0; }
 
-FD_CALL(fsync, weir_fsync(wfs, d->handle))
-FD_CALL(fdatasync, weir_fsync(wfs, d->handle))
+int fsync(int fd)
+{
+	init_fsync();
+	FD_OR_KERNEL(fd, d, real_fsync(fd));
+	int e = do_sync(d);
+	put(d);
+	return e ? fail(-e) : 0;
+}
+
+int fdatasync(int fd)
+{
+	init_fdatasync();
+	FD_OR_KERNEL(fd, d, real_fdatasync(fd));
+	int e = do_sync(d);
+	put(d);
+	return e ? fail(-e) : 0;
+}
+
+/* sync_file_range: weir writes the whole file durably (more than asked). */
+int sync_file_range(int fd, off64_t off, off64_t n, unsigned int flags)
+{
+	init_sync_file_range();
+	FD_OR_KERNEL(fd, d, real_sync_file_range(fd, off, n, flags));
+	int e = off < 0 || n < 0 || (flags & ~7u) ? -EINVAL : d->pg->kind != K_FILE ? -ESPIPE : 0;
+	if (!e && (flags & SYNC_FILE_RANGE_WRITE))
+		e = weir_fsync(wfs, d->handle);
+	put(d);
+	return e ? fail(-e) : 0;
+}
 
 int ftruncate(int fd, off_t size)
 {
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_ftruncate();
-		return real_ftruncate(fd, size);
-	}
-	int e = size < 0 ? -EINVAL : !writable(d->flags) ? -EINVAL : weir_ftruncate(wfs, d->handle, (uint64_t)size);
+	init_ftruncate();
+	FD_OR_KERNEL(fd, d, real_ftruncate(fd, size));
+	int e = d->pg->kind != K_FILE ? -EINVAL : size < 0 ? -EINVAL : !writable(d->pg->flags) ? -EINVAL
+										      : weir_ftruncate(wfs, d->handle, (uint64_t)size);
 	put(d);
 	return e ? fail(-e) : 0;
 }
 
 int ftruncate64(int fd, off64_t size) { return ftruncate(fd, (off_t)size); }
+
+int truncate(const char *path, off_t size)
+{
+	ROUTE(AT_FDCWD, path, r);
+	if (!r.weir) {
+		init_truncate();
+		return real_truncate(r.kpath, size);
+	}
+	if (size < 0)
+		return fail(EINVAL);
+	FS_OR_FAIL(f);
+	uint64_t h;
+	struct weir_attr a;
+	int e = weir_open(f, r.w, O_WRONLY, 0, &h, &a, NULL);
+	if (e)
+		return fail(-e == EISDIR ? EISDIR : -e);
+	e = weir_ftruncate(f, h, (uint64_t)size);
+	weir_close(f, h);
+	return e ? fail(-e) : 0;
+}
+
+int truncate64(const char *path, off64_t size) { return truncate(path, (off_t)size); }
+
+/* fallocate: weir allocates as it writes; mode 0 makes the file at least
+ * off+len long, FALLOC_FL_KEEP_SIZE changes nothing, the others (holes,
+ * ranges) are not supported. */
+static int wfallocate(int fd, int mode, off_t off, off_t len)
+{
+	int e = 0;
+	struct desc *d = get(fd, &e);
+	if (!d)
+		return e;
+	if (d->pg->kind != K_FILE)
+		e = d->pg->kind == K_DIR ? EISDIR : EBADF;
+	else if (off < 0 || len <= 0)
+		e = EINVAL;
+	else if (!writable(d->pg->flags))
+		e = EBADF;
+	else if (mode & ~FALLOC_FL_KEEP_SIZE)
+		e = EOPNOTSUPP;
+	else if (off > INT64_MAX - len)
+		e = EFBIG;
+	else if (!(mode & FALLOC_FL_KEEP_SIZE)) {
+		struct weir_attr a;
+		e = -weir_fstat(wfs, d->handle, &a);
+		if (!e && a.size < off + len)
+			e = -weir_ftruncate(wfs, d->handle, (uint64_t)(off + len));
+	}
+	put(d);
+	return e;
+}
+
+int fallocate(int fd, int mode, off_t off, off_t len)
+{
+	init_fallocate();
+	if (!is_weir(fd))
+		return real_fallocate(fd, mode, off, len);
+	int e = wfallocate(fd, mode, off, len);
+	return e ? fail(e) : 0;
+}
+int fallocate64(int fd, int mode, off64_t off, off64_t len) { return fallocate(fd, mode, (off_t)off, (off_t)len); }
+
+/* posix_fallocate returns the errno (glibc's calls the system call
+ * itself, which the shim would not see). */
+int posix_fallocate(int fd, off_t off, off_t len)
+{
+	init_posix_fallocate();
+	if (!is_weir(fd))
+		return real_posix_fallocate(fd, off, len);
+	return wfallocate(fd, 0, off, len);
+}
+int posix_fallocate64(int fd, off64_t off, off64_t len) { return posix_fallocate(fd, (off_t)off, (off_t)len); }
+
+/* posix_fadvise: advice only (readahead is the IO service's). */
+int posix_fadvise(int fd, off_t off, off_t len, int advice)
+{
+	init_posix_fadvise();
+	int e = 0;
+	struct desc *d = get(fd, &e);
+	if (!d)
+		return e ? e : real_posix_fadvise(fd, off, len, advice);
+	e = d->pg->kind == K_PATH ? EBADF : (advice < 0 || advice > 5 || len < 0) ? EINVAL : 0;
+	put(d);
+	return e;
+}
+int posix_fadvise64(int fd, off64_t off, off64_t len, int advice) { return posix_fadvise(fd, (off_t)off, (off_t)len, advice); }
 
 static void fill_stat(const struct weir_attr *a, struct stat *st)
 {
@@ -610,15 +1317,10 @@ static void fill_stat(const struct weir_attr *a, struct stat *st)
 
 int fstat(int fd, struct stat *st)
 {
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_fstat();
-		return real_fstat(fd, st);
-	}
+	init_fstat();
+	FD_OR_KERNEL(fd, d, real_fstat(fd, st));
 	struct weir_attr a;
-	int e = weir_fstat(wfs, d->handle, &a);
+	int e = attr_of(d, &a);
 	put(d);
 	if (e)
 		return fail(-e);
@@ -631,10 +1333,7 @@ int fstat64(int fd, struct stat64 *st) { return fstat(fd, (struct stat *)st); }
 
 static int wstat(const char *w, struct stat *st)
 {
-	int err = 0;
-	weir_fs *f = fs(&err);
-	if (!f)
-		return fail(err ? err : EIO);
+	FS_OR_FAIL(f);
 	struct weir_attr a;
 	int e = weir_stat(f, w, &a);
 	if (e)
@@ -643,179 +1342,23 @@ static int wstat(const char *w, struct stat *st)
 	return 0;
 }
 
-int stat(const char *path, struct stat *st)
-{
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w))
-		return wstat(w, st);
-	init_stat();
-	return real_stat(path, st);
-}
-
-int lstat(const char *path, struct stat *st)
-{
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w))
-		return wstat(w, st); /* weir has no symbolic links */
-	init_lstat();
-	return real_lstat(path, st);
-}
-
-int stat64(const char *path, struct stat64 *st) { return stat(path, (struct stat *)st); }
-int lstat64(const char *path, struct stat64 *st) { return lstat(path, (struct stat *)st); }
-
 int fstatat(int dirfd, const char *path, struct stat *st, int flags)
 {
-	char w[PATH_MAX];
 	const char *volatile vp = path;
 	if (vp && !*vp && (flags & AT_EMPTY_PATH))
 		return fstat(dirfd, st);
-	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w))
-		return wstat(w, st);
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		return wstat(r.w, st); /* (weir has no symbolic links: AT_SYMLINK_NOFOLLOW is moot) */
 	init_fstatat();
-	return real_fstatat(dirfd, path, st, flags);
+	return real_fstatat(r.kdir, r.kpath, st, flags);
 }
 
+int stat(const char *path, struct stat *st) { return fstatat(AT_FDCWD, path, st, 0); }
+int lstat(const char *path, struct stat *st) { return fstatat(AT_FDCWD, path, st, AT_SYMLINK_NOFOLLOW); }
+int stat64(const char *path, struct stat64 *st) { return stat(path, (struct stat *)st); }
+int lstat64(const char *path, struct stat64 *st) { return lstat(path, (struct stat *)st); }
 int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) { return fstatat(dirfd, path, (struct stat *)st, flags); }
-
-int unlink(const char *path)
-{
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w)) {
-		int err = 0;
-		weir_fs *f = fs(&err);
-		if (!f)
-			return fail(err ? err : EIO);
-		int e = weir_unlink(f, w);
-		return e ? fail(-e) : 0;
-	}
-	init_unlink();
-	return real_unlink(path);
-}
-
-int mkdir(const char *path, mode_t mode)
-{
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w)) {
-		int err = 0;
-		weir_fs *f = fs(&err);
-		if (!f)
-			return fail(err ? err : EIO);
-		int e = weir_mkdir(f, w, mode & 07777 & ~cur_umask());
-		return e ? fail(-e) : 0;
-	}
-	init_mkdir();
-	return real_mkdir(path, mode);
-}
-
-/* dup_to makes newfd (a real descriptor the kernel just made a copy of
- * oldfd's) share oldfd's weir description, if it has one. */
-static int dup_to(int oldfd, int newfd)
-{
-	if (newfd < 0)
-		return newfd;
-	struct desc *d = get(oldfd);
-	if (newfd >= MAX_FDS) {
-		if (d) {
-			put(d);
-			init_close();
-			real_close(newfd);
-			return fail(EMFILE);
-		}
-		return newfd;
-	}
-	install(newfd, d); /* (NULL: newfd is the kernel's now) */
-	if (d)
-		put(d);
-	return newfd;
-}
-
-int dup(int fd)
-{
-	if (inherited(fd) || own(fd))
-		return fail(EBADF);
-	init_dup();
-	return dup_to(fd, real_dup(fd));
-}
-
-int dup2(int oldfd, int newfd)
-{
-	if (inherited(oldfd) || own(oldfd))
-		return fail(EBADF);
-	if (own(newfd))
-		return fail(EBUSY); /* the shim's socket sits there (not yet moved away) */
-	init_dup2();
-	if (oldfd == newfd)
-		return real_dup2(oldfd, newfd);
-	return dup_to(oldfd, real_dup2(oldfd, newfd));
-}
-
-int dup3(int oldfd, int newfd, int flags)
-{
-	if (inherited(oldfd) || own(oldfd))
-		return fail(EBADF);
-	if (own(newfd))
-		return fail(EBUSY);
-	init_dup3();
-	return dup_to(oldfd, real_dup3(oldfd, newfd, flags));
-}
-
-int fcntl(int fd, int cmd, ...)
-{
-	va_list ap;
-	va_start(ap, cmd);
-	long arg = va_arg(ap, long);
-	va_end(ap);
-	init_fcntl();
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		return real_fcntl(fd, cmd, arg);
-	}
-	int r;
-	switch (cmd) {
-	case F_DUPFD:
-	case F_DUPFD_CLOEXEC:
-		r = dup_to(fd, real_fcntl(fd, cmd, arg));
-		break;
-	case F_GETFL:
-		r = d->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC | O_CLOEXEC);
-		break;
-	case F_GETFD:
-	case F_SETFD:
-		r = real_fcntl(fd, cmd, arg); /* the descriptor's own flag */
-		break;
-	default:
-		r = fail(EINVAL); /* F_SETFL, locks: not yet */
-	}
-	put(d);
-	return r;
-}
-
-int rmdir(const char *path)
-{
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w)) {
-		int err = 0;
-		weir_fs *f = fs(&err);
-		if (!f)
-			return fail(err ? err : EIO);
-		int e = weir_rmdir(f, w);
-		return e ? fail(-e) : 0;
-	}
-	init_rmdir();
-	return real_rmdir(path);
-}
-
-int unlinkat(int dirfd, const char *path, int flags)
-{
-	char w[PATH_MAX];
-	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w))
-		return (flags & AT_REMOVEDIR) ? rmdir(path) : unlink(path);
-	init_unlinkat();
-	return real_unlinkat(dirfd, path, flags);
-}
 
 static void fill_statx(const struct weir_attr *a, struct statx *sx)
 {
@@ -841,33 +1384,907 @@ static void fill_statx(const struct weir_attr *a, struct statx *sx)
 
 int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *sx)
 {
-	char w[PATH_MAX];
 	struct weir_attr a;
-	int e = 1; /* not weir's */
+	int e;
 	const char *volatile vp = path;
+	init_statx();
 	if (vp && !*vp && (flags & AT_EMPTY_PATH)) {
-		struct desc *d = get(dirfd);
-		if (d) {
-			e = weir_fstat(wfs, d->handle, &a);
-			put(d);
-		} else if (inherited(dirfd)) {
-			return fail(EBADF);
-		}
-	} else if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w)) {
-		int err = 0;
-		weir_fs *f = fs(&err);
-		if (!f)
-			return fail(err ? err : EIO);
-		e = weir_stat(f, w, &a);
-	}
-	if (e == 1) {
-		init_statx();
-		return real_statx(dirfd, path, flags, mask, sx);
+		FD_OR_KERNEL(dirfd, d, real_statx(dirfd, path, flags, mask, sx));
+		e = attr_of(d, &a);
+		put(d);
+	} else {
+		ROUTE(dirfd, path, r);
+		if (!r.weir)
+			return real_statx(r.kdir, r.kpath, flags, mask, sx);
+		FS_OR_FAIL(f);
+		e = weir_stat(f, r.w, &a);
 	}
 	if (e)
 		return fail(-e);
 	fill_statx(&a, sx);
 	return 0;
+}
+
+/* statfs and statvfs: weir does not report its capacity to clients yet. */
+int statfs(const char *path, struct statfs *b)
+{
+	ROUTE(AT_FDCWD, path, r);
+	if (r.weir)
+		return fail(ENOSYS);
+	init_statfs();
+	return real_statfs(r.kpath, b);
+}
+int fstatfs(int fd, struct statfs *b)
+{
+	init_fstatfs();
+	FD_OR_KERNEL(fd, d, real_fstatfs(fd, b));
+	put(d);
+	return fail(ENOSYS);
+}
+int statvfs(const char *path, struct statvfs *b)
+{
+	ROUTE(AT_FDCWD, path, r);
+	if (r.weir)
+		return fail(ENOSYS);
+	init_statvfs();
+	return real_statvfs(r.kpath, b);
+}
+int fstatvfs(int fd, struct statvfs *b)
+{
+	init_fstatvfs();
+	FD_OR_KERNEL(fd, d, real_fstatvfs(fd, b));
+	put(d);
+	return fail(ENOSYS);
+}
+int statfs64(const char *path, struct statfs64 *b) { return statfs(path, (struct statfs *)b); }
+int fstatfs64(int fd, struct statfs64 *b) { return fstatfs(fd, (struct statfs *)b); }
+int statvfs64(const char *path, struct statvfs64 *b) { return statvfs(path, (struct statvfs *)b); }
+int fstatvfs64(int fd, struct statvfs64 *b) { return fstatvfs(fd, (struct statvfs *)b); }
+
+/* A namespace call on a weir path: W is its path inside weir. */
+#define WEIR_CALL(expr)                        \
+	do {                                   \
+		FS_OR_FAIL(f);                 \
+		int e_ = (expr);               \
+		return e_ ? fail(-e_) : 0;     \
+	} while (0)
+
+int unlinkat(int dirfd, const char *path, int flags)
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir) {
+		if (flags & ~AT_REMOVEDIR)
+			return fail(EINVAL);
+		WEIR_CALL((flags & AT_REMOVEDIR) ? weir_rmdir(f, r.w) : weir_unlink(f, r.w));
+	}
+	init_unlinkat();
+	return real_unlinkat(r.kdir, r.kpath, flags);
+}
+int unlink(const char *path) { return unlinkat(AT_FDCWD, path, 0); }
+int rmdir(const char *path) { return unlinkat(AT_FDCWD, path, AT_REMOVEDIR); }
+
+int mkdirat(int dirfd, const char *path, mode_t mode)
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		WEIR_CALL(weir_mkdir(f, r.w, mode & 07777 & ~cur_umask()));
+	init_mkdirat();
+	return real_mkdirat(r.kdir, r.kpath, mode);
+}
+int mkdir(const char *path, mode_t mode) { return mkdirat(AT_FDCWD, path, mode); }
+
+int renameat2(int olddir, const char *oldpath, int newdir, const char *newpath, unsigned int flags)
+{
+	ROUTE(olddir, oldpath, a);
+	ROUTE(newdir, newpath, b);
+	if (a.weir != b.weir)
+		return fail(EXDEV); /* between weir and the kernel: another file system */
+	if (a.weir) {
+		if (flags & RENAME_NOREPLACE) {
+			/* (checked, then renamed: not atomic against another
+			 * process creating the name in between) */
+			struct stat st;
+			if (wstat(b.w, &st) == 0)
+				return fail(EEXIST);
+			flags &= ~RENAME_NOREPLACE;
+		}
+		if (flags)
+			return fail(EINVAL); /* RENAME_EXCHANGE, RENAME_WHITEOUT: not supported */
+		WEIR_CALL(weir_rename(f, a.w, b.w));
+	}
+	init_renameat2();
+	return real_renameat2(a.kdir, a.kpath, b.kdir, b.kpath, flags);
+}
+int renameat(int olddir, const char *oldpath, int newdir, const char *newpath) { return renameat2(olddir, oldpath, newdir, newpath, 0); }
+int rename(const char *oldpath, const char *newpath) { return renameat2(AT_FDCWD, oldpath, AT_FDCWD, newpath, 0); }
+
+/* Links: weir has neither hard nor symbolic links; Linux answers EPERM
+ * where a file system cannot make one. */
+int linkat(int olddir, const char *oldpath, int newdir, const char *newpath, int flags)
+{
+	ROUTE(olddir, oldpath, a);
+	ROUTE(newdir, newpath, b);
+	if (a.weir != b.weir)
+		return fail(EXDEV);
+	if (a.weir)
+		return fail(EPERM);
+	init_linkat();
+	return real_linkat(a.kdir, a.kpath, b.kdir, b.kpath, flags);
+}
+int link(const char *oldpath, const char *newpath) { return linkat(AT_FDCWD, oldpath, AT_FDCWD, newpath, 0); }
+
+int symlinkat(const char *target, int dirfd, const char *path)
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		return fail(EPERM);
+	init_symlinkat();
+	return real_symlinkat(target, r.kdir, r.kpath);
+}
+int symlink(const char *target, const char *path) { return symlinkat(target, AT_FDCWD, path); }
+
+ssize_t readlinkat(int dirfd, const char *path, char *buf, size_t n)
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir) {
+		struct stat st;
+		if (wstat(r.w, &st) != 0)
+			return -1;
+		return fail(EINVAL); /* not a symbolic link: weir has none */
+	}
+	init_readlinkat();
+	return real_readlinkat(r.kdir, r.kpath, buf, n);
+}
+ssize_t readlink(const char *path, char *buf, size_t n) { return readlinkat(AT_FDCWD, path, buf, n); }
+ssize_t __readlink_chk(const char *path, char *buf, size_t n, size_t buflen)
+{
+	if (n > buflen)
+		abort();
+	return readlink(path, buf, n);
+}
+
+int fchmodat(int dirfd, const char *path, mode_t mode, int flags)
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		WEIR_CALL(weir_chmod(f, r.w, mode & 07777));
+	init_fchmodat();
+	return real_fchmodat(r.kdir, r.kpath, mode, flags);
+}
+int chmod(const char *path, mode_t mode) { return fchmodat(AT_FDCWD, path, mode, 0); }
+
+int fchmod(int fd, mode_t mode)
+{
+	init_fchmod();
+	FD_OR_KERNEL(fd, d, real_fchmod(fd, mode));
+	int e = d->pg->kind == K_FILE ? weir_fchmod(wfs, d->handle, mode & 07777)
+	      : d->pg->kind == K_DIR  ? weir_chmod(wfs, d->pg->path, mode & 07777)
+				      : -EBADF;
+	put(d);
+	return e ? fail(-e) : 0;
+}
+
+static int64_t id_arg(unsigned v) { return v == (unsigned)-1 ? -1 : (int64_t)v; }
+
+int fchownat(int dirfd, const char *path, uid_t uid, gid_t gid, int flags)
+{
+	const char *volatile vp = path;
+	if (vp && !*vp && (flags & AT_EMPTY_PATH))
+		return fchown(dirfd, uid, gid);
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		WEIR_CALL(weir_chown(f, r.w, id_arg(uid), id_arg(gid)));
+	init_fchownat();
+	return real_fchownat(r.kdir, r.kpath, uid, gid, flags);
+}
+int chown(const char *path, uid_t uid, gid_t gid) { return fchownat(AT_FDCWD, path, uid, gid, 0); }
+int lchown(const char *path, uid_t uid, gid_t gid) { return fchownat(AT_FDCWD, path, uid, gid, AT_SYMLINK_NOFOLLOW); }
+
+int fchown(int fd, uid_t uid, gid_t gid)
+{
+	init_fchown();
+	FD_OR_KERNEL(fd, d, real_fchown(fd, uid, gid));
+	int e = d->pg->kind == K_FILE ? weir_fchown(wfs, d->handle, id_arg(uid), id_arg(gid))
+	      : d->pg->kind == K_DIR  ? weir_chown(wfs, d->pg->path, id_arg(uid), id_arg(gid))
+				      : -EBADF;
+	put(d);
+	return e ? fail(-e) : 0;
+}
+
+int faccessat(int dirfd, const char *path, int mode, int flags)
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		return waccess(r.w, mode); /* (AT_EACCESS: the effective ids are the real ones here) */
+	init_faccessat();
+	return real_faccessat(r.kdir, r.kpath, mode, flags);
+}
+int access(const char *path, int mode) { return faccessat(AT_FDCWD, path, mode, 0); }
+int euidaccess(const char *path, int mode) { return faccessat(AT_FDCWD, path, mode, AT_EACCESS); }
+int eaccess(const char *path, int mode) { return faccessat(AT_FDCWD, path, mode, AT_EACCESS); }
+
+/* ns converts a utimensat time (UTIME_NOW, UTIME_OMIT) to weir's. */
+static int64_t ns(const struct timespec *ts, int i)
+{
+	if (!ts || ts[i].tv_nsec == UTIME_NOW) {
+		struct timespec now;
+		clock_gettime(CLOCK_REALTIME, &now);
+		return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
+	}
+	if (ts[i].tv_nsec == UTIME_OMIT)
+		return WEIR_TIME_OMIT;
+	return (int64_t)ts[i].tv_sec * 1000000000 + ts[i].tv_nsec;
+}
+
+static int bad_times(const struct timespec *ts)
+{
+	for (int i = 0; ts && i < 2; i++)
+		if (ts[i].tv_nsec != UTIME_NOW && ts[i].tv_nsec != UTIME_OMIT && (ts[i].tv_nsec < 0 || ts[i].tv_nsec >= 1000000000))
+			return 1;
+	return 0;
+}
+
+int futimens(int fd, const struct timespec times[2])
+{
+	init_futimens();
+	FD_OR_KERNEL(fd, d, real_futimens(fd, times));
+	int e = bad_times(times)	   ? -EINVAL
+	      : d->pg->kind == K_FILE ? weir_futimens(wfs, d->handle, ns(times, 0), ns(times, 1))
+				      : weir_utimens(wfs, d->pg->path, ns(times, 0), ns(times, 1));
+	put(d);
+	return e ? fail(-e) : 0;
+}
+
+int utimensat(int dirfd, const char *path, const struct timespec times[2], int flags)
+{
+	const char *volatile vp = path;
+	if (!vp && is_weir(dirfd))
+		return futimens(dirfd, times); /* Linux's futimens form */
+	ROUTE(dirfd, path, r);
+	if (r.weir) {
+		if (bad_times(times))
+			return fail(EINVAL);
+		WEIR_CALL(weir_utimens(f, r.w, ns(times, 0), ns(times, 1)));
+	}
+	init_utimensat();
+	return real_utimensat(r.kdir, r.kpath, times, flags);
+}
+
+int utimes(const char *path, const struct timeval tv[2])
+{
+	if (!tv)
+		return utimensat(AT_FDCWD, path, NULL, 0);
+	if (tv[0].tv_usec < 0 || tv[0].tv_usec >= 1000000 || tv[1].tv_usec < 0 || tv[1].tv_usec >= 1000000)
+		return fail(EINVAL);
+	struct timespec ts[2] = {{tv[0].tv_sec, tv[0].tv_usec * 1000}, {tv[1].tv_sec, tv[1].tv_usec * 1000}};
+	return utimensat(AT_FDCWD, path, ts, 0);
+}
+
+struct wutimbuf {
+	time_t actime, modtime;
+};
+int utime(const char *path, const void *buf)
+{
+	const struct wutimbuf *u = buf;
+	if (!u)
+		return utimensat(AT_FDCWD, path, NULL, 0);
+	struct timespec ts[2] = {{u->actime, 0}, {u->modtime, 0}};
+	return utimensat(AT_FDCWD, path, ts, 0);
+}
+
+/* The cwd. Inside the mount it is kept here (wcwd), and in the memfd
+ * behind cwd_fd, a descriptor without FD_CLOEXEC, which a new image after
+ * exec finds (shim_init); the kernel's cwd moves to /proc, where a
+ * program the shim does not serve can create nothing. */
+static void set_wcwd(const char *w)
+{
+	pthread_mutex_lock(&cwd_mu);
+	snprintf(wcwd, sizeof wcwd, "%s", w);
+	wcwd_on = 1;
+	if (cwd_fd < 0) {
+		struct wpage *p;
+		ino_t key;
+		int fd = new_page("weir-cwd", 0, &p, &key);
+		if (fd >= 0) {
+			/* (kept high, out of the way of the program's numbers) */
+			init_fcntl();
+			int hi = real_fcntl(fd, F_DUPFD, 900);
+			if (hi >= 0 && hi < MAX_FDS) {
+				init_close();
+				real_close(fd);
+				fd = hi;
+			} else if (hi >= 0) {
+				real_close(hi);
+			}
+			cwd_fd = fd;
+			munmap(p, PAGE_BYTES);
+		}
+	}
+	if (cwd_fd >= 0) {
+		ino_t key;
+		struct wpage *p = map_page(cwd_fd, &key);
+		if (p) {
+			p->kind = K_DIR;
+			snprintf(p->path, sizeof p->path, "%s", w);
+			munmap(p, PAGE_BYTES);
+		}
+	}
+	pthread_mutex_unlock(&cwd_mu);
+}
+
+static void clear_wcwd(void)
+{
+	pthread_mutex_lock(&cwd_mu);
+	wcwd_on = 0;
+	if (cwd_fd >= 0) {
+		init_close();
+		real_close(cwd_fd);
+		cwd_fd = -1;
+	}
+	pthread_mutex_unlock(&cwd_mu);
+}
+
+static int wchdir(const char *w)
+{
+	FS_OR_FAIL(f);
+	struct weir_attr a;
+	int e = weir_stat(f, w, &a);
+	if (!e && !S_ISDIR(a.mode))
+		e = -ENOTDIR;
+	if (!e)
+		e = -may(&a, X_OK);
+	if (e)
+		return fail(-e);
+	init_chdir();
+	real_chdir("/proc");
+	set_wcwd(w);
+	return 0;
+}
+
+int chdir(const char *path)
+{
+	ROUTE(AT_FDCWD, path, r);
+	if (r.weir)
+		return wchdir(r.w);
+	init_chdir();
+	int rc = real_chdir(r.kpath);
+	if (rc == 0)
+		clear_wcwd();
+	return rc;
+}
+
+int fchdir(int fd)
+{
+	init_fchdir();
+	int e = 0;
+	struct desc *d = get(fd, &e);
+	if (!d) {
+		if (e)
+			return fail(e);
+		int rc = real_fchdir(fd);
+		if (rc == 0)
+			clear_wcwd();
+		return rc;
+	}
+	char w[PATH_MAX];
+	snprintf(w, sizeof w, "%s", d->pg->path);
+	int k = d->pg->kind;
+	put(d);
+	if (k == K_FILE)
+		return fail(ENOTDIR);
+	return wchdir(w);
+}
+
+/* weir_abs writes the absolute path of the weir path w into out. */
+static int weir_abs(const char *w, char *out, size_t cap)
+{
+	size_t ml;
+	const char *m = mount_point(&ml);
+	int n;
+	if (strcmp(w, ".") == 0)
+		n = snprintf(out, cap, "%.*s", (int)ml, m);
+	else
+		n = snprintf(out, cap, "%.*s/%s", ml == 1 ? 0 : (int)ml, m, w);
+	return n >= 0 && (size_t)n < cap;
+}
+
+char *getcwd(char *buf, size_t size)
+{
+	char w[PATH_MAX], abs[PATH_MAX];
+	if (!copy_cwd(w, sizeof w)) {
+		init_getcwd();
+		return real_getcwd(buf, size);
+	}
+	if (!weir_abs(w, abs, sizeof abs)) {
+		errno = ENAMETOOLONG;
+		return NULL;
+	}
+	size_t n = strlen(abs) + 1;
+	if (!buf) {
+		buf = malloc(size > n ? size : n);
+		if (!buf) {
+			errno = ENOMEM;
+			return NULL;
+		}
+		size = size > n ? size : n;
+	}
+	if (size == 0) {
+		errno = EINVAL;
+		return NULL;
+	}
+	if (size < n) {
+		errno = ERANGE;
+		return NULL;
+	}
+	memcpy(buf, abs, n);
+	return buf;
+}
+
+char *__getcwd_chk(char *buf, size_t size, size_t buflen)
+{
+	if (size > buflen)
+		abort();
+	return getcwd(buf, size);
+}
+
+char *get_current_dir_name(void)
+{
+	char w[PATH_MAX];
+	if (!copy_cwd(w, sizeof w)) {
+		init_get_current_dir_name();
+		return real_get_current_dir_name();
+	}
+	return getcwd(NULL, 0);
+}
+
+char *realpath(const char *path, char *resolved)
+{
+	const char *volatile vp = path;
+	if (!vp) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct route r;
+	int e = route(AT_FDCWD, path, &r);
+	if (e) {
+		errno = e;
+		return NULL;
+	}
+	if (!r.weir) {
+		init_realpath();
+		return real_realpath(r.kpath, resolved);
+	}
+	struct stat st;
+	if (wstat(r.w, &st) != 0)
+		return NULL;
+	char abs[PATH_MAX];
+	if (!weir_abs(r.w, abs, sizeof abs)) {
+		errno = ENAMETOOLONG;
+		return NULL;
+	}
+	if (!resolved)
+		return strdup(abs);
+	return strcpy(resolved, abs);
+}
+
+char *canonicalize_file_name(const char *path) { return realpath(path, NULL); }
+char *__realpath_chk(const char *path, char *resolved, size_t n)
+{
+	if (resolved && n < PATH_MAX)
+		abort();
+	return realpath(path, resolved);
+}
+
+/* dup_to makes newfd (a real descriptor the kernel just made a copy of
+ * oldfd's) share oldfd's weir description, if it has one. */
+static int dup_to(int oldfd, int newfd)
+{
+	if (newfd < 0)
+		return newfd;
+	int e = 0;
+	struct desc *d = get(oldfd, &e);
+	if (newfd >= MAX_FDS) {
+		if (d) {
+			put(d);
+			init_close();
+			real_close(newfd);
+			return fail(EMFILE);
+		}
+		return newfd;
+	}
+	install(newfd, d); /* (NULL: newfd is the kernel's now) */
+	if (d)
+		put(d);
+	return newfd;
+}
+
+int dup(int fd)
+{
+	if (own(fd))
+		return fail(EBADF);
+	init_dup();
+	return dup_to(fd, real_dup(fd));
+}
+
+int dup2(int oldfd, int newfd)
+{
+	if (own(oldfd))
+		return fail(EBADF);
+	if (own(newfd))
+		return fail(EBUSY); /* the shim's own descriptor sits there */
+	init_dup2();
+	if (oldfd == newfd)
+		return real_dup2(oldfd, newfd);
+	return dup_to(oldfd, real_dup2(oldfd, newfd));
+}
+
+int dup3(int oldfd, int newfd, int flags)
+{
+	if (own(oldfd))
+		return fail(EBADF);
+	if (own(newfd))
+		return fail(EBUSY);
+	init_dup3();
+	return dup_to(oldfd, real_dup3(oldfd, newfd, flags));
+}
+
+/* The status flags F_SETFL may change (O_DIRECT and O_NOATIME are kept
+ * as given: weir has no atime updates to skip, and its IO is its own). */
+#define SETFL_MASK (O_APPEND | O_NONBLOCK | O_ASYNC | O_DIRECT | O_NOATIME)
+
+int fcntl(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	init_fcntl();
+	if (own(fd))
+		return fail(EBADF);
+	FD_OR_KERNEL(fd, d, real_fcntl(fd, cmd, arg));
+	int r;
+	switch (cmd) {
+	case F_DUPFD:
+	case F_DUPFD_CLOEXEC:
+		r = dup_to(fd, real_fcntl(fd, cmd, arg));
+		break;
+	case F_GETFL:
+		lock_pg(d->pg);
+		r = d->pg->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC | O_CLOEXEC | O_DIRECTORY | O_NOFOLLOW);
+		unlock_pg(d->pg);
+		break;
+	case F_SETFL:
+		if (d->pg->kind == K_PATH) {
+			r = fail(EBADF);
+			break;
+		}
+		lock_pg(d->pg);
+		d->pg->flags = (d->pg->flags & ~SETFL_MASK) | ((int)arg & SETFL_MASK);
+		unlock_pg(d->pg);
+		r = 0;
+		break;
+	case F_GETFD:
+	case F_SETFD:
+		r = real_fcntl(fd, cmd, arg); /* the descriptor's own flag */
+		break;
+	case F_GETLK:
+	case F_SETLK:
+	case F_SETLKW:
+	case F_OFD_GETLK:
+	case F_OFD_SETLK:
+	case F_OFD_SETLKW:
+		r = fail(ENOLCK); /* record locks of weir files: not yet */
+		break;
+	default:
+		r = fail(EINVAL);
+	}
+	put(d);
+	return r;
+}
+int fcntl64(int fd, int cmd, ...)
+{
+	va_list ap;
+	va_start(ap, cmd);
+	long arg = va_arg(ap, long);
+	va_end(ap);
+	return fcntl(fd, cmd, arg);
+}
+
+int flock(int fd, int op)
+{
+	init_flock();
+	FD_OR_KERNEL(fd, d, real_flock(fd, op));
+	put(d);
+	return fail(ENOLCK); /* not yet */
+}
+
+/* mmap of a weir file: not yet; ENODEV is what a file system that cannot
+ * map files answers. */
+void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	init_mmap();
+	if (!(flags & MAP_ANONYMOUS) && is_weir(fd)) {
+		errno = ENODEV;
+		return MAP_FAILED;
+	}
+	return real_mmap(addr, len, prot, flags, fd, off);
+}
+void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t off) { return mmap(addr, len, prot, flags, fd, (off_t)off); }
+
+/* Directory listings: a weir directory's entries, "." and ".." first,
+ * read whole at the start (as getdents of a directory that changes may
+ * give); a weir directory stream (opendir, fdopendir) is one over a weir
+ * directory descriptor, told from glibc's by its magic word. */
+struct listing {
+	int err;
+	size_t n, cap;
+	struct dirent64 *ents;
+};
+
+static int list_add(void *arg, const char *name, uint64_t ino, uint32_t type)
+{
+	struct listing *l = arg;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 64;
+		struct dirent64 *e = realloc(l->ents, cap * sizeof *e);
+		if (!e) {
+			l->err = ENOMEM;
+			return 1;
+		}
+		l->ents = e;
+		l->cap = cap;
+	}
+	struct dirent64 *e = &l->ents[l->n++];
+	memset(e, 0, sizeof *e);
+	e->d_ino = ino;
+	e->d_off = (off64_t)l->n;
+	e->d_reclen = sizeof *e;
+	e->d_type = S_ISDIR(type) ? DT_DIR : DT_REG;
+	snprintf(e->d_name, sizeof e->d_name, "%s", name);
+	return 0;
+}
+
+/* list reads directory w whole; 0 or -errno. */
+static int list(const char *w, struct dirent64 **ents, size_t *n)
+{
+	int err = 0;
+	weir_fs *f = fs(&err);
+	if (!f)
+		return -(err ? err : EIO);
+	struct listing l = {0};
+	struct weir_attr a;
+	int e = weir_stat(f, w, &a);
+	list_add(&l, ".", a.ino, S_IFDIR);
+	list_add(&l, "..", 0, S_IFDIR);
+	if (!e)
+		e = weir_readdir(f, w, list_add, &l);
+	if (!e && l.err)
+		e = -l.err; /* never a listing with entries missing */
+	if (e) {
+		free(l.ents);
+		return e;
+	}
+	*ents = l.ents;
+	*n = l.n;
+	return 0;
+}
+
+#define WDIR_MAGIC 0x52494457u /* "WDIR" */
+struct wdir {
+	uint32_t magic;
+	int fd; /* its weir directory descriptor */
+	size_t n, next;
+	struct dirent64 *ents;
+	struct dirent de; /* the last one readdir returned */
+};
+
+static struct wdir *as_wdir(DIR *d) { return d && ((struct wdir *)(void *)d)->magic == WDIR_MAGIC ? (struct wdir *)(void *)d : NULL; }
+
+DIR *fdopendir(int fd)
+{
+	init_fdopendir();
+	int e = 0;
+	struct desc *d = get(fd, &e);
+	if (!d) {
+		if (e) {
+			errno = e;
+			return NULL;
+		}
+		return real_fdopendir(fd);
+	}
+	if (d->pg->kind != K_DIR) {
+		int k = d->pg->kind;
+		put(d);
+		errno = k == K_PATH ? EBADF : ENOTDIR;
+		return NULL;
+	}
+	struct wdir *w = calloc(1, sizeof *w);
+	if (!w) {
+		put(d);
+		errno = ENOMEM;
+		return NULL;
+	}
+	e = list(d->pg->path, &w->ents, &w->n);
+	put(d);
+	if (e) {
+		free(w);
+		errno = -e;
+		return NULL;
+	}
+	w->magic = WDIR_MAGIC;
+	w->fd = fd; /* the stream owns fd from here: closedir closes it */
+	return (DIR *)(void *)w;
+}
+
+DIR *opendir(const char *path)
+{
+	struct route r;
+	int e = route(AT_FDCWD, path, &r);
+	if (e) {
+		errno = e;
+		return NULL;
+	}
+	if (!r.weir) {
+		init_opendir();
+		return real_opendir(r.kpath);
+	}
+	int fd = wopen(r.w, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+	if (fd < 0)
+		return NULL;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		int se = errno;
+		close(fd);
+		errno = se;
+	}
+	return d;
+}
+
+struct dirent64 *readdir64(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_readdir64();
+		return real_readdir64(dir);
+	}
+	return d->next < d->n ? &d->ents[d->next++] : NULL;
+}
+
+struct dirent *readdir(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_readdir();
+		return real_readdir(dir);
+	}
+	if (d->next >= d->n)
+		return NULL;
+	struct dirent64 *e = &d->ents[d->next++];
+	memset(&d->de, 0, sizeof d->de);
+	d->de.d_ino = (ino_t)e->d_ino;
+	d->de.d_off = (off_t)e->d_off;
+	d->de.d_reclen = sizeof d->de;
+	d->de.d_type = e->d_type;
+	snprintf(d->de.d_name, sizeof d->de.d_name, "%s", e->d_name);
+	return &d->de;
+}
+
+int closedir(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_closedir();
+		return real_closedir(dir);
+	}
+	d->magic = 0;
+	int fd = d->fd;
+	free(d->ents);
+	free(d);
+	return close(fd);
+}
+
+void rewinddir(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_rewinddir();
+		real_rewinddir(dir);
+		return;
+	}
+	int fd = d->fd;
+	int e = 0;
+	struct desc *ds = get(fd, &e);
+	if (ds) {
+		struct dirent64 *ents;
+		size_t n;
+		if (list(ds->pg->path, &ents, &n) == 0) {
+			free(d->ents);
+			d->ents = ents;
+			d->n = n;
+		}
+		put(ds);
+	}
+	d->next = 0;
+}
+
+long telldir(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_telldir();
+		return real_telldir(dir);
+	}
+	return (long)d->next;
+}
+
+void seekdir(DIR *dir, long pos)
+{
+	struct wdir *d = as_wdir(dir);
+	if (!d) {
+		init_seekdir();
+		real_seekdir(dir, pos);
+		return;
+	}
+	if (pos >= 0 && (size_t)pos <= d->n)
+		d->next = (size_t)pos;
+}
+
+int dirfd(DIR *dir)
+{
+	struct wdir *d = as_wdir(dir);
+	if (d)
+		return d->fd;
+	init_dirfd();
+	return real_dirfd(dir);
+}
+
+/* getdents64 on a weir directory descriptor: linux_dirent64 records
+ * {u64 ino, i64 off, u16 reclen, u8 type, name, NUL}, 8-byte aligned;
+ * the page's offset is the next entry's index (lseek to 0 rewinds). */
+ssize_t getdents64(int fd, void *buf, size_t n)
+{
+	init_getdents64();
+	FD_OR_KERNEL(fd, d, real_getdents64(fd, buf, n));
+	ssize_t r = 0;
+	if (d->pg->kind != K_DIR) {
+		r = -ENOTDIR;
+		goto out;
+	}
+	lock_pg(d->pg);
+	if (!d->ents || d->pg->off == 0) {
+		free(d->ents);
+		d->ents = NULL;
+		int e = list(d->pg->path, &d->ents, &d->nents);
+		if (e) {
+			unlock_pg(d->pg);
+			r = e;
+			goto out;
+		}
+	}
+	size_t at = 0;
+	while (d->pg->off < d->nents) {
+		const struct dirent64 *e = &d->ents[d->pg->off];
+		size_t nl = strlen(e->d_name);
+		size_t rl = (19 + nl + 1 + 7) & ~(size_t)7;
+		if (at + rl > n)
+			break;
+		uint8_t *p = (uint8_t *)buf + at;
+		memset(p, 0, rl);
+		uint64_t ino = e->d_ino, off = d->pg->off + 1;
+		uint16_t rl16 = (uint16_t)rl;
+		memcpy(p, &ino, 8);
+		memcpy(p + 8, &off, 8);
+		memcpy(p + 16, &rl16, 2);
+		p[18] = e->d_type;
+		memcpy(p + 19, e->d_name, nl);
+		at += rl;
+		d->pg->off++;
+	}
+	unlock_pg(d->pg);
+	r = (at == 0 && d->pg->off < d->nents) ? -EINVAL : (ssize_t)at; /* (a buffer too small for one entry) */
+out:
+	put(d);
+	return r < 0 ? fail((int)-r) : r;
 }
 
 /* stdio: a FILE of a weir path is a fopencookie stream over the
@@ -928,6 +2345,7 @@ int fileno_unlocked(FILE *f)
 	init_fileno_unlocked();
 	return real_fileno_unlocked(f);
 }
+
 static ssize_t ck_read(void *c, char *buf, size_t n) { return read((int)(intptr_t)c, buf, n); }
 static ssize_t ck_write(void *c, const char *buf, size_t n)
 {
@@ -955,7 +2373,13 @@ static int ck_close(void *c)
 	return close((int)(intptr_t)c);
 }
 
-static FILE *wfopen(const char *path, const char *mode)
+static FILE *cookie_stream(int fd, const char *mode)
+{
+	cookie_io_functions_t io = {.read = ck_read, .write = ck_write, .seek = ck_seek, .close = ck_close};
+	return track(fopencookie((void *)(intptr_t)fd, mode, io), fd);
+}
+
+static FILE *wfopen(const char *w, const char *mode)
 {
 	int flags;
 	switch (mode[0]) {
@@ -974,11 +2398,12 @@ static FILE *wfopen(const char *path, const char *mode)
 	}
 	if (strchr(mode, 'x'))
 		flags |= O_EXCL;
-	int fd = open(path, flags, 0666);
+	if (strchr(mode, 'e'))
+		flags |= O_CLOEXEC;
+	int fd = wopen(w, flags, 0666);
 	if (fd < 0)
 		return NULL;
-	cookie_io_functions_t io = {.read = ck_read, .write = ck_write, .seek = ck_seek, .close = ck_close};
-	FILE *f = track(fopencookie((void *)(intptr_t)fd, mode, io), fd);
+	FILE *f = cookie_stream(fd, mode);
 	if (!f) {
 		int e = errno;
 		close(fd);
@@ -987,22 +2412,43 @@ static FILE *wfopen(const char *path, const char *mode)
 	return f;
 }
 
+static FILE *route_fopen(const char *path, const char *mode, FILE *(*kernel)(const char *, const char *))
+{
+	struct route r;
+	int e = route(AT_FDCWD, path, &r);
+	if (e) {
+		errno = e;
+		return NULL;
+	}
+	return r.weir ? wfopen(r.w, mode) : kernel(r.kpath, mode);
+}
+
 FILE *fopen(const char *path, const char *mode)
 {
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w))
-		return wfopen(path, mode);
 	init_fopen();
-	return real_fopen(path, mode);
+	return route_fopen(path, mode, real_fopen);
 }
 
 FILE *fopen64(const char *path, const char *mode)
 {
-	char w[PATH_MAX];
-	if (weir_path(path, w, sizeof w))
-		return wfopen(path, mode);
 	init_fopen64();
-	return real_fopen64(path, mode);
+	return route_fopen(path, mode, real_fopen64);
+}
+
+FILE *fdopen(int fd, const char *mode)
+{
+	init_fdopen();
+	if (!is_weir(fd))
+		return real_fdopen(fd, mode);
+	int e = 0;
+	struct desc *d = get(fd, &e);
+	if (!d) {
+		errno = e ? e : EBADF;
+		return NULL;
+	}
+	put(d);
+	/* The stream owns fd from here: its fclose closes it. */
+	return cookie_stream(fd, mode);
 }
 
 /* Extended attributes: weir has none (ENOTSUP, which ls and cp take as
@@ -1010,11 +2456,11 @@ FILE *fopen64(const char *path, const char *mode)
 #define NO_XATTR(name, ...)                                   \
 	ssize_t name(const char *path, __VA_ARGS__)           \
 	{                                                     \
-		char w[PATH_MAX];                             \
-		if (weir_path(path, w, sizeof w))             \
+		struct route r;                               \
+		if (route(AT_FDCWD, path, &r) == 0 && r.weir) \
 			return fail(ENOTSUP);                 \
 		init_##name();                                \
-		return real_##name(path, XATTR_ARGS_##name);  \
+		return real_##name(r.kpath, XATTR_ARGS_##name); \
 	}
 #define XATTR_ARGS_getxattr n, v, s
 #define XATTR_ARGS_lgetxattr n, v, s
@@ -1025,408 +2471,166 @@ NO_XATTR(lgetxattr, const char *n, void *v, size_t s)
 NO_XATTR(listxattr, char *l, size_t s)
 NO_XATTR(llistxattr, char *l, size_t s)
 
-static int get_is_weir(int fd)
+ssize_t fgetxattr(int fd, const char *n, void *v, size_t s)
 {
-	struct desc *d = get(fd);
-	if (d)
-		put(d);
-	return d != NULL;
-}
-
-/* ns converts a utimensat time (UTIME_NOW, UTIME_OMIT) to weir's. */
-static int64_t ns(const struct timespec *ts, int i)
-{
-	if (!ts || ts[i].tv_nsec == UTIME_NOW) {
-		struct timespec now;
-		clock_gettime(CLOCK_REALTIME, &now);
-		return (int64_t)now.tv_sec * 1000000000 + now.tv_nsec;
-	}
-	if (ts[i].tv_nsec == UTIME_OMIT)
-		return WEIR_TIME_OMIT;
-	return (int64_t)ts[i].tv_sec * 1000000000 + ts[i].tv_nsec;
-}
-
-static int bad_times(const struct timespec *ts)
-{
-	for (int i = 0; ts && i < 2; i++)
-		if (ts[i].tv_nsec != UTIME_NOW && ts[i].tv_nsec != UTIME_OMIT && (ts[i].tv_nsec < 0 || ts[i].tv_nsec >= 1000000000))
-			return 1;
-	return 0;
-}
-
-int futimens(int fd, const struct timespec times[2])
-{
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_futimens();
-		return real_futimens(fd, times);
-	}
-	int e = bad_times(times) ? -EINVAL : weir_futimens(wfs, d->handle, ns(times, 0), ns(times, 1));
+	init_fgetxattr();
+	FD_OR_KERNEL(fd, d, real_fgetxattr(fd, n, v, s));
 	put(d);
-	return e ? fail(-e) : 0;
+	return fail(ENOTSUP);
 }
 
-int utimensat(int dirfd, const char *path, const struct timespec times[2], int flags)
+ssize_t flistxattr(int fd, char *l, size_t s)
 {
-	char w[PATH_MAX];
-	const char *volatile vp = path;
-	if (!vp && get_is_weir(dirfd))
-		return futimens(dirfd, times); /* Linux's futimens form */
-	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w)) {
-		if (bad_times(times))
-			return fail(EINVAL);
-		int err = 0;
-		weir_fs *f = fs(&err);
-		if (!f)
-			return fail(err ? err : EIO);
-		int e = weir_utimens(f, w, ns(times, 0), ns(times, 1));
-		return e ? fail(-e) : 0;
-	}
-	init_utimensat();
-	return real_utimensat(dirfd, path, times, flags);
+	init_flistxattr();
+	FD_OR_KERNEL(fd, d, real_flistxattr(fd, l, s));
+	put(d);
+	return fail(ENOTSUP);
 }
 
-int rename(const char *oldpath, const char *newpath)
-{
-	char a[PATH_MAX], b[PATH_MAX];
-	int wa = weir_path(oldpath, a, sizeof a), wb = weir_path(newpath, b, sizeof b);
-	if (wa != wb)
-		return fail(EXDEV); /* between weir and the kernel: another file system */
-	if (wa) {
-		int err = 0;
-		weir_fs *f = fs(&err);
-		if (!f)
-			return fail(err ? err : EIO);
-		int e = weir_rename(f, a, b);
-		return e ? fail(-e) : 0;
-	}
-	init_rename();
-	return real_rename(oldpath, newpath);
-}
-
-static int at_weir(int dirfd, const char *path)
-{
-	char w[PATH_MAX];
-	return abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w);
-}
-
-int renameat2(int olddir, const char *oldpath, int newdir, const char *newpath, unsigned int flags)
-{
-	int wa = at_weir(olddir, oldpath), wb = at_weir(newdir, newpath);
-	if (wa || wb) {
-		if (flags)
-			return fail(EINVAL); /* RENAME_NOREPLACE, RENAME_EXCHANGE: not yet */
-		return rename(oldpath, newpath);
-	}
-	init_renameat2();
-	return real_renameat2(olddir, oldpath, newdir, newpath, flags);
-}
-
-int renameat(int olddir, const char *oldpath, int newdir, const char *newpath)
-{
-	if (at_weir(olddir, oldpath) || at_weir(newdir, newpath))
-		return renameat2(olddir, oldpath, newdir, newpath, 0);
-	init_renameat();
-	return real_renameat(olddir, oldpath, newdir, newpath);
-}
-
-/* waccess is access(2) from the attributes: the real uid and gid, as the
- * kernel checks (root passes but for X on a file with no x bit). */
-static int waccess(const char *w, int mode)
-{
-	int err = 0;
-	weir_fs *f = fs(&err);
-	if (!f)
-		return fail(err ? err : EIO);
-	struct weir_attr a;
-	int e = weir_stat(f, w, &a);
-	if (e)
-		return fail(-e);
-	if (mode == F_OK)
-		return 0;
-	uid_t uid = getuid();
-	if (uid == 0)
-		return (mode & X_OK) && !S_ISDIR(a.mode) && !(a.mode & 0111) ? fail(EACCES) : 0;
-	unsigned bits;
-	if (a.uid == uid) {
-		bits = a.mode >> 6 & 7;
-	} else {
-		int in = a.gid == getgid();
-		gid_t gs[256];
-		int n = getgroups(256, gs);
-		for (int i = 0; !in && i < n; i++)
-			in = gs[i] == a.gid;
-		bits = in ? a.mode >> 3 & 7 : a.mode & 7;
-	}
-	unsigned want = (mode & R_OK ? 4 : 0) | (mode & W_OK ? 2 : 0) | (mode & X_OK ? 1 : 0);
-	return (want & ~bits) ? fail(EACCES) : 0;
-}
-
-/* access, euidaccess and eaccess: one check for a weir path (the real
- * ids are the effective ones here), the kernel's otherwise. */
-#define ACCESS(name)                                   \
-	int name(const char *path, int mode)           \
-	{                                              \
-		char w[PATH_MAX];                      \
-		if (weir_path(path, w, sizeof w))      \
-			return waccess(w, mode);       \
-		init_##name();                         \
-		return real_##name(path, mode);        \
-	}
-ACCESS(access)
-ACCESS(euidaccess)
-ACCESS(eaccess)
-
-int faccessat(int dirfd, const char *path, int mode, int flags)
-{
-	char w[PATH_MAX];
-	if (abs_or_cwd(dirfd, path) && weir_path(path, w, sizeof w))
-		return waccess(w, mode); /* (AT_EACCESS: the effective ids are the real ones here) */
-	init_faccessat();
-	return real_faccessat(dirfd, path, mode, flags);
-}
-
-/* A weir directory stream: the whole listing, read at opendir (a
- * snapshot, as getdents of a directory that changes may give). Told
- * from glibc's own streams by its magic word. */
-#define WDIR_MAGIC 0x52494457u /* "WDIR" */
-struct wdir {
-	uint32_t magic;
-	int err; /* a listing that could not be kept whole */
-	size_t n, next, cap;
-	struct dirent64 *ents;
-	struct dirent de; /* the last one readdir returned */
+/* openat2 has no glibc wrapper: programs call it through syscall(3),
+ * which the shim catches for it (and close_range), passing every other
+ * number through. For a weir path RESOLVE_NO_SYMLINKS, NO_MAGICLINKS and
+ * NO_XDEV hold anyway; RESOLVE_BENEATH and RESOLVE_IN_ROOT refuse (EXDEV)
+ * an absolute path or one with "..", which is stricter than Linux (it
+ * allows a ".." that stays beneath). */
+struct wopen_how {
+	uint64_t flags, mode, resolve;
 };
+#define W_RESOLVE_KNOWN 0x3fu /* NO_XDEV, NO_MAGICLINKS, NO_SYMLINKS, BENEATH, IN_ROOT, CACHED */
 
-static int wdir_add(void *arg, const char *name, uint64_t ino, uint32_t type)
+static long wopenat2(int dirfd, const char *path, const struct wopen_how *how, size_t size)
 {
-	struct wdir *d = arg;
-	if (d->n == d->cap) {
-		size_t cap = d->cap ? d->cap * 2 : 64;
-		struct dirent64 *e = realloc(d->ents, cap * sizeof *e);
-		if (!e) {
-			d->err = ENOMEM;
-			return 1;
-		}
-		d->ents = e;
-		d->cap = cap;
-	}
-	struct dirent64 *e = &d->ents[d->n++];
-	memset(e, 0, sizeof *e);
-	e->d_ino = ino;
-	e->d_off = (off64_t)d->n;
-	e->d_reclen = sizeof *e;
-	e->d_type = S_ISDIR(type) ? DT_DIR : DT_REG;
-	snprintf(e->d_name, sizeof e->d_name, "%s", name);
-	return 0;
+	if (size < sizeof *how)
+		return fail(EINVAL);
+	if (how->resolve & ~(uint64_t)W_RESOLVE_KNOWN || how->flags >> 32 || how->mode & ~(uint64_t)07777 ||
+	    (how->mode && !(how->flags & O_CREAT) && (how->flags & O_TMPFILE) != O_TMPFILE))
+		return fail(EINVAL);
+	ROUTE(dirfd, path, r);
+	if (!r.weir)
+		return -2; /* the kernel's */
+	if ((how->resolve & 0x18) && (path[0] == '/' || has_dotdot(path)))
+		return fail(EXDEV);
+	return wopen(r.w, (int)how->flags, (mode_t)how->mode);
 }
 
-static struct wdir *as_wdir(DIR *d) { return d && ((struct wdir *)(void *)d)->magic == WDIR_MAGIC ? (struct wdir *)(void *)d : NULL; }
-
-DIR *opendir(const char *path)
+long syscall(long nr, ...)
 {
-	char w[PATH_MAX];
-	if (!weir_path(path, w, sizeof w)) {
-		init_opendir();
-		return real_opendir(path);
-	}
-	int err = 0;
-	weir_fs *f = fs(&err);
-	if (!f) {
-		errno = err ? err : EIO;
-		return NULL;
-	}
-	struct wdir *d = calloc(1, sizeof *d);
-	if (!d) {
-		errno = ENOMEM;
-		return NULL;
-	}
-	d->magic = WDIR_MAGIC;
-	/* "." and "..", as getdents gives them (weir lists neither). */
-	wdir_add(d, ".", 0, S_IFDIR);
-	wdir_add(d, "..", 0, S_IFDIR);
-	int e = weir_readdir(f, w, wdir_add, d);
-	if (!e && d->err)
-		e = -d->err; /* never a listing with entries missing */
-	if (e) {
-		free(d->ents);
-		free(d);
-		errno = -e;
-		return NULL;
-	}
-	return (DIR *)(void *)d;
-}
-
-struct dirent64 *readdir64(DIR *dir)
-{
-	struct wdir *d = as_wdir(dir);
-	if (!d) {
-		init_readdir64();
-		return real_readdir64(dir);
-	}
-	return d->next < d->n ? &d->ents[d->next++] : NULL;
-}
-
-struct dirent *readdir(DIR *dir)
-{
-	struct wdir *d = as_wdir(dir);
-	if (!d) {
-		init_readdir();
-		return real_readdir(dir);
-	}
-	if (d->next >= d->n)
-		return NULL;
-	struct dirent64 *e = &d->ents[d->next++];
-	memset(&d->de, 0, sizeof d->de);
-	d->de.d_ino = (ino_t)e->d_ino;
-	d->de.d_off = (off_t)e->d_off;
-	d->de.d_reclen = sizeof d->de;
-	d->de.d_type = e->d_type;
-	snprintf(d->de.d_name, sizeof d->de.d_name, "%s", e->d_name);
-	return &d->de;
-}
-
-int closedir(DIR *dir)
-{
-	struct wdir *d = as_wdir(dir);
-	if (!d) {
-		init_closedir();
-		return real_closedir(dir);
-	}
-	d->magic = 0;
-	free(d->ents);
-	free(d);
-	return 0;
-}
-
-void rewinddir(DIR *dir)
-{
-	struct wdir *d = as_wdir(dir);
-	if (!d) {
-		init_rewinddir();
-		real_rewinddir(dir);
-		return;
-	}
-	d->next = 0;
-}
-
-int dirfd(DIR *dir)
-{
-	if (as_wdir(dir))
-		return fail(ENOTSUP); /* no descriptor behind a weir stream (not yet) */
-	init_dirfd();
-	return real_dirfd(dir);
-}
-
-ssize_t readv(int fd, const struct iovec *iov, int n)
-{
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_readv();
-		return real_readv(fd, iov, n);
-	}
-	put(d);
-	ssize_t total = 0;
-	for (int i = 0; i < n; i++) {
-		ssize_t r = read(fd, iov[i].iov_base, iov[i].iov_len);
-		if (r < 0)
-			return total ? total : r;
-		total += r;
-		if ((size_t)r < iov[i].iov_len)
-			break;
-	}
-	return total;
-}
-
-ssize_t writev(int fd, const struct iovec *iov, int n)
-{
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd))
-			return fail(EBADF);
-		init_writev();
-		return real_writev(fd, iov, n);
-	}
-	put(d);
-	/* One write of the whole vector where it fits one request, so that an
-	 * O_APPEND writev stays one atomic append. */
-	size_t sum = 0;
-	for (int i = 0; i < n; i++)
-		sum += iov[i].iov_len;
-	if (sum <= (1u << 20)) {
-		char *b = malloc(sum ? sum : 1);
-		if (b) {
-			size_t at = 0;
-			for (int i = 0; i < n; i++) {
-				memcpy(b + at, iov[i].iov_base, iov[i].iov_len);
-				at += iov[i].iov_len;
-			}
-			ssize_t r = write(fd, b, sum);
-			int e = errno;
-			free(b);
-			errno = e;
+	va_list ap;
+	va_start(ap, nr);
+	long a[6];
+	for (int i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	init_syscall();
+	switch (nr) {
+	case SYS_openat2: {
+		long r = wopenat2((int)a[0], (const char *)a[1], (const struct wopen_how *)a[2], (size_t)a[3]);
+		if (r != -2)
 			return r;
-		}
+		break;
 	}
-	ssize_t total = 0;
-	for (int i = 0; i < n; i++) {
-		ssize_t r = write(fd, iov[i].iov_base, iov[i].iov_len);
-		if (r < 0)
-			return total ? total : r;
-		total += r;
-		if ((size_t)r < iov[i].iov_len)
-			break;
+	case SYS_close_range:
+		return close_range((unsigned)a[0], (unsigned)a[1], (int)a[2]);
+	case SYS_close:
+		return close((int)a[0]);
 	}
-	return total;
-}
-
-FILE *fdopen(int fd, const char *mode)
-{
-	struct desc *d = get(fd);
-	if (!d) {
-		if (inherited(fd)) {
-			errno = EBADF;
-			return NULL;
-		}
-		init_fdopen();
-		return real_fdopen(fd, mode);
-	}
-	put(d);
-	/* The stream owns fd from here: its fclose closes it. */
-	cookie_io_functions_t io = {.read = ck_read, .write = ck_write, .seek = ck_seek, .close = ck_close};
-	return track(fopencookie((void *)(intptr_t)fd, mode, io), fd);
+	return real_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 /* fork: the child must not use its parent's sessions (their rings are
  * shared memory; a request of the child's would be the parent's), and no
  * lock of the shim may be left held by a thread the child does not have.
- * The child keeps its parent's weir descriptors as numbers that answer
- * EBADF (not yet shared: issue 11) and dials sessions of its own at its
- * first weir call. */
+ * The child shares its parent's descriptions (the pages are shared
+ * memory) and gets handles of its own for them at their first use. */
 static void fork_prepare(void)
 {
+	pthread_mutex_lock(&adopt_mu);
 	pthread_mutex_lock(&fs_mu);
 	pthread_mutex_lock(&tab_mu);
+	pthread_mutex_lock(&cwd_mu);
 }
 
 static void fork_parent(void)
 {
+	pthread_mutex_unlock(&cwd_mu);
 	pthread_mutex_unlock(&tab_mu);
 	pthread_mutex_unlock(&fs_mu);
+	pthread_mutex_unlock(&adopt_mu);
 }
 
 static void fork_child(void)
 {
 	wfs = NULL; /* (its mappings and sockets stay, unused, until exec or exit) */
-	pthread_mutex_unlock(&tab_mu);
-	pthread_mutex_unlock(&fs_mu);
+	fork_parent();
+}
+
+/* adopt_inherited registers the weir descriptors a new image got across
+ * exec: the pages behind them, which /proc/self/fd names. */
+static void adopt_inherited(void)
+{
+	init_opendir();
+	init_readdir64();
+	init_closedir();
+	init_readlink();
+	init_fstat();
+	DIR *dir = real_opendir("/proc/self/fd");
+	if (!dir)
+		return;
+	struct dirent64 *e;
+	while ((e = real_readdir64(dir)) != NULL) {
+		char *end;
+		long fd = strtol(e->d_name, &end, 10);
+		if (*end || fd < 0 || fd >= MAX_FDS)
+			continue;
+		char pp[64], link[128];
+		snprintf(pp, sizeof pp, "/proc/self/fd/%ld", fd);
+		ssize_t n = real_readlink(pp, link, sizeof link - 1);
+		if (n <= 0)
+			continue;
+		link[n] = 0;
+		int isdesc = strncmp(link, "/memfd:weir-desc ", 17) == 0, iscwd = strncmp(link, "/memfd:weir-cwd ", 16) == 0;
+		if (!isdesc && !iscwd)
+			continue;
+		ino_t key;
+		struct wpage *p = map_page((int)fd, &key);
+		if (!p)
+			continue;
+		if (p->magic != WPAGE_MAGIC || p->version != 1 || memchr(p->path, 0, sizeof p->path) == NULL ||
+		    (p->kind != K_FILE && p->kind != K_DIR && p->kind != K_PATH)) {
+			munmap(p, PAGE_BYTES);
+			continue;
+		}
+		if (iscwd) {
+			snprintf(wcwd, sizeof wcwd, "%s", p->path);
+			wcwd_on = 1;
+			cwd_fd = (int)fd;
+			munmap(p, PAGE_BYTES);
+			continue;
+		}
+		/* dup'ed descriptors share one description (one memfd). */
+		struct desc *d = NULL;
+		for (int i = 0; i < MAX_FDS && !d; i++)
+			if (tab[i] && tab[i]->key == key)
+				d = tab[i];
+		if (d) {
+			munmap(p, PAGE_BYTES);
+		} else {
+			d = calloc(1, sizeof *d);
+			if (!d) {
+				munmap(p, PAGE_BYTES);
+				continue;
+			}
+			d->pg = p;
+			d->key = key;
+			d->pid = 0; /* not adopted: a handle of this process's at first use */
+		}
+		install((int)fd, d);
+	}
+	real_closedir(dir);
 }
 
 __attribute__((constructor)) static void shim_init(void)
 {
+	adopt_inherited();
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }

@@ -32,7 +32,7 @@ static void roundtrip(const char *name, size_t n, unsigned seed)
 	CHECK(w && r, "malloc");
 	fill(w, n, seed);
 	uint64_t h;
-	int err = weir_open(fs, name, O_RDWR | O_CREAT | O_TRUNC, 0644, &h);
+	int err = weir_open(fs, name, O_RDWR | O_CREAT | O_TRUNC, 0644, &h, NULL, NULL);
 	CHECK(err == 0, "open %s: %s", name, strerror(-err));
 	ssize_t got = weir_pwrite(fs, h, w, n, 0);
 	CHECK(got == (ssize_t)n, "pwrite %s: %zd of %zu", name, got, n);
@@ -44,7 +44,7 @@ static void roundtrip(const char *name, size_t n, unsigned seed)
 	err = weir_stat(fs, name, &a);
 	CHECK(err == 0 && a.size == (int64_t)n && (a.mode & S_IFMT) == S_IFREG && (a.mode & 07777) == 0644,
 	      "stat %s: %d, size %lld mode %o", name, err, (long long)a.size, a.mode);
-	err = weir_open(fs, name, O_RDONLY, 0, &h);
+	err = weir_open(fs, name, O_RDONLY, 0, &h, NULL, NULL);
 	CHECK(err == 0, "open %s read-only: %s", name, strerror(-err));
 	got = weir_pread(fs, h, r, n + 16, 0);
 	CHECK(got == (ssize_t)n, "pread %s: %zd, want %zu (short at the end)", name, got, n);
@@ -89,7 +89,7 @@ int main(void)
 	roundtrip("c/small", 5, 1);
 	roundtrip("c/big", 3 * (1u << 20) + 12345, 2); /* past one request's chunk */
 	uint64_t h;
-	err = weir_open(fs, "c/none", O_RDONLY, 0, &h);
+	err = weir_open(fs, "c/none", O_RDONLY, 0, &h, NULL, NULL);
 	CHECK(err == -ENOENT, "open of a missing file: %d, want -ENOENT", err);
 	err = weir_unlink(fs, "c/small");
 	CHECK(err == 0, "unlink: %s", strerror(-err));

@@ -410,12 +410,12 @@ int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 	if (!err) {
 		put32(b, WEIR_PROTO_MIN_VERSION);
 		put32(b + 4, WEIR_PROTO_MAX_VERSION);
-		put64(b + 8, 0); /* no optional feature yet */
+		put64(b + 8, WEIR_FEATURE_REOPEN); /* tickets: a description shared across fork and exec (weir_inherit) */
 		int64_t res = call(&fs->meta, WEIR_OP_HELLO, 0, 0, 0, b, 16, b, sizeof b, NULL);
 		if (res < 0)
 			err = (int)res;
-		else if (res != WEIR_HELLO_RESP_SIZE || get64(b + 8) != 0)
-			err = -EPROTO;
+		else if (res != WEIR_HELLO_RESP_SIZE || get64(b + 8) != WEIR_FEATURE_REOPEN)
+			err = -EPROTO; /* (a service that cannot issue tickets is too old for this library) */
 	}
 	if (!err) {
 		fs->version = get32(b);
@@ -490,26 +490,25 @@ static void decode_attr(const uint8_t *p, struct weir_attr *a)
 	a->ctime = (int64_t)get64(p + 48);
 }
 
-int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t *handle)
+/* open_answer takes an OPEN or INHERIT answer of res bytes in r: grants
+ * a regular file's handle, stores the handle, its attributes and its
+ * ticket. */
+static int open_answer(weir_fs *fs, int64_t res, const uint8_t *r, uint64_t *handle, struct weir_attr *attr,
+		       uint8_t *ticket)
 {
-	uint8_t b[BODY_MAX];
-	size_t n;
-	int err = path_body(b, sizeof b, 1, mode, path, &n);
-	if (err)
-		return err;
-	uint8_t r[WEIR_OPEN_RESP_SIZE];
-	int64_t res = call(&fs->meta, WEIR_OP_OPEN, (uint32_t)(flags & ~O_CLOEXEC), 0, 0, b, n, r, sizeof r, NULL);
 	if (res < 0)
 		return (int)res;
-	if (res != WEIR_OPEN_RESP_SIZE)
+	if (res != WEIR_OPEN_RESP_SIZE_TICKET)
 		return -EPROTO;
 	uint64_t h = get64(r);
 	struct weir_attr a;
-	decode_attr(r + 8, &a);
-	int granted = r[8 + WEIR_ATTR_SIZE + 1];
+	decode_attr(r + WEIR_OPEN_RESP_OFF_ATTR, &a);
+	if ((a.mode & S_IFMT) != S_IFREG && (a.mode & S_IFMT) != S_IFDIR)
+		return -EPROTO;
+	int granted = r[WEIR_OPEN_RESP_OFF_GRANTED];
 	if ((a.mode & S_IFMT) == S_IFREG && !granted) {
-		/* Features 0: the handle is granted at io through metadata
-		 * (a NATS round trip) before any data request names it. */
+		/* No lease features: the handle is granted at io through
+		 * metadata (a NATS round trip) before any data request names it. */
 		res = call(&fs->meta, WEIR_OP_GRANT, 0, h, 0, NULL, 0, NULL, 0, NULL);
 		if (res < 0) {
 			call(&fs->meta, WEIR_OP_CLOSE, 0, h, 0, NULL, 0, NULL, 0, NULL);
@@ -517,7 +516,32 @@ int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t 
 		}
 	}
 	*handle = h;
+	if (attr)
+		*attr = a;
+	if (ticket)
+		memcpy(ticket, r + WEIR_OPEN_RESP_OFF_TICKET, WEIR_TICKET_SIZE);
 	return 0;
+}
+
+int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t *handle, struct weir_attr *attr,
+	      uint8_t *ticket)
+{
+	uint8_t b[BODY_MAX];
+	size_t n;
+	int err = path_body(b, sizeof b, 1, mode, path, &n);
+	if (err)
+		return err;
+	uint8_t r[WEIR_OPEN_RESP_SIZE_TICKET];
+	int64_t res = call(&fs->meta, WEIR_OP_OPEN, (uint32_t)(flags & ~O_CLOEXEC), 0, 0, b, n, r, sizeof r, NULL);
+	return open_answer(fs, res, r, handle, attr, ticket);
+}
+
+int weir_inherit(weir_fs *fs, const uint8_t *ticket, uint64_t *handle)
+{
+	uint8_t r[WEIR_OPEN_RESP_SIZE_TICKET];
+	memcpy(r, ticket, WEIR_TICKET_SIZE);
+	int64_t res = call(&fs->meta, WEIR_OP_INHERIT, 0, 0, 0, r, WEIR_TICKET_SIZE, r, sizeof r, NULL);
+	return open_answer(fs, res, r, handle, NULL, NULL);
 }
 
 ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t off)
@@ -634,6 +658,45 @@ int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode)
 		return err;
 	uint8_t r[WEIR_ATTR_SIZE];
 	int64_t res = call(&fs->meta, WEIR_OP_MKDIR, 0, 0, 0, b, n, r, sizeof r, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_chmod(weir_fs *fs, const char *path, uint32_t mode)
+{
+	uint8_t b[BODY_MAX];
+	size_t n;
+	int err = path_body(b, sizeof b, 1, mode, path, &n);
+	if (err)
+		return err;
+	int64_t res = call(&fs->meta, WEIR_OP_CHMOD, 0, 0, 0, b, n, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_fchmod(weir_fs *fs, uint64_t handle, uint32_t mode)
+{
+	int64_t res = call(&fs->meta, WEIR_OP_FCHMOD, mode, handle, 0, NULL, 0, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_chown(weir_fs *fs, const char *path, int64_t uid, int64_t gid)
+{
+	uint8_t b[16 + BODY_MAX];
+	size_t n;
+	put64(b, (uint64_t)uid);
+	put64(b + 8, (uint64_t)gid);
+	int err = path_body(b + 16, sizeof b - 16, 0, 0, path, &n);
+	if (err)
+		return err;
+	int64_t res = call(&fs->meta, WEIR_OP_CHOWN, 0, 0, 0, b, 16 + n, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_fchown(weir_fs *fs, uint64_t handle, int64_t uid, int64_t gid)
+{
+	uint8_t b[16];
+	put64(b, (uint64_t)uid);
+	put64(b + 8, (uint64_t)gid);
+	int64_t res = call(&fs->meta, WEIR_OP_FCHOWN, 0, handle, 0, b, sizeof b, NULL, 0, NULL);
 	return res < 0 ? (int)res : 0;
 }
 

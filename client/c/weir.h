@@ -4,11 +4,13 @@
  *
  * This first part speaks the ring ABI (ring/include/weir_ring.h,
  * docs/ring-abi.md) and the protocol (proto/include/weir_proto.h,
- * proto/doc.go) with no optional feature: a session with each service,
- * then open, read, write, fsync, close, stat, unlink, mkdir. Not yet:
- * leases and recall notices (features 0 only: every open is granted
- * through metadata), the page-cache region, fork handling, recovery
- * after a service restart.
+ * proto/doc.go) with one optional feature, reopen tickets (for
+ * weir_inherit): a session with each service, then open, read, write,
+ * fsync, close, stat, unlink, mkdir, rename, chmod, chown, readdir. Not
+ * yet: leases and recall notices (every open is granted through
+ * metadata), the page-cache region, recovery after a service restart.
+ * A process that forks dials sessions of its own in the child (the
+ * rings are shared memory); the shim does that.
  *
  * Every call returns 0 (or a byte count) on success and a negated errno
  * on failure, as the services answer. A weir_fs is safe for concurrent use
@@ -43,8 +45,20 @@ int weir_own_fd(const weir_fs *fs, int fd);
 void weir_fs_close(weir_fs *fs);
 
 /* weir_open opens path (relative to the root) with Linux open flags and
- * mode, and stores the handle. */
-int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t *handle);
+ * mode, and stores the handle, the file's attributes (attr may be NULL)
+ * and its ticket (WEIR_TICKET_SIZE bytes; may be NULL). A directory
+ * opens too (O_DIRECTORY or not): its handle is for fstat, fchmod and
+ * the like. */
+int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t *handle, struct weir_attr *attr,
+	      uint8_t *ticket);
+
+/* weir_inherit opens, in fs's session, the file a ticket from weir_open
+ * (of any session of this uid, since the metadata service started) names,
+ * with the same flags: for a process that shares an open file
+ * description with the one that opened it (fork, exec). -ESTALE: the
+ * file is gone; -EPERM: not a ticket of this service's incarnation and
+ * uid. */
+int weir_inherit(weir_fs *fs, const uint8_t *ticket, uint64_t *handle);
 
 /* weir_pread and weir_pwrite move up to n bytes at off; they return the
  * count (short only at the end of the file, for reads). */
@@ -65,6 +79,12 @@ int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode);
 int weir_rmdir(weir_fs *fs, const char *path);
 
 int weir_rename(weir_fs *fs, const char *oldpath, const char *newpath);
+
+/* Owner ids of -1 leave one unchanged, as chown(2)'s. */
+int weir_chmod(weir_fs *fs, const char *path, uint32_t mode);
+int weir_fchmod(weir_fs *fs, uint64_t handle, uint32_t mode);
+int weir_chown(weir_fs *fs, const char *path, int64_t uid, int64_t gid);
+int weir_fchown(weir_fs *fs, uint64_t handle, int64_t uid, int64_t gid);
 
 /* weir_readdir lists directory path: calls fn for each entry (name, inode,
  * S_IF* type bits) in name order; a non-zero return from fn stops it. */

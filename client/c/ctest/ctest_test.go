@@ -186,23 +186,37 @@ func TestShimDifferential(t *testing.T) {
 	}
 }
 
-// TestShimExecLosesDescriptorsLoudly: a weir descriptor a program gets
-// across exec (not served yet) fails its reads with EBADF; it does not
-// read as an empty file.
-func TestShimExecLosesDescriptorsLoudly(t *testing.T) {
+// TestShimExecKeepsDescriptors: a weir descriptor survives exec (sh's
+// redirection of a weir file into a program it runs).
+func TestShimExecKeepsDescriptors(t *testing.T) {
 	so := buildShim(t)
 	st := startStack(t)
-	cmd := exec.Command("sh", "-c", `echo data > /weir/f; wc -c < /weir/f`)
+	cmd := exec.Command("sh", "-c", `echo data > /weir/f; wc -c < /weir/f; cat /weir/f > /weir/g; cat < /weir/g`)
+	cmd.Env = append(cmd.Environ(), "LC_ALL=C", "LD_PRELOAD="+so, "WEIR_MOUNT=/weir",
+		"WEIR_META_SOCK="+st.Config.Metadata.Socket, "WEIR_IO_SOCK="+st.Config.IO.Socket)
+	out, err := cmd.CombinedOutput()
+	if err != nil || string(out) != "5\ndata\n" {
+		t.Fatalf("wc -c < a weir file, cat > one: %v %q", err, out)
+	}
+}
+
+// TestShimExecLosesNothingLoudly: a program the shim does not serve
+// (LD_PRELOAD dropped) that inherits a weir descriptor fails its reads
+// with EBADF; it does not read as an empty file.
+func TestShimExecLosesNothingLoudly(t *testing.T) {
+	so := buildShim(t)
+	st := startStack(t)
+	cmd := exec.Command("sh", "-c", `echo data > /weir/f; exec 3</weir/f; env -u LD_PRELOAD cat <&3`)
 	cmd.Env = append(cmd.Environ(), "LC_ALL=C", "LD_PRELOAD="+so, "WEIR_MOUNT=/weir",
 		"WEIR_META_SOCK="+st.Config.Metadata.Socket, "WEIR_IO_SOCK="+st.Config.IO.Socket)
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "Bad file descriptor") {
-		t.Fatalf("wc -c < a weir file: %v %q; want its failure with EBADF", err, out)
+		t.Fatalf("cat without the shim < a weir file: %v %q; want its failure with EBADF", err, out)
 	}
 }
 
-// TestShimFork: a forked child dials sessions of its own, its inherited
-// weir descriptors answer EBADF, and its parent's are unharmed.
+// TestShimFork: fork and exec share open file descriptions as the
+// kernel's do (test_fork.c).
 func TestShimFork(t *testing.T) {
 	so := buildShim(t)
 	bin := buildC(t, "test_fork.c", false)
