@@ -32,6 +32,7 @@
  */
 #define _GNU_SOURCE
 #include <dirent.h>
+#include <elf.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -51,6 +53,7 @@
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -198,13 +201,25 @@ REAL(ssize_t, fgetxattr, int, const char *, void *, size_t)
 REAL(ssize_t, listxattr, const char *, char *, size_t)
 REAL(ssize_t, llistxattr, const char *, char *, size_t)
 REAL(ssize_t, flistxattr, int, char *, size_t)
+REAL(int, setxattr, const char *, const char *, const void *, size_t, int)
+REAL(int, lsetxattr, const char *, const char *, const void *, size_t, int)
+REAL(int, fsetxattr, int, const char *, const void *, size_t, int)
+REAL(int, removexattr, const char *, const char *)
+REAL(int, lremovexattr, const char *, const char *)
+REAL(int, fremovexattr, int, const char *)
+REAL(int, ioctl, int, unsigned long, ...)
+REAL(int, isatty, int)
+REAL(int, tcgetattr, int, struct termios *)
 REAL(int, dup, int)
 REAL(int, dup2, int, int)
 REAL(int, dup3, int, int, int)
 REAL(int, fcntl, int, int, ...)
 REAL(int, flock, int, int)
+REAL(int, mkostemps, char *, int, int)
+REAL(char *, mkdtemp, char *)
 REAL(void *, mmap, void *, size_t, int, int, int, off_t)
 REAL(long, syscall, long, ...)
+REAL(int, execve, const char *, char *const[], char *const[])
 
 static int fail(int err)
 {
@@ -1295,6 +1310,10 @@ int posix_fadvise(int fd, off_t off, off_t len, int advice)
 }
 int posix_fadvise64(int fd, off64_t off, off64_t len, int advice) { return posix_fadvise(fd, (off_t)off, (off_t)len, advice); }
 
+/* blocks is a size in 512-byte units as weir stores it: whole 4 KiB
+ * pages (as ext4 and XFS count a file without holes). */
+static int64_t blocks(int64_t size) { return size <= 0 ? 0 : (size + 4095) / 4096 * 8; }
+
 static void fill_stat(const struct weir_attr *a, struct stat *st)
 {
 	memset(st, 0, sizeof *st);
@@ -1306,7 +1325,7 @@ static void fill_stat(const struct weir_attr *a, struct stat *st)
 	st->st_gid = a->gid;
 	st->st_size = a->size;
 	st->st_blksize = 4096;
-	st->st_blocks = (a->size + 511) / 512;
+	st->st_blocks = blocks(a->size);
 	st->st_atim.tv_sec = a->atime / 1000000000;
 	st->st_atim.tv_nsec = a->atime % 1000000000;
 	st->st_mtim.tv_sec = a->mtime / 1000000000;
@@ -1360,6 +1379,23 @@ int stat64(const char *path, struct stat64 *st) { return stat(path, (struct stat
 int lstat64(const char *path, struct stat64 *st) { return lstat(path, (struct stat *)st); }
 int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) { return fstatat(dirfd, path, (struct stat *)st, flags); }
 
+/* The stat forms of binaries built before glibc 2.33 (version argument
+ * _STAT_VER, 1 on x86-64: struct stat as today). */
+int __xstat(int ver, const char *path, struct stat *st) { return ver == 1 ? stat(path, st) : fail(EINVAL); }
+int __lxstat(int ver, const char *path, struct stat *st) { return ver == 1 ? lstat(path, st) : fail(EINVAL); }
+int __fxstat(int ver, int fd, struct stat *st) { return ver == 1 ? fstat(fd, st) : fail(EINVAL); }
+int __fxstatat(int ver, int dirfd, const char *path, struct stat *st, int flags)
+{
+	return ver == 1 ? fstatat(dirfd, path, st, flags) : fail(EINVAL);
+}
+int __xstat64(int ver, const char *path, struct stat64 *st) { return __xstat(ver, path, (struct stat *)st); }
+int __lxstat64(int ver, const char *path, struct stat64 *st) { return __lxstat(ver, path, (struct stat *)st); }
+int __fxstat64(int ver, int fd, struct stat64 *st) { return __fxstat(ver, fd, (struct stat *)st); }
+int __fxstatat64(int ver, int dirfd, const char *path, struct stat64 *st, int flags)
+{
+	return __fxstatat(ver, dirfd, path, (struct stat *)st, flags);
+}
+
 static void fill_statx(const struct weir_attr *a, struct statx *sx)
 {
 	memset(sx, 0, sizeof *sx);
@@ -1371,7 +1407,7 @@ static void fill_statx(const struct weir_attr *a, struct statx *sx)
 	sx->stx_mode = (uint16_t)a->mode;
 	sx->stx_ino = a->ino;
 	sx->stx_size = (uint64_t)a->size;
-	sx->stx_blocks = ((uint64_t)a->size + 511) / 512;
+	sx->stx_blocks = (uint64_t)blocks(a->size);
 	sx->stx_atime.tv_sec = a->atime / 1000000000;
 	sx->stx_atime.tv_nsec = (uint32_t)(a->atime % 1000000000);
 	sx->stx_mtime.tv_sec = a->mtime / 1000000000;
@@ -2462,6 +2498,10 @@ FILE *fdopen(int fd, const char *mode)
 		init_##name();                                \
 		return real_##name(r.kpath, XATTR_ARGS_##name); \
 	}
+#define XATTR_ARGS_setxattr n, v, s, fl
+#define XATTR_ARGS_lsetxattr n, v, s, fl
+#define XATTR_ARGS_removexattr n
+#define XATTR_ARGS_lremovexattr n
 #define XATTR_ARGS_getxattr n, v, s
 #define XATTR_ARGS_lgetxattr n, v, s
 #define XATTR_ARGS_listxattr l, s
@@ -2470,6 +2510,69 @@ NO_XATTR(getxattr, const char *n, void *v, size_t s)
 NO_XATTR(lgetxattr, const char *n, void *v, size_t s)
 NO_XATTR(listxattr, char *l, size_t s)
 NO_XATTR(llistxattr, char *l, size_t s)
+#define NO_XATTR_INT(name, ...)                               \
+	int name(const char *path, __VA_ARGS__)               \
+	{                                                     \
+		struct route r;                               \
+		if (route(AT_FDCWD, path, &r) == 0 && r.weir) \
+			return fail(ENOTSUP);                 \
+		init_##name();                                \
+		return real_##name(r.kpath, XATTR_ARGS_##name); \
+	}
+NO_XATTR_INT(setxattr, const char *n, const void *v, size_t s, int fl)
+NO_XATTR_INT(lsetxattr, const char *n, const void *v, size_t s, int fl)
+NO_XATTR_INT(removexattr, const char *n)
+NO_XATTR_INT(lremovexattr, const char *n)
+
+int fsetxattr(int fd, const char *n, const void *v, size_t s, int fl)
+{
+	init_fsetxattr();
+	FD_OR_KERNEL(fd, d, real_fsetxattr(fd, n, v, s, fl));
+	put(d);
+	return fail(ENOTSUP);
+}
+
+int fremovexattr(int fd, const char *n)
+{
+	init_fremovexattr();
+	FD_OR_KERNEL(fd, d, real_fremovexattr(fd, n));
+	put(d);
+	return fail(ENOTSUP);
+}
+
+/* A weir file is no terminal (ENOTTY, where the kernel's O_PATH
+ * descriptor would answer EBADF); FIOCLEX and FIONCLEX set the
+ * descriptor's flag. */
+int ioctl(int fd, unsigned long req, ...)
+{
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	init_ioctl();
+	if (!is_weir(fd))
+		return real_ioctl(fd, req, arg);
+	init_fcntl();
+	if (req == FIOCLEX || req == FIONCLEX)
+		return real_fcntl(fd, F_SETFD, req == FIOCLEX ? FD_CLOEXEC : 0);
+	return fail(ENOTTY);
+}
+
+int tcgetattr(int fd, struct termios *t)
+{
+	init_tcgetattr();
+	return is_weir(fd) ? fail(ENOTTY) : real_tcgetattr(fd, t);
+}
+
+int isatty(int fd)
+{
+	init_isatty();
+	if (is_weir(fd)) {
+		errno = ENOTTY;
+		return 0;
+	}
+	return real_isatty(fd);
+}
 
 ssize_t fgetxattr(int fd, const char *n, void *v, size_t s)
 {
@@ -2485,6 +2588,58 @@ ssize_t flistxattr(int fd, char *l, size_t s)
 	FD_OR_KERNEL(fd, d, real_flistxattr(fd, l, s));
 	put(d);
 	return fail(ENOTSUP);
+}
+
+/* The mkstemp family and mkdtemp: glibc's create the file with its
+ * internal open, which the shim would not see; under the mount the names
+ * are made here and created with O_EXCL, as glibc does. */
+static int fill_template(char *t, int suffix, int dir, int flags)
+{
+	static const char chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+	size_t n = strlen(t);
+	if (suffix < 0 || n < 6 + (size_t)suffix || memcmp(t + n - suffix - 6, "XXXXXX", 6) != 0)
+		return fail(EINVAL);
+	char *x = t + n - suffix - 6;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t v = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ ((uint64_t)getpid() << 40);
+	for (int tries = 0; tries < 1000; tries++) {
+		v = v * 6364136223846793005ull + 1442695040888963407ull;
+		uint64_t r = v >> 16;
+		for (int i = 0; i < 6; i++, r /= 62)
+			x[i] = chars[r % 62];
+		int rc = dir ? mkdir(t, 0700) : open(t, (flags & ~O_ACCMODE) | O_RDWR | O_CREAT | O_EXCL, 0600);
+		if (rc >= 0 || errno != EEXIST)
+			return rc;
+	}
+	return fail(EEXIST);
+}
+
+static int tmpl_weir(const char *t)
+{
+	struct route r;
+	return t && route(AT_FDCWD, t, &r) == 0 && r.weir;
+}
+
+int mkostemps(char *t, int suffix, int flags)
+{
+	init_mkostemps();
+	return tmpl_weir(t) ? fill_template(t, suffix, 0, flags) : real_mkostemps(t, suffix, flags);
+}
+int mkstemp(char *t) { return mkostemps(t, 0, 0); }
+int mkostemp(char *t, int flags) { return mkostemps(t, 0, flags); }
+int mkstemps(char *t, int suffix) { return mkostemps(t, suffix, 0); }
+int mkstemp64(char *t) { return mkostemps(t, 0, O_LARGEFILE); }
+int mkostemp64(char *t, int flags) { return mkostemps(t, 0, flags | O_LARGEFILE); }
+int mkstemps64(char *t, int suffix) { return mkostemps(t, suffix, O_LARGEFILE); }
+int mkostemps64(char *t, int suffix, int flags) { return mkostemps(t, suffix, flags | O_LARGEFILE); }
+
+char *mkdtemp(char *t)
+{
+	init_mkdtemp();
+	if (!tmpl_weir(t))
+		return real_mkdtemp(t);
+	return fill_template(t, 0, 1, 0) == 0 ? t : NULL;
 }
 
 /* openat2 has no glibc wrapper: programs call it through syscall(3),
@@ -2535,6 +2690,239 @@ long syscall(long nr, ...)
 		return close((int)a[0]);
 	}
 	return real_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+}
+
+/* exec. A program on weir is run from a memfd copy of it (the kernel
+ * cannot read weir's files): fexecve, close-on-exec unless it is a
+ * script, whose interpreter opens it by /proc/self/fd. exec of a static
+ * binary, which no LD_PRELOAD shim can serve, while weir descriptors or a
+ * weir cwd would pass to it, is reported on stderr (it goes ahead: the
+ * descriptors fail with EBADF in it, and its cwd is /proc).
+ *
+ * glibc's execv, execvp, execl... call its internal execve, so each is
+ * caught here and comes to execve. */
+static int static_elf(int fd)
+{
+	Elf64_Ehdr h;
+	init_pread();
+	if (real_pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.e_ident, ELFMAG, SELFMAG) != 0 ||
+	    h.e_ident[EI_CLASS] != ELFCLASS64 || h.e_phentsize != sizeof(Elf64_Phdr) || h.e_phnum > 256)
+		return 0; /* not a 64-bit ELF (a script, or another class): not judged */
+	for (int i = 0; i < h.e_phnum; i++) {
+		Elf64_Phdr ph;
+		if (real_pread(fd, &ph, sizeof ph, (off_t)(h.e_phoff + (uint64_t)i * sizeof ph)) != (ssize_t)sizeof ph)
+			return 0;
+		if (ph.p_type == PT_INTERP)
+			return 0;
+	}
+	return 1;
+}
+
+static int weir_state(void)
+{
+	if (wcwd_on)
+		return 1;
+	pthread_mutex_lock(&tab_mu);
+	int any = 0;
+	for (int i = 0; i < MAX_FDS && !any; i++)
+		any = tab[i] != NULL;
+	pthread_mutex_unlock(&tab_mu);
+	return any;
+}
+
+static void warn_static_fd(int fd, const char *path)
+{
+	if (weir_state() && static_elf(fd)) {
+		char msg[PATH_MAX + 200];
+		int n = snprintf(msg, sizeof msg,
+				 "weir: %s is statically linked: LD_PRELOAD cannot serve it, so it cannot use the weir "
+				 "descriptors or the weir cwd it inherits (they answer EBADF; its cwd is /proc)\n",
+				 path);
+		init_write();
+		if (n > 0)
+			real_write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+	}
+}
+
+static void warn_static(const char *path)
+{
+	if (!weir_state())
+		return;
+	init_open();
+	init_close();
+	int fd = real_open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		warn_static_fd(fd, path);
+		real_close(fd);
+	}
+}
+
+static int wexecve(const char *w, char *const argv[], char *const envp[])
+{
+	FS_OR_FAIL(f);
+	struct weir_attr a;
+	uint64_t h;
+	int e = weir_stat(f, w, &a);
+	if (!e && !S_ISREG(a.mode))
+		e = -EACCES;
+	if (!e)
+		e = -may(&a, X_OK);
+	if (!e)
+		e = weir_open(f, w, O_RDONLY, 0, &h, &a, NULL);
+	if (e)
+		return fail(-e);
+	char head[2] = {0};
+	weir_pread(f, h, head, 2, 0);
+	int script = head[0] == '#' && head[1] == '!';
+	int m = memfd_create("weir-exec", script ? 0 : MFD_CLOEXEC);
+	if (m < 0) {
+		e = errno;
+		weir_close(f, h);
+		return fail(e);
+	}
+	char *buf = malloc(1 << 20);
+	uint64_t off = 0;
+	ssize_t r = 0;
+	init_pwrite();
+	while (buf && (r = weir_pread(f, h, buf, 1 << 20, off)) > 0) {
+		if (real_pwrite(m, buf, (size_t)r, (off_t)off) != r) {
+			r = -(errno ? errno : EIO);
+			break;
+		}
+		off += (uint64_t)r;
+	}
+	free(buf);
+	weir_close(f, h);
+	if (!buf || r < 0) {
+		init_close();
+		real_close(m);
+		return fail(!buf ? ENOMEM : (int)-r);
+	}
+	warn_static_fd(m, w);
+	syscall(SYS_execveat, m, "", argv, envp, AT_EMPTY_PATH);
+	e = errno;
+	init_close();
+	real_close(m);
+	return fail(e);
+}
+
+int execve(const char *path, char *const argv[], char *const envp[])
+{
+	ROUTE(AT_FDCWD, path, r);
+	if (r.weir)
+		return wexecve(r.w, argv, envp);
+	warn_static(r.kpath);
+	init_execve();
+	return real_execve(r.kpath, argv, envp);
+}
+
+int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }
+
+/* exec_sh runs path with /bin/sh, as glibc's execvp does a file the
+ * kernel answers ENOEXEC for. */
+static void exec_sh(const char *path, char *const argv[], char *const envp[])
+{
+	int argc = 0;
+	while (argv[argc])
+		argc++;
+	char **sh = malloc((size_t)(argc + 2) * sizeof *sh);
+	if (!sh) {
+		errno = ENOMEM;
+		return;
+	}
+	sh[0] = "/bin/sh";
+	sh[1] = (char *)path;
+	for (int i = 1; i <= argc; i++)
+		sh[i + 1] = argv[i];
+	execve("/bin/sh", sh, envp);
+	int e = errno;
+	free(sh);
+	errno = e;
+}
+
+/* execvpe: PATH's search, as glibc's (for a file without '/'), over
+ * weir's directories too. */
+int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	const char *volatile vf = file;
+	if (!vf || !*vf)
+		return fail(ENOENT);
+	if (strchr(file, '/')) {
+		execve(file, argv, envp);
+		if (errno == ENOEXEC)
+			exec_sh(file, argv, envp);
+		return -1;
+	}
+	const char *p = getenv("PATH");
+	if (!p)
+		p = "/bin:/usr/bin";
+	int eacces = 0;
+	for (const char *s = p;; s++) {
+		const char *e = strchrnul(s, ':');
+		char full[PATH_MAX];
+		int n = e == s ? snprintf(full, sizeof full, "%s", file) : snprintf(full, sizeof full, "%.*s/%s", (int)(e - s), s, file);
+		if (n > 0 && (size_t)n < sizeof full) {
+			execve(full, argv, envp);
+			switch (errno) {
+			case ENOEXEC:
+				exec_sh(full, argv, envp);
+				return -1;
+			case EACCES:
+				eacces = 1;
+				break;
+			case ENOENT:
+			case ENOTDIR:
+			case ESTALE:
+			case ENODEV:
+			case ETIMEDOUT:
+				break;
+			default:
+				return -1;
+			}
+		}
+		if (!*e)
+			break;
+		s = e;
+	}
+	return fail(eacces ? EACCES : ENOENT);
+}
+
+int execvp(const char *file, char *const argv[]) { return execvpe(file, argv, environ); }
+
+/* execl, execlp, execle: their lists as a vector. */
+#define LIST_ARGV(first, ap, argv)                                  \
+	va_list ap;                                                 \
+	size_t argc_ = 1;                                           \
+	va_start(ap, first);                                        \
+	while (va_arg(ap, char *))                                  \
+		argc_++;                                            \
+	va_end(ap);                                                 \
+	char **argv = alloca((argc_ + 1) * sizeof(char *));         \
+	argv[0] = (char *)(first);                                  \
+	va_start(ap, first);                                        \
+	for (size_t i_ = 1; i_ <= argc_; i_++)                      \
+		argv[i_] = va_arg(ap, char *);
+
+int execl(const char *path, const char *arg, ...)
+{
+	LIST_ARGV(arg, ap, argv);
+	va_end(ap);
+	return execve(path, argv, environ);
+}
+
+int execlp(const char *file, const char *arg, ...)
+{
+	LIST_ARGV(arg, ap, argv);
+	va_end(ap);
+	return execvpe(file, argv, environ);
+}
+
+int execle(const char *path, const char *arg, ...)
+{
+	LIST_ARGV(arg, ap, argv);
+	char *const *envp = va_arg(ap, char *const *);
+	va_end(ap);
+	return execve(path, argv, envp);
 }
 
 /* fork: the child must not use its parent's sessions (their rings are
