@@ -1,6 +1,7 @@
 package proto
 
 import (
+	"encoding/binary"
 	"strings"
 	"syscall"
 )
@@ -542,4 +543,117 @@ func DecodeSnapEntries(b []byte) ([]SnapEntry, error) {
 		}
 	}
 	return ents, d.End()
+}
+
+// Lock classes (LockReq.Class): whose a lock is, as Linux keeps them.
+// POSIX record locks (fcntl F_SETLK) are the session's, released when it
+// closes any handle of the file or ends; OFD locks (F_OFD_SETLK) and
+// flock locks are the open file description's, released when no handle
+// of it is left (a description shared across fork or exec has a handle
+// in each process: OpInherit). POSIX and OFD locks conflict with each
+// other; flock locks only with flock locks.
+const (
+	LockPOSIX uint8 = 0
+	LockOFD   uint8 = 1
+	LockFlock uint8 = 2
+)
+
+// Lock types (LockReq.Type, LockResp.Type).
+const (
+	LockRead   uint8 = 0
+	LockWrite  uint8 = 1
+	LockUnlock uint8 = 2
+)
+
+// LockEOF as a lock's End: to the end of the file, however it grows.
+const LockEOF = ^uint64(0)
+
+// LockReqSize is the size of OpLock's request and answer.
+const LockReqSize = 24
+
+// LockReq is OpLock's request: set (Get false) or test (Get true) a lock
+// of Type on the bytes [Start, End) of the handle's file.
+//
+//	lock request (24 bytes)
+//	  0 u8  get      1: F_GETLK (test), 0: set
+//	  1 u8  type     LockRead, LockWrite, LockUnlock (not with get)
+//	  2 u8  class    LockPOSIX, LockOFD, LockFlock
+//	  3 [5] zero
+//	  8 u64 start
+//	 16 u64 end      exclusive; LockEOF: to the end of the file
+type LockReq struct {
+	Get         bool
+	Type, Class uint8
+	Start, End  uint64
+}
+
+// Append encodes r.
+func (r *LockReq) Append(b []byte) []byte {
+	e := Enc{B: b}
+	g := uint8(0)
+	if r.Get {
+		g = 1
+	}
+	e.U8(g)
+	e.U8(r.Type)
+	e.U8(r.Class)
+	e.Bytes(make([]byte, 5))
+	e.U64(r.Start)
+	e.U64(r.End)
+	return e.B
+}
+
+// DecodeLockReq decodes and checks OpLock's request.
+func DecodeLockReq(b []byte) (LockReq, error) {
+	if len(b) != LockReqSize {
+		return LockReq{}, syscall.EINVAL
+	}
+	r := LockReq{Get: b[0] == 1, Type: b[1], Class: b[2],
+		Start: binary.LittleEndian.Uint64(b[8:]), End: binary.LittleEndian.Uint64(b[16:])}
+	for _, z := range b[3:8] {
+		if z != 0 {
+			return LockReq{}, syscall.EINVAL
+		}
+	}
+	if b[0] > 1 || r.Type > LockUnlock || r.Class > LockFlock || (r.Get && r.Type == LockUnlock) || r.Start >= r.End {
+		return LockReq{}, syscall.EINVAL
+	}
+	return r, nil
+}
+
+// LockResp is OpLock's answer to a test: the first lock in the way, or
+// Type LockUnlock if none is.
+//
+//	lock answer (24 bytes)
+//	  0 u8  type     LockRead, LockWrite, LockUnlock (none in the way)
+//	  1 u8  class    the holder's
+//	  2 [2] zero
+//	  4 i32 pid      the holding process (POSIX), -1 (OFD, flock)
+//	  8 u64 start
+//	 16 u64 end
+type LockResp struct {
+	Type, Class uint8
+	PID         int32
+	Start, End  uint64
+}
+
+// Append encodes r.
+func (r *LockResp) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.U8(r.Type)
+	e.U8(r.Class)
+	e.Bytes([]byte{0, 0})
+	e.U32(uint32(r.PID))
+	e.U64(r.Start)
+	e.U64(r.End)
+	return e.B
+}
+
+// DecodeLockResp decodes OpLock's answer to a test.
+func DecodeLockResp(b []byte) (LockResp, error) {
+	if len(b) != LockReqSize || b[0] > LockUnlock || b[1] > LockFlock {
+		return LockResp{}, syscall.EPROTO
+	}
+	return LockResp{Type: b[0], Class: b[1], PID: int32(binary.LittleEndian.Uint32(b[4:])),
+		Start: binary.LittleEndian.Uint64(b[8:]), End: binary.LittleEndian.Uint64(b[16:])}, nil
 }

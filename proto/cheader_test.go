@@ -49,6 +49,7 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_RELEASE", uint64(OpRelease)),
 		cheader.Def("WEIR_OP_DIR_LEASE", uint64(OpDirLease)),
 		cheader.Def("WEIR_OP_INHERIT", uint64(OpInherit)),
+		cheader.Def("WEIR_OP_LOCK", uint64(OpLock)),
 	}
 }
 
@@ -79,6 +80,13 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_ATTR_SIZE", AttrSize),
 		cheader.Def("WEIR_TOKEN_SIZE", TokenSize),
 		cheader.Def("WEIR_TICKET_SIZE", TicketSize),
+		cheader.Def("WEIR_LOCK_POSIX", uint64(LockPOSIX)),
+		cheader.Def("WEIR_LOCK_OFD", uint64(LockOFD)),
+		cheader.Def("WEIR_LOCK_FLOCK", uint64(LockFlock)),
+		cheader.Def("WEIR_LOCK_READ", uint64(LockRead)),
+		cheader.Def("WEIR_LOCK_WRITE", uint64(LockWrite)),
+		cheader.Def("WEIR_LOCK_UNLOCK", uint64(LockUnlock)),
+		cheader.Def("WEIR_LOCK_REQ_SIZE", uint64(LockReqSize)),
 		cheader.Def("WEIR_CAP_SIZE", CapSize),
 		cheader.Def("WEIR_GRANT_THROUGH_IO", GrantThroughIO),
 		cheader.Def("WEIR_TENURE_SIZE", TenureSize),

@@ -137,6 +137,12 @@
 //	            genuine, another uid's, or of another incarnation (use
 //	            OpReopen); ESTALE: the file is gone; EACCES: another uid's
 //	            file that no longer allows the access
+//	OpLock      Handle (a regular file's); in: LockReq; out: for a
+//	            test (Get), LockResp. Advisory locks held by this
+//	            service: EAGAIN when another owner's lock is in the way
+//	            (the client retries for F_SETLKW and blocking flock);
+//	            EBADF: a read lock on a handle not open for reading, a
+//	            write lock on one not open for writing (not for flock)
 //	OpRecallWait (FeatureRecalls) a long poll; out: u64 data handles whose
 //	            grants another trust group's grant recalled (Result =
 //	            8 × their count, at most RecallBatch); Aux = RecallAll: more

@@ -87,6 +87,7 @@ const (
 	OpRecallWait uint8 = 0x23
 	OpDirLease   uint8 = 0x24
 	OpInherit    uint8 = 0x25
+	OpLock       uint8 = 0x26
 
 	OpAttach    uint8 = 0x40
 	OpRead      uint8 = 0x41

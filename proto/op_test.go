@@ -23,7 +23,7 @@ func TestOpcodesPinned(t *testing.T) {
 		{"OpFChmod", OpFChmod, 0x1f}, {"OpFChown", OpFChown, 0x20}, {"OpFChtimes", OpFChtimes, 0x21},
 		{"OpReopen", OpReopen, 0x22},
 		{"OpRecallWait", OpRecallWait, 0x23}, {"OpDirLease", OpDirLease, 0x24},
-		{"OpInherit", OpInherit, 0x25},
+		{"OpInherit", OpInherit, 0x25}, {"OpLock", OpLock, 0x26},
 		{"OpAttach", OpAttach, 0x40}, {"OpRead", OpRead, 0x41}, {"OpWrite", OpWrite, 0x42},
 		{"OpTruncate", OpTruncate, 0x43}, {"OpSync", OpSync, 0x44}, {"OpGetAttr", OpGetAttr, 0x45},
 		{"OpCacheMap", OpCacheMap, 0x46}, {"OpReadahead", OpReadahead, 0x47}, {"OpClaim", OpClaim, 0x48},

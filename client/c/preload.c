@@ -44,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/aio_abi.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -624,6 +625,11 @@ static int route(int dirfd, const char *path, struct route *r)
 		r->weir = 1;
 		return 0;
 	}
+	/* A path that climbs out of the mount ("/weir/../etc") means, as it
+	 * would with the mount a directory, where its lexical form points:
+	 * the kernel has no /weir to walk through. */
+	if (!made && strncmp(full, mount, ml) == 0 && (full[ml] == '/' || full[ml] == 0) && ml > 1)
+		made = 1;
 	if (made) {
 		if (strlen(norm) >= sizeof r->kbuf)
 			return ENAMETOOLONG;
@@ -823,11 +829,29 @@ int creat64(const char *path, mode_t mode) { return do_openat(AT_FDCWD, path, O_
 /* own says whether fd is the shim's own (a service socket, the cwd page). */
 static int own(int fd) { return (wfs && wfs_pid == getpid() && weir_own_fd(wfs, fd)) || (fd >= 0 && fd == cwd_fd); }
 
+static int any_posix_lock; /* this process set a POSIX lock: close must release them */
+
+/* posix_unlock_all releases this process's POSIX locks on fd's file, as
+ * the close of any of its descriptors does in POSIX. */
+static void posix_unlock_all(int fd)
+{
+	if (!any_posix_lock)
+		return;
+	int e = 0;
+	struct desc *d = get(fd, &e);
+	if (!d)
+		return;
+	if (d->pg->kind == K_FILE)
+		weir_lock(wfs, d->handle, 0, WEIR_LOCK_UNLOCK, WEIR_LOCK_POSIX, 0, UINT64_MAX, NULL);
+	put(d);
+}
+
 int close(int fd)
 {
 	init_close();
 	if (own(fd))
 		return fail(EBADF); /* not the program's: as if it were not open */
+	posix_unlock_all(fd);
 	forget(fd);
 	return real_close(fd);
 }
@@ -1968,6 +1992,111 @@ int dup3(int oldfd, int newfd, int flags)
  * as given: weir has no atime updates to skip, and its IO is its own). */
 #define SETFL_MASK (O_APPEND | O_NONBLOCK | O_ASYNC | O_DIRECT | O_NOATIME)
 
+/* Advisory locks are the metadata service's (OpLock): POSIX record locks
+ * are this process's session's, OFD and flock locks the description's
+ * (shared across fork and exec). Waiting (F_SETLKW, flock without
+ * LOCK_NB, lockf F_LOCK) retries every few milliseconds; a signal ends
+ * the wait with EINTR only where it interrupts the sleep (as a handler
+ * without SA_RESTART would). There is no deadlock detection. */
+
+static int lock_wait(struct desc *d, uint8_t type, uint8_t cls, uint64_t start, uint64_t end, int wait)
+{
+	struct timespec nap = {0, 1000000};
+	for (;;) {
+		int e = weir_lock(wfs, d->handle, 0, type, cls, start, end, NULL);
+		if (e != -EAGAIN || !wait)
+			return e;
+		if (nanosleep(&nap, NULL) != 0 && errno == EINTR)
+			return -EINTR;
+		if (nap.tv_nsec < 32000000)
+			nap.tv_nsec *= 2;
+	}
+}
+
+/* record_lock serves the fcntl lock commands on a weir file. */
+static int record_lock(struct desc *d, int cmd, struct flock *fl)
+{
+	if (!fl)
+		return -EFAULT;
+	if (d->pg->kind != K_FILE)
+		return d->pg->kind == K_PATH ? -EBADF : -EINVAL;
+	int ofd = cmd == F_OFD_GETLK || cmd == F_OFD_SETLK || cmd == F_OFD_SETLKW;
+	if (ofd && fl->l_pid != 0)
+		return -EINVAL;
+	uint8_t type;
+	switch (fl->l_type) {
+	case F_RDLCK:
+		type = WEIR_LOCK_READ;
+		break;
+	case F_WRLCK:
+		type = WEIR_LOCK_WRITE;
+		break;
+	case F_UNLCK:
+		if (cmd == F_GETLK || cmd == F_OFD_GETLK)
+			return -EINVAL;
+		type = WEIR_LOCK_UNLOCK;
+		break;
+	default:
+		return -EINVAL;
+	}
+	int64_t base = 0;
+	switch (fl->l_whence) {
+	case SEEK_SET:
+		break;
+	case SEEK_CUR:
+		lock_pg(d->pg);
+		base = (int64_t)d->pg->off;
+		unlock_pg(d->pg);
+		break;
+	case SEEK_END: {
+		struct weir_attr a;
+		int e = weir_fstat(wfs, d->handle, &a);
+		if (e)
+			return e;
+		base = a.size;
+		break;
+	}
+	default:
+		return -EINVAL;
+	}
+	int64_t start, end;
+	if (__builtin_add_overflow(base, (int64_t)fl->l_start, &start))
+		return -EOVERFLOW;
+	if (fl->l_len > 0) {
+		if (__builtin_add_overflow(start, (int64_t)fl->l_len, &end))
+			return -EOVERFLOW;
+	} else if (fl->l_len == 0) {
+		end = -1; /* to the end of the file */
+	} else {
+		end = start;
+		start += (int64_t)fl->l_len;
+	}
+	if (start < 0)
+		return -EINVAL;
+	uint64_t uend = end == -1 ? UINT64_MAX : (uint64_t)end;
+	uint8_t cls = ofd ? WEIR_LOCK_OFD : WEIR_LOCK_POSIX;
+	if (cmd == F_GETLK || cmd == F_OFD_GETLK) {
+		struct weir_lock_info h;
+		int e = weir_lock(wfs, d->handle, 1, type, cls, (uint64_t)start, uend, &h);
+		if (e)
+			return e;
+		if (h.type == WEIR_LOCK_UNLOCK) {
+			fl->l_type = F_UNLCK;
+			return 0;
+		}
+		fl->l_type = h.type == WEIR_LOCK_WRITE ? F_WRLCK : F_RDLCK;
+		fl->l_whence = SEEK_SET;
+		fl->l_start = (off_t)h.start;
+		fl->l_len = h.end == UINT64_MAX ? 0 : (off_t)(h.end - h.start);
+		fl->l_pid = h.pid;
+		return 0;
+	}
+	if (type != WEIR_LOCK_UNLOCK && !ofd)
+		any_posix_lock = 1;
+	int e = lock_wait(d, type, cls, (uint64_t)start, uend, cmd == F_SETLKW || cmd == F_OFD_SETLKW);
+	return e == -EAGAIN ? -EAGAIN : e; /* (Linux: EAGAIN or EACCES; EAGAIN here) */
+}
+
 int fcntl(int fd, int cmd, ...)
 {
 	va_list ap;
@@ -2008,9 +2137,11 @@ int fcntl(int fd, int cmd, ...)
 	case F_SETLKW:
 	case F_OFD_GETLK:
 	case F_OFD_SETLK:
-	case F_OFD_SETLKW:
-		r = fail(ENOLCK); /* record locks of weir files: not yet */
+	case F_OFD_SETLKW: {
+		int e = record_lock(d, cmd, (struct flock *)arg);
+		r = e ? fail(-e) : 0;
 		break;
+	}
 	default:
 		r = fail(EINVAL);
 	}
@@ -2030,9 +2161,45 @@ int flock(int fd, int op)
 {
 	init_flock();
 	FD_OR_KERNEL(fd, d, real_flock(fd, op));
+	int e;
+	int how = op & ~LOCK_NB;
+	if (d->pg->kind != K_FILE)
+		e = d->pg->kind == K_PATH ? -EBADF : -ENOLCK; /* (a directory's: not yet) */
+	else if (how != LOCK_SH && how != LOCK_EX && how != LOCK_UN)
+		e = -EINVAL;
+	else
+		e = lock_wait(d, how == LOCK_SH ? WEIR_LOCK_READ : how == LOCK_EX ? WEIR_LOCK_WRITE : WEIR_LOCK_UNLOCK,
+			      WEIR_LOCK_FLOCK, 0, UINT64_MAX, !(op & LOCK_NB));
 	put(d);
-	return fail(ENOLCK); /* not yet */
+	return e ? fail(-e == EAGAIN ? EWOULDBLOCK : -e) : 0;
 }
+
+/* lockf: POSIX locks from the offset on (glibc's calls its internal
+ * fcntl, which the shim would not see). */
+int lockf(int fd, int cmd, off_t len)
+{
+	struct flock fl = {.l_whence = SEEK_CUR, .l_start = 0, .l_len = len};
+	switch (cmd) {
+	case F_TEST:
+		fl.l_type = F_RDLCK;
+		if (fcntl(fd, F_GETLK, &fl) != 0)
+			return -1;
+		if (fl.l_type == F_UNLCK || fl.l_pid == getpid())
+			return 0;
+		return fail(EACCES);
+	case F_ULOCK:
+		fl.l_type = F_UNLCK;
+		return fcntl(fd, F_SETLK, &fl);
+	case F_LOCK:
+		fl.l_type = F_WRLCK;
+		return fcntl(fd, F_SETLKW, &fl);
+	case F_TLOCK:
+		fl.l_type = F_WRLCK;
+		return fcntl(fd, F_SETLK, &fl);
+	}
+	return fail(EINVAL);
+}
+int lockf64(int fd, int cmd, off64_t len) { return lockf(fd, cmd, (off_t)len); }
 
 /* mmap of a weir file: not yet; ENODEV is what a file system that cannot
  * map files answers. */
@@ -2923,6 +3090,185 @@ int execle(const char *path, const char *arg, ...)
 	char *const *envp = va_arg(ap, char *const *);
 	va_end(ap);
 	return execve(path, argv, envp);
+}
+
+/* Linux native AIO through libaio (io_submit, io_getevents): an iocb on
+ * a weir descriptor is served at once, synchronously, and its event is
+ * queued here for the next io_getevents of its context; the others go to
+ * the kernel as they came. libaio's calls answer -errno, not errno.
+ * io_uring, which has no library entry point per request, is not caught. */
+struct aio_q {
+	aio_context_t ctx;
+	int kernel; /* the kernel's requests in flight */
+	size_t n, cap;
+	struct io_event *ev;
+};
+#define MAX_AIO_CTX 64
+static struct aio_q aioq[MAX_AIO_CTX]; /* under aio_mu */
+static pthread_mutex_t aio_mu = PTHREAD_MUTEX_INITIALIZER;
+static int (*real_io_submit)(aio_context_t, long, struct iocb **);
+static int (*real_io_getevents)(aio_context_t, long, long, struct io_event *, struct timespec *);
+static int (*real_io_destroy)(aio_context_t);
+static int (*real_io_cancel)(aio_context_t, struct iocb *, struct io_event *);
+
+static struct aio_q *aio_of(aio_context_t ctx, int make)
+{
+	struct aio_q *free_q = NULL;
+	for (int i = 0; i < MAX_AIO_CTX; i++) {
+		if (aioq[i].ctx == ctx && ctx)
+			return &aioq[i];
+		if (!aioq[i].ctx && !free_q)
+			free_q = &aioq[i];
+	}
+	if (make && free_q) {
+		memset(free_q, 0, sizeof *free_q);
+		free_q->ctx = ctx;
+		return free_q;
+	}
+	return NULL;
+}
+
+static int64_t aio_one(struct iocb *cb)
+{
+	int fd = (int)cb->aio_fildes;
+	void *buf = (void *)(uintptr_t)cb->aio_buf;
+	ssize_t r;
+	switch (cb->aio_lio_opcode) {
+	case IOCB_CMD_PREAD:
+		r = pread(fd, buf, cb->aio_nbytes, cb->aio_offset);
+		break;
+	case IOCB_CMD_PWRITE:
+		r = pwrite(fd, buf, cb->aio_nbytes, cb->aio_offset);
+		break;
+	case IOCB_CMD_PREADV:
+		r = preadv(fd, buf, (int)cb->aio_nbytes, cb->aio_offset);
+		break;
+	case IOCB_CMD_PWRITEV:
+		r = pwritev(fd, buf, (int)cb->aio_nbytes, cb->aio_offset);
+		break;
+	case IOCB_CMD_FSYNC:
+	case IOCB_CMD_FDSYNC:
+		r = fsync(fd);
+		break;
+	case IOCB_CMD_NOOP:
+		r = 0;
+		break;
+	default:
+		return -EINVAL;
+	}
+	return r < 0 ? -errno : r;
+}
+
+int io_submit(aio_context_t ctx, long nr, struct iocb **cbs)
+{
+	if (!real_io_submit)
+		real_io_submit = (int (*)(aio_context_t, long, struct iocb **))dlsym(RTLD_NEXT, "io_submit");
+	if (nr < 0)
+		return -EINVAL;
+	long done = 0;
+	while (done < nr) {
+		long run = 0; /* the kernel's run from done on */
+		while (done + run < nr && !is_weir((int)cbs[done + run]->aio_fildes))
+			run++;
+		if (run) {
+			if (!real_io_submit)
+				return done ? (int)done : -ENOSYS;
+			int r = real_io_submit(ctx, run, cbs + done);
+			if (r > 0) {
+				pthread_mutex_lock(&aio_mu);
+				struct aio_q *q = aio_of(ctx, 1);
+				if (q)
+					q->kernel += r;
+				pthread_mutex_unlock(&aio_mu);
+				done += r;
+			}
+			if (r < run)
+				return done ? (int)done : r;
+			continue;
+		}
+		struct iocb *cb = cbs[done];
+		if (cb->aio_reqprio || (cb->aio_flags & IOCB_FLAG_RESFD))
+			return done ? (int)done : -EINVAL; /* (no priorities, no eventfd notices for weir's) */
+		int64_t res = aio_one(cb);
+		pthread_mutex_lock(&aio_mu);
+		struct aio_q *q = aio_of(ctx, 1);
+		int ok = q != NULL;
+		if (q && q->n == q->cap) {
+			size_t cap = q->cap ? q->cap * 2 : 64;
+			struct io_event *ev = realloc(q->ev, cap * sizeof *ev);
+			if (ev) {
+				q->ev = ev;
+				q->cap = cap;
+			} else {
+				ok = 0;
+			}
+		}
+		if (ok)
+			q->ev[q->n++] = (struct io_event){.data = cb->aio_data, .obj = (uint64_t)(uintptr_t)cb, .res = res};
+		pthread_mutex_unlock(&aio_mu);
+		if (!ok)
+			return done ? (int)done : -EAGAIN;
+		done++;
+	}
+	return (int)done;
+}
+
+int io_getevents(aio_context_t ctx, long min_nr, long nr, struct io_event *events, struct timespec *timeout)
+{
+	if (!real_io_getevents)
+		real_io_getevents = (int (*)(aio_context_t, long, long, struct io_event *, struct timespec *))dlsym(RTLD_NEXT, "io_getevents");
+	if (min_nr < 0 || nr < min_nr)
+		return -EINVAL;
+	pthread_mutex_lock(&aio_mu);
+	struct aio_q *q = aio_of(ctx, 0);
+	long n = 0;
+	int kernel = 0;
+	if (q) {
+		n = (long)q->n < nr ? (long)q->n : nr;
+		memcpy(events, q->ev, (size_t)n * sizeof *events);
+		memmove(q->ev, q->ev + n, (q->n - (size_t)n) * sizeof *events);
+		q->n -= (size_t)n;
+		kernel = q->kernel;
+	}
+	pthread_mutex_unlock(&aio_mu);
+	if (!q)
+		return real_io_getevents ? real_io_getevents(ctx, min_nr, nr, events, timeout) : -EINVAL;
+	if (!kernel || n == nr || !real_io_getevents)
+		return (int)n;
+	struct timespec zero = {0, 0};
+	int r = real_io_getevents(ctx, n >= min_nr ? 0 : min_nr - n, nr - n, events + n, n >= min_nr ? &zero : timeout);
+	if (r > 0) {
+		pthread_mutex_lock(&aio_mu);
+		q = aio_of(ctx, 0);
+		if (q)
+			q->kernel -= r;
+		pthread_mutex_unlock(&aio_mu);
+		return (int)n + r;
+	}
+	return n ? (int)n : r;
+}
+
+int io_cancel(aio_context_t ctx, struct iocb *cb, struct io_event *ev)
+{
+	if (!real_io_cancel)
+		real_io_cancel = (int (*)(aio_context_t, struct iocb *, struct io_event *))dlsym(RTLD_NEXT, "io_cancel");
+	if (cb && is_weir((int)cb->aio_fildes))
+		return -EAGAIN; /* served already: its event is queued */
+	return real_io_cancel ? real_io_cancel(ctx, cb, ev) : -EINVAL;
+}
+
+int io_destroy(aio_context_t ctx)
+{
+	if (!real_io_destroy)
+		real_io_destroy = (int (*)(aio_context_t))dlsym(RTLD_NEXT, "io_destroy");
+	pthread_mutex_lock(&aio_mu);
+	struct aio_q *q = aio_of(ctx, 0);
+	if (q) {
+		free(q->ev);
+		memset(q, 0, sizeof *q);
+	}
+	pthread_mutex_unlock(&aio_mu);
+	return real_io_destroy ? real_io_destroy(ctx) : -EINVAL;
 }
 
 /* fork: the child must not use its parent's sessions (their rings are

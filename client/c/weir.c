@@ -806,3 +806,29 @@ int weir_readdir(weir_fs *fs, const char *path, int (*fn)(void *arg, const char 
 	free(buf);
 	return 0;
 }
+
+int weir_lock(weir_fs *fs, uint64_t handle, int get, uint8_t type, uint8_t cls, uint64_t start, uint64_t end,
+	      struct weir_lock_info *held)
+{
+	uint8_t b[WEIR_LOCK_REQ_SIZE] = {0};
+	b[0] = get ? 1 : 0;
+	b[1] = type;
+	b[2] = cls;
+	put64(b + 8, start);
+	put64(b + 16, end);
+	int64_t res = call(&fs->meta, WEIR_OP_LOCK, 0, handle, 0, b, sizeof b, b, sizeof b, NULL);
+	if (res < 0)
+		return (int)res;
+	if (!get)
+		return res == 0 ? 0 : -EPROTO;
+	if (res != WEIR_LOCK_REQ_SIZE || b[0] > WEIR_LOCK_UNLOCK || b[1] > WEIR_LOCK_FLOCK)
+		return -EPROTO;
+	held->type = b[0];
+	held->cls = b[1];
+	held->pid = (int32_t)get32(b + 4);
+	held->start = get64(b + 8);
+	held->end = get64(b + 16);
+	if (held->type != WEIR_LOCK_UNLOCK && held->start >= held->end)
+		return -EPROTO;
+	return 0;
+}

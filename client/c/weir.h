@@ -91,6 +91,20 @@ int weir_fchown(weir_fs *fs, uint64_t handle, int64_t uid, int64_t gid);
 int weir_readdir(weir_fs *fs, const char *path, int (*fn)(void *arg, const char *name, uint64_t ino, uint32_t type),
 		 void *arg);
 
+/* weir_lock sets (get 0) or tests (get 1) an advisory lock of type
+ * WEIR_LOCK_READ, _WRITE or _UNLOCK and class WEIR_LOCK_POSIX, _OFD or
+ * _FLOCK on the bytes [start, end) (end ~0: to the end of the file) of
+ * the handle's file; -EAGAIN: another owner's lock is in the way (the
+ * caller retries to wait). A test stores the first lock in the way in
+ * held (type WEIR_LOCK_UNLOCK: none). */
+struct weir_lock_info {
+	uint8_t type, cls;
+	int32_t pid;
+	uint64_t start, end;
+};
+int weir_lock(weir_fs *fs, uint64_t handle, int get, uint8_t type, uint8_t cls, uint64_t start, uint64_t end,
+	      struct weir_lock_info *held);
+
 /* Times in Unix nanoseconds; WEIR_TIME_OMIT leaves one unchanged. */
 int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime);
 int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime);

@@ -134,6 +134,7 @@
 #define WEIR_OP_REOPEN 0x22u
 #define WEIR_OP_DIR_LEASE 0x24u /* in: path, after (as READDIR); out: u32 count, then per entry u64 ino, u32 mode, WEIR_CAP_SIZE cap, u16 name length, name; aux 1: more */
 #define WEIR_OP_INHERIT 0x25u /* in: ticket of this incarnation (WEIR_FEATURE_REOPEN); out: as OPEN: the same file, flags and uid, for a process that inherited the open file description */
+#define WEIR_OP_LOCK 0x26u /* handle; in: lock request (24 bytes, below); set: 0 or -EAGAIN (in the way); get: out the lock answer (24 bytes) */
 #define WEIR_OP_RECALL_WAIT 0x23u /* out: u64 data handles another trust group recalled (at most WEIR_RECALL_BATCH); aux WEIR_RECALL_ALL: all may be */
 
 /* IO ring opcodes: 0x40-0x5f. */
@@ -160,6 +161,20 @@
 #define WEIR_ATTR_SIZE 56u
 #define WEIR_TOKEN_SIZE 32u
 #define WEIR_TICKET_SIZE 32u
+
+/* WEIR_OP_LOCK (proto/bodies.go, LockReq and LockResp):
+ *   request  u8 get (1: test), u8 type, u8 class, 5 zero bytes, u64 start, u64 end (exclusive; ~0: to EOF)
+ *   answer   u8 type (UNLOCK: none in the way), u8 class, 2 zero bytes, i32 pid (-1: OFD, flock), u64 start, u64 end
+ * POSIX locks are the session's (released when it closes any handle of
+ * the file); OFD and flock locks the open file description's (released
+ * with its last handle in any session). */
+#define WEIR_LOCK_POSIX 0u
+#define WEIR_LOCK_OFD 1u
+#define WEIR_LOCK_FLOCK 2u
+#define WEIR_LOCK_READ 0u
+#define WEIR_LOCK_WRITE 1u
+#define WEIR_LOCK_UNLOCK 2u
+#define WEIR_LOCK_REQ_SIZE 24u
 #define WEIR_CAP_SIZE 64u
 #define WEIR_CLAIM_DIR_SIZE 72u
 #define WEIR_DIR_OPEN_BIT 0x8000000000000000ull /* set in direct handles only */

@@ -184,6 +184,7 @@ type Service struct {
 	reclaim     *time.Timer       // ReleaseHeld after the grace; protected by mu
 	started     time.Time         // when Start began the grace; protected by mu
 	macs        sync.Pool         // keyed HMAC states for tickets (tickets.go)
+	locks       *lockTable        // advisory locks (locks.go)
 	reopened    map[uint64]uint64 // handle of the last incarnation -> the session that reopened it by ticket; protected by mu
 	// The orphan scan runs once per start, after a resync.
 	orphanMu    sync.Mutex
@@ -229,7 +230,8 @@ func New(opts Options) (*Service, error) {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	s = &Service{
-		opts: opts, log: opts.Logger, ns: n, host: h, subj: h.Subjects(),
+		locks: newLockTable(),
+		opts:  opts, log: opts.Logger, ns: n, host: h, subj: h.Subjects(),
 		inc: n.Incarnation(), key: n.TicketKey(),
 		sessions: make(map[uint64]*session),
 		files:    make(map[ns.Ino]*openFile),

@@ -33,6 +33,11 @@ type handle struct {
 	rec       *grantRec // its grant in the file's registry (groups.go); nil while it has none
 	noCap     bool      // a recall spent its capability: it is granted through io
 	prev      *grantRec // its last grant, recalled: its next may be protected (groups.go)
+	// origin names the open file description the handle is of (locks.go):
+	// its own id, or for OpInherit the handle the ticket was issued with;
+	// counted: it is counted among the origin's live handles.
+	origin  uint64
+	counted bool
 }
 
 // session is one client's metadata ring. id, pid, cred and token are set
@@ -114,7 +119,7 @@ func (se *session) register() {
 		proto.OpReadDir: se.readdir, proto.OpFStat: se.fstat, proto.OpSyncMeta: se.syncMeta,
 		proto.OpGrant: se.grantOp, proto.OpFChmod: se.fchmod, proto.OpFChown: se.fchown,
 		proto.OpFChtimes: se.fchtimes, proto.OpReopen: se.reopen, proto.OpDirLease: se.dirLease,
-		proto.OpInherit: se.inherit,
+		proto.OpInherit: se.inherit, proto.OpLock: se.lock,
 	} {
 		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
 			se.svc.Stats.Requests.Add(1)
@@ -297,11 +302,12 @@ func (se *session) open(q *ring.Request) (int64, uint64) {
 		return se.errno(err)
 	}
 	se.svc.Stats.Opens.Add(1)
-	return se.finishOpen(q, a, created, flags)
+	return se.finishOpen(q, a, created, flags, 0)
 }
 
-// finishOpen makes the handle of an open (or reopen) of a and answers it.
-func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags int) (int64, uint64) {
+// finishOpen makes the handle of an open (or reopen) of a and answers it;
+// origin is the handle whose description it shares (OpInherit), or 0.
+func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags int, origin uint64) (int64, uint64) {
 	s := se.svc
 	n := s.nextH.Add(1)
 	if n >= 1<<proto.CounterBits {
@@ -312,7 +318,11 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 	if created && a.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		s.fresh.add(a.Ino)
 	}
-	h := &handle{ino: a.Ino, blob: a.Blob, flags: flags & ticketFlags, dir: a.IsDir()}
+	h := &handle{ino: a.Ino, blob: a.Blob, flags: flags & ticketFlags, dir: a.IsDir(), origin: id}
+	if origin != 0 && !h.dir {
+		h.origin, h.counted = origin, true
+		s.locks.count(origin)
+	}
 	if a.Mode&syscall.S_IFMT == syscall.S_IFREG {
 		h.file = s.openFileRef(a.Ino)
 		acc := flags & syscall.O_ACCMODE
@@ -330,6 +340,7 @@ func (se *session) finishOpen(q *ring.Request, a ns.Attr, created bool, flags in
 		if h.pending.Truncate {
 			size, err := se.grant(h)
 			if err != nil {
+				se.locksClosed(h)
 				se.release(h)
 				return se.errno(err)
 			}
@@ -400,7 +411,7 @@ func (se *session) reopen(q *ring.Request) (int64, uint64) {
 		se.svc.releaseTicket(th)
 		return se.errno(err)
 	}
-	res, aux := se.finishOpen(q, a, false, flags)
+	res, aux := se.finishOpen(q, a, false, flags, 0)
 	if res < 0 {
 		se.svc.releaseTicket(th)
 		return res, aux
@@ -443,7 +454,7 @@ func (se *session) inherit(q *ring.Request) (int64, uint64) {
 		return se.errno(err)
 	}
 	se.svc.Stats.Inherits.Add(1)
-	return se.finishOpen(q, a, false, flags)
+	return se.finishOpen(q, a, false, flags, binary.LittleEndian.Uint64(t[0:]))
 }
 
 // grantOp grants a handle before its first read or write; a handle whose
@@ -560,6 +571,7 @@ func (se *session) close(q *ring.Request) (int64, uint64) {
 // blob that lost its last name and last open.
 func (se *session) closeHandle(id uint64, h *handle) error {
 	se.svc.Stats.Handles.Add(-1)
+	se.locksClosed(h)
 	var firstErr error
 	switch {
 	case h.lease != nil:
