@@ -481,6 +481,8 @@ void put(struct desc *d)
 	}
 }
 
+static void std_sync(int fd);
+
 /* install makes fd name d (one more reference), dropping what fd named. */
 static void install(int fd, struct desc *d)
 {
@@ -492,6 +494,8 @@ static void install(int fd, struct desc *d)
 	pthread_mutex_unlock(&tab_mu);
 	if (old)
 		put(old);
+	if (fd <= 2 && (old != NULL) != (d != NULL))
+		std_sync(fd);
 }
 
 /* forget drops what fd named in the table (the kernel closed it). */
@@ -505,6 +509,8 @@ static void forget(int fd)
 	pthread_mutex_unlock(&tab_mu);
 	if (d)
 		put(d);
+	if (d && fd <= 2)
+		std_sync(fd);
 }
 
 /* Macros for an entry point on a descriptor: D is its weir description,
@@ -2574,6 +2580,53 @@ static int ck_close(void *c)
 {
 	untrack((int)(intptr_t)c);
 	return close((int)(intptr_t)c);
+}
+
+/* The standard streams. glibc's stdin, stdout and stderr read and write
+ * their descriptors with its internal calls, which the shim does not see:
+ * while descriptor 0, 1 or 2 is weir's (a shell's redirection, or one
+ * inherited across exec), its stream is a cookie stream over the
+ * shim's calls in glibc's place, which comes back (flushed first) when
+ * the descriptor is the kernel's again. (stdin, stdout and stderr are
+ * variables a program may assign, as glibc documents.) */
+static FILE *std_orig[3];
+static int std_retiring;
+static pthread_mutex_t std_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int ck_std_close(void *c)
+{
+	int fd = (int)(intptr_t)c;
+	untrack(fd);
+	return std_retiring ? 0 : close(fd); /* (fclose(stdout) by the program closes 1) */
+}
+
+static void std_sync(int fd)
+{
+	if (fd < 0 || fd > 2)
+		return;
+	FILE **slot = fd == 0 ? &stdin : fd == 1 ? &stdout : &stderr;
+	pthread_mutex_lock(&std_mu);
+	int w = is_weir(fd), ours = std_orig[fd] != NULL;
+	if (w && !ours) {
+		cookie_io_functions_t io = {.read = ck_read, .write = ck_write, .seek = ck_seek, .close = ck_std_close};
+		FILE *f = fopencookie((void *)(intptr_t)fd, fd == 0 ? "r" : "w", io);
+		if (f) {
+			fflush(*slot);
+			if (fd == 2)
+				setvbuf(f, NULL, _IONBF, 0);
+			std_orig[fd] = *slot;
+			*slot = f;
+			track(f, fd);
+		}
+	} else if (!w && ours) {
+		FILE *f = *slot;
+		*slot = std_orig[fd];
+		std_orig[fd] = NULL;
+		std_retiring = 1;
+		fclose(f); /* (flushes what it holds to the weir file, whose descriptor is gone: lost, as the kernel's stdio would lose it) */
+		std_retiring = 0;
+	}
+	pthread_mutex_unlock(&std_mu);
 }
 
 static FILE *cookie_stream(int fd, const char *mode)

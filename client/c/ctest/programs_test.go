@@ -1,0 +1,419 @@
+package ctest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weir-storage/weir/stack"
+)
+
+// Real programs through the shim (issue 11). Each test needs its program
+// installed (the Debian package is named in the skip message) and skips
+// without it.
+
+// shimmed is a stack and the shim, and how to run a program under it.
+type shimmed struct {
+	t  *testing.T
+	st *stack.Stack
+	so string
+}
+
+func newShimmed(t *testing.T) *shimmed {
+	return &shimmed{t: t, st: startStack(t), so: buildShim(t)}
+}
+
+func (s *shimmed) env() []string {
+	return []string{"LC_ALL=C", "LD_PRELOAD=" + s.so, "WEIR_MOUNT=/weir",
+		"WEIR_META_SOCK=" + s.st.Config.Metadata.Socket, "WEIR_IO_SOCK=" + s.st.Config.IO.Socket}
+}
+
+// cmd is name with args under the shim.
+func (s *shimmed) cmd(ctx context.Context, name string, args ...string) *exec.Cmd {
+	c := exec.CommandContext(ctx, name, args...)
+	c.Env = append(os.Environ(), s.env()...)
+	return c
+}
+
+// sh runs a shell script under the shim and returns its output; a failure
+// fails the test.
+func (s *shimmed) sh(shell, script string) string {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := s.cmd(ctx, shell, "-c", script).CombinedOutput()
+	if err != nil {
+		s.t.Fatalf("%s -c %q: %v\n%s", shell, script, err, out)
+	}
+	return string(out)
+}
+
+func need(t *testing.T, prog, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(prog)
+	if err != nil {
+		t.Skipf("%s is not installed (Debian package %s): this test runs it through the shim", prog, pkg)
+	}
+	return p
+}
+
+// TestShimCoreutils: the coreutils, tar, find, sed and python3 the issue
+// names, on weir paths, as on the kernel's: one script per line, output
+// compared with the same line run against a kernel directory.
+func TestShimCoreutils(t *testing.T) {
+	s := newShimmed(t)
+	lines := []string{
+		`mkdir -p $D/src/a/b && echo x > $D/src/a/b/f && echo y > $D/src/top && printf 'z\n' > $D/src/a/g`,
+		`find $D/src | sort; find $D/src -type f -name '[fg]' | sort; touch -d '2020-01-01' $D/src/top && find $D/src -newer $D/src/top -type f | wc -l`,
+		`cp -r $D/src $D/cp && find $D/cp -type f | sort && cat $D/cp/a/b/f && cp -p $D/src/top $D/top2 && stat -c '%a %s' $D/top2`,
+		`mv $D/cp $D/mv && ls $D && mv $D/mv/top $D/mv/a/ && find $D/mv | sort`,
+		`tar -C $D -cf $D/t.tar src && tar -tf $D/t.tar | sort && mkdir $D/x && tar -C $D/x -xf $D/t.tar && diff -r $D/src $D/x/src && echo same`,
+		`tar -C $D -czf $D/t.tgz src && tar -tzf $D/t.tgz | sort && tar -xzOf $D/t.tgz src/a/b/f`,
+		`printf 'one\ntwo\nthree\n' > $D/s && sed -i 's/two/TWO/' $D/s && cat $D/s && sed -i.bak -e 1d $D/s && cat $D/s $D/s.bak`,
+		`dd if=/dev/urandom of=$D/r bs=4k count=33 status=none && dd if=$D/r of=$D/r2 bs=1k skip=3 count=40 status=none && cmp -n 40960 -i 3072:0 $D/r $D/r2 && echo dd-ok && stat -c %s $D/r2`,
+		`seq 1 20000 > $D/n && sha256sum < $D/n && md5sum $D/n | cut -c1-32 && wc -c < $D/n && tail -c 6 $D/n`,
+		`touch -d '2020-01-02 03:04:05' $D/old && stat -c '%Y %s' $D/old && touch $D/old && [ $D/old -nt $D/top ] && echo newer`,
+		`chmod 640 $D/top && stat -c %a $D/top && chmod u+x,g-r $D/top && stat -c %a $D/top && chmod -R go-rwx $D/src && stat -c %a $D/src/a/b/f`,
+		`ls -l $D/src/a/b/f $D/top | awk '{print $1, $5, $9}' && ls -1 $D/src/a && ls -R $D/src | head -20`,
+		`du -b $D/src/top $D/r && du -k $D/r $D/n && du -ab $D/src | grep -v '/$' | awk '{print $2}' | sort`,
+		`rm -r $D/x && ls $D | sort && rm -rf $D/mv $D/src && ls $D | sort && rm $D/r $D/r2; ls $D | wc -l`,
+		`mkdir -p $D/deep/1/2/3 && cd $D/deep/1/2 && pwd | sed "s|$D|D|" && echo rel > 3/f && cat ../2/3/f && cd .. && ls 2/3 && cd / && cat $D/deep/1/2/3/f`,
+		`cd $D && mkdir rel && cd rel && touch a b && ls && mv a ../a-up && ls .. | grep a-up && rm -r ../rel && ls $D | grep -c rel`,
+		`ln -s x $D/link 2>/dev/null; echo "ln -s: $?"; ln $D/n $D/hard 2>/dev/null; echo "ln: $?"`,
+	}
+	if _, err := exec.LookPath("python3"); err == nil {
+		lines = append(lines, `python3 -c "
+import os, sys
+d = os.environ['D']
+os.makedirs(d + '/py/a/b', exist_ok=True)
+for n in ('py/x', 'py/a/y', 'py/a/b/z'):
+    with open(d + '/' + n, 'w') as f: f.write(n * 100)
+for root, dirs, files in os.walk(d + '/py'):
+    print(root.replace(d, 'D'), sorted(dirs), sorted(files), sum(os.path.getsize(os.path.join(root, f)) for f in files))
+with open(d + '/py/x', 'r+b') as f:
+    f.seek(10); f.write(b'XY'); f.seek(0); print(f.read(14)); f.truncate(5)
+print(os.path.getsize(d + '/py/x'), os.listdir(d + '/py/a'), os.path.exists(d + '/py/none'))
+os.rename(d + '/py/a/y', d + '/py/y2'); os.remove(d + '/py/y2'); os.rmdir(d + '/py/a/b') if not os.listdir(d + '/py/a/b') else print('not empty')
+print(sorted(os.listdir(d + '/py')))
+"`)
+	} else {
+		t.Log("python3 is not installed: its line is left out")
+	}
+	kdir := t.TempDir()
+	run := func(dir string, shim bool, line string) string {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "bash", "-c", line)
+		cmd.Env = append(os.Environ(), "D="+dir, "LC_ALL=C", "TZ=UTC")
+		if shim {
+			cmd = s.cmd(ctx, "bash", "-c", line)
+			cmd.Env = append(cmd.Env, "D="+dir, "TZ=UTC")
+		}
+		out, _ := cmd.CombinedOutput()
+		return strings.ReplaceAll(string(out), dir, "D")
+	}
+	need(t, "bash", "bash")
+	s.sh("sh", "mkdir /weir/c")
+	for _, line := range lines {
+		want, got := run(kdir, false, line), run("/weir/c", true, line)
+		if strings.HasPrefix(line, "ln -s") {
+			// weir has no links: both calls fail (EPERM), where the kernel's succeed.
+			if got != "ln -s: 1\nln: 1\n" {
+				t.Errorf("links on weir: %q", got)
+			}
+			continue
+		}
+		if got != want {
+			t.Errorf("%s\nkernel:\n%s\nweir:\n%s", line, want, got)
+		}
+	}
+}
+
+// TestShimBash: bash's redirections and descriptor juggling on weir
+// files: exec 3<>, exec 6>&5, here-documents, and >> appends from two
+// processes at once, which O_APPEND makes whole lines.
+func TestShimBash(t *testing.T) {
+	need(t, "bash", "bash")
+	s := newShimmed(t)
+	out := s.sh("bash", `set -e
+cd /weir
+exec 3<>rw
+echo first >&3
+exec 5>&3
+exec 6>&5
+echo second >&6
+exec 3>&- 5>&- 6>&-
+cat rw
+cat <<EOF >here
+a $((1+2))
+EOF
+cat here
+exec 4<rw
+read -r line <&4; echo "read: $line"
+read -r line <&4; echo "read: $line"
+exec 4<&-
+{ echo g1; echo g2; } > grouped; cat grouped
+for w in a b; do (for i in $(seq 1 200); do echo "$w$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"; done >> ap) & done; wait
+wc -l < ap; grep -c '^a[0-9]*-x\{40\}$' ap; grep -c '^b[0-9]*-x\{40\}$' ap
+echo tail >> ap; tail -n 1 ap
+cat < rw > copy 2>/dev/null; cmp rw copy && echo copied
+ls > listing; grep -c . listing
+`)
+	want := "first\nsecond\na 3\nread: first\nread: second\ng1\ng2\n400\n200\n200\ntail\ncopied\n6\n"
+	if out != want {
+		t.Fatalf("bash on weir:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// TestShimMake: make builds a small C project whose sources live on
+// weir, runs the program (exec of a file on weir), and rebuilds what a
+// changed header needs.
+func TestShimMake(t *testing.T) {
+	need(t, "make", "make")
+	need(t, "cc", "gcc")
+	s := newShimmed(t)
+	out := s.sh("sh", `set -e
+mkdir -p /weir/proj && cd /weir/proj
+printf '#include <stdio.h>\n#include "v.h"\nint f(void);\nint main(void) { printf("%%d %%d\\n", V, f()); return 0; }\n' > main.c
+printf '#include "v.h"\nint f(void) { return V * 2; }\n' > f.c
+echo '#define V 1' > v.h
+printf 'prog: main.o f.o\n\t$(CC) -o $@ main.o f.o\n%%.o: %%.c v.h\n\t$(CC) -c $<\n' > Makefile
+make -s && ./prog
+make -s && echo up-to-date
+sleep 1.1; echo '#define V 5' > v.h
+make -s && ./prog && ls *.o | wc -l`)
+	if want := "1 2\nup-to-date\n5 10\n2\n"; out != want {
+		t.Fatalf("make on weir:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// TestShimSQLite: two sqlite3 processes write one database on weir in
+// transactions, under its POSIX locks; one is killed mid-run; the
+// database is whole (integrity_check) and holds whole transactions only.
+func TestShimSQLite(t *testing.T) {
+	need(t, "sqlite3", "sqlite3")
+	s := newShimmed(t)
+	s.sh("sh", `sqlite3 /weir/db 'create table t(id integer primary key, who text, tx integer, pad text)'`)
+	script := func(who string, n int) string {
+		var b strings.Builder
+		b.WriteString(".timeout 60000\n")
+		for i := 0; i < n; i++ {
+			b.WriteString("begin immediate;\n")
+			for j := 0; j < 10; j++ {
+				fmt.Fprintf(&b, "insert into t(who, tx, pad) values('%s', %d, hex(randomblob(100)));\n", who, i)
+			}
+			b.WriteString("commit;\n")
+		}
+		return b.String()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	start := func(who string, n int) *exec.Cmd {
+		c := s.cmd(ctx, "sqlite3", "/weir/db")
+		c.Stdin = strings.NewReader(script(who, n))
+		c.Stdout, c.Stderr = io.Discard, os.Stderr
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	victim := start("victim", 1000000)
+	survivor := start("survivor", 300)
+	if err := survivor.Wait(); err != nil {
+		t.Fatalf("the surviving writer: %v", err)
+	}
+	// The victim has been committing alongside: kill it mid-transaction.
+	victim.Process.Signal(syscall.SIGKILL)
+	victim.Wait()
+	out := s.sh("sh", `sqlite3 /weir/db 'pragma integrity_check; select who, count(*) % 10, count(distinct tx) from t group by who order by who'`)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || lines[0] != "ok" || lines[1] != "survivor|0|300" || !strings.HasPrefix(lines[2], "victim|0|") {
+		t.Fatalf("after the kill: %q (want ok, whole transactions of both, all 300 of the survivor's)", out)
+	}
+	if lines[2] == "victim|0|0" {
+		t.Fatalf("the victim committed nothing before it was killed: the test proved nothing (%q)", out)
+	}
+}
+
+// TestShimFio: fio's own verification (crc32c, verify_fatal) of 4 KiB
+// random writes and 128 KiB sequential ones through psync, libaio (its
+// io_submit is the shim's for weir files), O_DIRECT and pvsync2.
+func TestShimFio(t *testing.T) {
+	need(t, "fio", "fio")
+	s := newShimmed(t)
+	for i, job := range [][]string{
+		{"--rw=randwrite", "--bs=4k", "--ioengine=psync"},
+		{"--rw=randwrite", "--bs=4k", "--ioengine=libaio", "--iodepth=8"},
+		{"--rw=write", "--bs=128k", "--ioengine=psync", "--direct=1"},
+		{"--rw=randrw", "--bs=16k", "--ioengine=pvsync2", "--fsync=7"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		args := append([]string{"--name=v", fmt.Sprintf("--filename=/weir/fio%d", i), "--size=8m",
+			"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--output-format=terse"}, job...)
+		out, err := s.cmd(ctx, "fio", args...).CombinedOutput()
+		cancel()
+		// terse: field 5 is the job's error code.
+		f := strings.Split(strings.TrimSpace(string(out)), ";")
+		if err != nil || len(f) < 5 || f[4] != "0" {
+			t.Fatalf("fio %v: %v\n%s", job, err, out)
+		}
+	}
+}
+
+// TestShimPostgreSQL: initdb with its data directory on weir, the server
+// started, pgbench -i and a fixed number of transactions, a clean stop
+// and start, pgbench again, then a SIGKILL of every server process and a
+// start that recovers from the WAL; pg_amcheck and the balance sums
+// agree each time.
+func TestShimPostgreSQL(t *testing.T) {
+	bins, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	if len(bins) == 0 {
+		t.Skip("PostgreSQL is not installed (Debian package postgresql): this test runs initdb, postgres and pgbench through the shim")
+	}
+	bin := filepath.Dir(bins[len(bins)-1])
+	cred := &syscall.Credential{Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid())}
+	if os.Getuid() == 0 {
+		// The server refuses to run as root: as the package's user.
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Skip("running as root and there is no postgres user (the Debian package makes one): the server refuses root")
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	}
+	s := newShimmed(t)
+	// That uid reaches the sockets and the shim.
+	pub, err := os.MkdirTemp("", "weir-pg-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(pub) })
+	for _, d := range []string{pub, filepath.Dir(s.st.Config.Metadata.Socket)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chown(pub, int(cred.Uid), int(cred.Gid)); err != nil {
+		t.Fatal(err)
+	}
+	so := filepath.Join(pub, "libweir-preload.so")
+	if b, err := os.ReadFile(s.so); err != nil || os.WriteFile(so, b, 0o755) != nil {
+		t.Fatal("copying the shim", err)
+	}
+	s.so = so
+	sock := filepath.Join(pub, "sock")
+	if err := os.Mkdir(sock, 0o777); err != nil || os.Chmod(sock, 0o777) != nil {
+		t.Fatal(err)
+	}
+	s.sh("sh", fmt.Sprintf("mkdir /weir/pg && chown %d:%d /weir/pg && chmod 700 /weir/pg", cred.Uid, cred.Gid))
+	logf := filepath.Join(pub, "pg.log")
+	run := func(shim bool, name string, args ...string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		c := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+		c.Env = append(os.Environ(), "LC_ALL=C", "PGHOST="+sock, "PGPORT=5499", "PGDATABASE=postgres")
+		if shim {
+			c.Env = append(c.Env, s.env()...)
+		}
+		c.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+		c.Dir = pub
+		out, err := c.CombinedOutput()
+		if err != nil {
+			lg, _ := os.ReadFile(logf)
+			t.Fatalf("%s %v: %v\n%s\nserver log:\n%s", name, args, err, out, lg)
+		}
+		return string(out)
+	}
+	data := "/weir/pg/data"
+	startServer := func() {
+		run(true, "pg_ctl", "-D", data, "-l", logf, "-w", "-t", "120", "-o", "-k "+sock+" -p 5499 -c listen_addresses=''", "start")
+	}
+	check := func(when string) {
+		t.Helper()
+		run(false, "pg_amcheck", "--heapallindexed", "--install-missing")
+		out := run(false, "psql", "-Atc", "select (select sum(abalance) from pgbench_accounts) = (select sum(bbalance) from pgbench_branches) and (select sum(bbalance) from pgbench_branches) = (select sum(tbalance) from pgbench_tellers)")
+		if strings.TrimSpace(out) != "t" {
+			t.Fatalf("%s: the balances of accounts, branches and tellers disagree: %q", when, out)
+		}
+	}
+	run(true, "initdb", "-D", data, "-A", "trust", "--no-instructions")
+	startServer()
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			exec.Command(filepath.Join(bin, "pg_ctl"), "-D", data, "-m", "immediate", "stop").Run()
+		}
+	})
+	run(false, "pgbench", "-i", "-s", "2")
+	if out := run(false, "pgbench", "-t", "200", "-c", "2"); !strings.Contains(out, "number of transactions actually processed: 400/400") {
+		t.Fatalf("pgbench: %s", out)
+	}
+	check("after pgbench")
+	run(true, "pg_ctl", "-D", data, "-w", "stop")
+	startServer()
+	if out := run(false, "pgbench", "-n", "-t", "200", "-c", "2"); !strings.Contains(out, "400/400") {
+		t.Fatalf("pgbench after the restart: %s", out)
+	}
+	check("after a clean restart")
+	// A crash: every server process killed with SIGKILL, then recovery.
+	pidb := s.sh("sh", "head -1 "+data+"/postmaster.pid")
+	pid, err := strconv.Atoi(strings.TrimSpace(pidb))
+	if err != nil {
+		t.Fatalf("postmaster.pid: %q", pidb)
+	}
+	killAll(t, pid)
+	startServer()
+	if lg, _ := os.ReadFile(logf); !strings.Contains(string(lg), "automatic recovery in progress") {
+		t.Fatalf("no recovery after the kill:\n%s", lg)
+	}
+	check("after recovery from SIGKILL")
+	run(true, "pg_ctl", "-D", data, "-w", "stop")
+	stopped = true
+}
+
+// killAll kills the process pid and its children with SIGKILL and waits
+// until they are gone and reaped.
+func killAll(t *testing.T, pid int) {
+	t.Helper()
+	kids := func() []int {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		var out []int
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	all := append(kids(), pid)
+	for _, p := range all {
+		syscall.Kill(p, syscall.SIGKILL)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		alive := 0
+		for _, p := range all {
+			// Until it is reaped: a zombie postmaster still answers
+			// kill(pid, 0), and the next one would take it as running.
+			if _, err := os.Stat(fmt.Sprintf("/proc/%d", p)); err == nil {
+				alive++
+			}
+		}
+		if alive == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d server processes outlived SIGKILL", alive)
+		}
+	}
+}
