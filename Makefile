@@ -25,7 +25,7 @@ FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:Fuz
 # test runs its seeds, TestPowerCutAtEveryWrite the crash images).
 FUZZ_LONG := ./stack:FuzzServiceRequest ./internal/staging:FuzzOpen
 
-.PHONY: help demo up build libweir spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop crash lint bench bench-transport bench-fileops bench-backend bench-fsync bench-quick clean
+.PHONY: help demo up build libweir spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop crash lint bench bench-transport bench-fileops bench-backend bench-fsync bench-shim bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
@@ -43,6 +43,7 @@ help:
 	@echo "bench-fileops    weir client vs os (buffered, O_DIRECT): 4 KiB random, metadata, sequential"
 	@echo "bench-backend    backends at the interface: raw O_DIRECT, file, SPDK aio and malloc (spdk tag if SPDK is found)"
 	@echo "bench-fsync      weir's fsync (client processes, with and without the staging log) against write + fdatasync on root, journaled ext4 and XFS: 1/4/8 writers, flushes, write amplification, CPU (about 4 min)"
+	@echo "bench-shim       unmodified programs through the LD_PRELOAD shim against the kernel: fio 4 KiB random and 128 KiB sequential, buffered and O_DIRECT; pgbench TPS; one call's cost (about 6 min; needs fio, PostgreSQL for pgbench)"
 	@echo "bench-quick      every benchmark with small sizes and short windows, and the report (about 1.5 min)"
 
 DATA ?= ./weir-data
@@ -160,6 +161,9 @@ bench-backend:
 
 bench-fsync:
 	$(GO) run ./bench/fsync -out $(RESULTS)
+
+bench-shim:
+	$(GO) run ./bench/shim -out $(RESULTS)
 
 bench-quick:
 	$(BENCH_TRANSPORT) -quick

@@ -911,6 +911,10 @@ void closefrom(int lowfd)
 		close_range((unsigned)lowfd, ~0u, 0);
 }
 
+/* DIRECT: the description's O_DIRECT, which weir honours (past its page
+ * cache, with Linux's alignment of offset and length). */
+#define DIRECT(d) (((d)->pg->flags & O_DIRECT) != 0)
+
 static int readable(int flags) { return (flags & O_ACCMODE) != O_WRONLY && !(flags & O_PATH); }
 static int writable(int flags) { return (flags & O_ACCMODE) != O_RDONLY && !(flags & O_PATH); }
 
@@ -934,7 +938,7 @@ ssize_t read(int fd, void *buf, size_t n)
 		r = -(e ? e : EBADF);
 	} else {
 		lock_pg(d->pg);
-		r = weir_pread(wfs, d->handle, buf, n, d->pg->off);
+		r = weir_pread(wfs, d->handle, buf, n, d->pg->off, DIRECT(d));
 		if (r > 0)
 			d->pg->off += (uint64_t)r;
 		unlock_pg(d->pg);
@@ -962,11 +966,11 @@ ssize_t write(int fd, const void *buf, size_t n)
 		lock_pg(d->pg);
 		if (d->pg->flags & O_APPEND) {
 			uint64_t at = 0;
-			r = weir_append(wfs, d->handle, buf, n, &at);
+			r = weir_append(wfs, d->handle, buf, n, &at, DIRECT(d));
 			if (r > 0)
 				d->pg->off = at + (uint64_t)r;
 		} else {
-			r = weir_pwrite(wfs, d->handle, buf, n, d->pg->off);
+			r = weir_pwrite(wfs, d->handle, buf, n, d->pg->off, DIRECT(d));
 			if (r > 0)
 				d->pg->off += (uint64_t)r;
 		}
@@ -981,7 +985,7 @@ ssize_t pread(int fd, void *buf, size_t n, off_t off)
 	init_pread();
 	FD_OR_KERNEL(fd, d, real_pread(fd, buf, n, off));
 	int e = data_errno(d, 0);
-	ssize_t r = e ? -e : off < 0 ? -EINVAL : !readable(d->pg->flags) ? -EBADF : weir_pread(wfs, d->handle, buf, n, (uint64_t)off);
+	ssize_t r = e ? -e : off < 0 ? -EINVAL : !readable(d->pg->flags) ? -EBADF : weir_pread(wfs, d->handle, buf, n, (uint64_t)off, DIRECT(d));
 	put(d);
 	return r < 0 ? fail((int)-r) : r;
 }
@@ -993,8 +997,8 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 	int e = data_errno(d, 1);
 	/* Linux: pwrite on an O_APPEND descriptor appends (a documented bug). */
 	ssize_t r = e ? -e : off < 0 ? -EINVAL : !writable(d->pg->flags) ? -EBADF
-		    : (d->pg->flags & O_APPEND) ? weir_append(wfs, d->handle, buf, n, NULL)
-						: weir_pwrite(wfs, d->handle, buf, n, (uint64_t)off);
+		    : (d->pg->flags & O_APPEND) ? weir_append(wfs, d->handle, buf, n, NULL, DIRECT(d))
+						: weir_pwrite(wfs, d->handle, buf, n, (uint64_t)off, DIRECT(d));
 	put(d);
 	return r < 0 ? fail((int)-r) : r;
 }
@@ -2992,7 +2996,7 @@ static int wexecve(const char *w, char *const argv[], char *const envp[])
 	if (e)
 		return fail(-e);
 	char head[2] = {0};
-	weir_pread(f, h, head, 2, 0);
+	weir_pread(f, h, head, 2, 0, 0);
 	int script = head[0] == '#' && head[1] == '!';
 	int m = memfd_create("weir-exec", script ? 0 : MFD_CLOEXEC);
 	if (m < 0) {
@@ -3004,7 +3008,7 @@ static int wexecve(const char *w, char *const argv[], char *const envp[])
 	uint64_t off = 0;
 	ssize_t r = 0;
 	init_pwrite();
-	while (buf && (r = weir_pread(f, h, buf, 1 << 20, off)) > 0) {
+	while (buf && (r = weir_pread(f, h, buf, 1 << 20, off, 0)) > 0) {
 		if (real_pwrite(m, buf, (size_t)r, (off_t)off) != r) {
 			r = -(errno ? errno : EIO);
 			break;

@@ -34,7 +34,7 @@ static void roundtrip(const char *name, size_t n, unsigned seed)
 	uint64_t h;
 	int err = weir_open(fs, name, O_RDWR | O_CREAT | O_TRUNC, 0644, &h, NULL, NULL);
 	CHECK(err == 0, "open %s: %s", name, strerror(-err));
-	ssize_t got = weir_pwrite(fs, h, w, n, 0);
+	ssize_t got = weir_pwrite(fs, h, w, n, 0, 0);
 	CHECK(got == (ssize_t)n, "pwrite %s: %zd of %zu", name, got, n);
 	err = weir_fsync(fs, h);
 	CHECK(err == 0, "fsync %s: %s", name, strerror(-err));
@@ -46,12 +46,12 @@ static void roundtrip(const char *name, size_t n, unsigned seed)
 	      "stat %s: %d, size %lld mode %o", name, err, (long long)a.size, a.mode);
 	err = weir_open(fs, name, O_RDONLY, 0, &h, NULL, NULL);
 	CHECK(err == 0, "open %s read-only: %s", name, strerror(-err));
-	got = weir_pread(fs, h, r, n + 16, 0);
+	got = weir_pread(fs, h, r, n + 16, 0, 0);
 	CHECK(got == (ssize_t)n, "pread %s: %zd, want %zu (short at the end)", name, got, n);
 	CHECK(memcmp(w, r, n) == 0, "%s: the bytes read differ from those written", name);
-	got = weir_pread(fs, h, r, 16, n);
+	got = weir_pread(fs, h, r, 16, n, 0);
 	CHECK(got == 0, "pread at the end of %s: %zd, want 0", name, got);
-	got = weir_pwrite(fs, h, w, 16, 0);
+	got = weir_pwrite(fs, h, w, 16, 0, 0);
 	CHECK(got == -EBADF, "pwrite on a read-only handle: %zd, want -EBADF", got);
 	weir_close(fs, h);
 	free(w);

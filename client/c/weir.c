@@ -544,12 +544,12 @@ int weir_inherit(weir_fs *fs, const uint8_t *ticket, uint64_t *handle)
 	return open_answer(fs, res, r, handle, NULL, NULL);
 }
 
-ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t off)
+ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t off, int direct)
 {
 	size_t done = 0, chunk = fs->io.geo.arena_size < CHUNK ? fs->io.geo.arena_size : CHUNK;
 	while (done < n) {
 		size_t want = n - done < chunk ? n - done : chunk;
-		int64_t res = io_call(fs, WEIR_OP_READ, 0, handle, off + done, NULL, 0, (uint8_t *)buf + done, want, NULL);
+		int64_t res = io_call(fs, WEIR_OP_READ, direct ? WEIR_READ_DIRECT : 0, handle, off + done, NULL, 0, (uint8_t *)buf + done, want, NULL);
 		if (res < 0)
 			return done ? (ssize_t)done : (ssize_t)res;
 		done += (size_t)res;
@@ -559,12 +559,12 @@ ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t o
 	return (ssize_t)done;
 }
 
-ssize_t weir_pwrite(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t off)
+ssize_t weir_pwrite(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t off, int direct)
 {
 	size_t done = 0, chunk = fs->io.geo.arena_size < CHUNK ? fs->io.geo.arena_size : CHUNK;
 	while (done < n) {
 		size_t want = n - done < chunk ? n - done : chunk;
-		int64_t res = io_call(fs, WEIR_OP_WRITE, 0, handle, off + done, (const uint8_t *)buf + done, want, NULL, 0, NULL);
+		int64_t res = io_call(fs, WEIR_OP_WRITE, direct ? WEIR_WRITE_DIRECT : 0, handle, off + done, (const uint8_t *)buf + done, want, NULL, 0, NULL);
 		if (res < 0)
 			return done ? (ssize_t)done : (ssize_t)res;
 		if (res == 0 || (size_t)res > want)
@@ -574,13 +574,13 @@ ssize_t weir_pwrite(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uin
 	return (ssize_t)done;
 }
 
-ssize_t weir_append(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t *at)
+ssize_t weir_append(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t *at, int direct)
 {
 	size_t chunk = fs->io.geo.arena_size < CHUNK ? fs->io.geo.arena_size : CHUNK;
 	if (n > chunk)
 		n = chunk; /* one request: one atomic append (a short write, as write(2) may) */
 	uint64_t aux = 0;
-	int64_t res = io_call(fs, WEIR_OP_WRITE, WEIR_WRITE_APPEND, handle, 0, buf, n, NULL, 0, &aux);
+	int64_t res = io_call(fs, WEIR_OP_WRITE, WEIR_WRITE_APPEND | (direct ? WEIR_WRITE_DIRECT : 0), handle, 0, buf, n, NULL, 0, &aux);
 	if (res > (int64_t)n)
 		return -EIO; /* more than was sent: a broken service */
 	if (res >= 0 && at)

@@ -61,13 +61,15 @@ int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t 
 int weir_inherit(weir_fs *fs, const uint8_t *ticket, uint64_t *handle);
 
 /* weir_pread and weir_pwrite move up to n bytes at off; they return the
- * count (short only at the end of the file, for reads). */
-ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t off);
-ssize_t weir_pwrite(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t off);
+ * count (short only at the end of the file, for reads). direct: as
+ * O_DIRECT, past the IO service's page cache (offset and length multiples
+ * of 4096, or -EINVAL, as Linux's). */
+ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t off, int direct);
+ssize_t weir_pwrite(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t off, int direct);
 
 /* weir_append writes n bytes at the end of the file, atomically with
  * every other write of it (O_APPEND), and stores where they went. */
-ssize_t weir_append(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t *at);
+ssize_t weir_append(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uint64_t *at, int direct);
 
 int weir_fsync(weir_fs *fs, uint64_t handle);
 int weir_fstat(weir_fs *fs, uint64_t handle, struct weir_attr *attr);
