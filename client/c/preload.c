@@ -109,6 +109,10 @@ struct desc {
 	 * from entry 0 (under pg->mu). */
 	struct dirent64 *ents;
 	size_t nents;
+	/* Files: the cache region's mapping (reads of resident pages copy
+	 * from it, no round trip), made at the third read; under cache_mu. */
+	weir_cache *cache;
+	int reads, nocache;
 };
 
 #define MAX_FDS 65536
@@ -414,6 +418,7 @@ static int new_page(const char *name, int cloexec, struct wpage **out, ino_t *ke
 
 static void free_desc(struct desc *d)
 {
+	weir_cache_unmap(d->cache);
 	free(d->ents);
 	munmap(d->pg, PAGE_BYTES);
 	free(d);
@@ -928,6 +933,34 @@ static int data_errno(const struct desc *d, int write)
 	return 0;
 }
 
+/* cached_read copies [off, off+n) from d's cache region: the count, or
+ * -EAGAIN (read through the ring). A handle maps its region at its third
+ * read: a file read once or twice does not pay for the mapping. */
+static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static ssize_t cached_read(struct desc *d, void *buf, size_t n, uint64_t off)
+{
+	if (DIRECT(d) || n == 0)
+		return -EAGAIN;
+	weir_cache *c = __atomic_load_n(&d->cache, __ATOMIC_ACQUIRE);
+	if (!c) {
+		if (d->nocache || __atomic_add_fetch(&d->reads, 1, __ATOMIC_RELAXED) < 3)
+			return -EAGAIN;
+		pthread_mutex_lock(&cache_mu);
+		if (!d->cache && !d->nocache) {
+			weir_cache *m = NULL;
+			if (weir_cache_map(wfs, d->handle, &m) == 0)
+				__atomic_store_n(&d->cache, m, __ATOMIC_RELEASE);
+			else
+				d->nocache = 1; /* (no cache at io, or a broken answer: the ring's) */
+		}
+		c = d->cache;
+		pthread_mutex_unlock(&cache_mu);
+		if (!c)
+			return -EAGAIN;
+	}
+	return weir_cache_read(c, buf, n, off);
+}
+
 ssize_t read(int fd, void *buf, size_t n)
 {
 	init_read();
@@ -938,7 +971,9 @@ ssize_t read(int fd, void *buf, size_t n)
 		r = -(e ? e : EBADF);
 	} else {
 		lock_pg(d->pg);
-		r = weir_pread(wfs, d->handle, buf, n, d->pg->off, DIRECT(d));
+		r = cached_read(d, buf, n, d->pg->off);
+		if (r == -EAGAIN)
+			r = weir_pread(wfs, d->handle, buf, n, d->pg->off, DIRECT(d));
 		if (r > 0)
 			d->pg->off += (uint64_t)r;
 		unlock_pg(d->pg);
@@ -985,7 +1020,9 @@ ssize_t pread(int fd, void *buf, size_t n, off_t off)
 	init_pread();
 	FD_OR_KERNEL(fd, d, real_pread(fd, buf, n, off));
 	int e = data_errno(d, 0);
-	ssize_t r = e ? -e : off < 0 ? -EINVAL : !readable(d->pg->flags) ? -EBADF : weir_pread(wfs, d->handle, buf, n, (uint64_t)off, DIRECT(d));
+	ssize_t r = e ? -e : off < 0 ? -EINVAL : !readable(d->pg->flags) ? -EBADF : cached_read(d, buf, n, (uint64_t)off);
+	if (r == -EAGAIN)
+		r = weir_pread(wfs, d->handle, buf, n, (uint64_t)off, DIRECT(d));
 	put(d);
 	return r < 0 ? fail((int)-r) : r;
 }

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "weir_cache.h"
 #include "weir_ring.h"
 
 /* One ring: a session with one service (docs/ring-abi.md). */
@@ -37,8 +38,17 @@ struct ring {
 	pthread_mutex_t mu;
 };
 
+/* A file message the io socket brought that no caller has taken yet. */
+struct pending_file {
+	uint64_t tag;
+	int fd; /* -1: free */
+};
+#define MAX_PENDING_FILES 8
+
 struct weir_fs {
 	struct ring meta, io;
+	pthread_mutex_t files_mu; /* the io socket's reads, and files[] */
+	struct pending_file files[MAX_PENDING_FILES];
 	uint32_t version;
 	uint64_t session;
 	uint8_t token[WEIR_TOKEN_SIZE];
@@ -403,6 +413,9 @@ int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 	if (!fs)
 		return -ENOMEM;
 	fs->meta.sock = fs->io.sock = -1; /* (0 is the program's stdin: never ours to close) */
+	pthread_mutex_init(&fs->files_mu, NULL);
+	for (int i = 0; i < MAX_PENDING_FILES; i++)
+		fs->files[i].fd = -1;
 	int err = ring_dial(&fs->meta, meta_sock);
 	if (!err)
 		err = ring_dial(&fs->io, io_sock);
@@ -454,6 +467,10 @@ void weir_fs_close(weir_fs *fs)
 		return;
 	ring_close(&fs->io);
 	ring_close(&fs->meta);
+	for (int i = 0; i < MAX_PENDING_FILES; i++)
+		if (fs->files[i].fd >= 0)
+			close(fs->files[i].fd);
+	pthread_mutex_destroy(&fs->files_mu);
 	free(fs);
 }
 
@@ -831,4 +848,174 @@ int weir_lock(weir_fs *fs, uint64_t handle, int get, uint8_t type, uint8_t cls, 
 	if (held->type != WEIR_LOCK_UNLOCK && held->start >= held->end)
 		return -EPROTO;
 	return 0;
+}
+
+/* The cache region (docs/cache-abi.md): a readable handle's mapping of
+ * the file's pages in io's cache, read with the state words' seqlock. */
+struct weir_cache {
+	const uint8_t *base;
+	size_t len;    /* mapped bytes */
+	uint64_t cap;  /* file bytes the mapping covers */
+};
+
+#define FILE_MAGIC 0x31465257u /* "WRF1" (docs/ring-abi.md §6) */
+
+/* take_file receives, from the io socket, the file message with tag
+ * (keeping others for their callers): its fd, or -errno. */
+static int take_file(weir_fs *fs, uint64_t tag)
+{
+	pthread_mutex_lock(&fs->files_mu);
+	int fd = -EIO;
+	for (int i = 0; i < MAX_PENDING_FILES; i++)
+		if (fs->files[i].fd >= 0 && fs->files[i].tag == tag) {
+			fd = fs->files[i].fd;
+			fs->files[i].fd = -1;
+			goto out;
+		}
+	for (int tries = 0; tries < 64; tries++) {
+		uint8_t m[16];
+		struct iovec iov = {m, sizeof m};
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(2 * sizeof(int))];
+		} cb;
+		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof cb.b};
+		struct pollfd p = {.fd = fs->io.sock, .events = POLLIN};
+		if (poll(&p, 1, WEIR_HANDSHAKE_TIMEOUT_MS) != 1) {
+			fd = -ETIMEDOUT; /* the service writes the message before it answers: it is broken */
+			goto out;
+		}
+		ssize_t n = recvmsg(fs->io.sock, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+		int got = -1, extra = 0;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+				continue;
+			size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (size_t i = 0; i < k; i++) {
+				int f;
+				memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+				if (got < 0) {
+					got = f;
+				} else {
+					close(f);
+					extra = 1;
+				}
+			}
+		}
+		if (n != 16 || got < 0 || extra || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) || get32(m) != FILE_MAGIC || get32(m + 4) != 0) {
+			if (got >= 0)
+				close(got);
+			fd = -EPROTO; /* (the Go client ends the session here; this one stops mapping) */
+			goto out;
+		}
+		uint64_t t = get64(m + 8);
+		if (t == tag) {
+			fd = got;
+			goto out;
+		}
+		int kept = 0;
+		for (int i = 0; i < MAX_PENDING_FILES && !kept; i++)
+			if (fs->files[i].fd < 0) {
+				fs->files[i].tag = t;
+				fs->files[i].fd = got;
+				kept = 1;
+			}
+		if (!kept)
+			close(got);
+	}
+out:
+	pthread_mutex_unlock(&fs->files_mu);
+	return fd;
+}
+
+int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out)
+{
+	uint64_t tag = 0;
+	int64_t res = io_call(fs, WEIR_OP_CACHE_MAP, 0, handle, 0, NULL, 0, NULL, 0, &tag);
+	if (res < 0)
+		return (int)res;
+	int fd = take_file(fs, tag);
+	if (fd < 0)
+		return fd;
+	struct stat st;
+	void *p = MAP_FAILED;
+	if (fstat(fd, &st) == 0 && st.st_size >= (off_t)(WEIR_CACHE_HEADER_SIZE + WEIR_CACHE_CHUNK_SIZE))
+		p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return -EPROTO;
+	const uint8_t *b = p;
+	uint64_t cap = __atomic_load_n((const uint64_t *)(b + WEIR_CACHE_OFF_CAPACITY), __ATOMIC_ACQUIRE);
+	uint64_t covered = ((uint64_t)st.st_size - WEIR_CACHE_HEADER_SIZE) / WEIR_CACHE_CHUNK_SIZE * WEIR_CACHE_CHUNK_BYTES;
+	/* The header is checked before anything is read (§2). */
+	if (get32(b) != WEIR_CACHE_MAGIC || (b[4] | b[5] << 8) != WEIR_CACHE_VERSION || (b[6] | b[7] << 8) != WEIR_CACHE_PAGE_SHIFT ||
+	    get32(b + WEIR_CACHE_OFF_CHUNK_PAGES) != WEIR_CACHE_CHUNK_PAGES || get32(b + WEIR_CACHE_OFF_RESERVED) != 0 ||
+	    cap % WEIR_CACHE_CHUNK_BYTES != 0 || cap > WEIR_CACHE_MAX_CAPACITY || cap == 0) {
+		munmap(p, (size_t)st.st_size);
+		return -EPROTO;
+	}
+	weir_cache *c = malloc(sizeof *c);
+	if (!c) {
+		munmap(p, (size_t)st.st_size);
+		return -ENOMEM;
+	}
+	c->base = b;
+	c->len = (size_t)st.st_size;
+	c->cap = cap < covered ? cap : covered;
+	*out = c;
+	return 0;
+}
+
+void weir_cache_unmap(weir_cache *c)
+{
+	if (c) {
+		munmap((void *)c->base, c->len);
+		free(c);
+	}
+}
+
+/* cache_size reads the field group's size (the seqlock); -1 if it is
+ * not stable within WEIR_CACHE_FIELD_TRIES. */
+static int64_t cache_size(const weir_cache *c)
+{
+	const uint64_t *seq = (const uint64_t *)(c->base + WEIR_CACHE_OFF_FIELDS_SEQ);
+	const uint64_t *size = (const uint64_t *)(c->base + WEIR_CACHE_OFF_SIZE);
+	for (unsigned i = 0; i < WEIR_CACHE_FIELD_TRIES; i++) {
+		uint64_t a = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
+		if (a & 1)
+			continue;
+		uint64_t v = __atomic_load_n(size, __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(seq, __ATOMIC_ACQUIRE) == a)
+			return v > WEIR_CACHE_MAX_CAPACITY ? -1 : (int64_t)v;
+	}
+	return -1;
+}
+
+ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off)
+{
+	int64_t size = cache_size(c);
+	if (size < 0)
+		return -EAGAIN;
+	if (off >= (uint64_t)size)
+		return 0;
+	if (n > (uint64_t)size - off)
+		n = (size_t)((uint64_t)size - off);
+	if (off + n > c->cap)
+		return -EAGAIN; /* past the mapping: the ring's */
+	size_t done = 0;
+	while (done < n) {
+		uint64_t at = off + done, p = at >> WEIR_CACHE_PAGE_SHIFT;
+		size_t in = (size_t)(at & (WEIR_CACHE_PAGE_SIZE - 1));
+		size_t k = WEIR_CACHE_PAGE_SIZE - in < n - done ? WEIR_CACHE_PAGE_SIZE - in : n - done;
+		const uint32_t *state = (const uint32_t *)(c->base + weir_cache_state_off(p));
+		uint32_t w = __atomic_load_n(state, __ATOMIC_ACQUIRE);
+		if ((w & WEIR_CACHE_KIND_MASK) != WEIR_CACHE_KIND_RESIDENT || (w & WEIR_CACHE_RESERVED_MASK))
+			return -EAGAIN; /* absent or busy: the ring's (which fills it) */
+		memcpy((uint8_t *)buf + done, c->base + weir_cache_page_off(p) + in, k);
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (__atomic_load_n(state, __ATOMIC_ACQUIRE) != w)
+			return -EAGAIN; /* a transition overlapped the copy */
+		done += k;
+	}
+	return (ssize_t)done;
 }

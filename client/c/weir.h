@@ -107,6 +107,19 @@ struct weir_lock_info {
 int weir_lock(weir_fs *fs, uint64_t handle, int get, uint8_t type, uint8_t cls, uint64_t start, uint64_t end,
 	      struct weir_lock_info *held);
 
+/* The cache region (docs/cache-abi.md): weir_cache_map maps a readable,
+ * not O_DIRECT, handle's region of io's page cache read-only (one round
+ * trip and one file on the session socket); weir_cache_read then copies
+ * resident pages with no round trip, coherent with every write through
+ * the service, and answers -EAGAIN where a page is absent or changing, or
+ * the field group is: read through the ring (weir_pread), which fills
+ * it. A mapping outlives its handle (as the region does its file's
+ * close): weir_cache_unmap ends it. */
+typedef struct weir_cache weir_cache;
+int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out);
+ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off);
+void weir_cache_unmap(weir_cache *c);
+
 /* Times in Unix nanoseconds; WEIR_TIME_OMIT leaves one unchanged. */
 int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime);
 int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime);
