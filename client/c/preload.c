@@ -122,6 +122,15 @@ static pthread_mutex_t fs_mu = PTHREAD_MUTEX_INITIALIZER;
 static weir_fs *wfs;
 static pid_t wfs_pid; /* the process that dialled wfs: a forked child must not use it */
 
+/* vfork (and posix_spawn, and Python's subprocess) runs a child in its
+ * parent's memory until it execs: the shim's table, its sessions and the
+ * standard streams are the parent's there, so a child of vfork changes
+ * none of them. Its calls go to the kernel (close and dup2 of weir
+ * descriptors are the kernel's own there; the new image finds its weir
+ * descriptors after exec). tab_pid is the process the memory is of. */
+static pid_t tab_pid;
+static int vforked(void) { return getpid() != tab_pid; }
+
 /* The weir cwd: set while the cwd is inside the mount. */
 static pthread_mutex_t cwd_mu = PTHREAD_MUTEX_INITIALIZER;
 static int wcwd_on;           /* under cwd_mu */
@@ -303,8 +312,11 @@ static int has_dotdot(const char *p)
 }
 
 /* fs returns the process's weir sessions, dialling them at first use. */
+static weir_fs *dial_env(int *err);
 static weir_fs *fs(int *err)
 {
+	if (vforked())
+		return dial_env(err); /* (never stored: the memory is the parent's; the child execs soon) */
 	pthread_mutex_lock(&fs_mu);
 	if (wfs && wfs_pid != getpid())
 		wfs = NULL; /* a forked child: its rings are the parent's; dial anew */
@@ -338,6 +350,24 @@ static weir_fs *fs(int *err)
 	weir_fs *f = fs(&fs_err_);                      \
 	if (!f)                                         \
 		return fail(fs_err_ ? fs_err_ : EIO)
+
+static weir_fs *dial_env(int *err)
+{
+	const char *run = getenv("WEIR_RUN_DIR");
+	char meta[PATH_MAX], io[PATH_MAX];
+	const char *ms = getenv("WEIR_META_SOCK"), *is = getenv("WEIR_IO_SOCK");
+	if (!run)
+		run = "/run/weir";
+	snprintf(meta, sizeof meta, "%s/metadata.sock", run);
+	snprintf(io, sizeof io, "%s/io.sock", run);
+	weir_fs *f = NULL;
+	int e = weir_dial(ms ? ms : meta, is ? is : io, &f);
+	if (e) {
+		*err = -e;
+		return NULL;
+	}
+	return f;
+}
 
 /* Page locks: robust, so that a process killed while holding one (it
  * shares the page with others) does not leave them waiting forever. */
@@ -436,7 +466,7 @@ static int adopt(struct desc *d)
 			int err = 0;
 			weir_fs *f = fs(&err);
 			uint64_t h = 0;
-			e = f ? weir_inherit(f, d->pg->ticket, &h) : -(err ? err : EIO);
+			e = f ? weir_inherit(f, d->pg->ticket, d->pg->flags, &h) : -(err ? err : EIO);
 			if (!e)
 				d->handle = h;
 		}
@@ -461,6 +491,11 @@ static struct desc *get(int fd, int *err)
 		d->refs++;
 	pthread_mutex_unlock(&tab_mu);
 	if (d && d->pid != getpid()) {
+		if (vforked()) {
+			void put(struct desc *);
+			put(d);
+			return NULL; /* the kernel's (an O_PATH descriptor: EBADF) */
+		}
 		int e = adopt(d);
 		if (e) {
 			void put(struct desc *);
@@ -491,6 +526,8 @@ static void std_sync(int fd);
 /* install makes fd name d (one more reference), dropping what fd named. */
 static void install(int fd, struct desc *d)
 {
+	if (vforked())
+		return;
 	pthread_mutex_lock(&tab_mu);
 	struct desc *old = tab[fd];
 	tab[fd] = d;
@@ -506,7 +543,7 @@ static void install(int fd, struct desc *d)
 /* forget drops what fd named in the table (the kernel closed it). */
 static void forget(int fd)
 {
-	if (fd < 0 || fd >= MAX_FDS)
+	if (fd < 0 || fd >= MAX_FDS || vforked())
 		return;
 	pthread_mutex_lock(&tab_mu);
 	struct desc *d = tab[fd];
@@ -1785,6 +1822,8 @@ int utime(const char *path, const void *buf)
  * program the shim does not serve can create nothing. */
 static void set_wcwd(const char *w)
 {
+	if (vforked())
+		return; /* (the parent's memory: see tab_pid) */
 	pthread_mutex_lock(&cwd_mu);
 	snprintf(wcwd, sizeof wcwd, "%s", w);
 	wcwd_on = 1;
@@ -1821,6 +1860,8 @@ static void set_wcwd(const char *w)
 
 static void clear_wcwd(void)
 {
+	if (vforked())
+		return;
 	pthread_mutex_lock(&cwd_mu);
 	wcwd_on = 0;
 	if (cwd_fd >= 0) {
@@ -3388,6 +3429,7 @@ static void fork_parent(void)
 
 static void fork_child(void)
 {
+	tab_pid = getpid();
 	wfs = NULL; /* (its mappings and sockets stay, unused, until exec or exit) */
 	fork_parent();
 }
@@ -3459,6 +3501,7 @@ static void adopt_inherited(void)
 
 __attribute__((constructor)) static void shim_init(void)
 {
+	tab_pid = getpid();
 	adopt_inherited();
 	pthread_atfork(fork_prepare, fork_parent, fork_child);
 }

@@ -3,7 +3,8 @@
  * as the kernel's across fork and exec. A forked child shares its
  * parent's open file descriptions (offset and flags), an unlinked file's
  * too; a descriptor without FD_CLOEXEC survives exec, one with it does
- * not, and a failed exec loses nothing; a cwd inside weir survives exec.
+ * not, and a failed exec loses nothing; a child of vfork changes none of
+ * the parent's; a cwd inside weir survives exec.
  * Exit 0 and "ok" on success.
  *
  *	test_fork            the parent's part
@@ -74,6 +75,19 @@ int main(int argc, char **argv)
 	CHECK(lseek(fd, 0, SEEK_CUR) == 11, "the parent's offset after the child's write: %ld", (long)lseek(fd, 0, SEEK_CUR));
 	char b[32] = {0};
 	CHECK(pread(fd, b, 11, 0) == 11 && memcmp(b, "parentchild", 11) == 0, "the parent reads %s", b);
+
+	/* A child of vfork shares the parent's memory until it execs: its
+	 * close of a weir descriptor is its own (the parent keeps it). */
+	pid_t vp = vfork();
+	CHECK(vp >= 0, "vfork: %s", strerror(errno));
+	if (vp == 0) {
+		close(fd);
+		close(gone);
+		execl("/bin/true", "true", (char *)NULL);
+		_exit(1);
+	}
+	wait_ok(vp, "vfork child");
+	CHECK(pread(fd, b, 6, 0) == 6 && memcmp(b, "parent", 6) == 0, "read after a vfork child closed it: %s", strerror(errno));
 
 	/* A failed exec loses nothing. */
 	errno = 0;

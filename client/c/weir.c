@@ -45,8 +45,29 @@ struct pending_file {
 };
 #define MAX_PENDING_FILES 8
 
+/* A handle as this session holds it (FeatureLeases and FeatureCaps): the
+ * data handle its IO requests name, and how it gets its grant at io. */
+struct hrec {
+	uint64_t h, dh; /* h 0: free; ~0: deleted */
+	uint8_t granted, has_cap, writable;
+	uint8_t cap[WEIR_CAP_SIZE];
+};
+
 struct weir_fs {
 	struct ring meta, io;
+	uint64_t features;     /* what the metadata service answered */
+	pthread_mutex_t hmu;   /* recs */
+	struct hrec *recs;     /* open addressing by h */
+	size_t nrecs, caprecs; /* used (deleted included), slots */
+	/* Capabilities of kept leases never claimed (a read-only file opened
+	 * and closed before its first read): by data handle, for the next
+	 * open of the file, which the service answers as granted under that
+	 * lease although io never heard of it. Under hmu. */
+	struct {
+		uint64_t dh;
+		uint8_t cap[WEIR_CAP_SIZE];
+	} kept[64];
+	unsigned kept_next;
 	pthread_mutex_t files_mu; /* the io socket's reads, and files[] */
 	struct pending_file files[MAX_PENDING_FILES];
 	uint32_t version;
@@ -390,22 +411,208 @@ out:
  * in between (the Go client's maxRegrants). */
 #define MAX_REGRANTS 8
 
-/* io_call is call on the IO ring for a request naming handle: an EBADF
- * (the grant is not, or no longer, at io: recalled by another trust
- * group's) asks metadata to grant the handle again (OpGrant) and sends
- * the request again, as proto/doc.go's grant rule says. */
+/* The handle table. */
+#define H_DELETED (~(uint64_t)0)
+
+static struct hrec *hfind(weir_fs *fs, uint64_t h)
+{
+	if (!fs->caprecs || h == 0 || h == H_DELETED)
+		return NULL;
+	for (size_t i = (size_t)(h * 0x9e3779b97f4a7c15ull) & (fs->caprecs - 1), k = 0; k < fs->caprecs; k++, i = (i + 1) & (fs->caprecs - 1)) {
+		if (fs->recs[i].h == h)
+			return &fs->recs[i];
+		if (fs->recs[i].h == 0)
+			return NULL;
+	}
+	return NULL;
+}
+
+static int hput(weir_fs *fs, const struct hrec *r)
+{
+	if ((fs->nrecs + 1) * 2 > fs->caprecs) {
+		size_t n = fs->caprecs ? fs->caprecs * 2 : 64;
+		struct hrec *old = fs->recs, *nr = calloc(n, sizeof *nr);
+		size_t oldn = fs->caprecs;
+		if (!nr)
+			return -ENOMEM;
+		fs->recs = nr;
+		fs->caprecs = n;
+		fs->nrecs = 0;
+		for (size_t i = 0; i < oldn; i++)
+			if (old[i].h && old[i].h != H_DELETED)
+				hput(fs, &old[i]);
+		free(old);
+	}
+	for (size_t i = (size_t)(r->h * 0x9e3779b97f4a7c15ull) & (fs->caprecs - 1);; i = (i + 1) & (fs->caprecs - 1))
+		if (fs->recs[i].h == 0 || fs->recs[i].h == H_DELETED || fs->recs[i].h == r->h) {
+			if (fs->recs[i].h == 0)
+				fs->nrecs++;
+			fs->recs[i] = *r;
+			return 0;
+		}
+}
+
+static void hdel(weir_fs *fs, uint64_t h)
+{
+	pthread_mutex_lock(&fs->hmu);
+	struct hrec *r = hfind(fs, h);
+	if (r) {
+		if (r->has_cap && !r->granted && r->dh != h) {
+			unsigned i = fs->kept_next++ % 64;
+			fs->kept[i].dh = r->dh;
+			memcpy(fs->kept[i].cap, r->cap, WEIR_CAP_SIZE);
+		}
+		r->h = H_DELETED;
+	}
+	pthread_mutex_unlock(&fs->hmu);
+}
+
+/* kept_cap takes the unclaimed capability of kept lease dh into r. */
+static void kept_cap(weir_fs *fs, struct hrec *r)
+{
+	for (int i = 0; i < 64; i++)
+		if (fs->kept[i].dh == r->dh) {
+			r->granted = 0;
+			r->has_cap = 1;
+			memcpy(r->cap, fs->kept[i].cap, WEIR_CAP_SIZE);
+			fs->kept[i].dh = 0;
+			return;
+		}
+}
+
+/* through_io grants handle h at io over the control plane
+ * (WEIR_GRANT_THROUGH_IO): a capability's claim failed, or io does not
+ * hold a grant metadata recorded as made. */
+static int64_t through_io(weir_fs *fs, uint64_t h, uint64_t *dh)
+{
+	uint64_t aux = 0;
+	int64_t g = call(&fs->meta, WEIR_OP_GRANT, WEIR_GRANT_THROUGH_IO, h, 0, NULL, 0, NULL, 0, &aux);
+	if (g < 0)
+		return g;
+	*dh = (fs->features & WEIR_FEATURE_LEASES) && aux ? aux : h;
+	return 0;
+}
+
+/* claim claims capability cap of data handle dh at io; refused, the grant
+ * goes through io. */
+static int64_t claim(weir_fs *fs, uint64_t h, const uint8_t *cap, uint64_t *dh)
+{
+	int64_t c = call(&fs->io, WEIR_OP_CLAIM, 0, *dh, 0, cap, WEIR_CAP_SIZE, NULL, 0, NULL);
+	if (c == 0)
+		return 0;
+	if (c == -EPIPE)
+		return c;
+	return through_io(fs, h, dh);
+}
+
+/* grant grants handle h (whose record is r, copied out) at io, before its
+ * first data request (proto/doc.go's grant rule): by its open's
+ * capability, or OpGrant (a read-only handle's answers a capability to
+ * claim; a writable one's its lease epoch, unused here). */
+static int64_t grant(weir_fs *fs, uint64_t h, const struct hrec *r, uint64_t *dh)
+{
+	*dh = r->dh;
+	if (r->has_cap)
+		return claim(fs, h, r->cap, dh);
+	uint8_t buf[WEIR_CAP_SIZE];
+	uint64_t aux = 0;
+	size_t want = !(fs->features & WEIR_FEATURE_CAPS) ? 0 : r->writable ? WEIR_TENURE_SIZE : WEIR_CAP_SIZE;
+	int64_t g = call(&fs->meta, WEIR_OP_GRANT, 0, h, 0, NULL, 0, want ? buf : NULL, want, &aux);
+	if (g < 0)
+		return g;
+	*dh = (fs->features & WEIR_FEATURE_LEASES) && aux ? aux : h;
+	if (!r->writable && g == WEIR_CAP_SIZE)
+		return claim(fs, h, buf, dh);
+	if (g != 0 && !(r->writable && g == WEIR_TENURE_SIZE))
+		return -EPROTO;
+	return 0;
+}
+
+/* data_handle returns the data handle of h's IO requests, granting it
+ * first if it is not yet. */
+static int64_t data_handle(weir_fs *fs, uint64_t h, uint64_t *dh)
+{
+	pthread_mutex_lock(&fs->hmu);
+	struct hrec *p = hfind(fs, h);
+	if (!p) {
+		pthread_mutex_unlock(&fs->hmu);
+		*dh = h; /* not one of weir_open's: io answers for it */
+		return 0;
+	}
+	struct hrec r = *p;
+	pthread_mutex_unlock(&fs->hmu);
+	if (r.granted) {
+		*dh = r.dh;
+		return 0;
+	}
+	int64_t e = grant(fs, h, &r, dh);
+	if (e)
+		return e;
+	pthread_mutex_lock(&fs->hmu);
+	if ((p = hfind(fs, h)) != NULL) {
+		p->granted = 1;
+		p->has_cap = 0; /* (spent) */
+		p->dh = *dh;
+	}
+	pthread_mutex_unlock(&fs->hmu);
+	return 0;
+}
+
+/* regrant asks for h's grant again after io answered EBADF on dh: another
+ * trust group's grant recalled it, or a grant metadata recorded as made
+ * never reached io (a kept lease of a capability never claimed). A
+ * read-only handle asks through io, which covers both. */
+static int64_t regrant(weir_fs *fs, uint64_t h, uint64_t *dh)
+{
+	pthread_mutex_lock(&fs->hmu);
+	struct hrec *p = hfind(fs, h);
+	struct hrec r = p ? *p : (struct hrec){.h = h, .dh = h, .writable = 1};
+	pthread_mutex_unlock(&fs->hmu);
+	int64_t e;
+	if (r.writable) {
+		r.has_cap = 0;
+		e = grant(fs, h, &r, dh);
+	} else {
+		e = through_io(fs, h, dh);
+	}
+	if (e)
+		return e;
+	pthread_mutex_lock(&fs->hmu);
+	if ((p = hfind(fs, h)) != NULL) {
+		p->granted = 1;
+		p->has_cap = 0;
+		p->dh = *dh;
+	}
+	pthread_mutex_unlock(&fs->hmu);
+	return 0;
+}
+
+/* MAX_REGRANTS bounds the regrants of one request: each one is a grant
+ * another trust group's recalled in between (the Go client's maxRegrants). */
+#define MAX_REGRANTS 8
+
+/* io_call is call on the IO ring for a request naming handle (a metadata
+ * handle: the request names its data handle, granted first if need be);
+ * an EBADF asks for the grant again and sends the request again, as
+ * proto/doc.go's grant rule says. */
 static int64_t io_call(weir_fs *fs, uint8_t op, uint32_t arg, uint64_t handle, uint64_t off, const void *in,
 		       size_t inlen, void *out, size_t outlen, uint64_t *aux)
 {
-	int64_t res = call(&fs->io, op, arg, handle, off, in, inlen, out, outlen, aux);
+	uint64_t dh;
+	int64_t res = data_handle(fs, handle, &dh);
+	if (res < 0)
+		return res == -EBADF ? -EBADF : res;
+	res = call(&fs->io, op, arg, dh, off, in, inlen, out, outlen, aux);
 	for (int i = 0; res == -EBADF && i < MAX_REGRANTS; i++) {
-		int64_t g = call(&fs->meta, WEIR_OP_GRANT, 0, handle, 0, NULL, 0, NULL, 0, NULL);
+		int64_t g = regrant(fs, handle, &dh);
 		if (g < 0)
 			return g == -EBADF ? res : g; /* not a handle of ours: io's EBADF stands */
-		res = call(&fs->io, op, arg, handle, off, in, inlen, out, outlen, aux);
+		res = call(&fs->io, op, arg, dh, off, in, inlen, out, outlen, aux);
 	}
 	return res;
 }
+
+#define WANT_FEATURES (WEIR_FEATURE_REOPEN | WEIR_FEATURE_LEASES | WEIR_FEATURE_CAPS | WEIR_FEATURE_OPEN_CAP)
 
 int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 {
@@ -414,6 +621,7 @@ int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 		return -ENOMEM;
 	fs->meta.sock = fs->io.sock = -1; /* (0 is the program's stdin: never ours to close) */
 	pthread_mutex_init(&fs->files_mu, NULL);
+	pthread_mutex_init(&fs->hmu, NULL);
 	for (int i = 0; i < MAX_PENDING_FILES; i++)
 		fs->files[i].fd = -1;
 	int err = ring_dial(&fs->meta, meta_sock);
@@ -423,12 +631,20 @@ int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 	if (!err) {
 		put32(b, WEIR_PROTO_MIN_VERSION);
 		put32(b + 4, WEIR_PROTO_MAX_VERSION);
-		put64(b + 8, WEIR_FEATURE_REOPEN); /* tickets: a description shared across fork and exec (weir_inherit) */
+		/* Tickets (a description shared across fork and exec:
+		 * weir_inherit); kept leases and read capabilities, so that a
+		 * read-only open, and an open of a file this session opened
+		 * before, cost no round trip between the services. */
+		put64(b + 8, WANT_FEATURES);
 		int64_t res = call(&fs->meta, WEIR_OP_HELLO, 0, 0, 0, b, 16, b, sizeof b, NULL);
 		if (res < 0)
 			err = (int)res;
-		else if (res != WEIR_HELLO_RESP_SIZE || get64(b + 8) != WEIR_FEATURE_REOPEN)
+		else if (res != WEIR_HELLO_RESP_SIZE || (get64(b + 8) & ~WANT_FEATURES) || !(get64(b + 8) & WEIR_FEATURE_REOPEN) ||
+			 ((get64(b + 8) & WEIR_FEATURE_OPEN_CAP) && (get64(b + 8) & (WEIR_FEATURE_LEASES | WEIR_FEATURE_CAPS)) !=
+									   (WEIR_FEATURE_LEASES | WEIR_FEATURE_CAPS)))
 			err = -EPROTO; /* (a service that cannot issue tickets is too old for this library) */
+		else
+			fs->features = get64(b + 8);
 	}
 	if (!err) {
 		fs->version = get32(b);
@@ -471,6 +687,8 @@ void weir_fs_close(weir_fs *fs)
 		if (fs->files[i].fd >= 0)
 			close(fs->files[i].fd);
 	pthread_mutex_destroy(&fs->files_mu);
+	pthread_mutex_destroy(&fs->hmu);
+	free(fs->recs);
 	free(fs);
 }
 
@@ -507,29 +725,56 @@ static void decode_attr(const uint8_t *p, struct weir_attr *a)
 	a->ctime = (int64_t)get64(p + 48);
 }
 
-/* open_answer takes an OPEN or INHERIT answer of res bytes in r: grants
- * a regular file's handle, stores the handle, its attributes and its
- * ticket. */
-static int open_answer(weir_fs *fs, int64_t res, const uint8_t *r, uint64_t *handle, struct weir_attr *attr,
+/* open_size is the length of OPEN's and INHERIT's answers here. */
+static size_t open_size(const weir_fs *fs)
+{
+	size_t n = WEIR_OPEN_RESP_SIZE_TICKET;
+	if (fs->features & WEIR_FEATURE_LEASES)
+		n += 8;
+	if (fs->features & WEIR_FEATURE_OPEN_CAP)
+		n += 1 + WEIR_CAP_SIZE;
+	return n;
+}
+
+/* open_answer takes an OPEN or INHERIT answer of res bytes in r: records
+ * the handle (its data handle, grant, capability), stores it, its
+ * attributes and its ticket. The grant itself waits for the first data
+ * request (data_handle). */
+static int open_answer(weir_fs *fs, int64_t res, const uint8_t *r, int flags, uint64_t *handle, struct weir_attr *attr,
 		       uint8_t *ticket)
 {
 	if (res < 0)
 		return (int)res;
-	if (res != WEIR_OPEN_RESP_SIZE_TICKET)
+	if ((size_t)res != open_size(fs))
 		return -EPROTO;
 	uint64_t h = get64(r);
 	struct weir_attr a;
 	decode_attr(r + WEIR_OPEN_RESP_OFF_ATTR, &a);
-	if ((a.mode & S_IFMT) != S_IFREG && (a.mode & S_IFMT) != S_IFDIR)
+	if (h == 0 || h == H_DELETED || ((a.mode & S_IFMT) != S_IFREG && (a.mode & S_IFMT) != S_IFDIR))
 		return -EPROTO;
-	int granted = r[WEIR_OPEN_RESP_OFF_GRANTED];
-	if ((a.mode & S_IFMT) == S_IFREG && !granted) {
-		/* No lease features: the handle is granted at io through
-		 * metadata (a NATS round trip) before any data request names it. */
-		res = call(&fs->meta, WEIR_OP_GRANT, 0, h, 0, NULL, 0, NULL, 0, NULL);
-		if (res < 0) {
+	struct hrec rec = {.h = h, .dh = h, .granted = r[WEIR_OPEN_RESP_OFF_GRANTED] != 0, .writable = (flags & O_ACCMODE) != O_RDONLY};
+	size_t at = WEIR_OPEN_RESP_OFF_TICKET + WEIR_TICKET_SIZE;
+	if (fs->features & WEIR_FEATURE_LEASES) {
+		rec.dh = get64(r + at);
+		at += 8;
+		if (rec.dh == 0 || rec.dh == H_DELETED)
+			return -EPROTO;
+	}
+	if (fs->features & WEIR_FEATURE_OPEN_CAP) {
+		rec.has_cap = r[at] == 1;
+		if (r[at] > 1 || (rec.has_cap && rec.granted))
+			return -EPROTO;
+		memcpy(rec.cap, r + at + 1, WEIR_CAP_SIZE);
+	}
+	if ((a.mode & S_IFMT) == S_IFREG) {
+		pthread_mutex_lock(&fs->hmu);
+		if (rec.granted && rec.dh != h && !rec.writable)
+			kept_cap(fs, &rec);
+		int e = hput(fs, &rec);
+		pthread_mutex_unlock(&fs->hmu);
+		if (e) {
 			call(&fs->meta, WEIR_OP_CLOSE, 0, h, 0, NULL, 0, NULL, 0, NULL);
-			return (int)res;
+			return e;
 		}
 	}
 	*handle = h;
@@ -540,6 +785,8 @@ static int open_answer(weir_fs *fs, int64_t res, const uint8_t *r, uint64_t *han
 	return 0;
 }
 
+#define OPEN_RESP_MAX (WEIR_OPEN_RESP_SIZE_TICKET + 8 + 1 + WEIR_CAP_SIZE)
+
 int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t *handle, struct weir_attr *attr,
 	      uint8_t *ticket)
 {
@@ -548,17 +795,17 @@ int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t 
 	int err = path_body(b, sizeof b, 1, mode, path, &n);
 	if (err)
 		return err;
-	uint8_t r[WEIR_OPEN_RESP_SIZE_TICKET];
-	int64_t res = call(&fs->meta, WEIR_OP_OPEN, (uint32_t)(flags & ~O_CLOEXEC), 0, 0, b, n, r, sizeof r, NULL);
-	return open_answer(fs, res, r, handle, attr, ticket);
+	uint8_t r[OPEN_RESP_MAX];
+	int64_t res = call(&fs->meta, WEIR_OP_OPEN, (uint32_t)(flags & ~O_CLOEXEC), 0, 0, b, n, r, open_size(fs), NULL);
+	return open_answer(fs, res, r, flags, handle, attr, ticket);
 }
 
-int weir_inherit(weir_fs *fs, const uint8_t *ticket, uint64_t *handle)
+int weir_inherit(weir_fs *fs, const uint8_t *ticket, int flags, uint64_t *handle)
 {
-	uint8_t r[WEIR_OPEN_RESP_SIZE_TICKET];
+	uint8_t r[OPEN_RESP_MAX];
 	memcpy(r, ticket, WEIR_TICKET_SIZE);
-	int64_t res = call(&fs->meta, WEIR_OP_INHERIT, 0, 0, 0, r, WEIR_TICKET_SIZE, r, sizeof r, NULL);
-	return open_answer(fs, res, r, handle, NULL, NULL);
+	int64_t res = call(&fs->meta, WEIR_OP_INHERIT, 0, 0, 0, r, WEIR_TICKET_SIZE, r, open_size(fs), NULL);
+	return open_answer(fs, res, r, flags, handle, NULL, NULL);
 }
 
 ssize_t weir_pread(weir_fs *fs, uint64_t handle, void *buf, size_t n, uint64_t off, int direct)
@@ -631,6 +878,7 @@ int weir_fsync(weir_fs *fs, uint64_t handle)
 
 int weir_close(weir_fs *fs, uint64_t handle)
 {
+	hdel(fs, handle);
 	int64_t res = call(&fs->meta, WEIR_OP_CLOSE, 0, handle, 0, NULL, 0, NULL, 0, NULL);
 	return res < 0 ? (int)res : 0;
 }

@@ -54,11 +54,12 @@ int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t 
 
 /* weir_inherit opens, in fs's session, the file a ticket from weir_open
  * (of any session of this uid, since the metadata service started) names,
- * with the same flags: for a process that shares an open file
+ * with the same flags (flags: the open's, as the caller knows them; the
+ * ticket's are the service's): for a process that shares an open file
  * description with the one that opened it (fork, exec). -ESTALE: the
  * file is gone; -EPERM: not a ticket of this service's incarnation and
  * uid. */
-int weir_inherit(weir_fs *fs, const uint8_t *ticket, uint64_t *handle);
+int weir_inherit(weir_fs *fs, const uint8_t *ticket, int flags, uint64_t *handle);
 
 /* weir_pread and weir_pwrite move up to n bytes at off; they return the
  * count (short only at the end of the file, for reads). direct: as

@@ -424,3 +424,26 @@ func killAll(t *testing.T, pid int) {
 		}
 	}
 }
+
+// TestShimReadsSeeWrites: a reader that maps the file's cache region (its
+// third read on) sees what another process writes and truncates, at once.
+func TestShimReadsSeeWrites(t *testing.T) {
+	need(t, "python3", "python3")
+	s := newShimmed(t)
+	out := s.sh("python3", `
+import os, subprocess
+open('/weir/cc', 'w').write('a' * 10000)
+fd = os.open('/weir/cc', os.O_RDONLY)
+for i in range(4):
+    assert os.pread(fd, 5, 9000) == b'aaaaa'
+subprocess.run(['sh', '-c', 'printf XYZ | dd of=/weir/cc bs=1 seek=9001 conv=notrunc status=none'], check=True)
+print(os.pread(fd, 5, 9000))
+subprocess.run(['truncate', '-s', '9002', '/weir/cc'], check=True)
+print(os.pread(fd, 5, 9000), os.fstat(fd).st_size)
+subprocess.run(['sh', '-c', 'printf tail >> /weir/cc'], check=True)
+print(os.pread(fd, 10, 9000))
+`)
+	if want := "b'aXYZa'\nb'aX' 9002\nb'aXtail'\n"; out != want {
+		t.Fatalf("reads after other processes' writes: %q, want %q", out, want)
+	}
+}
