@@ -456,6 +456,7 @@ static void free_desc(struct desc *d)
 
 /* adopt gives d a handle of this process's session if another process
  * opened it (fork, exec). Under adopt_mu, which fork_prepare holds too. */
+static void put(struct desc *d);
 static pthread_mutex_t adopt_mu = PTHREAD_MUTEX_INITIALIZER;
 static int adopt(struct desc *d)
 {
@@ -492,13 +493,11 @@ static struct desc *get(int fd, int *err)
 	pthread_mutex_unlock(&tab_mu);
 	if (d && d->pid != getpid()) {
 		if (vforked()) {
-			void put(struct desc *);
 			put(d);
 			return NULL; /* the kernel's (an O_PATH descriptor: EBADF) */
 		}
 		int e = adopt(d);
 		if (e) {
-			void put(struct desc *);
 			put(d);
 			*err = -e == ESTALE ? EBADF : -e; /* (the file is gone) */
 			return NULL;
@@ -507,8 +506,7 @@ static struct desc *get(int fd, int *err)
 	return d;
 }
 
-void put(struct desc *d);
-void put(struct desc *d)
+static void put(struct desc *d)
 {
 	pthread_mutex_lock(&tab_mu);
 	int last = --d->refs == 0;
@@ -883,14 +881,20 @@ static int any_posix_lock; /* this process set a POSIX lock: close must release 
  * the close of any of its descriptors does in POSIX. */
 static void posix_unlock_all(int fd)
 {
-	if (!any_posix_lock)
+	if (!any_posix_lock || fd < 0 || fd >= MAX_FDS)
 		return;
-	int e = 0;
-	struct desc *d = get(fd, &e);
+	/* Only a description this process uses can hold its locks (a forked
+	 * child inherits none): no adoption just to close. */
+	pthread_mutex_lock(&tab_mu);
+	struct desc *d = tab[fd];
+	if (d && (d->pid != getpid() || d->pg->kind != K_FILE))
+		d = NULL;
+	if (d)
+		d->refs++;
+	pthread_mutex_unlock(&tab_mu);
 	if (!d)
 		return;
-	if (d->pg->kind == K_FILE)
-		weir_lock(wfs, d->handle, 0, WEIR_LOCK_UNLOCK, WEIR_LOCK_POSIX, 0, UINT64_MAX, NULL);
+	weir_lock(wfs, d->handle, 0, WEIR_LOCK_UNLOCK, WEIR_LOCK_POSIX, 0, UINT64_MAX, NULL);
 	put(d);
 }
 

@@ -447,3 +447,36 @@ print(os.pread(fd, 10, 9000))
 		t.Fatalf("reads after other processes' writes: %q, want %q", out, want)
 	}
 }
+
+// TestShimExportsOnlyEntryPoints: every symbol the shim defines is an
+// entry point of the C library (or libaio's, or libweir's own weir_*):
+// a helper left global would take the place of a program's own function
+// of that name.
+func TestShimExportsOnlyEntryPoints(t *testing.T) {
+	need(t, "nm", "binutils")
+	so := buildShim(t)
+	defined := func(path string) map[string]bool {
+		out, err := exec.Command("nm", "-D", "--defined-only", path).Output()
+		if err != nil {
+			t.Fatalf("nm %s: %v", path, err)
+		}
+		m := map[string]bool{}
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) == 3 {
+				m[strings.SplitN(f[2], "@", 2)[0]] = true
+			}
+		}
+		return m
+	}
+	libcPath, _ := filepath.Glob("/lib/*-linux-gnu/libc.so.6")
+	if len(libcPath) == 0 {
+		t.Skip("no /lib/*-linux-gnu/libc.so.6 (a Debian multiarch glibc) to compare the shim's symbols with")
+	}
+	libc := defined(libcPath[0])
+	libaio := map[string]bool{"io_submit": true, "io_getevents": true, "io_cancel": true, "io_destroy": true}
+	for sym := range defined(so) {
+		if !libc[sym] && !libaio[sym] && !strings.HasPrefix(sym, "weir_") {
+			t.Errorf("the shim exports %s, which is no libc or libaio entry point", sym)
+		}
+	}
+}
