@@ -2293,16 +2293,63 @@ int lockf(int fd, int cmd, off_t len)
 }
 int lockf64(int fd, int cmd, off64_t len) { return lockf(fd, cmd, (off_t)len); }
 
-/* mmap of a weir file: not yet; ENODEV is what a file system that cannot
- * map files answers. */
+/* mmap of a weir file. MAP_PRIVATE is a private copy of the file's bytes
+ * made at the call (anonymous memory, read in with pread): POSIX leaves
+ * unspecified whether such a mapping sees the file's later changes, and
+ * this one does not, where Linux's shows them in pages not yet written.
+ * Bytes past the end of the file read as zeros (Linux: SIGBUS past the
+ * last page). MAP_SHARED, which must stay coherent with every write, is
+ * not built: ENODEV, what a file system that cannot map files answers. */
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	init_mmap();
-	if (!(flags & MAP_ANONYMOUS) && is_weir(fd)) {
-		errno = ENODEV;
+	if ((flags & MAP_ANONYMOUS) || !is_weir(fd))
+		return real_mmap(addr, len, prot, flags, fd, off);
+	int e = 0;
+	struct desc *d = get(fd, &e);
+	if (!d) {
+		errno = e ? e : EBADF;
 		return MAP_FAILED;
 	}
-	return real_mmap(addr, len, prot, flags, fd, off);
+	int type = flags & MAP_TYPE;
+	if (type != MAP_PRIVATE || d->pg->kind != K_FILE)
+		e = d->pg->kind != K_FILE ? (d->pg->kind == K_DIR ? ENODEV : EBADF) : ENODEV;
+	else if (!readable(d->pg->flags))
+		e = EACCES;
+	else if (len == 0 || off < 0 || off % 4096)
+		e = EINVAL;
+	void *p = MAP_FAILED;
+	if (!e) {
+		p = real_mmap(addr, len, prot | PROT_READ | PROT_WRITE, (flags & ~MAP_TYPE) | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (p == MAP_FAILED)
+			e = errno;
+	}
+	if (!e) {
+		size_t done = 0;
+		while (done < len) {
+			size_t want = len - done < (1u << 20) ? len - done : (1u << 20);
+			ssize_t r = cached_read(d, (char *)p + done, want, (uint64_t)off + done);
+			if (r == -EAGAIN)
+				r = weir_pread(wfs, d->handle, (char *)p + done, want, (uint64_t)off + done, 0);
+			if (r < 0) {
+				e = (int)-r;
+				break;
+			}
+			if (r == 0)
+				break; /* the end of the file: zeros from here */
+			done += (size_t)r;
+		}
+		if (!e && !(prot & PROT_WRITE) && mprotect(p, len, prot) != 0)
+			e = errno;
+		if (e)
+			munmap(p, len);
+	}
+	put(d);
+	if (e) {
+		errno = e;
+		return MAP_FAILED;
+	}
+	return p;
 }
 void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off64_t off) { return mmap(addr, len, prot, flags, fd, (off_t)off); }
 

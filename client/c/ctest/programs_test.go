@@ -480,3 +480,29 @@ func TestShimExportsOnlyEntryPoints(t *testing.T) {
 		}
 	}
 }
+
+// TestShimMmapPrivate: a MAP_PRIVATE mapping of a weir file holds its
+// bytes, takes private writes that never reach the file, and reads zeros
+// past its end; MAP_SHARED answers ENODEV (not built).
+func TestShimMmapPrivate(t *testing.T) {
+	need(t, "python3", "python3")
+	s := newShimmed(t)
+	out := s.sh("python3", `
+import mmap, os
+open('/weir/mm', 'wb').write(b'0123456789' * 1000)
+fd = os.open('/weir/mm', os.O_RDONLY)
+m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+print(len(m), m[9995:10000], m[:4])
+m[:4] = b'abcd'
+print(m[:6], open('/weir/mm', 'rb').read(6))
+tail = mmap.mmap(fd, 10000 - 8192, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ, offset=8192)
+print(tail[:3], tail[-2:])
+try:
+    mmap.mmap(fd, 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+except OSError as e:
+    print(e.errno == 19)
+`)
+	if want := "10000 b'56789' b'0123'\nb'abcd45' b'012345'\nb'234' b'89'\nTrue\n"; out != want {
+		t.Fatalf("mmap of a weir file: %q, want %q", out, want)
+	}
+}
