@@ -657,3 +657,23 @@ func DecodeLockResp(b []byte) (LockResp, error) {
 	return LockResp{Type: b[0], Class: b[1], PID: int32(binary.LittleEndian.Uint32(b[4:])),
 		Start: binary.LittleEndian.Uint64(b[8:]), End: binary.LittleEndian.Uint64(b[16:])}, nil
 }
+
+// StatFSRespSize is the size of OpStatFS's answer.
+const StatFSRespSize = 24
+
+// StatFSResp is OpStatFS's answer: the store's room in bytes.
+//
+//	statfs answer (24 bytes)
+//	  0 u64 total
+//	  8 u64 free     to the superuser
+//	 16 u64 avail    to anyone
+type StatFSResp struct{ Total, Free, Avail uint64 }
+
+// Append encodes r.
+func (r *StatFSResp) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.U64(r.Total)
+	e.U64(r.Free)
+	e.U64(r.Avail)
+	return e.B
+}

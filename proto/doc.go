@@ -168,6 +168,8 @@
 //	OpClaim     Handle = the data handle; in: capability (CapSize)
 //	            -   EKEYREJECTED: not a capability of this io epoch, or
 //	            revoked: ask again with OpGrant, Arg = GrantThroughIO
+//	OpStatFS    (an attached session) out: StatFSResp, the store's room
+//	            in bytes (statfs); EOPNOTSUPP: the backend cannot say
 //	OpClaimDir  (FeatureDirOpen) in: an OpDirLease entry's capability,
 //	            u64 direct handle to release first (0: none), ClaimDirSize
 //	            bytes in all; Result 0, Aux = the new direct handle

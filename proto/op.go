@@ -100,6 +100,7 @@ const (
 	OpClaim     uint8 = 0x48
 	OpClaimDir  uint8 = 0x49
 	OpRelease   uint8 = 0x4a
+	OpStatFS    uint8 = 0x4b
 )
 
 // Opcode ranges of the two services; both lie above the ring's own

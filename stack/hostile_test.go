@@ -134,7 +134,7 @@ func (e *hostileEnv) do(t testing.TB, c *ring.Client, call *ring.Call, in, out [
 func (e *hostileEnv) hostileRequest(t testing.TB, r *rand.Rand) {
 	c, first, n := e.meta, proto.OpHello, int(proto.OpInherit-proto.OpHello)+1
 	if r.IntN(2) == 0 {
-		c, first, n = e.data, proto.OpAttach, int(proto.OpClaim-proto.OpAttach)+1
+		c, first, n = e.data, proto.OpAttach, int(proto.OpStatFS-proto.OpAttach)+1
 	}
 	call := &ring.Call{Op: uint8(int(first) - 2 + r.IntN(n+4)), Arg: r.Uint32()}
 	switch r.IntN(3) {

@@ -61,6 +61,7 @@
 #include "weir.h"
 
 _Static_assert(sizeof(struct stat) == sizeof(struct stat64), "struct stat64 is struct stat (64-bit Linux)");
+_Static_assert(sizeof(struct statfs) == sizeof(struct statfs64) && sizeof(struct statvfs) == sizeof(struct statvfs64), "the 64 forms are the same layouts (64-bit Linux)");
 
 /*
  * The description page (one memfd of PAGE_BYTES per open file
@@ -1553,12 +1554,57 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 	return 0;
 }
 
-/* statfs and statvfs: weir does not report its capacity to clients yet. */
+/* statfs and statvfs: the store's room, from the IO service (OpStatFS);
+ * f_type is weir's own magic ("weir"), 4 KiB blocks. Inode counts are
+ * not kept (f_files and f_ffree 0, as on file systems that allocate
+ * inodes as they go). ENOSYS where the backend cannot say. */
+#define WEIR_FS_MAGIC 0x72696577 /* "weir" */
+
+static int wspace(struct weir_space *sp)
+{
+	FS_OR_FAIL(f);
+	int e = weir_statfs(f, sp);
+	return e ? fail(-e == EOPNOTSUPP ? ENOSYS : -e) : 0;
+}
+
+static int fill_statfs(struct statfs *b)
+{
+	struct weir_space sp;
+	if (wspace(&sp) != 0)
+		return -1;
+	memset(b, 0, sizeof *b);
+	b->f_type = WEIR_FS_MAGIC;
+	b->f_bsize = b->f_frsize = 4096;
+	b->f_blocks = sp.total / 4096;
+	b->f_bfree = sp.free / 4096;
+	b->f_bavail = sp.avail / 4096;
+	b->f_namelen = WEIR_MAX_NAME;
+	b->f_fsid.__val[1] = 0x77;
+	return 0;
+}
+
+static int fill_statvfs(struct statvfs *b)
+{
+	struct statfs s;
+	if (fill_statfs(&s) != 0)
+		return -1;
+	memset(b, 0, sizeof *b);
+	b->f_bsize = b->f_frsize = 4096;
+	b->f_blocks = s.f_blocks;
+	b->f_bfree = s.f_bfree;
+	b->f_bavail = s.f_bavail;
+	b->f_fsid = 0x77;
+	b->f_namemax = WEIR_MAX_NAME;
+	return 0;
+}
+
 int statfs(const char *path, struct statfs *b)
 {
 	ROUTE(AT_FDCWD, path, r);
-	if (r.weir)
-		return fail(ENOSYS);
+	if (r.weir) {
+		struct stat st;
+		return wstat(r.w, &st) != 0 ? -1 : fill_statfs(b);
+	}
 	init_statfs();
 	return real_statfs(r.kpath, b);
 }
@@ -1567,13 +1613,15 @@ int fstatfs(int fd, struct statfs *b)
 	init_fstatfs();
 	FD_OR_KERNEL(fd, d, real_fstatfs(fd, b));
 	put(d);
-	return fail(ENOSYS);
+	return fill_statfs(b);
 }
 int statvfs(const char *path, struct statvfs *b)
 {
 	ROUTE(AT_FDCWD, path, r);
-	if (r.weir)
-		return fail(ENOSYS);
+	if (r.weir) {
+		struct stat st;
+		return wstat(r.w, &st) != 0 ? -1 : fill_statvfs(b);
+	}
 	init_statvfs();
 	return real_statvfs(r.kpath, b);
 }
@@ -1582,7 +1630,7 @@ int fstatvfs(int fd, struct statvfs *b)
 	init_fstatvfs();
 	FD_OR_KERNEL(fd, d, real_fstatvfs(fd, b));
 	put(d);
-	return fail(ENOSYS);
+	return fill_statvfs(b);
 }
 int statfs64(const char *path, struct statfs64 *b) { return statfs(path, (struct statfs *)b); }
 int fstatfs64(int fd, struct statfs64 *b) { return fstatfs(fd, (struct statfs *)b); }

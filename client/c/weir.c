@@ -1267,3 +1267,19 @@ ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off)
 	}
 	return (ssize_t)done;
 }
+
+int weir_statfs(weir_fs *fs, struct weir_space *sp)
+{
+	uint8_t b[WEIR_STATFS_RESP_SIZE];
+	int64_t res = call(&fs->io, WEIR_OP_STATFS, 0, 0, 0, NULL, 0, b, sizeof b, NULL);
+	if (res < 0)
+		return (int)res;
+	if (res != WEIR_STATFS_RESP_SIZE)
+		return -EPROTO;
+	sp->total = get64(b);
+	sp->free = get64(b + 8);
+	sp->avail = get64(b + 16);
+	if (sp->free > sp->total || sp->avail > sp->free)
+		return -EPROTO;
+	return 0;
+}

@@ -121,6 +121,13 @@ int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out);
 ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off);
 void weir_cache_unmap(weir_cache *c);
 
+/* weir_statfs stores the store's room in bytes (free: to the superuser;
+ * avail: to anyone); -EOPNOTSUPP where the backend cannot say. */
+struct weir_space {
+	uint64_t total, free, avail;
+};
+int weir_statfs(weir_fs *fs, struct weir_space *sp);
+
 /* Times in Unix nanoseconds; WEIR_TIME_OMIT leaves one unchanged. */
 int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime);
 int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime);

@@ -149,6 +149,7 @@
 #define WEIR_OP_CACHE_MAP 0x46u /* result 0, aux = tag: the read-only cache region memfd arrives on the session socket */
 #define WEIR_OP_READAHEAD 0x47u /* offset, arg = bytes: fill them into the cache in the background; answers 0 at once */
 #define WEIR_OP_CLAIM_DIR 0x49u /* in: an entry's cap, u64 direct handle to release (0: none); aux = the new direct handle (WEIR_DIR_OPEN_BIT set); on error open through metadata */
+#define WEIR_OP_STATFS 0x4bu /* out: u64 total, u64 free, u64 avail bytes of the store (WEIR_STATFS_RESP_SIZE); -EOPNOTSUPP: the backend cannot say */
 #define WEIR_OP_RELEASE 0x4au /* handle = a direct handle: its end */
 #define WEIR_OP_CLAIM 0x48u /* handle = data handle, in: the capability WEIR_OP_GRANT answered; -EKEYREJECTED: grant again with WEIR_GRANT_THROUGH_IO */
 
@@ -161,6 +162,7 @@
 #define WEIR_ATTR_SIZE 56u
 #define WEIR_TOKEN_SIZE 32u
 #define WEIR_TICKET_SIZE 32u
+#define WEIR_STATFS_RESP_SIZE 24u
 
 /* WEIR_OP_LOCK (proto/bodies.go, LockReq and LockResp):
  *   request  u8 get (1: test), u8 type, u8 class, 5 zero bytes, u64 start, u64 end (exclusive; ~0: to EOF)

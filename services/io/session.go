@@ -149,6 +149,29 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpClaim, s.claim)
 	s.mux.Handle(proto.OpClaimDir, s.claimDir)
 	s.mux.Handle(proto.OpRelease, s.release)
+	s.mux.Handle(proto.OpStatFS, s.statfs)
+}
+
+// statfs answers the store's room (OpStatFS), for statfs(2) of a weir
+// path: any attached session may ask, as any process may statfs a path.
+func (s *session) statfs(q *ring.Request) (int64, uint64) {
+	if s.sid == 0 {
+		return fail(syscall.ENOTCONN)
+	}
+	if q.Length < proto.StatFSRespSize {
+		return fail(syscall.ERANGE)
+	}
+	sp, ok := s.svc.be.(backend.Spacer)
+	if !ok {
+		return fail(syscall.EOPNOTSUPP)
+	}
+	room, err := sp.Space()
+	if err != nil {
+		s.svc.log.Warn("statfs of the store", "error", err)
+		return fail(syscall.EIO)
+	}
+	r := proto.StatFSResp{Total: room.Total, Free: room.Free, Avail: room.Avail}
+	return int64(q.WritePayload(r.Append(nil))), 0
 }
 
 var errEOF = io.EOF

@@ -506,3 +506,19 @@ except OSError as e:
 		t.Fatalf("mmap of a weir file: %q, want %q", out, want)
 	}
 }
+
+// TestShimStatFS: df and stat -f of a weir path give the store's size,
+// the file system's that holds the file backend's data.
+func TestShimStatFS(t *testing.T) {
+	s := newShimmed(t)
+	got := s.sh("sh", "df -B4096 --output=size /weir | tail -1; stat -f -c '%T %S %l' /weir")
+	out, err := exec.Command("df", "-B4096", "--output=size", s.st.Config.DataDir).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	want := strings.TrimSpace(lines[len(lines)-1]) + "\nUNKNOWN (0x72696577) 4096 255\n"
+	if strings.TrimLeft(got, " ") != want {
+		t.Fatalf("df and stat -f of /weir: %q, want %q", got, want)
+	}
+}

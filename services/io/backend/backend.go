@@ -117,6 +117,20 @@ type Backend interface {
 	SetIdentity(id Identity) error
 }
 
+// Spacer is a backend that can say how much room its store has, for
+// statfs(2) through the IO service (proto.OpStatFS). It is optional: the
+// service answers EOPNOTSUPP for a backend without it.
+type Spacer interface {
+	// Space returns the store's size and what is left of it, in bytes.
+	Space() (Space, error)
+}
+
+// Space is a store's room in bytes: Free to the superuser, Avail to
+// anyone (statfs's f_bfree and f_bavail).
+type Space struct {
+	Total, Free, Avail uint64
+}
+
 // Identity names a stack: the UUID its metadata service chose when its
 // namespace was created (the boot record's stack id). A store records the
 // identity of the one stack it belongs to, and the IO service serves it

@@ -698,3 +698,14 @@ func (be *Backend) Close() error {
 	be.lockFD = -1
 	return first
 }
+
+// Space is the room of the file system that holds the blobs
+// (backend.Spacer).
+func (b *Backend) Space() (backend.Space, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(b.root, &st); err != nil {
+		return backend.Space{}, fmt.Errorf("backend file: statfs %s: %w", b.root, err)
+	}
+	bs := uint64(st.Bsize)
+	return backend.Space{Total: st.Blocks * bs, Free: st.Bfree * bs, Avail: st.Bavail * bs}, nil
+}
