@@ -3512,18 +3512,26 @@ int io_destroy(aio_context_t ctx)
  * memory) and gets handles of its own for them at their first use. */
 static void fork_prepare(void)
 {
+	/* (in the order the shim nests them: std_sync flushes through write,
+	 * which may adopt; nothing takes std_mu under another) */
+	pthread_mutex_lock(&std_mu);
 	pthread_mutex_lock(&adopt_mu);
 	pthread_mutex_lock(&fs_mu);
 	pthread_mutex_lock(&tab_mu);
 	pthread_mutex_lock(&cwd_mu);
+	pthread_mutex_lock(&cache_mu);
+	pthread_mutex_lock(&aio_mu);
 }
 
 static void fork_parent(void)
 {
+	pthread_mutex_unlock(&aio_mu);
+	pthread_mutex_unlock(&cache_mu);
 	pthread_mutex_unlock(&cwd_mu);
 	pthread_mutex_unlock(&tab_mu);
 	pthread_mutex_unlock(&fs_mu);
 	pthread_mutex_unlock(&adopt_mu);
+	pthread_mutex_unlock(&std_mu);
 }
 
 static void fork_child(void)

@@ -28,6 +28,10 @@ import (
 // Blocking (F_SETLKW, flock without LOCK_NB) is the client's: it retries
 // on EAGAIN. There is no deadlock detection (EDEADLK is never answered).
 
+// maxLocksPerFile bounds the lock ranges one file holds in one space
+// (ENOLCK past it, as Linux answers when its lock table is full).
+const maxLocksPerFile = 4096
+
 // lockOwner names a lock's owner: a session (POSIX), or a description's
 // origin handle (OFD, flock).
 type lockOwner struct {
@@ -118,7 +122,11 @@ func (t *lockTable) set(ino ns.Ino, space uint8, want heldLock, unlock bool) err
 		return syscall.EAGAIN
 	}
 	before := len(*locks)
-	*locks = carve(*locks, want.owner, want.start, want.end)
+	carved := carve(*locks, want.owner, want.start, want.end)
+	if !unlock && len(carved) >= maxLocksPerFile {
+		return syscall.ENOLCK // a client's flood of ranges must not grow the service without bound
+	}
+	*locks = carved
 	if !unlock {
 		*locks = append(*locks, want)
 	}

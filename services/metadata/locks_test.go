@@ -62,6 +62,15 @@ func TestLockTable(t *testing.T) {
 	tb.uncount(77, ino)
 	must(tb.set(ino, proto.LockFlock, wr(a, 0, proto.LockEOF), false), "flock after the description's last handle")
 	tb.dropOwner(ino, a)
+	// A flood of ranges ends in ENOLCK, and its unlock frees them all.
+	var err error
+	for i := uint64(0); err == nil; i++ {
+		err = tb.set(ino, proto.LockPOSIX, rd(a, 2*i, 2*i+1), false)
+	}
+	if !errors.Is(err, syscall.ENOLCK) || tb.n.Load() != maxLocksPerFile {
+		t.Fatalf("a flood of lock ranges: %v with %d held, want ENOLCK at %d", err, tb.n.Load(), maxLocksPerFile)
+	}
+	tb.dropOwner(ino, a)
 	if n := tb.n.Load(); n != 0 || len(tb.files) != 0 || len(tb.origins) != 0 {
 		t.Fatalf("after every owner went: %d locks, %d files, %d origins", n, len(tb.files), len(tb.origins))
 	}
