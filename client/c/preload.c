@@ -687,6 +687,104 @@ static int route(int dirfd, const char *path, struct route *r)
 	return 0;
 }
 
+/* relink: a kernel path that failed with ENOENT or ENOTDIR may lead into
+ * the mount through a kernel symbolic link (/home/u/data -> /weir/data),
+ * which the kernel cannot follow: the kernel has no /weir. relink walks
+ * the path component by component, following the kernel's links
+ * (readlink; at most 40, as Linux's ELOOP bound; the last component only
+ * if follow), and reroutes r to weir if the walk enters the mount; 0 if
+ * it does not (the kernel's answer stands). Only paths the kernel refused
+ * pay the walk. */
+static int relink(struct route *r, int follow)
+{
+	char path[PATH_MAX * 2 + 2];
+	if (r->kpath[0] == '/') {
+		snprintf(path, sizeof path, "%s", r->kpath);
+	} else {
+		char base[PATH_MAX];
+		if (r->kdir == AT_FDCWD) {
+			init_getcwd();
+			if (!real_getcwd(base, sizeof base))
+				return 0;
+		} else {
+			char pp[64];
+			snprintf(pp, sizeof pp, "/proc/self/fd/%d", r->kdir);
+			init_readlink();
+			ssize_t n = real_readlink(pp, base, sizeof base - 1);
+			if (n <= 0 || base[0] != '/')
+				return 0;
+			base[n] = 0;
+		}
+		snprintf(path, sizeof path, "%s/%s", base, r->kpath);
+	}
+	init_readlink();
+	char done[PATH_MAX * 2 + 2] = ""; /* resolved so far (no symbolic links in it) */
+	const char *rest = path;
+	char buf[PATH_MAX * 2 + 2];
+	for (int links = 0;;) {
+		while (*rest == '/')
+			rest++;
+		if (!*rest)
+			return 0;
+		const char *e = strchrnul(rest, '/');
+		size_t len = (size_t)(e - rest);
+		size_t dl = strlen(done);
+		if (len == 2 && rest[0] == '.' && rest[1] == '.') {
+			char *slash = strrchr(done, '/');
+			if (slash)
+				*slash = 0;
+		} else if (!(len == 1 && rest[0] == '.')) {
+			if (dl + 1 + len >= sizeof done)
+				return 0;
+			done[dl] = '/';
+			memcpy(done + dl + 1, rest, len);
+			done[dl + 1 + len] = 0;
+			if (in_mount(done)) {
+				/* Into the mount: the remainder is weir's. */
+				char full[PATH_MAX * 2 + 2], norm[PATH_MAX * 2 + 2];
+				snprintf(full, sizeof full, "%s%s", done, e);
+				const char *w;
+				if (!normalize(full, norm, sizeof norm) || !(w = in_mount(norm)) || strlen(w) >= sizeof r->w)
+					return 0;
+				strcpy(r->w, w);
+				r->weir = 1;
+				return 1;
+			}
+			int last = *e == 0 || e[strspn(e, "/")] == 0;
+			char target[PATH_MAX];
+			ssize_t n = (!last || follow) ? real_readlink(done, target, sizeof target - 1) : -1;
+			if (n > 0) {
+				if (++links > 40)
+					return 0;
+				target[n] = 0;
+				done[dl] = 0; /* the link's directory */
+				if (target[0] == '/')
+					done[0] = 0;
+				snprintf(buf, sizeof buf, "%s/%s", target, e);
+				memcpy(path, buf, strlen(buf) + 1);
+				rest = path;
+				continue;
+			}
+		}
+		rest = e;
+	}
+}
+
+/* KERNEL_OR_RELINK runs the kernel's call; if it failed as a path that
+ * may lead into the mount through a kernel link would, and relink finds
+ * that it does, it runs weir's instead. */
+#define KERNEL_OR_RELINK(r, follow, kernel_call, weir_call)                                   \
+	do {                                                                                  \
+		int rc_ = (kernel_call);                                                      \
+		if (rc_ >= 0 || !RELINKED(r, follow))                                          \
+			return rc_;                                                           \
+		return (weir_call);                                                           \
+	} while (0)
+
+/* RELINKED: after a kernel call on r failed, whether relink moved r to
+ * weir (errno is the kernel's otherwise). */
+#define RELINKED(r, follow) ((errno == ENOENT || errno == ENOTDIR) && relink(&(r), follow))
+
 /* ROUTE resolves (dirfd, path) into the route R, failing the call on an
  * error. */
 #define ROUTE(dirfd, path, R)                        \
@@ -826,7 +924,7 @@ static int do_openat(int dirfd, const char *path, int flags, mode_t mode)
 	if (r.weir)
 		return wopen(r.w, flags, mode);
 	init_openat();
-	return real_openat(r.kdir, r.kpath, flags, mode);
+	KERNEL_OR_RELINK(r, !(flags & O_NOFOLLOW), real_openat(r.kdir, r.kpath, flags, mode), wopen(r.w, flags, mode));
 }
 
 int open(const char *path, int flags, ...)
@@ -1342,7 +1440,9 @@ int truncate(const char *path, off_t size)
 	ROUTE(AT_FDCWD, path, r);
 	if (!r.weir) {
 		init_truncate();
-		return real_truncate(r.kpath, size);
+		int rc = real_truncate(r.kpath, size);
+		if (rc == 0 || !RELINKED(r, 1))
+			return rc;
 	}
 	if (size < 0)
 		return fail(EINVAL);
@@ -1483,7 +1583,7 @@ int fstatat(int dirfd, const char *path, struct stat *st, int flags)
 	if (r.weir)
 		return wstat(r.w, st); /* (weir has no symbolic links: AT_SYMLINK_NOFOLLOW is moot) */
 	init_fstatat();
-	return real_fstatat(r.kdir, r.kpath, st, flags);
+	KERNEL_OR_RELINK(r, !(flags & AT_SYMLINK_NOFOLLOW), real_fstatat(r.kdir, r.kpath, st, flags), wstat(r.w, st));
 }
 
 int stat(const char *path, struct stat *st) { return fstatat(AT_FDCWD, path, st, 0); }
@@ -1543,8 +1643,11 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 		put(d);
 	} else {
 		ROUTE(dirfd, path, r);
-		if (!r.weir)
-			return real_statx(r.kdir, r.kpath, flags, mask, sx);
+		if (!r.weir) {
+			int rc = real_statx(r.kdir, r.kpath, flags, mask, sx);
+			if (rc >= 0 || !RELINKED(r, !(flags & AT_SYMLINK_NOFOLLOW)))
+				return rc;
+		}
 		FS_OR_FAIL(f);
 		e = weir_stat(f, r.w, &a);
 	}
@@ -1648,13 +1751,15 @@ int fstatvfs64(int fd, struct statvfs64 *b) { return fstatvfs(fd, (struct statvf
 int unlinkat(int dirfd, const char *path, int flags)
 {
 	ROUTE(dirfd, path, r);
-	if (r.weir) {
-		if (flags & ~AT_REMOVEDIR)
-			return fail(EINVAL);
-		WEIR_CALL((flags & AT_REMOVEDIR) ? weir_rmdir(f, r.w) : weir_unlink(f, r.w));
+	if (!r.weir) {
+		init_unlinkat();
+		int rc = real_unlinkat(r.kdir, r.kpath, flags);
+		if (rc == 0 || !RELINKED(r, 0))
+			return rc;
 	}
-	init_unlinkat();
-	return real_unlinkat(r.kdir, r.kpath, flags);
+	if (flags & ~AT_REMOVEDIR)
+		return fail(EINVAL);
+	WEIR_CALL((flags & AT_REMOVEDIR) ? weir_rmdir(f, r.w) : weir_unlink(f, r.w));
 }
 int unlink(const char *path) { return unlinkat(AT_FDCWD, path, 0); }
 int rmdir(const char *path) { return unlinkat(AT_FDCWD, path, AT_REMOVEDIR); }
@@ -1662,10 +1767,13 @@ int rmdir(const char *path) { return unlinkat(AT_FDCWD, path, AT_REMOVEDIR); }
 int mkdirat(int dirfd, const char *path, mode_t mode)
 {
 	ROUTE(dirfd, path, r);
-	if (r.weir)
-		WEIR_CALL(weir_mkdir(f, r.w, mode & 07777 & ~cur_umask()));
-	init_mkdirat();
-	return real_mkdirat(r.kdir, r.kpath, mode);
+	if (!r.weir) {
+		init_mkdirat();
+		int rc = real_mkdirat(r.kdir, r.kpath, mode);
+		if (rc == 0 || !RELINKED(r, 0))
+			return rc;
+	}
+	WEIR_CALL(weir_mkdir(f, r.w, mode & 07777 & ~cur_umask()));
 }
 int mkdir(const char *path, mode_t mode) { return mkdirat(AT_FDCWD, path, mode); }
 
@@ -1742,10 +1850,13 @@ ssize_t __readlink_chk(const char *path, char *buf, size_t n, size_t buflen)
 int fchmodat(int dirfd, const char *path, mode_t mode, int flags)
 {
 	ROUTE(dirfd, path, r);
-	if (r.weir)
-		WEIR_CALL(weir_chmod(f, r.w, mode & 07777));
-	init_fchmodat();
-	return real_fchmodat(r.kdir, r.kpath, mode, flags);
+	if (!r.weir) {
+		init_fchmodat();
+		int rc = real_fchmodat(r.kdir, r.kpath, mode, flags);
+		if (rc == 0 || !RELINKED(r, !(flags & AT_SYMLINK_NOFOLLOW)))
+			return rc;
+	}
+	WEIR_CALL(weir_chmod(f, r.w, mode & 07777));
 }
 int chmod(const char *path, mode_t mode) { return fchmodat(AT_FDCWD, path, mode, 0); }
 
@@ -1768,10 +1879,13 @@ int fchownat(int dirfd, const char *path, uid_t uid, gid_t gid, int flags)
 	if (vp && !*vp && (flags & AT_EMPTY_PATH))
 		return fchown(dirfd, uid, gid);
 	ROUTE(dirfd, path, r);
-	if (r.weir)
-		WEIR_CALL(weir_chown(f, r.w, id_arg(uid), id_arg(gid)));
-	init_fchownat();
-	return real_fchownat(r.kdir, r.kpath, uid, gid, flags);
+	if (!r.weir) {
+		init_fchownat();
+		int rc = real_fchownat(r.kdir, r.kpath, uid, gid, flags);
+		if (rc == 0 || !RELINKED(r, !(flags & AT_SYMLINK_NOFOLLOW)))
+			return rc;
+	}
+	WEIR_CALL(weir_chown(f, r.w, id_arg(uid), id_arg(gid)));
 }
 int chown(const char *path, uid_t uid, gid_t gid) { return fchownat(AT_FDCWD, path, uid, gid, 0); }
 int lchown(const char *path, uid_t uid, gid_t gid) { return fchownat(AT_FDCWD, path, uid, gid, AT_SYMLINK_NOFOLLOW); }
@@ -1793,7 +1907,7 @@ int faccessat(int dirfd, const char *path, int mode, int flags)
 	if (r.weir)
 		return waccess(r.w, mode); /* (AT_EACCESS: the effective ids are the real ones here) */
 	init_faccessat();
-	return real_faccessat(r.kdir, r.kpath, mode, flags);
+	KERNEL_OR_RELINK(r, !(flags & AT_SYMLINK_NOFOLLOW), real_faccessat(r.kdir, r.kpath, mode, flags), waccess(r.w, mode));
 }
 int access(const char *path, int mode) { return faccessat(AT_FDCWD, path, mode, 0); }
 int euidaccess(const char *path, int mode) { return faccessat(AT_FDCWD, path, mode, AT_EACCESS); }
@@ -1837,13 +1951,15 @@ int utimensat(int dirfd, const char *path, const struct timespec times[2], int f
 	if (!vp && is_weir(dirfd))
 		return futimens(dirfd, times); /* Linux's futimens form */
 	ROUTE(dirfd, path, r);
-	if (r.weir) {
-		if (bad_times(times))
-			return fail(EINVAL);
-		WEIR_CALL(weir_utimens(f, r.w, ns(times, 0), ns(times, 1)));
+	if (!r.weir) {
+		init_utimensat();
+		int rc = real_utimensat(r.kdir, r.kpath, times, flags);
+		if (rc == 0 || !RELINKED(r, !(flags & AT_SYMLINK_NOFOLLOW)))
+			return rc;
 	}
-	init_utimensat();
-	return real_utimensat(r.kdir, r.kpath, times, flags);
+	if (bad_times(times))
+		return fail(EINVAL);
+	WEIR_CALL(weir_utimens(f, r.w, ns(times, 0), ns(times, 1)));
 }
 
 int utimes(const char *path, const struct timeval tv[2])
@@ -1950,6 +2066,8 @@ int chdir(const char *path)
 	int rc = real_chdir(r.kpath);
 	if (rc == 0)
 		clear_wcwd();
+	else if (RELINKED(r, 1))
+		return wchdir(r.w);
 	return rc;
 }
 
@@ -2052,7 +2170,9 @@ char *realpath(const char *path, char *resolved)
 	}
 	if (!r.weir) {
 		init_realpath();
-		return real_realpath(r.kpath, resolved);
+		char *k = real_realpath(r.kpath, resolved);
+		if (k || !RELINKED(r, 1))
+			return k;
 	}
 	struct stat st;
 	if (wstat(r.w, &st) != 0)
@@ -2516,7 +2636,9 @@ DIR *opendir(const char *path)
 	}
 	if (!r.weir) {
 		init_opendir();
-		return real_opendir(r.kpath);
+		DIR *k = real_opendir(r.kpath);
+		if (k || !RELINKED(r, 1))
+			return k;
 	}
 	int fd = wopen(r.w, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
 	if (fd < 0)
@@ -2857,7 +2979,12 @@ static FILE *route_fopen(const char *path, const char *mode, FILE *(*kernel)(con
 		errno = e;
 		return NULL;
 	}
-	return r.weir ? wfopen(r.w, mode) : kernel(r.kpath, mode);
+	if (r.weir)
+		return wfopen(r.w, mode);
+	FILE *k = kernel(r.kpath, mode);
+	if (k || !RELINKED(r, 1))
+		return k;
+	return wfopen(r.w, mode);
 }
 
 FILE *fopen(const char *path, const char *mode)
@@ -3214,7 +3341,7 @@ int execve(const char *path, char *const argv[], char *const envp[])
 		return wexecve(r.w, argv, envp);
 	warn_static(r.kpath);
 	init_execve();
-	return real_execve(r.kpath, argv, envp);
+	KERNEL_OR_RELINK(r, 1, real_execve(r.kpath, argv, envp), wexecve(r.w, argv, envp));
 }
 
 int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }

@@ -522,3 +522,33 @@ func TestShimStatFS(t *testing.T) {
 		t.Fatalf("df and stat -f of /weir: %q, want %q", got, want)
 	}
 }
+
+// TestShimLinksIntoTheMount: a kernel symbolic link that points into the
+// mount (absolute, or relative through another link) leads to weir, for
+// open, stat, opendir, chdir, realpath and exec; lstat sees the link.
+func TestShimLinksIntoTheMount(t *testing.T) {
+	s := newShimmed(t)
+	k := t.TempDir()
+	if err := os.Symlink("/weir/target", filepath.Join(k, "abs")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("abs/sub", filepath.Join(k, "rel")); err != nil {
+		t.Fatal(err)
+	}
+	out := s.sh("sh", `set -e
+K=`+k+`
+mkdir -p /weir/target/sub
+echo through > $K/abs/f
+printf '#!/bin/sh\necho ran\n' > $K/rel/run.sh; chmod +x $K/rel/run.sh
+cat /weir/target/f
+stat -c %s $K/abs/f
+ls $K/abs
+cd $K/rel && ls && cd /
+realpath $K/rel/run.sh
+$K/rel/run.sh
+stat -c %F $K/abs; stat -L -c %F $K/abs`)
+	want := "through\n8\nf\nsub\nrun.sh\n/weir/target/sub/run.sh\nran\nsymbolic link\ndirectory\n"
+	if out != want {
+		t.Fatalf("links into the mount:\n%s\nwant:\n%s", out, want)
+	}
+}
