@@ -13,13 +13,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/weir-storage/weir/bench/internal/benchutil"
 	"github.com/weir-storage/weir/client"
-	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/ring"
-	"github.com/weir-storage/weir/stack"
 )
 
 // The weir rows: the services run as processes of the weir binary
@@ -172,17 +168,9 @@ func createWorker(fsys *client.FS) error {
 }
 
 // weirStack is the services on a data directory under dir.
-type weirStack struct {
-	sup *stack.Supervisor
-	cfg *config.Config
-	run string
-}
+type weirStack struct{ *benchutil.WeirStack }
 
 func startWeir(exe, dir, mode string) (*weirStack, error) {
-	run, err := os.MkdirTemp("", "wbf-") // socket paths must be short
-	if err != nil {
-		return nil, err
-	}
 	staging, journal := "", ""
 	switch mode {
 	case modeNoStaging:
@@ -190,34 +178,19 @@ func startWeir(exe, dir, mode string) (*weirStack, error) {
 	case modeNoBackground:
 		journal = "journal {\n  foreground = true\n}\n"
 	}
-	text := fmt.Sprintf("# written by bench/fsync; every other setting is the default\ndata_dir = %q\nrun_dir = %q\nio {\n  backend = \"file\"\n%s}\n%s",
-		filepath.Join(dir, "weir"), run, staging, journal)
-	path := filepath.Join(dir, "weir.hcl")
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-		return nil, err
-	}
-	cfg, err := config.Load(path)
+	w, err := benchutil.StartWeir(exe, dir, filepath.Join(dir, "weir"), "bench/fsync", staging, journal)
 	if err != nil {
 		return nil, err
 	}
-	log := hclog.New(&hclog.LoggerOptions{Name: "bench-fsync", Level: hclog.Warn, Output: os.Stderr})
-	sup := &stack.Supervisor{Config: cfg, ConfigPath: path, Exe: exe, Log: log, Out: os.Stderr}
-	if err := sup.Start(); err != nil {
-		os.RemoveAll(run)
-		return nil, fmt.Errorf("start weir: %w", err)
-	}
-	return &weirStack{sup: sup, cfg: cfg, run: run}, nil
+	return &weirStack{w}, nil
 }
 
-func (w *weirStack) stop() {
-	w.sup.Stop()
-	os.RemoveAll(w.run)
-}
+func (w *weirStack) stop() { w.Stop() }
 
 // servicesCPU is the CPU time the service processes have used, and the
 // journal service's share of it.
 func (w *weirStack) servicesCPU() (sum, journal time.Duration, err error) {
-	for name, pid := range w.sup.PIDs() {
+	for name, pid := range w.Sup.PIDs() {
 		c, err := benchutil.ProcCPU(pid)
 		if err != nil {
 			return 0, 0, err
@@ -255,7 +228,7 @@ func runWeir(exe, dir, mode, wl string, w, ops int) (Row, error) {
 	}
 	procs := make([]*proc, w)
 	for i := range procs {
-		cmd := exec.Command(self, "-worker-md", st.cfg.Metadata.Socket, "-worker-io", st.cfg.IO.Socket,
+		cmd := exec.Command(self, "-worker-md", st.Cfg.Metadata.Socket, "-worker-io", st.Cfg.IO.Socket,
 			"-worker-file", fmt.Sprintf("w%d", i), "-worker-wl", wl, "-worker-ops", fmt.Sprint(ops/w),
 			fmt.Sprintf("-worker-poll=%v", mode == modePollClient))
 		cmd.Stderr = os.Stderr

@@ -134,7 +134,7 @@ func run() error {
 		}
 	}
 	res.Mem = map[string]float64{}
-	for name, pid := range w.sup.PIDs() {
+	for name, pid := range w.Sup.PIDs() {
 		if rss, _, err := benchutil.ProcMem(pid); err == nil {
 			res.Mem[name] = float64(rss) / 1024
 		}

@@ -943,48 +943,30 @@ int weir_fchmod(weir_fs *fs, uint64_t handle, uint32_t mode)
 	return res < 0 ? (int)res : 0;
 }
 
-int weir_chown(weir_fs *fs, const char *path, int64_t uid, int64_t gid)
+/* pair_call sends op with the body "i64 x, i64 y" and, for a path call,
+ * "str path" after it (CHOWN, CHTIMES), or naming handle (FCHOWN,
+ * FCHTIMES). */
+static int pair_call(weir_fs *fs, uint8_t op, uint64_t handle, const char *path, int64_t x, int64_t y)
 {
 	uint8_t b[16 + BODY_MAX];
-	size_t n;
-	put64(b, (uint64_t)uid);
-	put64(b + 8, (uint64_t)gid);
-	int err = path_body(b + 16, sizeof b - 16, 0, 0, path, &n);
-	if (err)
-		return err;
-	int64_t res = call(&fs->meta, WEIR_OP_CHOWN, 0, 0, 0, b, 16 + n, NULL, 0, NULL);
+	size_t n = 0;
+	put64(b, (uint64_t)x);
+	put64(b + 8, (uint64_t)y);
+	if (path) {
+		int err = path_body(b + 16, sizeof b - 16, 0, 0, path, &n);
+		if (err)
+			return err;
+	}
+	int64_t res = call(&fs->meta, op, 0, handle, 0, b, 16 + n, NULL, 0, NULL);
 	return res < 0 ? (int)res : 0;
 }
 
-int weir_fchown(weir_fs *fs, uint64_t handle, int64_t uid, int64_t gid)
-{
-	uint8_t b[16];
-	put64(b, (uint64_t)uid);
-	put64(b + 8, (uint64_t)gid);
-	int64_t res = call(&fs->meta, WEIR_OP_FCHOWN, 0, handle, 0, b, sizeof b, NULL, 0, NULL);
-	return res < 0 ? (int)res : 0;
-}
-
-int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime)
-{
-	uint8_t b[16 + BODY_MAX];
-	size_t n;
-	put64(b, (uint64_t)atime);
-	put64(b + 8, (uint64_t)mtime);
-	int err = path_body(b + 16, sizeof b - 16, 0, 0, path, &n);
-	if (err)
-		return err;
-	int64_t res = call(&fs->meta, WEIR_OP_CHTIMES, 0, 0, 0, b, 16 + n, NULL, 0, NULL);
-	return res < 0 ? (int)res : 0;
-}
-
+int weir_chown(weir_fs *fs, const char *path, int64_t uid, int64_t gid) { return pair_call(fs, WEIR_OP_CHOWN, 0, path, uid, gid); }
+int weir_fchown(weir_fs *fs, uint64_t handle, int64_t uid, int64_t gid) { return pair_call(fs, WEIR_OP_FCHOWN, handle, NULL, uid, gid); }
+int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime) { return pair_call(fs, WEIR_OP_CHTIMES, 0, path, atime, mtime); }
 int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime)
 {
-	uint8_t b[16];
-	put64(b, (uint64_t)atime);
-	put64(b + 8, (uint64_t)mtime);
-	int64_t res = call(&fs->meta, WEIR_OP_FCHTIMES, 0, handle, 0, b, sizeof b, NULL, 0, NULL);
-	return res < 0 ? (int)res : 0;
+	return pair_call(fs, WEIR_OP_FCHTIMES, handle, NULL, atime, mtime);
 }
 
 int weir_rename(weir_fs *fs, const char *oldpath, const char *newpath)
