@@ -471,6 +471,11 @@ static int adopt(struct desc *d)
 			e = f ? weir_inherit(f, d->pg->ticket, d->pg->flags, &h) : -(err ? err : EIO);
 			if (!e)
 				d->handle = h;
+			/* A mapping of the parent's (fork) is of its session: this
+			 * process maps the region anew for its own handle. */
+			weir_cache_unmap(d->cache);
+			d->cache = NULL;
+			d->reads = d->nocache = 0;
 		}
 		if (!e)
 			d->pid = getpid();
@@ -770,6 +775,18 @@ static int relink(struct route *r, int follow)
 	}
 }
 
+/* relink_keeping_errno is relink that leaves errno as the kernel's call
+ * set it when the walk finds no way into the mount (its readlinks answer
+ * EINVAL for every component that is no link). */
+static int relink_keeping_errno(struct route *r, int follow)
+{
+	int e = errno;
+	int moved = relink(r, follow);
+	if (!moved)
+		errno = e;
+	return moved;
+}
+
 /* KERNEL_OR_RELINK runs the kernel's call; if it failed as a path that
  * may lead into the mount through a kernel link would, and relink finds
  * that it does, it runs weir's instead. */
@@ -783,7 +800,7 @@ static int relink(struct route *r, int follow)
 
 /* RELINKED: after a kernel call on r failed, whether relink moved r to
  * weir (errno is the kernel's otherwise). */
-#define RELINKED(r, follow) ((errno == ENOENT || errno == ENOTDIR) && relink(&(r), follow))
+#define RELINKED(r, follow) ((errno == ENOENT || errno == ENOTDIR) && relink_keeping_errno(&(r), follow))
 
 /* ROUTE resolves (dirfd, path) into the route R, failing the call on an
  * error. */
@@ -1015,8 +1032,10 @@ static int close_span(unsigned a, unsigned b, int flags)
 	if (!real_close_range)
 		return fail(ENOSYS);
 	if (!(flags & CLOSE_RANGE_CLOEXEC))
-		for (unsigned fd = a; fd <= b && fd < MAX_FDS; fd++)
+		for (unsigned fd = a; fd <= b && fd < MAX_FDS; fd++) {
+			posix_unlock_all((int)fd);
 			forget((int)fd);
+		}
 	return real_close_range(a, b, flags);
 }
 
@@ -1299,21 +1318,43 @@ ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
 		return real_pwritev2(fd, iov, n, off, flags);
 	ssize_t r;
 	if (flags & RWF_APPEND) {
+		/* An append whatever the description's flags (which stay as they
+		 * are): one atomic append of the gathered vector; the offset
+		 * moves only when off is -1. */
 		int e = 0;
 		struct desc *d = get(fd, &e);
 		if (!d)
 			return fail(e ? e : EBADF);
-		lock_pg(d->pg);
-		int was = d->pg->flags;
-		d->pg->flags |= O_APPEND;
-		unlock_pg(d->pg);
-		r = vec_write(fd, iov, n, 0, 0);
-		int se = errno;
-		lock_pg(d->pg);
-		d->pg->flags = (d->pg->flags & ~O_APPEND) | (was & O_APPEND);
-		unlock_pg(d->pg);
+		size_t sum = 0;
+		for (int i = 0; i < n && n <= IOV_MAX; i++)
+			sum += iov[i].iov_len;
+		char *b = n < 0 || n > IOV_MAX ? NULL : malloc(sum ? sum : 1);
+		if (!b) {
+			put(d);
+			return fail(n < 0 || n > IOV_MAX ? EINVAL : ENOMEM);
+		}
+		size_t pos = 0;
+		for (int i = 0; i < n; pos += iov[i].iov_len, i++)
+			memcpy(b + pos, iov[i].iov_base, iov[i].iov_len);
+		e = data_errno(d, 1);
+		uint64_t at = 0;
+		if (!e && !writable(d->pg->flags))
+			e = EBADF;
+		if (e) {
+			r = -e;
+		} else if (off == -1) {
+			lock_pg(d->pg);
+			r = weir_append(wfs, d->handle, b, sum, &at, DIRECT(d));
+			if (r > 0)
+				d->pg->off = at + (uint64_t)r;
+			unlock_pg(d->pg);
+		} else {
+			r = weir_append(wfs, d->handle, b, sum, &at, DIRECT(d));
+		}
+		free(b);
 		put(d);
-		errno = se;
+		if (r < 0)
+			return fail((int)-r);
 	} else {
 		r = off == -1 ? vec_write(fd, iov, n, 0, 0) : vec_write(fd, iov, n, off, 1);
 	}
@@ -1467,7 +1508,7 @@ static int wfallocate(int fd, int mode, off_t off, off_t len)
 	int e = 0;
 	struct desc *d = get(fd, &e);
 	if (!d)
-		return e;
+		return e ? e : EBADF; /* (a weir descriptor this process may not use: a vfork child's) */
 	if (d->pg->kind != K_FILE)
 		e = d->pg->kind == K_DIR ? EISDIR : EBADF;
 	else if (off < 0 || len <= 0)
@@ -2226,6 +2267,17 @@ int dup(int fd)
 	return dup_to(fd, real_dup(fd));
 }
 
+/* before_replace runs before the kernel makes newfd name another file:
+ * the standard stream over it writes out what it holds while its
+ * descriptor is still the old file, and the process's POSIX locks of the
+ * file go as a close of it would drop them. */
+static void before_replace(int newfd)
+{
+	if (newfd >= 0 && newfd <= 2 && !vforked())
+		fflush(newfd == 0 ? stdin : newfd == 1 ? stdout : stderr);
+	posix_unlock_all(newfd);
+}
+
 int dup2(int oldfd, int newfd)
 {
 	if (own(oldfd))
@@ -2235,6 +2287,7 @@ int dup2(int oldfd, int newfd)
 	init_dup2();
 	if (oldfd == newfd)
 		return real_dup2(oldfd, newfd);
+	before_replace(newfd);
 	return dup_to(oldfd, real_dup2(oldfd, newfd));
 }
 
@@ -2245,6 +2298,8 @@ int dup3(int oldfd, int newfd, int flags)
 	if (own(newfd))
 		return fail(EBUSY);
 	init_dup3();
+	if (oldfd != newfd)
+		before_replace(newfd);
 	return dup_to(oldfd, real_dup3(oldfd, newfd, flags));
 }
 
@@ -2900,7 +2955,14 @@ static int ck_std_close(void *c)
 {
 	int fd = (int)(intptr_t)c;
 	untrack(fd);
-	return std_retiring ? 0 : close(fd); /* (fclose(stdout) by the program closes 1) */
+	if (std_retiring)
+		return 0;
+	/* fclose(stdout) by the program: the stream is gone (glibc frees it
+	 * after this), so std_sync must not retire it again when the close
+	 * below forgets the descriptor; the slot keeps the closed FILE, as
+	 * glibc's own fclose(stdout) leaves it. */
+	__atomic_store_n(&std_orig[fd], NULL, __ATOMIC_RELEASE); /* (no std_mu: glibc holds the stream's lock here, std_sync takes them the other way round) */
+	return close(fd);
 }
 
 static void std_sync(int fd)

@@ -117,6 +117,19 @@ int main(int argc, char **argv)
 	int c = open("/weir/fork-child", O_RDONLY);
 	CHECK(c >= 0 && read(c, b, 3) == 3 && memcmp(b, "own", 3) == 0, "the child's file from the parent");
 	close(c);
-	printf("ok\n");
+
+	/* stdout onto a weir file: what stdio held for the old descriptor is
+	 * written there first; fclose(stdout) closes the weir file once. */
+	printf("before\n");
+	int o = open("/weir/stdout", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	int saved = dup(1);
+	CHECK(o >= 0 && saved >= 0 && dup2(o, 1) == 1 && close(o) == 0, "stdout onto a weir file: %s", strerror(errno));
+	printf("into weir\n");
+	CHECK(fclose(stdout) == 0, "fclose(stdout): %s", strerror(errno));
+	char sb[32] = {0};
+	c = open("/weir/stdout", O_RDONLY);
+	CHECK(c >= 0 && read(c, sb, sizeof sb) == 10 && strcmp(sb, "into weir\n") == 0, "the weir stdout holds %s", sb);
+	close(c);
+	CHECK(write(saved, "ok\n", 3) == 3, "write");
 	return 0;
 }

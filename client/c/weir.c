@@ -430,7 +430,13 @@ static struct hrec *hfind(weir_fs *fs, uint64_t h)
 static int hput(weir_fs *fs, const struct hrec *r)
 {
 	if ((fs->nrecs + 1) * 2 > fs->caprecs) {
-		size_t n = fs->caprecs ? fs->caprecs * 2 : 64;
+		/* Full of live and deleted slots: rebuilt, twice as large only
+		 * if the live ones fill a quarter (an open-close workload keeps
+		 * the table small). */
+		size_t live = 0;
+		for (size_t i = 0; i < fs->caprecs; i++)
+			live += fs->recs[i].h && fs->recs[i].h != H_DELETED;
+		size_t n = !fs->caprecs ? 64 : (live + 1) * 4 > fs->caprecs ? fs->caprecs * 2 : fs->caprecs;
 		struct hrec *old = fs->recs, *nr = calloc(n, sizeof *nr);
 		size_t oldn = fs->caprecs;
 		if (!nr)

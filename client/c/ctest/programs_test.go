@@ -546,8 +546,15 @@ ls $K/abs
 cd $K/rel && ls && cd /
 realpath $K/rel/run.sh
 $K/rel/run.sh
-stat -c %F $K/abs; stat -L -c %F $K/abs`)
-	want := "through\n8\nf\nsub\nrun.sh\n/weir/target/sub/run.sh\nran\nsymbolic link\ndirectory\n"
+stat -c %F $K/abs; stat -L -c %F $K/abs
+ls $K/missing 2>&1 || true; mkdir $K/missing/b 2>&1 || true; rm $K/missing 2>&1 || true
+stat -c %F $K/missing 2>&1 || true; touch -h $K/missing/x 2>&1 | sed "s|$K|K|" || true`)
+	out = strings.ReplaceAll(out, k, "K")
+	want := "through\n8\nf\nsub\nrun.sh\n/weir/target/sub/run.sh\nran\nsymbolic link\ndirectory\n" +
+		// A kernel path the walk finds no way into weir from keeps the kernel's errno.
+		"ls: cannot access 'K/missing': No such file or directory\nmkdir: cannot create directory 'K/missing/b': No such file or directory\n" +
+		"rm: cannot remove 'K/missing': No such file or directory\nstat: cannot statx 'K/missing': No such file or directory\n" +
+		"touch: setting times of 'K/missing/x': No such file or directory\n"
 	if out != want {
 		t.Fatalf("links into the mount:\n%s\nwant:\n%s", out, want)
 	}
