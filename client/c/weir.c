@@ -920,28 +920,26 @@ static int path_call(weir_fs *fs, uint8_t op, const char *path)
 int weir_unlink(weir_fs *fs, const char *path) { return path_call(fs, WEIR_OP_UNLINK, path); }
 int weir_rmdir(weir_fs *fs, const char *path) { return path_call(fs, WEIR_OP_RMDIR, path); }
 
-int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode)
+/* mode_path_call sends op with the body "u32 mode, str path" (MKDIR,
+ * CHMOD); out receives the answer (MKDIR's attributes) if given. */
+static int mode_path_call(weir_fs *fs, uint8_t op, const char *path, uint32_t mode, void *out, size_t outlen)
 {
 	uint8_t b[BODY_MAX];
 	size_t n;
 	int err = path_body(b, sizeof b, 1, mode, path, &n);
 	if (err)
 		return err;
-	uint8_t r[WEIR_ATTR_SIZE];
-	int64_t res = call(&fs->meta, WEIR_OP_MKDIR, 0, 0, 0, b, n, r, sizeof r, NULL);
+	int64_t res = call(&fs->meta, op, 0, 0, 0, b, n, out, outlen, NULL);
 	return res < 0 ? (int)res : 0;
 }
 
-int weir_chmod(weir_fs *fs, const char *path, uint32_t mode)
+int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode)
 {
-	uint8_t b[BODY_MAX];
-	size_t n;
-	int err = path_body(b, sizeof b, 1, mode, path, &n);
-	if (err)
-		return err;
-	int64_t res = call(&fs->meta, WEIR_OP_CHMOD, 0, 0, 0, b, n, NULL, 0, NULL);
-	return res < 0 ? (int)res : 0;
+	uint8_t r[WEIR_ATTR_SIZE];
+	return mode_path_call(fs, WEIR_OP_MKDIR, path, mode, r, sizeof r);
 }
+
+int weir_chmod(weir_fs *fs, const char *path, uint32_t mode) { return mode_path_call(fs, WEIR_OP_CHMOD, path, mode, NULL, 0); }
 
 int weir_fchmod(weir_fs *fs, uint64_t handle, uint32_t mode)
 {
