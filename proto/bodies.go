@@ -164,6 +164,24 @@ func DecodeRenameReq(b []byte) (RenameReq, error) {
 	return r, d.Err()
 }
 
+// SymlinkReq is OpSymlink's request: a link at Path holding Target.
+type SymlinkReq struct{ Target, Path string }
+
+// Append encodes r.
+func (r *SymlinkReq) Append(b []byte) []byte {
+	e := Enc{B: b}
+	e.Str(r.Target)
+	e.Str(r.Path)
+	return e.B
+}
+
+// DecodeSymlinkReq decodes OpSymlink's request.
+func DecodeSymlinkReq(b []byte) (SymlinkReq, error) {
+	d := NewDec(b)
+	r := SymlinkReq{Target: d.Str(), Path: d.Str()}
+	return r, d.Err()
+}
+
 // OwnerReq is OpChown's request (with Path) and OpFChown's (without): -1
 // leaves the uid or gid unchanged.
 type OwnerReq struct {

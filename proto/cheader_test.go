@@ -51,6 +51,9 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_DIR_LEASE", uint64(OpDirLease)),
 		cheader.Def("WEIR_OP_INHERIT", uint64(OpInherit)),
 		cheader.Def("WEIR_OP_LOCK", uint64(OpLock)),
+		cheader.Def("WEIR_OP_READLINK", uint64(OpReadlink)),
+		cheader.Def("WEIR_OP_SYMLINK", uint64(OpSymlink)),
+		cheader.Def("WEIR_OP_LINK", uint64(OpLink)),
 	}
 }
 
@@ -66,6 +69,10 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_FEATURE_RECALLS", FeatureRecalls),
 		cheader.Def("WEIR_FEATURE_OPEN_CAP", FeatureOpenCap),
 		cheader.Def("WEIR_FEATURE_DIR_OPEN", FeatureDirOpen),
+		cheader.Def("WEIR_FEATURE_LINKS", FeatureLinks),
+		cheader.Def("WEIR_ERR_FOLLOW", uint64(ErrFollow)),
+		cheader.Def("WEIR_PATH_NOFOLLOW", uint64(PathNoFollow)),
+		cheader.Def("WEIR_LINK_FOLLOW", uint64(LinkFollow)),
 		cheader.Def("WEIR_KNOWN_PROTO_FEATURES", KnownFeatures),
 		cheader.Def("WEIR_CLAIM_DIR_SIZE", ClaimDirSize),
 		cheader.Def("WEIR_DIR_OPEN_BIT", DirOpenBit),

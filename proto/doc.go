@@ -74,6 +74,18 @@
 // calls take a directory file descriptor: a relative path resolves from
 // that directory, an absolute one from the root; Handle 0 is the root.
 //
+// Symbolic links (FeatureLinks) are followed by the client, never by the
+// service, since a target may lead out of weir: a path operation that
+// meets a link it follows (any intermediate component; the last one for
+// OpStat, OpOpen without O_NOFOLLOW, OpChmod, OpChown and OpChtimes
+// without PathNoFollow, OpReadDir, OpDirLease, OpLink with LinkFollow)
+// answers -ErrFollow, Aux = FollowAux(start, end, second): the link is
+// path[start:end]. The client asks OpReadlink of path[:end] and sends
+// path[:start] + target + path[end:] again (an absolute target: target +
+// path[end:], resolved by the client, inside weir or not), at most 40
+// links for one call (then ELOOP, as Linux). A session without
+// FeatureLinks is answered ELOOP.
+//
 // # Encoding
 //
 // All integers are little-endian. A str is a u16 length then that many
@@ -94,7 +106,8 @@
 //	OpHello     in:  u32 min_version, u32 max_version, u64 features
 //	            out: u32 version, u32 0, u64 features, u64 session,
 //	                 [32]byte token
-//	OpStat      in:  str path                       out: attr
+//	OpStat      Arg = PathNoFollow (lstat) or 0
+//	            in:  str path                       out: attr
 //	OpOpen      Arg = open flags (O_* of Linux x86-64 and arm64)
 //	            in:  u32 perm, str path
 //	            out: u64 handle, attr, u8 created, u8 granted,
@@ -110,8 +123,10 @@
 //	OpRename    Handle = old directory
 //	            in:  u64 new directory handle, str old, str new
 //	OpChmod     in:  u32 mode, str path             -
-//	OpChown     in:  i64 uid, i64 gid, str path     -   (-1: unchanged)
-//	OpChtimes   in:  i64 atime, i64 mtime, str path -
+//	OpChown     Arg = PathNoFollow (lchown) or 0
+//	            in:  i64 uid, i64 gid, str path     -   (-1: unchanged)
+//	OpChtimes   Arg = PathNoFollow or 0
+//	            in:  i64 atime, i64 mtime, str path -
 //	OpReadDir   in:  str path, str after            out: u32 count, count x
 //	            {u64 ino, u32 mode type bits, str name}; Aux = 1 if more
 //	            follow (ask again with after = the last name)
@@ -137,6 +152,15 @@
 //	            genuine, another uid's, or of another incarnation (use
 //	            OpReopen); ESTALE: the file is gone; EACCES: another uid's
 //	            file that no longer allows the access
+//	OpReadlink  (FeatureLinks) in: str path; out: the target of the
+//	            symbolic link path (Result = its length, 1..MaxPath; the
+//	            buffer must hold MaxPath bytes, or ERANGE); EINVAL: no link
+//	OpSymlink   (FeatureLinks) in: str target, str path; out: attr of the
+//	            new link (mode S_IFLNK|0777)
+//	OpLink      (FeatureLinks) Handle = the old path's directory, Arg =
+//	            LinkFollow or 0; in: u64 new directory handle, str old,
+//	            str new (as OpRename); out: attr of the file, one more
+//	            name. EPERM: a directory, or fs.protected_hardlinks
 //	OpLock      Handle (a regular file's); in: LockReq; out: for a
 //	            test (Get), LockResp. Advisory locks held by this
 //	            service: EAGAIN when another owner's lock is in the way

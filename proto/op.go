@@ -56,9 +56,17 @@ const (
 	// (docs/architecture.md, "Direct opens").
 	FeatureDirOpen uint64 = 1 << 5
 
+	// FeatureLinks: the namespace may hold symbolic links, which the
+	// client follows: a path operation that meets one it must follow
+	// answers -ErrFollow with the link's place in the path in Aux
+	// (SplitFollowAux); the client reads the link (OpReadlink of the path
+	// up to its end) and sends the rewritten path again. A session
+	// without it is answered ELOOP instead: it cannot follow them.
+	FeatureLinks uint64 = 1 << 6
+
 	// KnownFeatures are the bits this version defines; a service answers
 	// no others.
-	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap | FeatureDirOpen
+	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap | FeatureDirOpen | FeatureLinks
 )
 
 // Opcodes. The numbers are the ABI: they are written out, never iota, and
@@ -88,6 +96,9 @@ const (
 	OpDirLease   uint8 = 0x24
 	OpInherit    uint8 = 0x25
 	OpLock       uint8 = 0x26
+	OpReadlink   uint8 = 0x27
+	OpSymlink    uint8 = 0x28
+	OpLink       uint8 = 0x29
 
 	OpAttach    uint8 = 0x40
 	OpRead      uint8 = 0x41
@@ -133,6 +144,13 @@ const (
 	// SyncData in OpSync's Arg: fdatasync (the size and the data, not the
 	// times).
 	SyncData uint32 = 1
+	// PathNoFollow in the Arg of OpStat, OpChown and OpChtimes: a final
+	// symbolic link is the object (lstat, lchown,
+	// AT_SYMLINK_NOFOLLOW), not followed.
+	PathNoFollow uint32 = 1
+	// LinkFollow in OpLink's Arg: follow a final symbolic link of the old
+	// path (AT_SYMLINK_FOLLOW).
+	LinkFollow uint32 = 1
 )
 
 // Sizes of fixed parts.
@@ -200,7 +218,29 @@ const (
 	// ErrStale: the session or handle belongs to an earlier incarnation
 	// of the metadata service; re-establish it.
 	ErrStale = syscall.ESTALE
+	// ErrFollow (FeatureLinks): the path met a symbolic link the
+	// operation follows; Aux says where (FollowAux). It is above every
+	// errno (Linux's end at 4095), so no client takes it for one.
+	ErrFollow syscall.Errno = 4096
 )
+
+// FollowAux packs where a path met a symbolic link into a completion's
+// Aux: the link is path[start:end] of the request's first path, or of its
+// second (OpRename's and OpLink's new path) when second is set.
+func FollowAux(start, end int, second bool) uint64 {
+	a := uint64(start)&0xffff | (uint64(end)&0xffff)<<16
+	if second {
+		a |= 1 << 32
+	}
+	return a
+}
+
+// SplitFollowAux unpacks FollowAux; ok is false for a value FollowAux
+// cannot give for a path of n bytes (the client treats it as EIO).
+func SplitFollowAux(aux uint64, n int) (start, end int, second, ok bool) {
+	start, end, second = int(aux&0xffff), int(aux>>16&0xffff), aux>>32&1 == 1
+	return start, end, second, aux>>33 == 0 && start < end && end <= n
+}
 
 // VersionRange packs a version range into a completion's Aux.
 func VersionRange(lo, hi uint32) uint64 { return uint64(lo)<<32 | uint64(hi) }

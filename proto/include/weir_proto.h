@@ -108,7 +108,18 @@
 #define WEIR_FEATURE_RECALLS 0x8ull /* one WEIR_OP_RECALL_WAIT may stay outstanding */
 #define WEIR_FEATURE_OPEN_CAP 0x10ull /* OPEN may answer a read capability */
 #define WEIR_FEATURE_DIR_OPEN 0x20ull /* DIR_LEASE snapshots; CLAIM_DIR opens at io alone */
-#define WEIR_KNOWN_PROTO_FEATURES 0x3full
+#define WEIR_FEATURE_LINKS 0x40ull /* symbolic links: a path that meets one to follow answers -WEIR_ERR_FOLLOW */
+#define WEIR_KNOWN_PROTO_FEATURES 0x7full
+
+/* -WEIR_ERR_FOLLOW: the path met a symbolic link the call follows; aux =
+ * start | end << 16 | second << 32: the link is path[start:end] of the
+ * request's first path (or its second: RENAME's and LINK's new path).
+ * READLINK of path[:end] gives the target; resolve path[:start] + target +
+ * path[end:] (an absolute target replaces path[:start]), at most 40 times
+ * (then ELOOP). */
+#define WEIR_ERR_FOLLOW 4096u
+#define WEIR_PATH_NOFOLLOW 1u /* STAT, CHOWN, CHTIMES arg: a final link is the object (lstat, lchown) */
+#define WEIR_LINK_FOLLOW 1u /* LINK arg: AT_SYMLINK_FOLLOW */
 
 /* Metadata ring opcodes: 0x10-0x3f. */
 #define WEIR_FIRST_METADATA_OP 0x10u
@@ -135,6 +146,9 @@
 #define WEIR_OP_DIR_LEASE 0x24u /* in: path, after (as READDIR); out: u32 count, then per entry u64 ino, u32 mode, WEIR_CAP_SIZE cap, u16 name length, name; aux 1: more */
 #define WEIR_OP_INHERIT 0x25u /* in: ticket of this incarnation (WEIR_FEATURE_REOPEN); out: as OPEN: the same file, flags and uid, for a process that inherited the open file description */
 #define WEIR_OP_LOCK 0x26u /* handle; in: lock request (24 bytes, below); set: 0 or -EAGAIN (in the way); get: out the lock answer (24 bytes) */
+#define WEIR_OP_READLINK 0x27u /* in: path; out: the link's target (result = its length); -EINVAL: no link */
+#define WEIR_OP_SYMLINK 0x28u /* in: str target, str path; out: attr */
+#define WEIR_OP_LINK 0x29u /* handle = old directory; arg = WEIR_LINK_FOLLOW or 0; in: u64 new directory handle, str old, str new (as RENAME); out: attr */
 #define WEIR_OP_RECALL_WAIT 0x23u /* out: u64 data handles another trust group recalled (at most WEIR_RECALL_BATCH); aux WEIR_RECALL_ALL: all may be */
 
 /* IO ring opcodes: 0x40-0x5f. */
@@ -196,7 +210,7 @@
 /* struct weir_attr: an inode's attributes (56 bytes). */
 struct weir_attr {
 	uint64_t ino;
-	uint32_t mode; /* S_IFREG or S_IFDIR | 07777 bits */
+	uint32_t mode; /* S_IFREG or S_IFDIR | 07777 bits, or S_IFLNK | 0777 */
 	uint32_t uid;
 	uint32_t gid;
 	uint32_t nlink;

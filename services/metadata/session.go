@@ -120,6 +120,7 @@ func (se *session) register() {
 		proto.OpGrant: se.grantOp, proto.OpFChmod: se.fchmod, proto.OpFChown: se.fchown,
 		proto.OpFChtimes: se.fchtimes, proto.OpReopen: se.reopen, proto.OpDirLease: se.dirLease,
 		proto.OpInherit: se.inherit, proto.OpLock: se.lock,
+		proto.OpReadlink: se.readlink, proto.OpSymlink: se.symlink, proto.OpLink: se.link,
 	} {
 		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
 			se.svc.Stats.Requests.Add(1)
@@ -137,6 +138,14 @@ func (se *session) register() {
 
 // errno turns a namespace or control error into what the client is told.
 func (se *session) errno(err error) (int64, uint64) {
+	var fe *ns.FollowError
+	if errors.As(err, &fe) {
+		// A symbolic link for the client to follow: not an error.
+		if se.features&proto.FeatureLinks == 0 {
+			return -int64(syscall.ELOOP), 0
+		}
+		return -int64(proto.ErrFollow), proto.FollowAux(fe.Start, fe.End, fe.Second)
+	}
 	se.svc.Stats.Errors.Add(1)
 	var e syscall.Errno
 	if errors.As(err, &e) {
@@ -247,7 +256,69 @@ func (se *session) stat(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	a, err := se.svc.ns.StatAt(se.cred, dir, r.Path)
+	stat := se.svc.ns.StatAt
+	if q.Arg&proto.PathNoFollow != 0 {
+		stat = se.svc.ns.LstatAt
+	}
+	a, err := stat(se.cred, dir, r.Path)
+	if err != nil {
+		return se.errno(err)
+	}
+	return se.attrReply(q, a)
+}
+
+func (se *session) readlink(q *ring.Request) (int64, uint64) {
+	r, err := proto.DecodePathReq(body(q))
+	if err != nil {
+		return se.errno(err)
+	}
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	t, err := se.svc.ns.ReadlinkAt(se.cred, dir, r.Path)
+	if err != nil {
+		return se.errno(err)
+	}
+	return reply(q, []byte(t))
+}
+
+func (se *session) symlink(q *ring.Request) (int64, uint64) {
+	if q.Length < proto.AttrSize {
+		return se.errno(syscall.ERANGE) // (refused before the link is made)
+	}
+	r, err := proto.DecodeSymlinkReq(body(q))
+	if err != nil {
+		return se.errno(err)
+	}
+	dir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	a, err := se.svc.ns.SymlinkAt(se.cred, r.Target, dir, r.Path)
+	if err != nil {
+		return se.errno(err)
+	}
+	return se.attrReply(q, a)
+}
+
+func (se *session) link(q *ring.Request) (int64, uint64) {
+	if q.Length < proto.AttrSize {
+		return se.errno(syscall.ERANGE)
+	}
+	r, err := proto.DecodeRenameReq(body(q))
+	if err != nil {
+		return se.errno(err)
+	}
+	olddir, err := se.dirIno(q.Handle)
+	if err != nil {
+		return se.errno(err)
+	}
+	newdir, err := se.dirIno(r.NewDir)
+	if err != nil {
+		return se.errno(err)
+	}
+	a, err := se.svc.ns.LinkAt(se.cred, olddir, r.Old, newdir, r.New, q.Arg&proto.LinkFollow != 0)
 	if err != nil {
 		return se.errno(err)
 	}
@@ -710,7 +781,11 @@ func (se *session) chown(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	ino, err := se.svc.ns.ChownAt(se.cred, dir, r.Path, uid, gid)
+	chown := se.svc.ns.ChownAt
+	if q.Arg&proto.PathNoFollow != 0 {
+		chown = se.svc.ns.LchownAt
+	}
+	ino, err := chown(se.cred, dir, r.Path, uid, gid)
 	if err != nil {
 		return se.errno(err)
 	}
@@ -727,11 +802,15 @@ func (se *session) chtimes(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	if err := se.svc.ns.ChtimesAt(se.cred, dir, r.Path, r.Atime, r.Mtime); err != nil {
+	chtimes, stat := se.svc.ns.ChtimesAt, se.svc.ns.StatAt
+	if q.Arg&proto.PathNoFollow != 0 {
+		chtimes, stat = se.svc.ns.LchtimesAt, se.svc.ns.LstatAt
+	}
+	if err := chtimes(se.cred, dir, r.Path, r.Atime, r.Mtime); err != nil {
 		return se.errno(err)
 	}
 	if r.Mtime != proto.TimeOmit {
-		if a, err := se.svc.ns.StatAt(se.cred, dir, r.Path); err == nil {
+		if a, err := stat(se.cred, dir, r.Path); err == nil && a.IsReg() {
 			se.svc.noteTimesSet(a.Ino)
 		}
 	}

@@ -9,8 +9,9 @@ import (
 // Check verifies the in-memory namespace (an fsck): the tree is connected
 // from the root; every entry has a valid, unique name and points at a live
 // inode; a directory has exactly one name and its parent link matches it;
-// link counts are right (a directory: 2 + its subdirectories; a file: its
-// number of names); an inode without a name has nlink 0 and is still open;
+// link counts are right (a directory: 2 + its subdirectories; a file or
+// symbolic link: its number of names); a symbolic link has a valid
+// target, its length as size, no blob and no entries; an inode without a name has nlink 0 and is still open;
 // every regular file's Blob equals its inode number and directories have
 // none; no inode number is at or beyond the allocation counter.
 func (n *NS) Check() error {
@@ -95,6 +96,16 @@ func (s *state) check(strictOrphans bool) error {
 			}
 			if a.Size < 0 {
 				bad("file %d: size %d", ino, a.Size)
+			}
+		} else if n.isLink() {
+			if !validTarget(n.target) || a.Size != int64(len(n.target)) {
+				bad("symbolic link %d: target of %d bytes, size %d", ino, len(n.target), a.Size)
+			}
+			if a.Blob != 0 || n.entries != nil {
+				bad("symbolic link %d: blob %d or directory entries", ino, a.Blob)
+			}
+			if a.Nlink != names[ino] {
+				bad("symbolic link %d: nlink %d, %d names", ino, a.Nlink, names[ino])
 			}
 		} else {
 			if a.Blob != 0 {

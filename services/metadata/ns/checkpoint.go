@@ -11,10 +11,10 @@ import (
 	"github.com/weir-storage/weir/internal/wal"
 )
 
-// Checkpoint format constants (version 3; versions 1 and 2 are still read); see
+// Checkpoint format constants (version 4; versions 1 to 3 are still read); see
 // the package comment.
 const (
-	ckptVersion    = 3
+	ckptVersion    = 4
 	ckptHeaderSize = 64
 	ckptMinInode   = 68 // bytes of an inode record without entries
 	ckptBootSize   = 4 + 16 + 32
@@ -76,6 +76,9 @@ func encodeCheckpoint(s *state, lsn uint64) []byte {
 		for _, name := range names {
 			b = appendName(b, name)
 			b = le.AppendUint64(b, uint64(n.entries[name]))
+		}
+		if n.isLink() {
+			b = appendTarget(b, n.target)
 		}
 	}
 	h := b[:ckptHeaderSize]
@@ -169,6 +172,9 @@ func decodeCheckpoint(data []byte) (*state, uint64, error) {
 		if !modeValid(n.attr.Mode) {
 			return nil, 0, fmt.Errorf("inode %d: invalid mode %#o", n.attr.Ino, n.attr.Mode)
 		}
+		if n.isLink() && version < 4 {
+			return nil, 0, fmt.Errorf("inode %d: a symbolic link in a version %d checkpoint", n.attr.Ino, version)
+		}
 		if n.isDir() {
 			n.entries = make(map[string]Ino, min(int(nent), len(d.b)/10))
 		} else if nent != 0 {
@@ -183,6 +189,9 @@ func decodeCheckpoint(data []byte) (*state, uint64, error) {
 				return nil, 0, fmt.Errorf("directory %d: name %q appears twice", n.attr.Ino, name)
 			}
 			n.entries[name] = child
+		}
+		if n.isLink() {
+			n.target = d.target()
 		}
 		s.inodes[n.attr.Ino] = n
 	}

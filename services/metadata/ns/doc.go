@@ -40,8 +40,27 @@
 // Timestamps: creating, removing and renaming entries set the parent
 // directories' mtime and ctime; attribute changes and unlinks set the
 // inode's ctime. atime is never updated by reads (noatime); it changes
-// only through Chtimes. Hard links, symbolic links and special files do
-// not exist. Directory sizes are 0.
+// only through Chtimes. Special files (devices, FIFOs, sockets) do not
+// exist. Directory sizes are 0.
+//
+// Links. Symlink creates a symbolic link and Link a hard link (a file's
+// or a symbolic link's further name; EPERM for a directory, EMLINK past
+// LinkMax names, and fs.protected_hardlinks as Debian sets it: a caller
+// that neither owns the source nor is root needs read and write
+// permission on it, and it must be a regular file that is not setuid or
+// setgid-executable). The namespace follows no symbolic link itself: a
+// target may lead anywhere on the host, and only the client can go there.
+// A resolution that must follow one (an intermediate component, or the
+// last one where the operation follows it: Stat, Open without O_NOFOLLOW,
+// Chmod, Truncate, ReadDir, Link with follow; never Lstat, Readlink,
+// Unlink, Rmdir, Rename, Mkdir or an exclusive create) answers a
+// *FollowError naming the link's place in the path and its target, and
+// the client resolves the rewritten path again (at most MaxLinks times,
+// then ELOOP). fs.protected_symlinks is emulated as Debian sets it: a
+// link in a sticky world-writable directory is followed only by its
+// owner or when the directory's owner owns it (EACCES otherwise, for
+// root too). Open with O_NOFOLLOW of a link is ELOOP; O_CREAT through a
+// dangling link creates its target, as on Linux.
 //
 // All namespace errors are bare syscall.Errno values. Failures to read or
 // write the persistent state are *IOError (reported as EIO); a failed
@@ -157,6 +176,11 @@
 //	8 gone     u64 blob (deleted; it no longer awaits deletion)
 //	9 alloc    u64 limit (the IO service is told blob ids below it are
 //	           allocated; synced before it is told)
+//	10 symlink u64 parent, u64 ino, u32 uid, u32 gid, i64 time, name,
+//	           u16 target length (1..4095), target (mode S_IFLNK|0777,
+//	           size the target's length; the next inode number, as create)
+//	11 link    u64 parent, u64 ino, i64 time, name (one more name of a
+//	           file or symbolic link that has a name)
 //
 // flags bit 0 of remove and rename: the removed (or replaced) inode is
 // dropped at once; otherwise it lives on without a name (still open) until
@@ -171,7 +195,7 @@
 // Checkpoint ckpt-<LSN>.ckpt: a 64-byte header, then the body.
 //
 //	header  0  [8]byte magic "weirckpt"
-//	        8  u32 format version (3; versions 1 and 2 are read too)
+//	        8  u32 format version (4; versions 1 to 3 are read too)
 //	       12  u32 header size (64)
 //	       16  u64 LSN: the state after every WAL record up to this one
 //	       24  u64 next inode number
@@ -191,6 +215,7 @@
 //	       20  u32 nlink    24 i64 size     32 i64 atime    40 i64 mtime
 //	       48  i64 ctime    56 u64 blob     64 u32 entry count
 //	       68  entries, ascending by name: name, u64 ino
+//	        then, for a symbolic link (version 4): u16 target length, target
 //
 // A checkpoint verifies when both checksums match, the header fields are
 // as above, the body decodes exactly and the state passes Check (unnamed

@@ -1,6 +1,7 @@
 package ns
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -101,8 +102,8 @@ func (g *gen) step(n *NS) string {
 	c := g.cred()
 	var err error
 	var what string
-	op := g.rng.IntN(16)
-	if op >= 13 && len(g.handles) == 0 {
+	op := g.rng.IntN(18)
+	if op >= 13 && op <= 15 && len(g.handles) == 0 {
 		op = 0 // nothing open: create instead
 	}
 	switch op {
@@ -174,9 +175,19 @@ func (g *gen) step(n *NS) string {
 		g.handles = append(g.handles[:i], g.handles[i+1:]...)
 		_, err = n.Release(ino)
 		what = fmt.Sprintf("release %d", ino)
+	case 16:
+		p := g.path()
+		t := []string{"a", "../b", "/c/d", "x"}[g.rng.IntN(4)]
+		_, err = n.SymlinkAt(c, t, RootIno, p)
+		what = fmt.Sprintf("symlink %q %q", t, p)
+	case 17:
+		p, q := g.target(n), g.path()
+		_, err = n.LinkAt(c, RootIno, p, RootIno, q, g.rng.IntN(2) == 0)
+		what = fmt.Sprintf("link %q %q", p, q)
 	}
 	if err != nil {
-		if _, ok := err.(syscall.Errno); !ok && g.bad == nil {
+		var fe *FollowError
+		if _, ok := err.(syscall.Errno); !ok && !errors.As(err, &fe) && g.bad == nil {
 			g.bad = fmt.Errorf("%s as uid %d: non-errno error %w", what, c.UID, err)
 		}
 	}

@@ -265,8 +265,8 @@ func dump(n *NS) string {
 	var walk func(path string, nd *inode)
 	walk = func(path string, nd *inode) {
 		a := nd.attr
-		fmt.Fprintf(&b, "%s ino=%d mode=%o uid=%d gid=%d nlink=%d size=%d a=%d m=%d c=%d blob=%d\n",
-			path, a.Ino, a.Mode, a.UID, a.GID, a.Nlink, a.Size, a.Atime, a.Mtime, a.Ctime, a.Blob)
+		fmt.Fprintf(&b, "%s ino=%d mode=%o uid=%d gid=%d nlink=%d size=%d a=%d m=%d c=%d blob=%d target=%q\n",
+			path, a.Ino, a.Mode, a.UID, a.GID, a.Nlink, a.Size, a.Atime, a.Mtime, a.Ctime, a.Blob, nd.target)
 		names := make([]string, 0, len(nd.entries))
 		for name := range nd.entries {
 			names = append(names, name)

@@ -11,8 +11,14 @@ import (
 func (n *NS) Stat(c Cred, path string) (Attr, error) { return n.StatAt(c, RootIno, path) }
 
 // StatAt is Stat of a path relative to directory dir (RootIno: the root),
-// as fstatat(2).
-func (n *NS) StatAt(c Cred, dir Ino, path string) (Attr, error) {
+// as fstatat(2); a final symbolic link is followed (*FollowError).
+func (n *NS) StatAt(c Cred, dir Ino, path string) (Attr, error) { return n.stat(c, dir, path, true) }
+
+// LstatAt is StatAt that answers a final symbolic link itself, as
+// fstatat(AT_SYMLINK_NOFOLLOW).
+func (n *NS) LstatAt(c Cred, dir Ino, path string) (Attr, error) { return n.stat(c, dir, path, false) }
+
+func (n *NS) stat(c Cred, dir Ino, path string, followLast bool) (Attr, error) {
 	n.mu.RLock()
 	defer n.mu.RUnlock()
 	if n.closed {
@@ -22,11 +28,202 @@ func (n *NS) StatAt(c Cred, dir Ino, path string) (Attr, error) {
 	if err != nil {
 		return Attr{}, err
 	}
-	nd, err := n.st.resolveAt(&c, start, path)
+	nd, err := n.st.resolveAt(&c, start, path, followLast)
 	if err != nil {
 		return Attr{}, err
 	}
 	return nd.attr, nil
+}
+
+// ReadlinkAt returns the target of the symbolic link path (relative to
+// dir), as readlinkat(2): EINVAL if it is no link.
+func (n *NS) ReadlinkAt(c Cred, dir Ino, path string) (string, error) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if n.closed {
+		return "", errClosed
+	}
+	start, err := n.st.startDir(dir)
+	if err != nil {
+		return "", err
+	}
+	nd, err := n.st.resolveAt(&c, start, path, false)
+	if err != nil {
+		return "", err
+	}
+	if !nd.isLink() {
+		return "", syscall.EINVAL
+	}
+	return nd.target, nil
+}
+
+// SymlinkAt creates the symbolic link path (relative to dir) holding
+// target, as symlinkat(2): owned by the caller, mode 0777, in a setgid
+// directory of its group. An empty target is ENOENT, one of PATH_MAX
+// bytes or more ENAMETOOLONG, a NUL in it EINVAL; an existing path
+// (a dangling link too) is EEXIST, a nonexistent one with a trailing
+// slash ENOENT.
+func (n *NS) SymlinkAt(c Cred, target string, dir Ino, path string) (Attr, error) {
+	if err := checkPath(target); err != nil {
+		return Attr{}, err
+	}
+	if err := n.lockMut(); err != nil {
+		return Attr{}, err
+	}
+	var a Attr
+	var lsn uint64
+	start, err := n.st.startDir(dir)
+	if err == nil {
+		a, lsn, err = n.symlinkLocked(&c, target, start, path)
+	}
+	n.mu.Unlock()
+	if err == nil {
+		err = n.finish(lsn)
+	}
+	if err != nil {
+		return Attr{}, err
+	}
+	return a, nil
+}
+
+// symlinkLocked is SymlinkAt with mu held for writing, in
+// filename_create's and vfs_symlink's order of checks.
+func (n *NS) symlinkLocked(c *Cred, target string, start *inode, path string) (Attr, uint64, error) {
+	s := n.st
+	w, err := s.walkAt(c, start, path)
+	if err != nil {
+		return Attr{}, 0, err
+	}
+	if err := s.creatable(c, w); err != nil {
+		return Attr{}, 0, err
+	}
+	rec := &symlinkRec{
+		parent: w.dir.attr.Ino, ino: s.nextIno, uid: c.UID, gid: newGID(c, w.dir),
+		time: n.now(), name: w.name, target: target,
+	}
+	lsn, err := n.logLocked(rec)
+	if err != nil {
+		return Attr{}, 0, err
+	}
+	return s.inodes[rec.ino].attr, lsn, nil
+}
+
+// creatable is filename_create's and may_create's checks of a new name
+// at the walked path w: EEXIST for ".", "..", the root or an existing
+// entry; ENOENT for a trailing slash; EACCES without write and search
+// permission on the directory; ENOENT in a removed one; ENOSPC when no
+// inode number is left.
+func (s *state) creatable(c *Cred, w walked) error {
+	if w.kind != lastNorm {
+		return syscall.EEXIST
+	}
+	switch _, err := s.step(w.dir, w.name); err {
+	case nil:
+		return syscall.EEXIST
+	case syscall.ENOENT:
+	default:
+		return err
+	}
+	if w.slash {
+		return syscall.ENOENT
+	}
+	if err := permission(c, &w.dir.attr, mayWrite|mayExec); err != nil {
+		return err
+	}
+	if w.dir.attr.Nlink == 0 {
+		return syscall.ENOENT // a removed directory
+	}
+	if s.nextIno > MaxIno {
+		return syscall.ENOSPC // inode numbers are never reused
+	}
+	return nil
+}
+
+// LinkAt gives the file or symbolic link oldpath (relative to olddir) the
+// further name newpath (relative to newdir), as linkat(2); a final
+// symbolic link of oldpath is followed only with followOld
+// (AT_SYMLINK_FOLLOW). Errors in do_linkat's order: oldpath's; EEXIST or
+// ENOENT (trailing slash) for newpath; EPERM where
+// fs.protected_hardlinks forbids it (see the package comment); EACCES
+// without write and search permission on the new directory; EPERM for a
+// directory; EMLINK at LinkMax names.
+func (n *NS) LinkAt(c Cred, olddir Ino, oldpath string, newdir Ino, newpath string, followOld bool) (Attr, error) {
+	if strings.IndexByte(oldpath, 0) >= 0 || strings.IndexByte(newpath, 0) >= 0 {
+		return Attr{}, syscall.EINVAL
+	}
+	if err := n.lockMut(); err != nil {
+		return Attr{}, err
+	}
+	var a Attr
+	var lsn uint64
+	ostart, err := n.st.startDir(olddir)
+	var nstart *inode
+	if err == nil {
+		nstart, err = n.st.startDir(newdir)
+	}
+	if err == nil {
+		a, lsn, err = n.linkLocked(&c, ostart, oldpath, nstart, newpath, followOld)
+	}
+	n.mu.Unlock()
+	if err == nil {
+		err = n.finish(lsn)
+	}
+	if err != nil {
+		return Attr{}, err
+	}
+	return a, nil
+}
+
+// linkLocked is LinkAt with mu held for writing.
+func (n *NS) linkLocked(c *Cred, ostart *inode, oldpath string, nstart *inode, newpath string, followOld bool) (Attr, uint64, error) {
+	s := n.st
+	src, err := s.resolveAt(c, ostart, oldpath, followOld)
+	if err != nil {
+		return Attr{}, 0, err
+	}
+	w, err := s.walkAt(c, nstart, newpath)
+	if err != nil {
+		return Attr{}, 0, second(err)
+	}
+	if w.kind != lastNorm {
+		return Attr{}, 0, syscall.EEXIST
+	}
+	switch _, err := s.step(w.dir, w.name); err {
+	case nil:
+		return Attr{}, 0, syscall.EEXIST
+	case syscall.ENOENT:
+	default:
+		return Attr{}, 0, err
+	}
+	if w.slash {
+		return Attr{}, 0, syscall.ENOENT
+	}
+	if !isOwner(c, &src.attr) {
+		m := src.attr.Mode
+		if !src.attr.IsReg() || m&syscall.S_ISUID != 0 || m&(syscall.S_ISGID|syscall.S_IXGRP) == syscall.S_ISGID|syscall.S_IXGRP ||
+			permission(c, &src.attr, mayRead|mayWrite) != nil {
+			return Attr{}, 0, syscall.EPERM
+		}
+	}
+	if err := permission(c, &w.dir.attr, mayWrite|mayExec); err != nil {
+		return Attr{}, 0, err
+	}
+	if w.dir.attr.Nlink == 0 {
+		return Attr{}, 0, syscall.ENOENT // a removed directory
+	}
+	switch {
+	case src.isDir():
+		return Attr{}, 0, syscall.EPERM
+	case src.attr.Nlink == 0:
+		return Attr{}, 0, syscall.ENOENT // unlinked, still open
+	case src.attr.Nlink >= LinkMax:
+		return Attr{}, 0, syscall.EMLINK
+	}
+	lsn, err := n.logLocked(&linkRec{parent: w.dir.attr.Ino, ino: src.attr.Ino, time: n.now(), name: w.name})
+	if err != nil {
+		return Attr{}, 0, err
+	}
+	return src.attr, lsn, nil
 }
 
 // GetAttr returns the attributes of inode ino, named or not (trusted
@@ -107,6 +304,16 @@ func (n *NS) openLocked(c *Cred, start *inode, path string, flags int, mode uint
 			return Attr{}, false, 0, syscall.EISDIR
 		}
 		nd, err = s.step(w.dir, w.name)
+		if err == nil && nd.isLink() {
+			switch {
+			case flags&syscall.O_EXCL != 0:
+				return Attr{}, false, 0, syscall.EEXIST
+			case flags&syscall.O_NOFOLLOW != 0:
+				return Attr{}, false, 0, syscall.ELOOP
+			}
+			// O_CREAT through a link: its target is opened or created.
+			return Attr{}, false, 0, follow(c, w.dir, nd, w.at, w.at+len(w.name))
+		}
 		switch {
 		case err == syscall.ENOENT:
 			if err := permission(c, &w.dir.attr, mayWrite|mayExec); err != nil {
@@ -137,8 +344,10 @@ func (n *NS) openLocked(c *Cred, start *inode, path string, flags int, mode uint
 		case nd.isDir():
 			return Attr{}, false, 0, syscall.EISDIR
 		}
-	} else if nd, err = s.final(w); err != nil {
+	} else if nd, err = s.final(c, w, flags&syscall.O_NOFOLLOW == 0); err != nil {
 		return Attr{}, false, 0, err
+	} else if nd.isLink() {
+		return Attr{}, false, 0, syscall.ELOOP // O_NOFOLLOW
 	}
 	if flags&syscall.O_DIRECTORY != 0 && !nd.isDir() {
 		return Attr{}, false, 0, syscall.ENOTDIR
@@ -465,7 +674,7 @@ func (n *NS) renameLocked(c *Cred, ostart *inode, oldpath string, nstart *inode,
 	}
 	nw, err := s.walkAt(c, nstart, newpath)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, second(err)
 	}
 	if ow.kind != lastNorm || nw.kind != lastNorm {
 		return 0, 0, syscall.EBUSY
@@ -570,10 +779,11 @@ func (n *NS) setAttr(c *Cred, at target, check func(nd *inode) (*setAttrRec, err
 // target is what an attribute change applies to: a path from a
 // directory, or an open inode (fchmod and friends).
 type target struct {
-	dir   Ino
-	path  string
-	ino   Ino
-	byIno bool
+	dir      Ino
+	path     string
+	ino      Ino
+	byIno    bool
+	nofollow bool // a final symbolic link is the target (lchown, AT_SYMLINK_NOFOLLOW)
 }
 
 // pathAt is the target path in directory dir.
@@ -594,7 +804,7 @@ func (t target) resolve(s *state, c *Cred) (*inode, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.resolveAt(c, start, t.path)
+	return s.resolveAt(c, start, t.path, !t.nofollow)
 }
 
 // Chmod sets the permission bits of path to mode & 07777. Only the owner
@@ -648,6 +858,14 @@ func (n *NS) Chown(c Cred, path string, uid, gid int) error {
 // it returns the inode it changed.
 func (n *NS) ChownAt(c Cred, dir Ino, path string, uid, gid int) (Ino, error) {
 	return n.chown(c, pathAt(dir, path), uid, gid)
+}
+
+// LchownAt is ChownAt that changes a final symbolic link itself, as
+// fchownat(AT_SYMLINK_NOFOLLOW) and lchown(2).
+func (n *NS) LchownAt(c Cred, dir Ino, path string, uid, gid int) (Ino, error) {
+	t := pathAt(dir, path)
+	t.nofollow = true
+	return n.chown(c, t, uid, gid)
 }
 
 // FChown is Chown of the open inode ino, as fchown(2).
@@ -705,6 +923,17 @@ func (n *NS) ChtimesAt(c Cred, dir Ino, path string, atime, mtime int64) error {
 		return syscall.EINVAL
 	}
 	return n.chtimes(c, pathAt(dir, path), atime, mtime)
+}
+
+// LchtimesAt is ChtimesAt that changes a final symbolic link itself, as
+// utimensat(AT_SYMLINK_NOFOLLOW).
+func (n *NS) LchtimesAt(c Cred, dir Ino, path string, atime, mtime int64) error {
+	if strings.IndexByte(path, 0) >= 0 {
+		return syscall.EINVAL
+	}
+	t := pathAt(dir, path)
+	t.nofollow = true
+	return n.chtimes(c, t, atime, mtime)
 }
 
 // FChtimes is Chtimes of the open inode ino, as futimens(2).
@@ -796,7 +1025,7 @@ func (n *NS) listableLocked(c *Cred, dir Ino, path string, mask uint32) (*inode,
 	if err != nil {
 		return nil, err
 	}
-	nd, err := n.st.resolveAt(c, start, path)
+	nd, err := n.st.resolveAt(c, start, path, true)
 	if err != nil {
 		return nil, err
 	}
@@ -869,6 +1098,8 @@ func (n *NS) setLiveLocked(ino Ino, size, mtime int64) (uint64, error) {
 		return 0, syscall.ENOENT
 	case nd.isDir():
 		return 0, syscall.EISDIR
+	case !nd.attr.IsReg():
+		return 0, syscall.EINVAL
 	case size < 0:
 		return 0, syscall.EINVAL
 	}
@@ -886,7 +1117,7 @@ func (n *NS) Files() []Attr {
 	defer n.mu.RUnlock()
 	var out []Attr
 	for _, nd := range n.st.inodes {
-		if !nd.isDir() {
+		if nd.attr.IsReg() {
 			out = append(out, nd.attr)
 		}
 	}
@@ -910,6 +1141,8 @@ func (n *NS) KillPriv(ino Ino) error {
 		err = syscall.ENOENT
 	case nd.isDir():
 		err = syscall.EISDIR
+	case !nd.attr.IsReg():
+		err = syscall.EINVAL
 	default:
 		m := nd.attr.Mode
 		kill := m & syscall.S_ISUID

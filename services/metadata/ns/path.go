@@ -27,6 +27,7 @@ const (
 type walked struct {
 	dir   *inode   // directory holding the final component (for lastRoot: the root)
 	name  string   // the final component
+	at    int      // where name starts in the path
 	kind  lastKind // what the final component is
 	slash bool     // the path ended in one or more slashes
 }
@@ -51,7 +52,8 @@ func checkPath(p string) error {
 // current directory must be searchable (EACCES); each intermediate
 // component must exist (ENOENT), fit NAME_MAX (ENAMETOOLONG) and be a
 // directory (ENOTDIR). "." and ".." resolve physically; ".." of the root
-// is the root.
+// is the root. An intermediate component that is a symbolic link ends
+// the walk with a *FollowError (mayFollow permitting).
 func (s *state) walk(c *Cred, p string) (walked, error) { return s.walkAt(c, s.root(), p) }
 
 // walkAt is walk starting in directory start for a relative path (an
@@ -88,7 +90,7 @@ func (s *state) walkAt(c *Cred, start *inode, p string) (walked, error) {
 			return walked{}, err
 		}
 		if k == len(p) {
-			w := walked{dir: cur, name: comp, slash: j < len(p)}
+			w := walked{dir: cur, name: comp, at: i, slash: j < len(p)}
 			switch comp {
 			case ".":
 				w.kind = lastDot
@@ -100,6 +102,9 @@ func (s *state) walkAt(c *Cred, start *inode, p string) (walked, error) {
 		next, err := s.step(cur, comp)
 		if err != nil {
 			return walked{}, err
+		}
+		if next.isLink() {
+			return walked{}, follow(c, cur, next, i, j)
 		}
 		if !next.isDir() {
 			return walked{}, syscall.ENOTDIR
@@ -139,9 +144,24 @@ func (s *state) parentOf(dir *inode) (*inode, error) {
 	return p, nil
 }
 
+// follow is the answer for a symbolic link at path[start:end] in
+// directory dir: a *FollowError, or EACCES where fs.protected_symlinks
+// (1, the default of Debian and most distributions) forbids following
+// it: in a sticky world-writable directory only a link the caller or the
+// directory's owner owns is followed, by root too (may_follow_link).
+func follow(c *Cred, dir, link *inode, start, end int) error {
+	d := &dir.attr
+	if d.Mode&syscall.S_ISVTX != 0 && d.Mode&0o002 != 0 && link.attr.UID != c.UID && link.attr.UID != d.UID {
+		return syscall.EACCES
+	}
+	return &FollowError{Start: start, End: end, Target: link.target}
+}
+
 // final looks up the last component of a walked path; a trailing slash
-// demands a directory (ENOTDIR).
-func (s *state) final(w walked) (*inode, error) {
+// demands a directory (ENOTDIR). A symbolic link is followed (a
+// *FollowError) if follow is set or the path ends in a slash; otherwise
+// it is the answer.
+func (s *state) final(c *Cred, w walked, followLast bool) (*inode, error) {
 	switch w.kind {
 	case lastRoot, lastDot:
 		return w.dir, nil
@@ -152,22 +172,26 @@ func (s *state) final(w walked) (*inode, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n.isLink() && (followLast || w.slash) {
+		return nil, follow(c, w.dir, n, w.at, w.at+len(w.name))
+	}
 	if w.slash && !n.isDir() {
 		return nil, syscall.ENOTDIR
 	}
 	return n, nil
 }
 
-// resolve looks up a whole path.
-func (s *state) resolve(c *Cred, p string) (*inode, error) { return s.resolveAt(c, s.root(), p) }
+// resolve looks up a whole path, following a final symbolic link.
+func (s *state) resolve(c *Cred, p string) (*inode, error) { return s.resolveAt(c, s.root(), p, true) }
 
-// resolveAt looks up a whole path from directory start.
-func (s *state) resolveAt(c *Cred, start *inode, p string) (*inode, error) {
+// resolveAt looks up a whole path from directory start; a final symbolic
+// link is followed if followLast is set (stat, not lstat).
+func (s *state) resolveAt(c *Cred, start *inode, p string, followLast bool) (*inode, error) {
 	w, err := s.walkAt(c, start, p)
 	if err != nil {
 		return nil, err
 	}
-	return s.final(w)
+	return s.final(c, w, followLast)
 }
 
 // startDir returns the directory a path operation at dir starts from: the

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 )
 
@@ -21,6 +22,8 @@ const (
 	recDead    uint8 = 7 // a blob with no file (an orphan found in the backend) awaits deletion
 	recGone    uint8 = 8 // the IO service deleted a blob that awaited deletion
 	recAlloc   uint8 = 9 // the IO service was told that blob ids below a limit are allocated
+	recSymlink uint8 = 10 // create a symbolic link
+	recLink    uint8 = 11 // give a file one more name (a hard link)
 )
 
 // Flags of remove and rename records.
@@ -74,6 +77,23 @@ type setAttrRec struct {
 	size, atime, mtime, ctime int64
 }
 
+// symlinkRec creates a symbolic link (mode S_IFLNK|0777) holding target.
+type symlinkRec struct {
+	parent, ino Ino
+	uid, gid    uint32
+	time        int64
+	name        string
+	target      string
+}
+
+// linkRec adds the name name in directory parent for the existing
+// non-directory ino.
+type linkRec struct {
+	parent, ino Ino
+	time        int64
+	name        string
+}
+
 type freeRec struct{ ino Ino }
 
 // bootRec starts an incarnation. The first one of a namespace chooses the
@@ -109,6 +129,12 @@ func (*setAttrRec) typ() uint8 { return recSetAttr }
 
 // typ implements record.
 func (*freeRec) typ() uint8 { return recFree }
+
+// typ implements record.
+func (*symlinkRec) typ() uint8 { return recSymlink }
+
+// typ implements record.
+func (*linkRec) typ() uint8 { return recLink }
 
 // typ implements record.
 func (*bootRec) typ() uint8 { return recBoot }
@@ -173,6 +199,31 @@ func (r *setAttrRec) encode(b []byte) []byte {
 	b = le.AppendUint64(b, uint64(r.atime))
 	b = le.AppendUint64(b, uint64(r.mtime))
 	return le.AppendUint64(b, uint64(r.ctime))
+}
+
+// encode implements record.
+func (r *symlinkRec) encode(b []byte) []byte {
+	b = le.AppendUint64(b, uint64(r.parent))
+	b = le.AppendUint64(b, uint64(r.ino))
+	b = le.AppendUint32(b, r.uid)
+	b = le.AppendUint32(b, r.gid)
+	b = le.AppendUint64(b, uint64(r.time))
+	b = appendName(b, r.name)
+	return appendTarget(b, r.target)
+}
+
+// encode implements record.
+func (r *linkRec) encode(b []byte) []byte {
+	b = le.AppendUint64(b, uint64(r.parent))
+	b = le.AppendUint64(b, uint64(r.ino))
+	b = le.AppendUint64(b, uint64(r.time))
+	return appendName(b, r.name)
+}
+
+// appendTarget encodes a symbolic link's target as u16 length and bytes.
+func appendTarget(b []byte, t string) []byte {
+	b = le.AppendUint16(b, uint16(len(t)))
+	return append(b, t...)
 }
 
 // encode implements record.
@@ -248,6 +299,20 @@ func (d *decoder) i64() int64 { return int64(d.u64()) }
 // ino reads an inode number.
 func (d *decoder) ino() Ino { return Ino(d.u64()) }
 
+// u16 reads a little-endian uint16.
+func (d *decoder) u16() uint16 {
+	if v := d.take(2); v != nil {
+		return le.Uint16(v)
+	}
+	return 0
+}
+
+// target reads a u16 length and that many bytes.
+func (d *decoder) target() string {
+	n := int(d.u16())
+	return string(d.take(n))
+}
+
 // name reads a u8 length and that many bytes.
 func (d *decoder) name() string {
 	n := int(d.u8())
@@ -291,6 +356,10 @@ func decodeRecord(typ uint8, p []byte) (record, error) {
 		r = &goneRec{blob: d.u64()}
 	case recAlloc:
 		r = &allocRec{limit: d.ino()}
+	case recSymlink:
+		r = &symlinkRec{parent: d.ino(), ino: d.ino(), uid: d.u32(), gid: d.u32(), time: d.i64(), name: d.name(), target: d.target()}
+	case recLink:
+		r = &linkRec{parent: d.ino(), ino: d.ino(), time: d.i64(), name: d.name()}
 	default:
 		return nil, fmt.Errorf("unknown record type %d", typ)
 	}
@@ -313,8 +382,20 @@ func validName(name string) bool {
 	return true
 }
 
-// modeValid reports whether mode has a supported type and no unknown bits.
+// validTarget reports whether t may be a symbolic link's target: 1 to
+// PATH_MAX-1 bytes, no NUL.
+func validTarget(t string) bool {
+	return t != "" && len(t) < pathMax && strings.IndexByte(t, 0) < 0
+}
+
+// modeValid reports whether mode has a supported type and no unknown bits
+// (a symbolic link's mode is always S_IFLNK|0777).
 func modeValid(mode uint32) bool {
-	t := mode & syscall.S_IFMT
-	return (t == syscall.S_IFDIR || t == syscall.S_IFREG) && mode&^(syscall.S_IFMT|0o7777) == 0
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFDIR, syscall.S_IFREG:
+		return mode&^(syscall.S_IFMT|0o7777) == 0
+	case syscall.S_IFLNK:
+		return mode == syscall.S_IFLNK|0o777
+	}
+	return false
 }

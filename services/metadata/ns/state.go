@@ -5,9 +5,10 @@ import (
 	"syscall"
 )
 
-// inode is one file or directory in memory.
+// inode is one file, directory or symbolic link in memory.
 type inode struct {
 	attr    Attr
+	target  string         // symbolic links: what the link holds
 	parent  Ino            // directories: the directory that holds this one (the root: itself); 0 for files
 	entries map[string]Ino // directories: name -> inode; nil for files
 	opens   int            // open handles (Open minus Release); not persisted
@@ -19,6 +20,9 @@ type inode struct {
 
 // isDir reports whether n is a directory.
 func (n *inode) isDir() bool { return n.attr.IsDir() }
+
+// isLink reports whether n is a symbolic link.
+func (n *inode) isLink() bool { return n.attr.IsLink() }
 
 // state is the whole namespace. It is changed only by apply, which both
 // the live operations (after their checks) and recovery use, so the two
@@ -84,6 +88,10 @@ func (s *state) apply(r record) error {
 		return s.applyGone(r)
 	case *allocRec:
 		return s.applyAlloc(r)
+	case *symlinkRec:
+		return s.applySymlink(r)
+	case *linkRec:
+		return s.applyLink(r)
 	}
 	return fmt.Errorf("unknown record %T", r)
 }
@@ -104,7 +112,7 @@ func (s *state) applyCreate(r *createRec) error {
 	if r.ino != s.nextIno || r.ino > MaxIno {
 		return fmt.Errorf("create inode %d, want %d (at most %d)", r.ino, s.nextIno, MaxIno)
 	}
-	if !modeValid(r.mode) {
+	if !modeValid(r.mode) || r.mode&syscall.S_IFMT == syscall.S_IFLNK {
 		return fmt.Errorf("invalid mode %#o", r.mode)
 	}
 	n := &inode{attr: Attr{Ino: r.ino, Mode: r.mode, UID: r.uid, GID: r.gid, Nlink: 1, Atime: r.time, Mtime: r.time, Ctime: r.time}}
@@ -120,6 +128,56 @@ func (s *state) applyCreate(r *createRec) error {
 	p.attr.Mtime, p.attr.Ctime = r.time, r.time
 	s.inodes[r.ino] = n
 	s.nextIno++
+	return nil
+}
+
+// applySymlink adds a symbolic link; the parent's mtime and ctime become
+// the record's time.
+func (s *state) applySymlink(r *symlinkRec) error {
+	p, err := s.dirFor(r.parent)
+	if err != nil {
+		return err
+	}
+	if !validName(r.name) || !validTarget(r.target) {
+		return fmt.Errorf("symlink: invalid name %q or target %q", r.name, r.target)
+	}
+	if _, ok := p.entries[r.name]; ok {
+		return fmt.Errorf("symlink %q in %d: exists", r.name, r.parent)
+	}
+	if r.ino != s.nextIno || r.ino > MaxIno {
+		return fmt.Errorf("symlink inode %d, want %d (at most %d)", r.ino, s.nextIno, MaxIno)
+	}
+	s.inodes[r.ino] = &inode{
+		attr: Attr{Ino: r.ino, Mode: syscall.S_IFLNK | 0o777, UID: r.uid, GID: r.gid, Nlink: 1,
+			Size: int64(len(r.target)), Atime: r.time, Mtime: r.time, Ctime: r.time},
+		target: r.target,
+	}
+	p.entries[r.name] = r.ino
+	p.attr.Mtime, p.attr.Ctime = r.time, r.time
+	s.nextIno++
+	return nil
+}
+
+// applyLink gives a file or symbolic link one more name (a hard link).
+func (s *state) applyLink(r *linkRec) error {
+	p, err := s.dirFor(r.parent)
+	if err != nil {
+		return err
+	}
+	if !validName(r.name) {
+		return fmt.Errorf("link: invalid name %q", r.name)
+	}
+	if _, ok := p.entries[r.name]; ok {
+		return fmt.Errorf("link %q in %d: exists", r.name, r.parent)
+	}
+	n := s.inodes[r.ino]
+	if n == nil || n.isDir() || n.attr.Nlink == 0 || n.attr.Nlink >= LinkMax {
+		return fmt.Errorf("link: inode %d missing, a directory, nameless or at the link limit", r.ino)
+	}
+	p.entries[r.name] = r.ino
+	n.attr.Nlink++
+	n.attr.Ctime = r.time
+	p.attr.Mtime, p.attr.Ctime = r.time, r.time
 	return nil
 }
 
@@ -258,7 +316,7 @@ func (s *state) applySetAttr(r *setAttrRec) error {
 	if r.mask&setMode != 0 && (!modeValid(r.mode) || r.mode&syscall.S_IFMT != n.attr.Mode&syscall.S_IFMT) {
 		return fmt.Errorf("setattr: mode %#o does not fit inode %d (%#o)", r.mode, r.ino, n.attr.Mode)
 	}
-	if r.mask&setSize != 0 && (r.size < 0 || n.isDir()) {
+	if r.mask&setSize != 0 && (r.size < 0 || !n.attr.IsReg()) {
 		return fmt.Errorf("setattr: size %d on inode %d", r.size, r.ino)
 	}
 	a := &n.attr

@@ -2,6 +2,7 @@ package ns
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"syscall"
 	"time"
@@ -51,16 +52,60 @@ const MaxIncarnation = 1<<23 - 1
 // Attr is the persistent attributes of an inode.
 type Attr struct {
 	Ino                 Ino
-	Mode                uint32 // syscall.S_IFDIR or syscall.S_IFREG | permission bits, setuid, setgid, sticky
+	Mode                uint32 // syscall.S_IFDIR, S_IFREG or S_IFLNK | permission bits, setuid, setgid, sticky
 	UID, GID            uint32
 	Nlink               uint32
 	Size                int64
 	Atime, Mtime, Ctime int64  // Unix nanoseconds
-	Blob                uint64 // data blob of a regular file (== uint64(Ino)); 0 for directories
+	Blob                uint64 // data blob of a regular file (== uint64(Ino)); 0 for directories and symbolic links
 }
 
 // IsDir reports whether a is a directory.
 func (a *Attr) IsDir() bool { return a.Mode&syscall.S_IFMT == syscall.S_IFDIR }
+
+// IsLink reports whether a is a symbolic link (its Size is the length of
+// its target, its mode S_IFLNK|0777).
+func (a *Attr) IsLink() bool { return a.Mode&syscall.S_IFMT == syscall.S_IFLNK }
+
+// IsReg reports whether a is a regular file.
+func (a *Attr) IsReg() bool { return a.Mode&syscall.S_IFMT == syscall.S_IFREG }
+
+// FollowError is the answer of a path operation that met a symbolic link
+// it must follow: the component path[Start:End] is a link to Target. The
+// namespace follows no link itself (a target may lead out of weir, into
+// the host's file system, which only the client can reach); the client
+// resolves path[:Start] + Target + path[End:] again (an absolute Target
+// replaces path[:Start]), at most 40 times, as Linux bounds a walk
+// (ELOOP). Every component before Start is a directory the caller may
+// search, so the new path means what the kernel's walk would.
+type FollowError struct {
+	Start, End int
+	Target     string
+	Second     bool // the link is in the second path (Rename's and Link's new one)
+}
+
+// second marks a *FollowError as met in an operation's second path.
+func second(err error) error {
+	if fe, ok := err.(*FollowError); ok {
+		c := *fe
+		c.Second = true
+		return &c
+	}
+	return err
+}
+
+// Error describes the link.
+func (e *FollowError) Error() string {
+	return fmt.Sprintf("symbolic link at bytes %d-%d of the path, to %q", e.Start, e.End, e.Target)
+}
+
+// MaxLinks is the number of symbolic links one resolution follows before
+// it is ELOOP (Linux's MAXSYMLINKS), and LinkMax the most names a file
+// may have (EMLINK beyond; ext4's EXT4_LINK_MAX).
+const (
+	MaxLinks = 40
+	LinkMax  = 65000
+)
 
 // Dirent is one entry returned by ReadDir.
 type Dirent struct {
