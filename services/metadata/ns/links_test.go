@@ -220,7 +220,7 @@ func TestHardLinks(t *testing.T) {
 		{root, "f2b", "nf/", syscall.ENOENT},
 		{root, "f2b", "f2b/", syscall.EEXIST},
 		{root, "f2b", ".", syscall.EEXIST},
-		{u2, "ro/rof", "wd/x", syscall.EPERM},  // protected_hardlinks: no write permission
+		{u2, "ro/rof", "wd/x", syscall.EPERM},    // protected_hardlinks: no write permission
 		{u2, "u1d/suidw", "wd/x", syscall.EPERM}, // setuid
 		{u2, "u1d/sgidw", "wd/x", syscall.EPERM}, // setgid-executable
 		{u2, "ro/rof2", "wd/x", 0},               // rw for others: allowed

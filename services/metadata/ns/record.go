@@ -13,15 +13,15 @@ import (
 // so replay needs no credentials and reaches exactly the state the live
 // service had.
 const (
-	recCreate  uint8 = 1 // create a file or directory
-	recRemove  uint8 = 2 // unlink or rmdir
-	recRename  uint8 = 3 // rename, possibly replacing a target
-	recSetAttr uint8 = 4 // chmod, chown, utimes, truncate, O_TRUNC, live size/mtime
-	recFree    uint8 = 5 // drop an inode whose nlink is 0 and that nobody has open
-	recBoot    uint8 = 6 // a start of the service: its incarnation, the stack id, the ticket key
-	recDead    uint8 = 7 // a blob with no file (an orphan found in the backend) awaits deletion
-	recGone    uint8 = 8 // the IO service deleted a blob that awaited deletion
-	recAlloc   uint8 = 9 // the IO service was told that blob ids below a limit are allocated
+	recCreate  uint8 = 1  // create a file or directory
+	recRemove  uint8 = 2  // unlink or rmdir
+	recRename  uint8 = 3  // rename, possibly replacing a target
+	recSetAttr uint8 = 4  // chmod, chown, utimes, truncate, O_TRUNC, live size/mtime
+	recFree    uint8 = 5  // drop an inode whose nlink is 0 and that nobody has open
+	recBoot    uint8 = 6  // a start of the service: its incarnation, the stack id, the ticket key
+	recDead    uint8 = 7  // a blob with no file (an orphan found in the backend) awaits deletion
+	recGone    uint8 = 8  // the IO service deleted a blob that awaited deletion
+	recAlloc   uint8 = 9  // the IO service was told that blob ids below a limit are allocated
 	recSymlink uint8 = 10 // create a symbolic link
 	recLink    uint8 = 11 // give a file one more name (a hard link)
 )
