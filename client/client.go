@@ -29,6 +29,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -62,7 +63,17 @@ type Options struct {
 	// DefaultRecoverTimeout, a negative value never recovers: the sessions'
 	// loss is returned as EIO.
 	RecoverTimeout time.Duration
+	// Mount is the host path where the C shim serves weir (its
+	// WEIR_MOUNT); empty means $WEIR_MOUNT, else DefaultMount. A symbolic
+	// link's absolute target under it is followed inside weir; one
+	// elsewhere leads out of weir, which this client cannot follow
+	// (EXDEV). Mount "/" makes weir's root the root of every absolute
+	// target.
+	Mount string
 }
+
+// DefaultMount is where the shim serves weir unless WEIR_MOUNT says.
+const DefaultMount = "/weir"
 
 // DefaultRecoverTimeout is how long a call waits for a restarted service.
 const DefaultRecoverTimeout = 30 * time.Second
@@ -438,6 +449,152 @@ func checkPath(name string) error {
 	return nil
 }
 
+// maxLinks is the most symbolic links one call follows (Linux's
+// MAXSYMLINKS); one more is ELOOP.
+const maxLinks = 40
+
+// follow runs op on name and, each time the metadata service answers that
+// the path met a symbolic link to follow, reads the link and runs op on
+// the rewritten path, as the kernel's walk would go on. An error that
+// names a rewritten path names name again.
+func (f *FS) follow(dir *File, name string, op func(name string) error) error {
+	return f.follow2(dir, name, nil, "", func(a, _ string) error { return op(a) })
+}
+
+// follow2 is follow for a call with two paths (rename, link).
+func (f *FS) follow2(olddir *File, oldname string, newdir *File, newname string, op func(oldname, newname string) error) error {
+	o, n := oldname, newname
+	for links := 0; ; links++ {
+		err := op(o, n)
+		var fe *followError
+		if !errors.As(err, &fe) {
+			var pe *fs.PathError
+			if errors.As(err, &pe) && (pe.Path == o || pe.Path == n) {
+				pe.Path = map[bool]string{true: oldname, false: newname}[pe.Path == o]
+			}
+			return err
+		}
+		if links >= maxLinks {
+			return syscall.ELOOP
+		}
+		p, dir := &o, olddir
+		start, end, second, ok := proto.SplitFollowAux(fe.aux, len(o))
+		if second {
+			p, dir = &n, newdir
+			start, end, _, ok = proto.SplitFollowAux(fe.aux, len(n))
+		}
+		if !ok {
+			return badCompletion(proto.OpStat, fmt.Sprintf("a link at %#x of a path of %d bytes", fe.aux, len(*p)))
+		}
+		next, err := f.chase(dir, *p, start, end)
+		if err != nil {
+			return err
+		}
+		*p = next
+	}
+}
+
+// chase rewrites path p, whose bytes [start, end) are a symbolic link:
+// p[:start] + target + p[end:], or for an absolute target inside the
+// mount, its part after the mount + p[end:] (from weir's root).
+func (f *FS) chase(dir *File, p string, start, end int) (string, error) {
+	t, err := f.readlinkAt(dir, p[:end])
+	if errors.Is(err, syscall.EINVAL) {
+		return p, nil // no link any more: it changed in between; ask again
+	}
+	if err != nil {
+		return "", err
+	}
+	if !strings.HasPrefix(t, "/") {
+		return p[:start] + t + p[end:], nil
+	}
+	m := f.opts.Mount
+	if m == "" {
+		if m = os.Getenv("WEIR_MOUNT"); !strings.HasPrefix(m, "/") {
+			m = DefaultMount
+		}
+	}
+	if m = strings.TrimRight(m, "/"); m == "" {
+		return t + p[end:], nil // Mount "/"
+	}
+	if t != m && !strings.HasPrefix(t, m+"/") {
+		return "", fmt.Errorf("%w: the symbolic link %s leads to %s, out of weir (mounted at %s)", syscall.EXDEV, p[:end], t, m)
+	}
+	return "/" + strings.TrimPrefix(t[len(m):], "/") + p[end:], nil
+}
+
+// readlinkAt reads the symbolic link name (from dir) without following
+// a final link; intermediate ones are the caller's (follow).
+func (f *FS) readlinkAt(dir *File, name string) (string, error) {
+	var t string
+	err := f.pathCall(dir, proto.OpReadlink, 0, true, (&proto.PathReq{Path: name}).Append(nil), proto.MaxPath,
+		func(_ ring.Completion, b []byte) error {
+			if len(b) == 0 || bytes.IndexByte(b, 0) >= 0 {
+				return badCompletion(proto.OpReadlink, "an empty target or one with a NUL")
+			}
+			t = string(b)
+			return nil
+		})
+	return t, err
+}
+
+// Readlink returns the target of the symbolic link name.
+func (f *FS) Readlink(name string) (string, error) {
+	if err := checkPath(name); err != nil {
+		return "", pathErr("readlink", name, err)
+	}
+	var t string
+	err := f.follow(nil, name, func(p string) (err error) {
+		t, err = f.readlinkAt(nil, p)
+		return err
+	})
+	if err != nil {
+		return "", pathErr("readlink", name, err)
+	}
+	return t, nil
+}
+
+// Symlink creates newname as a symbolic link to oldname, as os.Symlink.
+func (f *FS) Symlink(oldname, newname string) error {
+	err := checkPath(oldname)
+	if err == nil {
+		err = checkPath(newname)
+	}
+	if err == nil {
+		err = f.follow(nil, newname, func(p string) error {
+			body := (&proto.SymlinkReq{Target: oldname, Path: p}).Append(nil)
+			return f.pathCall(nil, proto.OpSymlink, 0, false, body, proto.AttrSize, nil)
+		})
+	}
+	if err != nil {
+		return &os.LinkError{Op: "symlink", Old: oldname, New: newname, Err: err}
+	}
+	return nil
+}
+
+// Link creates newname as a hard link to oldname, as os.Link (a final
+// symbolic link of oldname is not followed, as linkat without
+// AT_SYMLINK_FOLLOW).
+func (f *FS) Link(oldname, newname string) error {
+	err := checkPath(oldname)
+	if err == nil {
+		err = checkPath(newname)
+	}
+	if err == nil {
+		err = f.follow2(nil, oldname, nil, newname, func(o, n string) error {
+			return f.metaOp(false, func(c *conn) error {
+				body := (&proto.RenameReq{NewDir: proto.RootHandle, Old: o, New: n}).Append(nil)
+				_, err := call(bgctx, c.meta, proto.OpLink, 0, proto.RootHandle, 0, body, make([]byte, proto.AttrSize))
+				return err
+			})
+		})
+	}
+	if err != nil {
+		return &os.LinkError{Op: "link", Old: oldname, New: newname, Err: err}
+	}
+	return nil
+}
+
 // modeBits turns an fs.FileMode's permission and special bits into the
 // POSIX mode bits the services store.
 func modeBits(m fs.FileMode) uint32 {
@@ -497,25 +654,36 @@ func (f *FS) statAt(dir *File, op, name string) (*fileInfo, error) {
 		return nil, pathErr(op, name, err)
 	}
 	a, dec := decodeAttr(proto.OpStat)
-	if err := f.pathCall(dir, proto.OpStat, 0, true, (&proto.PathReq{Path: name}).Append(nil), proto.AttrSize, dec); err != nil {
+	var arg uint32
+	if op == "lstat" {
+		arg = proto.PathNoFollow
+	}
+	err := f.follow(dir, name, func(p string) error {
+		return f.pathCall(dir, proto.OpStat, arg, true, (&proto.PathReq{Path: p}).Append(nil), proto.AttrSize, dec)
+	})
+	if err != nil {
 		return nil, pathErr(op, name, err)
 	}
 	return newFileInfo(baseName(name), *a), nil
 }
 
-// Stat returns a FileInfo describing the named file.
+// Stat returns a FileInfo describing the named file, following symbolic
+// links.
 func (f *FS) Stat(name string) (fs.FileInfo, error) { return f.statAt(nil, "stat", name) }
 
-// Lstat is Stat: weir has no symbolic links.
+// Lstat is Stat that describes a final symbolic link itself.
 func (f *FS) Lstat(name string) (fs.FileInfo, error) { return f.statAt(nil, "lstat", name) }
 
 func (f *FS) mkdirAt(dir *File, name string, perm fs.FileMode) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("mkdir", name, err)
 	}
-	body := (&proto.ModePathReq{Mode: modeBits(perm) &^ f.umask, Path: name}).Append(nil)
 	_, dec := decodeAttr(proto.OpMkdir)
-	if err := f.pathCall(dir, proto.OpMkdir, 0, false, body, proto.AttrSize, dec); err != nil {
+	err := f.follow(dir, name, func(p string) error {
+		body := (&proto.ModePathReq{Mode: modeBits(perm) &^ f.umask, Path: p}).Append(nil)
+		return f.pathCall(dir, proto.OpMkdir, 0, false, body, proto.AttrSize, dec)
+	})
+	if err != nil {
 		return pathErr("mkdir", name, err)
 	}
 	return nil
@@ -559,12 +727,16 @@ func (f *FS) removeAt(dir *File, name string) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("remove", name, err)
 	}
-	body := (&proto.PathReq{Path: name}).Append(nil)
-	e := f.pathCall(dir, proto.OpUnlink, 0, false, body, 0, nil)
+	pathOp := func(op uint8) error {
+		return f.follow(dir, name, func(p string) error {
+			return f.pathCall(dir, op, 0, false, (&proto.PathReq{Path: p}).Append(nil), 0, nil)
+		})
+	}
+	e := pathOp(proto.OpUnlink)
 	if e == nil {
 		return nil
 	}
-	e1 := f.pathCall(dir, proto.OpRmdir, 0, false, body, 0, nil)
+	e1 := pathOp(proto.OpRmdir)
 	if e1 == nil {
 		return nil
 	}
@@ -627,7 +799,20 @@ func (f *FS) renameAt(olddir *File, oldname string, newdir *File, newname string
 		err = checkPath(newname)
 	}
 	if err == nil {
-		err = f.metaOp(false, func(c *conn) error {
+		err = f.follow2(olddir, oldname, newdir, newname, func(oldname, newname string) error {
+			return f.renameOnce(olddir, oldname, newdir, newname)
+		})
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: oldname, New: newname, Err: err}
+	}
+	return nil
+}
+
+// renameOnce sends one OpRename.
+func (f *FS) renameOnce(olddir *File, oldname string, newdir *File, newname string) error {
+	{
+		return f.metaOp(false, func(c *conn) error {
 			oh, nh := proto.RootHandle, proto.RootHandle
 			var err error
 			if olddir != nil {
@@ -645,10 +830,6 @@ func (f *FS) renameAt(olddir *File, oldname string, newdir *File, newname string
 			return err
 		})
 	}
-	if err != nil {
-		return &os.LinkError{Op: "rename", Old: oldname, New: newname, Err: err}
-	}
-	return nil
 }
 
 // Rename renames (moves) oldname to newname atomically, replacing newname.
@@ -658,8 +839,11 @@ func (f *FS) chmodAt(dir *File, name string, mode fs.FileMode) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("chmod", name, err)
 	}
-	body := (&proto.ModePathReq{Mode: modeBits(mode), Path: name}).Append(nil)
-	if err := f.pathCall(dir, proto.OpChmod, 0, true, body, 0, nil); err != nil {
+	err := f.follow(dir, name, func(p string) error {
+		body := (&proto.ModePathReq{Mode: modeBits(mode), Path: p}).Append(nil)
+		return f.pathCall(dir, proto.OpChmod, 0, true, body, 0, nil)
+	})
+	if err != nil {
 		return pathErr("chmod", name, err)
 	}
 	return nil
@@ -668,29 +852,38 @@ func (f *FS) chmodAt(dir *File, name string, mode fs.FileMode) error {
 // Chmod changes the mode bits of the named file.
 func (f *FS) Chmod(name string, mode fs.FileMode) error { return f.chmodAt(nil, name, mode) }
 
-func (f *FS) chownAt(dir *File, name string, uid, gid int) error {
+func (f *FS) chownAt(dir *File, name string, uid, gid int, arg uint32) error {
+	op := map[bool]string{true: "lchown", false: "chown"}[arg == proto.PathNoFollow]
 	if err := checkPath(name); err != nil {
-		return pathErr("chown", name, err)
+		return pathErr(op, name, err)
 	}
-	body := (&proto.OwnerReq{UID: int64(uid), GID: int64(gid), Path: name}).Append(nil, true)
-	if err := f.pathCall(dir, proto.OpChown, 0, true, body, 0, nil); err != nil {
-		return pathErr("chown", name, err)
+	err := f.follow(dir, name, func(p string) error {
+		body := (&proto.OwnerReq{UID: int64(uid), GID: int64(gid), Path: p}).Append(nil, true)
+		return f.pathCall(dir, proto.OpChown, arg, true, body, 0, nil)
+	})
+	if err != nil {
+		return pathErr(op, name, err)
 	}
 	return nil
 }
 
 // Chown changes the owner and group; -1 leaves one unchanged.
-func (f *FS) Chown(name string, uid, gid int) error { return f.chownAt(nil, name, uid, gid) }
+func (f *FS) Chown(name string, uid, gid int) error { return f.chownAt(nil, name, uid, gid, 0) }
 
-// Lchown is Chown: weir has no symbolic links.
-func (f *FS) Lchown(name string, uid, gid int) error { return f.Chown(name, uid, gid) }
+// Lchown is Chown that changes a final symbolic link itself.
+func (f *FS) Lchown(name string, uid, gid int) error {
+	return f.chownAt(nil, name, uid, gid, proto.PathNoFollow)
+}
 
 func (f *FS) chtimesAt(dir *File, name string, atime, mtime time.Time) error {
 	if err := checkPath(name); err != nil {
 		return pathErr("chtimes", name, err)
 	}
-	body := (&proto.TimesReq{Atime: timeArg(atime), Mtime: timeArg(mtime), Path: name}).Append(nil, true)
-	if err := f.pathCall(dir, proto.OpChtimes, 0, true, body, 0, nil); err != nil {
+	err := f.follow(dir, name, func(p string) error {
+		body := (&proto.TimesReq{Atime: timeArg(atime), Mtime: timeArg(mtime), Path: p}).Append(nil, true)
+		return f.pathCall(dir, proto.OpChtimes, 0, true, body, 0, nil)
+	})
+	if err != nil {
 		return pathErr("chtimes", name, err)
 	}
 	return nil
@@ -747,23 +940,27 @@ func (f *FS) readDir(dir *File, op, name, after string, n int) ([]fs.DirEntry, e
 		return nil, pathErr(op, name, err)
 	}
 	var ents []fs.DirEntry
+	orig := name
 	for n < 0 || len(ents) < n {
 		var page []proto.Dirent
 		var more bool
-		body := (&proto.ReadDirReq{Path: name, After: after}).Append(nil)
-		err := f.pathCall(dir, proto.OpReadDir, 0, true, body, 16<<10, func(c ring.Completion, b []byte) error {
-			var err error
-			if page, err = proto.DecodeDirents(b); err != nil || (after != "" && len(page) > 0 && page[0].Name <= after) {
-				return badCompletion(proto.OpReadDir, "entries do not decode or are not after the name asked")
-			}
-			more = c.Aux == 1
-			if c.Aux > 1 || (more && len(page) == 0) {
-				return badCompletion(proto.OpReadDir, "more entries promised but none given")
-			}
-			return nil
+		err := f.follow(dir, name, func(p string) error {
+			name = p // (the next page asks for the directory the links led to)
+			body := (&proto.ReadDirReq{Path: p, After: after}).Append(nil)
+			return f.pathCall(dir, proto.OpReadDir, 0, true, body, 16<<10, func(c ring.Completion, b []byte) error {
+				var err error
+				if page, err = proto.DecodeDirents(b); err != nil || (after != "" && len(page) > 0 && page[0].Name <= after) {
+					return badCompletion(proto.OpReadDir, "entries do not decode or are not after the name asked")
+				}
+				more = c.Aux == 1
+				if c.Aux > 1 || (more && len(page) == 0) {
+					return badCompletion(proto.OpReadDir, "more entries promised but none given")
+				}
+				return nil
+			})
 		})
 		if err != nil {
-			return ents, pathErr(op, name, err)
+			return ents, pathErr(op, orig, err)
 		}
 		for _, de := range page {
 			ents = append(ents, &dirEntry{fs: f, dir: dir, path: name, name: de.Name, ino: de.Ino, mode: de.Mode})

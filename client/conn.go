@@ -38,7 +38,7 @@ func badCompletion(op uint8, why string) error {
 
 // hello negotiates the protocol with the metadata service.
 func hello(ctx context.Context, meta *ring.Client) (proto.HelloResp, error) {
-	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureReopen | proto.FeatureLeases | proto.FeatureCaps | proto.FeatureRecalls | proto.FeatureOpenCap | proto.FeatureDirOpen}
+	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureReopen | proto.FeatureLeases | proto.FeatureCaps | proto.FeatureRecalls | proto.FeatureOpenCap | proto.FeatureDirOpen | proto.FeatureLinks}
 	out := make([]byte, proto.HelloRespSize)
 	comp, err := call(ctx, meta, proto.OpHello, 0, 0, 0, req.Append(nil), out)
 	if err != nil {
@@ -115,7 +115,7 @@ func call(ctx context.Context, c *ring.Client, op uint8, arg uint32, handle, off
 			return comp, transportErr(err)
 		}
 		if comp.Result < 0 {
-			return comp, syscall.Errno(-comp.Result)
+			return comp, resultErr(comp)
 		}
 		if comp.Result > int64(len(out)) {
 			return comp, badCompletion(op, fmt.Sprintf("result %d for a response of at most %d bytes", comp.Result, len(out)))
@@ -128,12 +128,32 @@ func call(ctx context.Context, c *ring.Client, op uint8, arg uint32, handle, off
 		return comp, transportErr(err)
 	}
 	if comp.Result < 0 {
-		return comp, syscall.Errno(-comp.Result)
+		return comp, resultErr(comp)
 	}
 	if comp.Result != 0 {
 		return comp, badCompletion(op, fmt.Sprintf("result %d for a request without a buffer", comp.Result))
 	}
 	return comp, nil
+}
+
+// resultErr is the error of a negative result: an errno, or a
+// *followError for a path that met a symbolic link.
+func resultErr(comp ring.Completion) error {
+	if comp.Result == -int64(proto.ErrFollow) {
+		return &followError{aux: comp.Aux}
+	}
+	return syscall.Errno(-comp.Result)
+}
+
+// followError is the metadata service's answer for a path that met a
+// symbolic link the call follows (proto.ErrFollow): aux says where
+// (proto.SplitFollowAux). FS.follow rewrites the path and asks again.
+type followError struct{ aux uint64 }
+
+// Error describes it; a caller sees it only from a service that answers
+// it where no path was sent.
+func (e *followError) Error() string {
+	return fmt.Sprintf("the path met a symbolic link (aux %#x)", e.aux)
 }
 
 // transportErr maps a ring failure to an errno: the service went away (EIO,

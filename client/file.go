@@ -122,6 +122,20 @@ func (f *FS) OpenFile(name string, flag int, perm fs.FileMode) (*File, error) {
 }
 
 func (f *FS) openAt(dir *File, name string, flag int, perm fs.FileMode) (*File, error) {
+	var file *File
+	err := f.follow(dir, name, func(p string) (err error) {
+		file, err = f.openOnce(dir, p, flag, perm)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return file, nil
+}
+
+// openOnce is openAt of a path as it is: the metadata service's
+// followError when it meets a symbolic link.
+func (f *FS) openOnce(dir *File, name string, flag int, perm fs.FileMode) (*File, error) {
 	if err := checkPath(name); err != nil {
 		return nil, pathErr("open", name, err)
 	}
@@ -1410,7 +1424,7 @@ func (fl *File) ChownAt(name string, uid, gid int) error {
 	if err := fl.dirOnly("chown", name); err != nil {
 		return err
 	}
-	return fl.fs.chownAt(fl, name, uid, gid)
+	return fl.fs.chownAt(fl, name, uid, gid, 0)
 }
 
 // ChtimesAt is Chtimes of name relative to this directory (utimensat).
@@ -1499,6 +1513,8 @@ func fileMode(m uint32) fs.FileMode {
 	switch m & syscall.S_IFMT {
 	case syscall.S_IFDIR:
 		fm |= fs.ModeDir
+	case syscall.S_IFLNK:
+		fm |= fs.ModeSymlink
 	case syscall.S_IFREG:
 	default:
 		fm |= fs.ModeIrregular

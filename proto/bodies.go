@@ -18,10 +18,16 @@ type Attr struct {
 }
 
 // ValidMode reports whether m is a mode a service may answer: a regular
-// file or a directory, and no bits beyond the type and 07777.
+// file or a directory, and no bits beyond the type and 07777; or a
+// symbolic link, S_IFLNK|0777.
 func ValidMode(m uint32) bool {
-	t := m & syscall.S_IFMT
-	return (t == syscall.S_IFREG || t == syscall.S_IFDIR) && m&^(syscall.S_IFMT|0o7777) == 0
+	switch m & syscall.S_IFMT {
+	case syscall.S_IFREG, syscall.S_IFDIR:
+		return m&^(syscall.S_IFMT|0o7777) == 0
+	case syscall.S_IFLNK:
+		return m == syscall.S_IFLNK|0o777
+	}
+	return false
 }
 
 // DecodeAttr decodes an attr response (exactly AttrSize bytes) and checks
@@ -306,7 +312,7 @@ func DecodeDirents(b []byte) ([]Dirent, error) {
 	for range n {
 		de := Dirent{Ino: d.U64(), Mode: d.U32(), Name: d.Str()}
 		if d.Err() != nil || !ValidName(de.Name) ||
-			(de.Mode != syscall.S_IFREG && de.Mode != syscall.S_IFDIR) ||
+			(de.Mode != syscall.S_IFREG && de.Mode != syscall.S_IFDIR && de.Mode != syscall.S_IFLNK) ||
 			(len(ents) > 0 && ents[len(ents)-1].Name >= de.Name) {
 			return nil, syscall.EINVAL
 		}
@@ -412,7 +418,7 @@ func DecodeOpenResp(b []byte, features uint64) (OpenResp, error) {
 	if err := d.End(); err != nil {
 		return OpenResp{}, err
 	}
-	if r.Handle == 0 || !ValidMode(r.Attr.Mode) || r.Attr.Size < 0 || (r.HasCap && r.Granted) {
+	if r.Handle == 0 || !ValidMode(r.Attr.Mode) || r.Attr.Mode&syscall.S_IFMT == syscall.S_IFLNK || r.Attr.Size < 0 || (r.HasCap && r.Granted) {
 		return OpenResp{}, syscall.EINVAL
 	}
 	return r, nil

@@ -242,6 +242,31 @@ static int fail(int err)
 	return -1;
 }
 
+/* Symbolic links. libweir follows those that stay inside weir; one that
+ * leads out of it (an absolute target elsewhere, ".." above the mount)
+ * ends the weir call with -WEIR_ERR_FOLLOW, and the entry point runs
+ * again on the host path weir_followed() names: AGAIN(call) evaluates
+ * call with ext, a copy of that path, in scope. A path may come back into
+ * weir through a kernel link (relink), so re-entries are bounded per
+ * thread, as a walk's links are (ELOOP). A helper that met such a link
+ * answers FOLLOWED. */
+#define FOLLOWED (-3)
+static __thread int reentries;
+#define AGAIN_OR(failed, call)                                   \
+	do {                                                     \
+		if (reentries >= 40) {                           \
+			errno = ELOOP;                           \
+			return failed;                           \
+		}                                                \
+		char ext[PATH_MAX];                              \
+		snprintf(ext, sizeof ext, "%s", weir_followed()); \
+		reentries++;                                     \
+		__typeof__(call) again_rc_ = (call);             \
+		reentries--;                                     \
+		return again_rc_;                                \
+	} while (0)
+#define AGAIN(call) AGAIN_OR(-1, call)
+
 static const char *mount_point(size_t *len)
 {
 	const char *m = getenv("WEIR_MOUNT");
@@ -252,41 +277,6 @@ static const char *mount_point(size_t *len)
 		n--;
 	*len = n;
 	return m;
-}
-
-/* normalize resolves ".", ".." and repeated slashes of the absolute path
- * in lexically, into out; 0 if it does not fit. */
-static int normalize(const char *in, char *out, size_t cap)
-{
-	size_t n = 0;
-	for (const char *p = in; *p;) {
-		while (*p == '/')
-			p++;
-		const char *e = p;
-		while (*e && *e != '/')
-			e++;
-		size_t len = (size_t)(e - p);
-		if (len == 0)
-			break;
-		if (len == 1 && p[0] == '.') {
-		} else if (len == 2 && p[0] == '.' && p[1] == '.') {
-			while (n > 0 && out[n - 1] != '/')
-				n--;
-			if (n > 0)
-				n--;
-		} else {
-			if (n + 1 + len >= cap)
-				return 0;
-			out[n++] = '/';
-			memcpy(out + n, p, len);
-			n += len;
-		}
-		p = e;
-	}
-	if (n == 0)
-		out[n++] = '/';
-	out[n] = 0;
-	return 1;
 }
 
 /* in_mount returns the path inside weir ("." for the root) of the
@@ -321,26 +311,8 @@ static weir_fs *fs(int *err)
 	pthread_mutex_lock(&fs_mu);
 	if (wfs && wfs_pid != getpid())
 		wfs = NULL; /* a forked child: its rings are the parent's; dial anew */
-	if (!wfs) {
-		const char *run = getenv("WEIR_RUN_DIR");
-		char meta[PATH_MAX], io[PATH_MAX];
-		const char *ms = getenv("WEIR_META_SOCK"), *is = getenv("WEIR_IO_SOCK");
-		if (!ms || !is) {
-			if (!run)
-				run = "/run/weir";
-			snprintf(meta, sizeof meta, "%s/metadata.sock", run);
-			snprintf(io, sizeof io, "%s/io.sock", run);
-			ms = ms ? ms : meta;
-			is = is ? is : io;
-		}
-		int e = weir_dial(ms, is, &wfs);
-		if (e) {
-			wfs = NULL;
-			*err = -e;
-		} else {
-			wfs_pid = getpid();
-		}
-	}
+	if (!wfs && (wfs = dial_env(err)) != NULL)
+		wfs_pid = getpid();
 	weir_fs *f = wfs;
 	pthread_mutex_unlock(&fs_mu);
 	return f;
@@ -351,6 +323,25 @@ static weir_fs *fs(int *err)
 	weir_fs *f = fs(&fs_err_);                      \
 	if (!f)                                         \
 		return fail(fs_err_ ? fs_err_ : EIO)
+
+/* FS_OR_FAIL_NULL is FS_OR_FAIL for a call that answers a pointer. */
+#define FS_OR_FAIL_NULL(f)                              \
+	int fs_err_ = 0;                                \
+	weir_fs *f = fs(&fs_err_);                      \
+	if (!f) {                                       \
+		errno = fs_err_ ? fs_err_ : EIO;        \
+		return NULL;                            \
+	}
+
+/* host_path writes the host's path of the weir path w into out
+ * (PATH_MAX bytes; "" if it does not fit: ENOENT) and returns it. */
+static int weir_abs(const char *w, char *out, size_t cap);
+static const char *host_path(const char *w, char *out)
+{
+	if (!weir_abs(w, out, PATH_MAX))
+		out[0] = 0;
+	return out;
+}
 
 static weir_fs *dial_env(int *err)
 {
@@ -367,6 +358,11 @@ static weir_fs *dial_env(int *err)
 		*err = -e;
 		return NULL;
 	}
+	size_t ml;
+	const char *mount = mount_point(&ml);
+	char mp[PATH_MAX];
+	snprintf(mp, sizeof mp, "%.*s", (int)ml, mount);
+	weir_set_mount(f, mp); /* (an absolute link target under it stays in weir) */
 	return f;
 }
 
@@ -667,13 +663,20 @@ static int route(int dirfd, const char *path, struct route *r)
 		}
 	}
 	char norm[PATH_MAX * 2 + 2];
-	if (!normalize(full, norm, sizeof norm))
+	if (!weir_normalize(full, norm, sizeof norm))
 		return 0;
 	const char *in = in_mount(norm);
 	if (in) {
-		if (strlen(in) >= sizeof r->w)
+		/* A trailing slash (or "/.") stays: it makes the path's last
+		 * component a directory, a symbolic link one to follow. */
+		size_t fl = strlen(full);
+		int slash = fl > 0 && (full[fl - 1] == '/' || (full[fl - 1] == '.' && fl > 1 && full[fl - 2] == '/'));
+		slash = slash && strcmp(in, ".") != 0;
+		if (strlen(in) + (size_t)slash >= sizeof r->w)
 			return ENAMETOOLONG;
 		strcpy(r->w, in);
+		if (slash)
+			strcat(r->w, "/");
 		r->weir = 1;
 		return 0;
 	}
@@ -749,7 +752,7 @@ static int relink(struct route *r, int follow)
 				char full[PATH_MAX * 2 + 2], norm[PATH_MAX * 2 + 2];
 				snprintf(full, sizeof full, "%s%s", done, e);
 				const char *w;
-				if (!normalize(full, norm, sizeof norm) || !(w = in_mount(norm)) || strlen(w) >= sizeof r->w)
+				if (!weir_normalize(full, norm, sizeof norm) || !(w = in_mount(norm)) || strlen(w) >= sizeof r->w)
 					return 0;
 				strcpy(r->w, w);
 				r->weir = 1;
@@ -787,15 +790,20 @@ static int relink_keeping_errno(struct route *r, int follow)
 	return moved;
 }
 
-/* KERNEL_OR_RELINK runs the kernel's call; if it failed as a path that
+/* KERNEL_OR_RELINK runs weir's call on a weir route, else the kernel's; if it failed as a path that
  * may lead into the mount through a kernel link would, and relink finds
  * that it does, it runs weir's instead. */
-#define KERNEL_OR_RELINK(r, follow, kernel_call, weir_call)                                   \
+#define KERNEL_OR_RELINK(r, follow, kernel_call, weir_call, again)                            \
 	do {                                                                                  \
-		int rc_ = (kernel_call);                                                      \
-		if (rc_ >= 0 || !RELINKED(r, follow))                                          \
-			return rc_;                                                           \
-		return (weir_call);                                                           \
+		if (!(r).weir) {                                                              \
+			int rc_ = (kernel_call);                                              \
+			if (rc_ >= 0 || !RELINKED(r, follow))                                  \
+				return rc_;                                                   \
+		}                                                                             \
+		int w_ = (weir_call);                                                         \
+		if (w_ == FOLLOWED)                                                           \
+			AGAIN(again);                                                         \
+		return w_;                                                                    \
 	} while (0)
 
 /* RELINKED: after a kernel call on r failed, whether relink moved r to
@@ -860,11 +868,13 @@ static int may(const struct weir_attr *a, int mode)
 	return (want & ~bits) ? EACCES : 0;
 }
 
-static int waccess(const char *w, int mode)
+static int waccess(const char *w, int mode, int nofollow)
 {
 	FS_OR_FAIL(f);
 	struct weir_attr a;
-	int e = weir_stat(f, w, &a);
+	int e = nofollow ? weir_lstat(f, w, &a) : weir_stat(f, w, &a);
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		return FOLLOWED;
 	if (e)
 		return fail(-e);
 	e = may(&a, mode);
@@ -881,10 +891,21 @@ static int wopen(const char *w, int flags, mode_t mode)
 	struct weir_attr a;
 	uint8_t ticket[WEIR_TICKET_SIZE] = {0};
 	int kind = K_FILE, e;
+	char resolved[WEIR_MAX_PATH + 1];
+	snprintf(resolved, sizeof resolved, "%s", w);
 	if (flags & (O_PATH | O_DIRECTORY)) {
-		/* No handle: the page names the path (a directory's is what
-		 * openat and fchdir start from). */
-		e = weir_stat(f, w, &a);
+		/* No handle: the page names the path, with no link in it (a
+		 * directory's is what openat and fchdir start from). */
+		e = (flags & O_NOFOLLOW) ? weir_lstat(f, w, &a) : 0;
+		if (!e && (flags & O_NOFOLLOW) && S_ISLNK(a.mode)) {
+			/* O_PATH | O_NOFOLLOW: a descriptor of the link itself */
+			if (!(flags & O_PATH))
+				e = -ELOOP;
+			else if (flags & O_DIRECTORY)
+				e = -ENOTDIR;
+		} else if (!e) {
+			e = weir_resolve(f, w, resolved, &a);
+		}
 		if (!e && (flags & O_DIRECTORY) && !S_ISDIR(a.mode))
 			e = -ENOTDIR;
 		if (!e && !(flags & O_PATH) && (flags & O_ACCMODE) != O_RDONLY)
@@ -902,6 +923,8 @@ static int wopen(const char *w, int flags, mode_t mode)
 			kind = K_DIR;
 		}
 	}
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		return FOLLOWED;
 	if (e)
 		return fail(-e);
 	struct wpage *p;
@@ -921,7 +944,7 @@ static int wopen(const char *w, int flags, mode_t mode)
 	p->kind = (uint32_t)kind;
 	p->ino = a.ino;
 	memcpy(p->ticket, ticket, sizeof ticket);
-	snprintf(p->path, sizeof p->path, "%s", w);
+	snprintf(p->path, sizeof p->path, "%s", resolved);
 	d->pg = p;
 	d->key = key;
 	d->pid = getpid();
@@ -938,10 +961,9 @@ static mode_t open_mode(int flags, va_list ap)
 static int do_openat(int dirfd, const char *path, int flags, mode_t mode)
 {
 	ROUTE(dirfd, path, r);
-	if (r.weir)
-		return wopen(r.w, flags, mode);
 	init_openat();
-	KERNEL_OR_RELINK(r, !(flags & O_NOFOLLOW), real_openat(r.kdir, r.kpath, flags, mode), wopen(r.w, flags, mode));
+	KERNEL_OR_RELINK(r, !(flags & O_NOFOLLOW), real_openat(r.kdir, r.kpath, flags, mode), wopen(r.w, flags, mode),
+			 do_openat(AT_FDCWD, ext, flags, mode));
 }
 
 int open(const char *path, int flags, ...)
@@ -1371,6 +1393,8 @@ static int attr_of(struct desc *d, struct weir_attr *a)
 {
 	if (d->pg->kind == K_FILE)
 		return weir_fstat(wfs, d->handle, a);
+	if (d->pg->flags & O_NOFOLLOW)
+		return weir_lstat(wfs, d->pg->path, a); /* (O_PATH of a link: the link) */
 	return weir_stat(wfs, d->pg->path, a); /* (a directory's page names its path) */
 }
 
@@ -1491,6 +1515,8 @@ int truncate(const char *path, off_t size)
 	uint64_t h;
 	struct weir_attr a;
 	int e = weir_open(f, r.w, O_WRONLY, 0, &h, &a, NULL);
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		AGAIN(truncate(ext, size));
 	if (e)
 		return fail(-e == EISDIR ? EISDIR : -e);
 	e = weir_ftruncate(f, h, (uint64_t)size);
@@ -1566,7 +1592,13 @@ int posix_fadvise64(int fd, off64_t off, off64_t len, int advice) { return posix
 
 /* blocks is a size in 512-byte units as weir stores it: whole 4 KiB
  * pages (as ext4 and XFS count a file without holes). */
-static int64_t blocks(int64_t size) { return size <= 0 ? 0 : (size + 4095) / 4096 * 8; }
+/* blocks is st_blocks (512-byte units) of a file of mode and size: 4 KiB
+ * blocks, and none for a symbolic link, whose target lives in its inode
+ * (as ext4's "fast" links up to 59 bytes; weir keeps every target so). */
+static int64_t blocks(uint32_t mode, int64_t size)
+{
+	return size <= 0 || S_ISLNK(mode) ? 0 : (size + 4095) / 4096 * 8;
+}
 
 static void fill_stat(const struct weir_attr *a, struct stat *st)
 {
@@ -1579,7 +1611,7 @@ static void fill_stat(const struct weir_attr *a, struct stat *st)
 	st->st_gid = a->gid;
 	st->st_size = a->size;
 	st->st_blksize = 4096;
-	st->st_blocks = blocks(a->size);
+	st->st_blocks = blocks(a->mode, a->size);
 	st->st_atim.tv_sec = a->atime / 1000000000;
 	st->st_atim.tv_nsec = a->atime % 1000000000;
 	st->st_mtim.tv_sec = a->mtime / 1000000000;
@@ -1604,11 +1636,13 @@ int fstat(int fd, struct stat *st)
 /* (On 64-bit Linux struct stat64 and struct stat are one layout.) */
 int fstat64(int fd, struct stat64 *st) { return fstat(fd, (struct stat *)st); }
 
-static int wstat(const char *w, struct stat *st)
+static int wstat(const char *w, struct stat *st, int nofollow)
 {
 	FS_OR_FAIL(f);
 	struct weir_attr a;
-	int e = weir_stat(f, w, &a);
+	int e = nofollow ? weir_lstat(f, w, &a) : weir_stat(f, w, &a);
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		return FOLLOWED;
 	if (e)
 		return fail(-e);
 	fill_stat(&a, st);
@@ -1621,10 +1655,10 @@ int fstatat(int dirfd, const char *path, struct stat *st, int flags)
 	if (vp && !*vp && (flags & AT_EMPTY_PATH))
 		return fstat(dirfd, st);
 	ROUTE(dirfd, path, r);
-	if (r.weir)
-		return wstat(r.w, st); /* (weir has no symbolic links: AT_SYMLINK_NOFOLLOW is moot) */
 	init_fstatat();
-	KERNEL_OR_RELINK(r, !(flags & AT_SYMLINK_NOFOLLOW), real_fstatat(r.kdir, r.kpath, st, flags), wstat(r.w, st));
+	int nofollow = (flags & AT_SYMLINK_NOFOLLOW) != 0;
+	KERNEL_OR_RELINK(r, !nofollow, real_fstatat(r.kdir, r.kpath, st, flags), wstat(r.w, st, nofollow),
+			 fstatat(AT_FDCWD, ext, st, flags));
 }
 
 int stat(const char *path, struct stat *st) { return fstatat(AT_FDCWD, path, st, 0); }
@@ -1661,7 +1695,7 @@ static void fill_statx(const struct weir_attr *a, struct statx *sx)
 	sx->stx_mode = (uint16_t)a->mode;
 	sx->stx_ino = a->ino;
 	sx->stx_size = (uint64_t)a->size;
-	sx->stx_blocks = (uint64_t)blocks(a->size);
+	sx->stx_blocks = (uint64_t)blocks(a->mode, a->size);
 	sx->stx_atime.tv_sec = a->atime / 1000000000;
 	sx->stx_atime.tv_nsec = (uint32_t)(a->atime % 1000000000);
 	sx->stx_mtime.tv_sec = a->mtime / 1000000000;
@@ -1690,7 +1724,9 @@ int statx(int dirfd, const char *path, int flags, unsigned int mask, struct stat
 				return rc;
 		}
 		FS_OR_FAIL(f);
-		e = weir_stat(f, r.w, &a);
+		e = (flags & AT_SYMLINK_NOFOLLOW) ? weir_lstat(f, r.w, &a) : weir_stat(f, r.w, &a);
+		if (e == -(int)WEIR_ERR_FOLLOW)
+			AGAIN(statx(AT_FDCWD, ext, flags, mask, sx));
 	}
 	if (e)
 		return fail(-e);
@@ -1747,7 +1783,10 @@ int statfs(const char *path, struct statfs *b)
 	ROUTE(AT_FDCWD, path, r);
 	if (r.weir) {
 		struct stat st;
-		return wstat(r.w, &st) != 0 ? -1 : fill_statfs(b);
+		int rc = wstat(r.w, &st, 0);
+		if (rc == FOLLOWED)
+			AGAIN(statfs(ext, b));
+		return rc != 0 ? -1 : fill_statfs(b);
 	}
 	init_statfs();
 	return real_statfs(r.kpath, b);
@@ -1764,7 +1803,10 @@ int statvfs(const char *path, struct statvfs *b)
 	ROUTE(AT_FDCWD, path, r);
 	if (r.weir) {
 		struct stat st;
-		return wstat(r.w, &st) != 0 ? -1 : fill_statvfs(b);
+		int rc = wstat(r.w, &st, 0);
+		if (rc == FOLLOWED)
+			AGAIN(statvfs(ext, b));
+		return rc != 0 ? -1 : fill_statvfs(b);
 	}
 	init_statvfs();
 	return real_statvfs(r.kpath, b);
@@ -1782,11 +1824,13 @@ int statvfs64(const char *path, struct statvfs64 *b) { return statvfs(path, (str
 int fstatvfs64(int fd, struct statvfs64 *b) { return fstatvfs(fd, (struct statvfs *)b); }
 
 /* A namespace call on a weir path: W is its path inside weir. */
-#define WEIR_CALL(expr)                        \
-	do {                                   \
-		FS_OR_FAIL(f);                 \
-		int e_ = (expr);               \
-		return e_ ? fail(-e_) : 0;     \
+#define WEIR_CALL(expr, again)                     \
+	do {                                       \
+		FS_OR_FAIL(f);                     \
+		int e_ = (expr);                   \
+		if (e_ == -(int)WEIR_ERR_FOLLOW)   \
+			AGAIN(again);              \
+		return e_ ? fail(-e_) : 0;         \
 	} while (0)
 
 int unlinkat(int dirfd, const char *path, int flags)
@@ -1800,7 +1844,7 @@ int unlinkat(int dirfd, const char *path, int flags)
 	}
 	if (flags & ~AT_REMOVEDIR)
 		return fail(EINVAL);
-	WEIR_CALL((flags & AT_REMOVEDIR) ? weir_rmdir(f, r.w) : weir_unlink(f, r.w));
+	WEIR_CALL((flags & AT_REMOVEDIR) ? weir_rmdir(f, r.w) : weir_unlink(f, r.w), unlinkat(AT_FDCWD, ext, flags));
 }
 int unlink(const char *path) { return unlinkat(AT_FDCWD, path, 0); }
 int rmdir(const char *path) { return unlinkat(AT_FDCWD, path, AT_REMOVEDIR); }
@@ -1814,7 +1858,7 @@ int mkdirat(int dirfd, const char *path, mode_t mode)
 		if (rc == 0 || !RELINKED(r, 0))
 			return rc;
 	}
-	WEIR_CALL(weir_mkdir(f, r.w, mode & 07777 & ~cur_umask()));
+	WEIR_CALL(weir_mkdir(f, r.w, mode & 07777 & ~cur_umask()), mkdirat(AT_FDCWD, ext, mode));
 }
 int mkdir(const char *path, mode_t mode) { return mkdirat(AT_FDCWD, path, mode); }
 
@@ -1829,13 +1873,17 @@ int renameat2(int olddir, const char *oldpath, int newdir, const char *newpath, 
 			/* (checked, then renamed: not atomic against another
 			 * process creating the name in between) */
 			struct stat st;
-			if (wstat(b.w, &st) == 0)
+			if (wstat(b.w, &st, 1) == 0)
 				return fail(EEXIST);
 			flags &= ~RENAME_NOREPLACE;
 		}
 		if (flags)
 			return fail(EINVAL); /* RENAME_EXCHANGE, RENAME_WHITEOUT: not supported */
-		WEIR_CALL(weir_rename(f, a.w, b.w));
+		int second = 0;
+		char other[PATH_MAX];
+		WEIR_CALL(weir_rename(f, a.w, b.w, &second),
+			  second ? renameat2(AT_FDCWD, host_path(a.w, other), AT_FDCWD, ext, flags)
+				 : renameat2(AT_FDCWD, ext, AT_FDCWD, host_path(b.w, other), flags));
 	}
 	init_renameat2();
 	return real_renameat2(a.kdir, a.kpath, b.kdir, b.kpath, flags);
@@ -1843,16 +1891,26 @@ int renameat2(int olddir, const char *oldpath, int newdir, const char *newpath, 
 int renameat(int olddir, const char *oldpath, int newdir, const char *newpath) { return renameat2(olddir, oldpath, newdir, newpath, 0); }
 int rename(const char *oldpath, const char *newpath) { return renameat2(AT_FDCWD, oldpath, AT_FDCWD, newpath, 0); }
 
-/* Links: weir has neither hard nor symbolic links; Linux answers EPERM
- * where a file system cannot make one. */
+/* Links: weir's namespace holds hard and symbolic links (the metadata
+ * service keeps them; libweir follows them). */
 int linkat(int olddir, const char *oldpath, int newdir, const char *newpath, int flags)
 {
+	const char *volatile vp = oldpath;
+	if (vp && !*vp && (flags & AT_EMPTY_PATH) && is_weir(olddir))
+		return fail(ENOENT); /* (linkat of a weir descriptor: weir has no O_TMPFILE to name) */
 	ROUTE(olddir, oldpath, a);
 	ROUTE(newdir, newpath, b);
 	if (a.weir != b.weir)
 		return fail(EXDEV);
-	if (a.weir)
-		return fail(EPERM);
+	if (a.weir) {
+		if (flags & ~(AT_SYMLINK_FOLLOW | AT_EMPTY_PATH))
+			return fail(EINVAL);
+		int second = 0;
+		char other[PATH_MAX];
+		WEIR_CALL(weir_link(f, a.w, b.w, (flags & AT_SYMLINK_FOLLOW) != 0, &second),
+			  second ? linkat(AT_FDCWD, host_path(a.w, other), AT_FDCWD, ext, flags)
+				 : linkat(AT_FDCWD, ext, AT_FDCWD, host_path(b.w, other), flags));
+	}
 	init_linkat();
 	return real_linkat(a.kdir, a.kpath, b.kdir, b.kpath, flags);
 }
@@ -1861,24 +1919,35 @@ int link(const char *oldpath, const char *newpath) { return linkat(AT_FDCWD, old
 int symlinkat(const char *target, int dirfd, const char *path)
 {
 	ROUTE(dirfd, path, r);
-	if (r.weir)
-		return fail(EPERM);
-	init_symlinkat();
-	return real_symlinkat(target, r.kdir, r.kpath);
+	if (!r.weir) {
+		init_symlinkat();
+		int rc = real_symlinkat(target, r.kdir, r.kpath);
+		if (rc == 0 || !RELINKED(r, 0))
+			return rc;
+	}
+	const char *volatile vt = target;
+	if (!vt)
+		return fail(EFAULT);
+	WEIR_CALL(weir_symlink(f, target, r.w), symlinkat(target, AT_FDCWD, ext));
 }
 int symlink(const char *target, const char *path) { return symlinkat(target, AT_FDCWD, path); }
 
 ssize_t readlinkat(int dirfd, const char *path, char *buf, size_t n)
 {
 	ROUTE(dirfd, path, r);
-	if (r.weir) {
-		struct stat st;
-		if (wstat(r.w, &st) != 0)
-			return -1;
-		return fail(EINVAL); /* not a symbolic link: weir has none */
+	if (!r.weir) {
+		init_readlinkat();
+		ssize_t rc = real_readlinkat(r.kdir, r.kpath, buf, n);
+		if (rc >= 0 || !RELINKED(r, 0))
+			return rc;
 	}
-	init_readlinkat();
-	return real_readlinkat(r.kdir, r.kpath, buf, n);
+	if (n == 0)
+		return fail(EINVAL); /* (as Linux's readlinkat) */
+	FS_OR_FAIL(f);
+	int e = weir_readlink(f, r.w, buf, n);
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		AGAIN(readlinkat(AT_FDCWD, ext, buf, n));
+	return e < 0 ? fail(-e) : e;
 }
 ssize_t readlink(const char *path, char *buf, size_t n) { return readlinkat(AT_FDCWD, path, buf, n); }
 ssize_t __readlink_chk(const char *path, char *buf, size_t n, size_t buflen)
@@ -1897,7 +1966,19 @@ int fchmodat(int dirfd, const char *path, mode_t mode, int flags)
 		if (rc == 0 || !RELINKED(r, !(flags & AT_SYMLINK_NOFOLLOW)))
 			return rc;
 	}
-	WEIR_CALL(weir_chmod(f, r.w, mode & 07777));
+	if (flags & ~AT_SYMLINK_NOFOLLOW)
+		return fail(EINVAL);
+	if (flags & AT_SYMLINK_NOFOLLOW) {
+		struct stat st;
+		int rc = wstat(r.w, &st, 1);
+		if (rc == FOLLOWED)
+			AGAIN(fchmodat(AT_FDCWD, ext, mode, flags));
+		if (rc != 0)
+			return rc;
+		if (S_ISLNK(st.st_mode))
+			return fail(EOPNOTSUPP); /* a link's mode cannot change */
+	}
+	WEIR_CALL(weir_chmod(f, r.w, mode & 07777), fchmodat(AT_FDCWD, ext, mode, flags));
 }
 int chmod(const char *path, mode_t mode) { return fchmodat(AT_FDCWD, path, mode, 0); }
 
@@ -1926,7 +2007,8 @@ int fchownat(int dirfd, const char *path, uid_t uid, gid_t gid, int flags)
 		if (rc == 0 || !RELINKED(r, !(flags & AT_SYMLINK_NOFOLLOW)))
 			return rc;
 	}
-	WEIR_CALL(weir_chown(f, r.w, id_arg(uid), id_arg(gid)));
+	WEIR_CALL(weir_chown(f, r.w, id_arg(uid), id_arg(gid), (flags & AT_SYMLINK_NOFOLLOW) != 0),
+		  fchownat(AT_FDCWD, ext, uid, gid, flags));
 }
 int chown(const char *path, uid_t uid, gid_t gid) { return fchownat(AT_FDCWD, path, uid, gid, 0); }
 int lchown(const char *path, uid_t uid, gid_t gid) { return fchownat(AT_FDCWD, path, uid, gid, AT_SYMLINK_NOFOLLOW); }
@@ -1936,7 +2018,7 @@ int fchown(int fd, uid_t uid, gid_t gid)
 	init_fchown();
 	FD_OR_KERNEL(fd, d, real_fchown(fd, uid, gid));
 	int e = d->pg->kind == K_FILE ? weir_fchown(wfs, d->handle, id_arg(uid), id_arg(gid))
-	      : d->pg->kind == K_DIR  ? weir_chown(wfs, d->pg->path, id_arg(uid), id_arg(gid))
+	      : d->pg->kind == K_DIR  ? weir_chown(wfs, d->pg->path, id_arg(uid), id_arg(gid), 0)
 				      : -EBADF;
 	put(d);
 	return e ? fail(-e) : 0;
@@ -1945,10 +2027,11 @@ int fchown(int fd, uid_t uid, gid_t gid)
 int faccessat(int dirfd, const char *path, int mode, int flags)
 {
 	ROUTE(dirfd, path, r);
-	if (r.weir)
-		return waccess(r.w, mode); /* (AT_EACCESS: the effective ids are the real ones here) */
 	init_faccessat();
-	KERNEL_OR_RELINK(r, !(flags & AT_SYMLINK_NOFOLLOW), real_faccessat(r.kdir, r.kpath, mode, flags), waccess(r.w, mode));
+	/* (AT_EACCESS: the effective ids are the real ones here) */
+	int nofollow = (flags & AT_SYMLINK_NOFOLLOW) != 0;
+	KERNEL_OR_RELINK(r, !nofollow, real_faccessat(r.kdir, r.kpath, mode, flags), waccess(r.w, mode, nofollow),
+			 faccessat(AT_FDCWD, ext, mode, flags));
 }
 int access(const char *path, int mode) { return faccessat(AT_FDCWD, path, mode, 0); }
 int euidaccess(const char *path, int mode) { return faccessat(AT_FDCWD, path, mode, AT_EACCESS); }
@@ -1981,7 +2064,7 @@ int futimens(int fd, const struct timespec times[2])
 	FD_OR_KERNEL(fd, d, real_futimens(fd, times));
 	int e = bad_times(times)	   ? -EINVAL
 	      : d->pg->kind == K_FILE ? weir_futimens(wfs, d->handle, ns(times, 0), ns(times, 1))
-				      : weir_utimens(wfs, d->pg->path, ns(times, 0), ns(times, 1));
+				      : weir_utimens(wfs, d->pg->path, ns(times, 0), ns(times, 1), 0);
 	put(d);
 	return e ? fail(-e) : 0;
 }
@@ -2000,7 +2083,8 @@ int utimensat(int dirfd, const char *path, const struct timespec times[2], int f
 	}
 	if (bad_times(times))
 		return fail(EINVAL);
-	WEIR_CALL(weir_utimens(f, r.w, ns(times, 0), ns(times, 1)));
+	WEIR_CALL(weir_utimens(f, r.w, ns(times, 0), ns(times, 1), (flags & AT_SYMLINK_NOFOLLOW) != 0),
+		  utimensat(AT_FDCWD, ext, times, flags));
 }
 
 int utimes(const char *path, const struct timeval tv[2])
@@ -2036,33 +2120,34 @@ static void set_wcwd(const char *w)
 	pthread_mutex_lock(&cwd_mu);
 	snprintf(wcwd, sizeof wcwd, "%s", w);
 	wcwd_on = 1;
-	if (cwd_fd < 0) {
-		struct wpage *p;
-		ino_t key;
-		int fd = new_page("weir-cwd", 0, &p, &key);
-		if (fd >= 0) {
-			/* (kept high, out of the way of the program's numbers) */
-			init_fcntl();
-			int hi = real_fcntl(fd, F_DUPFD, 900);
-			if (hi >= 0 && hi < MAX_FDS) {
-				init_close();
-				real_close(fd);
-				fd = hi;
-			} else if (hi >= 0) {
-				real_close(hi);
-			}
+	/* A new page every time: the one behind cwd_fd may be shared with
+	 * the processes this one forked, or that forked it, and a cwd is not
+	 * shared (each has its own after fork). The new page takes cwd_fd's
+	 * number, where an exec'd image looks for it. */
+	struct wpage *p;
+	ino_t key;
+	int fd = new_page("weir-cwd", 0, &p, &key);
+	if (fd >= 0) {
+		p->kind = K_DIR;
+		snprintf(p->path, sizeof p->path, "%s", w);
+		munmap(p, PAGE_BYTES);
+		init_fcntl();
+		init_close();
+		init_dup2();
+		int to = cwd_fd >= 0 ? real_dup2(fd, cwd_fd) : real_fcntl(fd, F_DUPFD, 900); /* (kept high, out of the program's way) */
+		if (to >= 0 && to < MAX_FDS) {
+			real_close(fd);
+			cwd_fd = to;
+		} else {
+			if (to >= 0)
+				real_close(to);
+			if (cwd_fd >= 0)
+				real_close(cwd_fd); /* (the old page would name another cwd) */
 			cwd_fd = fd;
-			munmap(p, PAGE_BYTES);
 		}
-	}
-	if (cwd_fd >= 0) {
-		ino_t key;
-		struct wpage *p = map_page(cwd_fd, &key);
-		if (p) {
-			p->kind = K_DIR;
-			snprintf(p->path, sizeof p->path, "%s", w);
-			munmap(p, PAGE_BYTES);
-		}
+	} else if (cwd_fd >= 0 && (p = map_page(cwd_fd, &key)) != NULL) {
+		snprintf(p->path, sizeof p->path, "%s", w); /* (no new page: the old one, as good as it gets) */
+		munmap(p, PAGE_BYTES);
 	}
 	pthread_mutex_unlock(&cwd_mu);
 }
@@ -2081,11 +2166,14 @@ static void clear_wcwd(void)
 	pthread_mutex_unlock(&cwd_mu);
 }
 
-static int wchdir(const char *w)
+static int wchdir(const char *path)
 {
 	FS_OR_FAIL(f);
 	struct weir_attr a;
-	int e = weir_stat(f, w, &a);
+	char w[WEIR_MAX_PATH + 1];
+	int e = weir_resolve(f, path, w, &a); /* (the cwd names no link: getcwd is physical) */
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		return FOLLOWED;
 	if (!e && !S_ISDIR(a.mode))
 		e = -ENOTDIR;
 	if (!e)
@@ -2101,14 +2189,17 @@ static int wchdir(const char *w)
 int chdir(const char *path)
 {
 	ROUTE(AT_FDCWD, path, r);
-	if (r.weir)
-		return wchdir(r.w);
-	init_chdir();
-	int rc = real_chdir(r.kpath);
-	if (rc == 0)
-		clear_wcwd();
-	else if (RELINKED(r, 1))
-		return wchdir(r.w);
+	if (!r.weir) {
+		init_chdir();
+		int rc = real_chdir(r.kpath);
+		if (rc == 0)
+			clear_wcwd();
+		if (rc == 0 || !RELINKED(r, 1))
+			return rc;
+	}
+	int rc = wchdir(r.w);
+	if (rc == FOLLOWED)
+		AGAIN(chdir(ext));
 	return rc;
 }
 
@@ -2131,7 +2222,8 @@ int fchdir(int fd)
 	put(d);
 	if (k == K_FILE)
 		return fail(ENOTDIR);
-	return wchdir(w);
+	int rc = wchdir(w);
+	return rc == FOLLOWED ? fail(ENOENT) : rc; /* (a directory's page names a path with no link) */
 }
 
 /* weir_abs writes the absolute path of the weir path w into out. */
@@ -2215,11 +2307,18 @@ char *realpath(const char *path, char *resolved)
 		if (k || !RELINKED(r, 1))
 			return k;
 	}
-	struct stat st;
-	if (wstat(r.w, &st) != 0)
+	FS_OR_FAIL_NULL(f);
+	struct weir_attr a;
+	char w[WEIR_MAX_PATH + 1];
+	e = weir_resolve(f, r.w, w, &a);
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		AGAIN_OR(NULL, realpath(ext, resolved));
+	if (e) {
+		errno = -e;
 		return NULL;
+	}
 	char abs[PATH_MAX];
-	if (!weir_abs(r.w, abs, sizeof abs)) {
+	if (!weir_abs(w, abs, sizeof abs)) {
 		errno = ENAMETOOLONG;
 		return NULL;
 	}
@@ -2604,7 +2703,7 @@ static int list_add(void *arg, const char *name, uint64_t ino, uint32_t type)
 	e->d_ino = ino;
 	e->d_off = (off64_t)l->n;
 	e->d_reclen = sizeof *e;
-	e->d_type = S_ISDIR(type) ? DT_DIR : DT_REG;
+	e->d_type = S_ISDIR(type) ? DT_DIR : S_ISLNK(type) ? DT_LNK : DT_REG;
 	snprintf(e->d_name, sizeof e->d_name, "%s", name);
 	return 0;
 }
@@ -2623,6 +2722,8 @@ static int list(const char *w, struct dirent64 **ents, size_t *n)
 	list_add(&l, "..", 0, S_IFDIR);
 	if (!e)
 		e = weir_readdir(f, w, list_add, &l);
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		e = -ENOENT; /* (a directory's page names a path with no link: it changed) */
 	if (!e && l.err)
 		e = -l.err; /* never a listing with entries missing */
 	if (e) {
@@ -2696,6 +2797,8 @@ DIR *opendir(const char *path)
 			return k;
 	}
 	int fd = wopen(r.w, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+	if (fd == FOLLOWED)
+		AGAIN_OR(NULL, opendir(ext));
 	if (fd < 0)
 		return NULL;
 	DIR *d = fdopendir(fd);
@@ -3022,6 +3125,8 @@ static FILE *wfopen(const char *w, const char *mode)
 	if (strchr(mode, 'e'))
 		flags |= O_CLOEXEC;
 	int fd = wopen(w, flags, 0666);
+	if (fd == FOLLOWED)
+		AGAIN_OR(NULL, fopen(ext, mode));
 	if (fd < 0)
 		return NULL;
 	FILE *f = cookie_stream(fd, mode);
@@ -3255,7 +3360,14 @@ static long wopenat2(int dirfd, const char *path, const struct wopen_how *how, s
 		return -2; /* the kernel's */
 	if ((how->resolve & 0x18) && (path[0] == '/' || has_dotdot(path)))
 		return fail(EXDEV);
-	return wopen(r.w, (int)how->flags, (mode_t)how->mode);
+	long fd = wopen(r.w, (int)how->flags, (mode_t)how->mode);
+	if (fd != FOLLOWED)
+		return fd;
+	/* A link led out of weir. (Links inside weir are followed as
+	 * RESOLVE_NO_SYMLINKS and RESOLVE_NO_MAGICLINKS did not ask.) */
+	if (how->resolve & 0x1d) /* RESOLVE_NO_XDEV, _NO_SYMLINKS, _BENEATH, _IN_ROOT */
+		return fail((how->resolve & 0x04) ? ELOOP : EXDEV);
+	AGAIN(syscall(SYS_openat2, AT_FDCWD, ext, how, size));
 }
 
 long syscall(long nr, ...)
@@ -3353,6 +3465,8 @@ static int wexecve(const char *w, char *const argv[], char *const envp[])
 	struct weir_attr a;
 	uint64_t h;
 	int e = weir_stat(f, w, &a);
+	if (e == -(int)WEIR_ERR_FOLLOW)
+		return FOLLOWED;
 	if (!e && !S_ISREG(a.mode))
 		e = -EACCES;
 	if (!e)
@@ -3399,11 +3513,11 @@ static int wexecve(const char *w, char *const argv[], char *const envp[])
 int execve(const char *path, char *const argv[], char *const envp[])
 {
 	ROUTE(AT_FDCWD, path, r);
-	if (r.weir)
-		return wexecve(r.w, argv, envp);
-	warn_static(r.kpath);
-	init_execve();
-	KERNEL_OR_RELINK(r, 1, real_execve(r.kpath, argv, envp), wexecve(r.w, argv, envp));
+	if (!r.weir) {
+		warn_static(r.kpath);
+		init_execve();
+	}
+	KERNEL_OR_RELINK(r, 1, real_execve(r.kpath, argv, envp), wexecve(r.w, argv, envp), execve(ext, argv, envp));
 }
 
 int execv(const char *path, char *const argv[]) { return execve(path, argv, environ); }

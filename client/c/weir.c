@@ -11,6 +11,7 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -73,6 +74,9 @@ struct weir_fs {
 	uint32_t version;
 	uint64_t session;
 	uint8_t token[WEIR_TOKEN_SIZE];
+	/* Where weir is mounted on the host (weir_set_mount; "" until then):
+	 * an absolute link target under it stays in weir. */
+	char mount[WEIR_MAX_PATH + 1];
 };
 
 /* A call's bound on one request's payload (a client policy). */
@@ -618,7 +622,7 @@ static int64_t io_call(weir_fs *fs, uint8_t op, uint32_t arg, uint64_t handle, u
 	return res;
 }
 
-#define WANT_FEATURES (WEIR_FEATURE_REOPEN | WEIR_FEATURE_LEASES | WEIR_FEATURE_CAPS | WEIR_FEATURE_OPEN_CAP)
+#define WANT_FEATURES (WEIR_FEATURE_REOPEN | WEIR_FEATURE_LEASES | WEIR_FEATURE_CAPS | WEIR_FEATURE_OPEN_CAP | WEIR_FEATURE_LINKS)
 
 int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 {
@@ -698,25 +702,195 @@ void weir_fs_close(weir_fs *fs)
 	free(fs);
 }
 
-/* path_body appends "u32 perm (if with_perm), str path" to b. */
-static int path_body(uint8_t *b, size_t cap, int with_perm, uint32_t perm, const char *path, size_t *len)
+/* Symbolic links (WEIR_FEATURE_LINKS). The metadata service follows
+ * none: a path that meets one answers -WEIR_ERR_FOLLOW with its place,
+ * and pcall reads the link, rewrites the path and asks again, while the
+ * path stays inside weir. One that leads out (an absolute target outside
+ * the mount, or ".." above weir's root) ends the call with
+ * -WEIR_ERR_FOLLOW and the host path in weir_followed(). */
+
+/* The host path the calling thread's last call was led out to. */
+static __thread char followed_path[WEIR_MAX_PATH + 1];
+
+const char *weir_followed(void) { return followed_path; }
+
+int weir_set_mount(weir_fs *fs, const char *mount)
 {
-	size_t n = strlen(path), at = 0;
-	if (n > WEIR_MAX_PATH)
-		return -ENAMETOOLONG;
-	if (cap < (with_perm ? 4 : 0) + 2 + n)
-		return -ENAMETOOLONG;
-	if (with_perm) {
-		put32(b, perm);
-		at = 4;
-	}
-	put16(b + at, (uint16_t)n);
-	memcpy(b + at + 2, path, n);
-	*len = at + 2 + n;
+	size_t n = strlen(mount);
+	while (n > 1 && mount[n - 1] == '/')
+		n--;
+	if (mount[0] != '/' || n > WEIR_MAX_PATH)
+		return -EINVAL;
+	memcpy(fs->mount, mount, n);
+	fs->mount[n] = 0;
 	return 0;
 }
 
-#define BODY_MAX (4 + 2 + WEIR_MAX_PATH)
+int weir_normalize(const char *in, char *out, size_t cap)
+{
+	size_t n = 0;
+	if (cap < 2)
+		return 0;
+	for (const char *p = in; *p;) {
+		while (*p == '/')
+			p++;
+		const char *e = p;
+		while (*e && *e != '/')
+			e++;
+		size_t len = (size_t)(e - p);
+		if (len == 0)
+			break;
+		if (len == 1 && p[0] == '.') {
+		} else if (len == 2 && p[0] == '.' && p[1] == '.') {
+			while (n > 0 && out[n - 1] != '/')
+				n--;
+			if (n > 0)
+				n--;
+		} else {
+			if (n + 1 + len >= cap)
+				return 0;
+			out[n++] = '/';
+			memcpy(out + n, p, len);
+			n += len;
+		}
+		p = e;
+	}
+	if (n == 0)
+		out[n++] = '/';
+	out[n] = 0;
+	return 1;
+}
+
+/* weir_rel is the path inside weir of the normalized host path norm
+ * under mount (m bytes; "/" holds everything), or NULL. */
+static const char *weir_rel(const char *mount, size_t m, const char *norm)
+{
+	if (m == 1)
+		return norm[1] ? norm + 1 : ".";
+	if (strncmp(norm, mount, m) != 0 || (norm[m] != '/' && norm[m] != 0))
+		return NULL;
+	return norm[m] == '/' ? norm + m + 1 : ".";
+}
+
+/* chase rewrites the weir path p, whose bytes [start, end) are a link to
+ * target: into p if the result is inside weir (0), else into
+ * followed_path (1); or -errno. A trailing slash is kept. Without a
+ * mount, weir's root is "/" for absolute targets too. */
+static int chase(weir_fs *fs, char *p, size_t start, size_t end, const char *target)
+{
+	const char *mount = fs->mount[0] ? fs->mount : "/";
+	size_t m = strlen(mount);
+	char full[3 * (WEIR_MAX_PATH + 1)], norm[3 * (WEIR_MAX_PATH + 1)];
+	int n;
+	if (target[0] == '/')
+		n = snprintf(full, sizeof full, "%s%s", target, p + end);
+	else
+		n = snprintf(full, sizeof full, "%s/%.*s%s%s", mount, (int)start, p, target, p + end);
+	if (n < 0 || (size_t)n >= sizeof full || !weir_normalize(full, norm, sizeof norm - 1))
+		return -ENAMETOOLONG;
+	size_t nl = strlen(norm);
+	if (full[n - 1] == '/' && nl > 1) {
+		norm[nl++] = '/';
+		norm[nl] = 0;
+	}
+	const char *in = (target[0] == '/' && !fs->mount[0]) ? NULL : weir_rel(mount, m, norm);
+	if (in) {
+		if (strlen(in) > WEIR_MAX_PATH)
+			return -ENAMETOOLONG;
+		memmove(p, in, strlen(in) + 1);
+		return 0;
+	}
+	if (nl > WEIR_MAX_PATH)
+		return -ENAMETOOLONG;
+	memcpy(followed_path, norm, nl + 1);
+	return 1;
+}
+
+/* The most links one call follows (Linux's MAXSYMLINKS: then ELOOP). */
+#define MAX_LINKS 40
+
+/* pcall sends op with the body "pre, str p1[, str p2]" and follows the
+ * links the answer reports (see above): p1 and p2 are buffers of
+ * WEIR_MAX_PATH + 1 bytes, rewritten in place, so that they name what was
+ * reached. *second (if given) says which path a -WEIR_ERR_FOLLOW is of. */
+static int64_t pcall(weir_fs *fs, uint8_t op, uint32_t arg, const void *pre, size_t prelen, char *p1, char *p2, void *out,
+		     size_t outlen, uint64_t *aux, int *second)
+{
+	uint8_t small[512], *body = small;
+	int64_t res;
+	for (int links = 0;; links++) {
+		size_t a = strlen(p1), b = p2 ? strlen(p2) : 0;
+		if (a > WEIR_MAX_PATH || b > WEIR_MAX_PATH) {
+			res = -ENAMETOOLONG;
+			break;
+		}
+		size_t n = prelen + 2 + a + (p2 ? 2 + b : 0);
+		if (n > sizeof small && body == small && !(body = malloc(prelen + 2 * (2 + WEIR_MAX_PATH)))) {
+			res = -ENOMEM;
+			break;
+		}
+		memcpy(body, pre, prelen);
+		put16(body + prelen, (uint16_t)a);
+		memcpy(body + prelen + 2, p1, a);
+		if (p2) {
+			put16(body + prelen + 2 + a, (uint16_t)b);
+			memcpy(body + prelen + 4 + a, p2, b);
+		}
+		uint64_t x = 0;
+		res = call(&fs->meta, op, arg, WEIR_ROOT_HANDLE, 0, body, n, out, outlen, &x);
+		if (aux)
+			*aux = x;
+		if (res != -(int64_t)WEIR_ERR_FOLLOW)
+			break;
+		/* The link is p[start:end]: read it, rewrite p, ask again. */
+		size_t start = x & 0xffff, end = x >> 16 & 0xffff;
+		int sec = (int)(x >> 32 & 1);
+		char *p = sec ? p2 : p1;
+		if ((x >> 33) != 0 || !p || start >= end || end > strlen(p)) {
+			res = -EIO; /* (not an answer the service gives) */
+			break;
+		}
+		if (links >= MAX_LINKS) {
+			res = -ELOOP;
+			break;
+		}
+		char prefix[WEIR_MAX_PATH + 1], target[WEIR_MAX_PATH + 1];
+		memcpy(prefix, p, end);
+		prefix[end] = 0;
+		int64_t t = pcall(fs, WEIR_OP_READLINK, 0, NULL, 0, prefix, NULL, target, WEIR_MAX_PATH, NULL, NULL);
+		if (t == -EINVAL)
+			continue; /* no link any more: it changed in between */
+		if (t < 0) {
+			res = t;
+			break;
+		}
+		if (t == 0 || t > WEIR_MAX_PATH || memchr(target, 0, (size_t)t)) {
+			res = -EIO;
+			break;
+		}
+		target[t] = 0;
+		int c = chase(fs, p, start, end, target);
+		if (c != 0) {
+			res = c < 0 ? c : -(int64_t)WEIR_ERR_FOLLOW;
+			if (second)
+				*second = sec;
+			break;
+		}
+	}
+	if (body != small)
+		free(body);
+	return res;
+}
+
+/* PATH_COPY copies the caller's path into the buffer P that pcall may
+ * rewrite, failing the call if it is too long. */
+#define PATH_COPY(P, path)                            \
+	char P[WEIR_MAX_PATH + 1];                    \
+	do {                                          \
+		if (strlen(path) > WEIR_MAX_PATH)     \
+			return -ENAMETOOLONG;         \
+		strcpy(P, path);                      \
+	} while (0)
 
 static void decode_attr(const uint8_t *p, struct weir_attr *a)
 {
@@ -796,13 +970,10 @@ static int open_answer(weir_fs *fs, int64_t res, const uint8_t *r, int flags, ui
 int weir_open(weir_fs *fs, const char *path, int flags, uint32_t mode, uint64_t *handle, struct weir_attr *attr,
 	      uint8_t *ticket)
 {
-	uint8_t b[BODY_MAX];
-	size_t n;
-	int err = path_body(b, sizeof b, 1, mode, path, &n);
-	if (err)
-		return err;
-	uint8_t r[OPEN_RESP_MAX];
-	int64_t res = call(&fs->meta, WEIR_OP_OPEN, (uint32_t)(flags & ~O_CLOEXEC), 0, 0, b, n, r, open_size(fs), NULL);
+	PATH_COPY(p, path);
+	uint8_t perm[4], r[OPEN_RESP_MAX];
+	put32(perm, mode);
+	int64_t res = pcall(fs, WEIR_OP_OPEN, (uint32_t)(flags & ~O_CLOEXEC), perm, 4, p, NULL, r, open_size(fs), NULL, NULL);
 	return open_answer(fs, res, r, flags, handle, attr, ticket);
 }
 
@@ -889,15 +1060,12 @@ int weir_close(weir_fs *fs, uint64_t handle)
 	return res < 0 ? (int)res : 0;
 }
 
-int weir_stat(weir_fs *fs, const char *path, struct weir_attr *attr)
+/* stat_call stats p (rewritten in place as links are followed), or its
+ * final link itself with WEIR_PATH_NOFOLLOW. */
+static int stat_call(weir_fs *fs, char *p, uint32_t arg, struct weir_attr *attr)
 {
-	uint8_t b[BODY_MAX];
-	size_t n;
-	int err = path_body(b, sizeof b, 0, 0, path, &n);
-	if (err)
-		return err;
 	uint8_t r[WEIR_ATTR_SIZE];
-	int64_t res = call(&fs->meta, WEIR_OP_STAT, 0, 0, 0, b, n, r, sizeof r, NULL);
+	int64_t res = pcall(fs, WEIR_OP_STAT, arg, NULL, 0, p, NULL, r, sizeof r, NULL, NULL);
 	if (res < 0)
 		return (int)res;
 	if (res != WEIR_ATTR_SIZE)
@@ -906,31 +1074,101 @@ int weir_stat(weir_fs *fs, const char *path, struct weir_attr *attr)
 	return 0;
 }
 
-static int path_call(weir_fs *fs, uint8_t op, const char *path)
+int weir_stat(weir_fs *fs, const char *path, struct weir_attr *attr)
 {
-	uint8_t b[BODY_MAX];
-	size_t n;
-	int err = path_body(b, sizeof b, 0, 0, path, &n);
-	if (err)
-		return err;
-	int64_t res = call(&fs->meta, op, 0, 0, 0, b, n, NULL, 0, NULL);
+	PATH_COPY(p, path);
+	return stat_call(fs, p, 0, attr);
+}
+
+int weir_lstat(weir_fs *fs, const char *path, struct weir_attr *attr)
+{
+	PATH_COPY(p, path);
+	return stat_call(fs, p, WEIR_PATH_NOFOLLOW, attr);
+}
+
+int weir_resolve(weir_fs *fs, const char *path, char *out, struct weir_attr *attr)
+{
+	PATH_COPY(p, path);
+	int e = stat_call(fs, p, 0, attr);
+	if (e)
+		return e;
+	char full[WEIR_MAX_PATH + 2], norm[WEIR_MAX_PATH + 2];
+	snprintf(full, sizeof full, "/%s", p);
+	if (!weir_normalize(full, norm, sizeof norm))
+		return -ENAMETOOLONG;
+	strcpy(out, norm[1] ? norm + 1 : ".");
+	return 0;
+}
+
+int weir_readlink(weir_fs *fs, const char *path, char *buf, size_t n)
+{
+	PATH_COPY(p, path);
+	char t[WEIR_MAX_PATH + 1];
+	int64_t res = pcall(fs, WEIR_OP_READLINK, 0, NULL, 0, p, NULL, t, WEIR_MAX_PATH, NULL, NULL);
+	if (res < 0)
+		return (int)res;
+	if (res == 0 || res > WEIR_MAX_PATH)
+		return -EPROTO;
+	size_t k = (size_t)res < n ? (size_t)res : n;
+	memcpy(buf, t, k);
+	return (int)k;
+}
+
+int weir_symlink(weir_fs *fs, const char *target, const char *path)
+{
+	size_t tl = strlen(target);
+	if (tl > WEIR_MAX_PATH)
+		return -ENAMETOOLONG;
+	PATH_COPY(p, path);
+	uint8_t pre[2 + WEIR_MAX_PATH], r[WEIR_ATTR_SIZE];
+	put16(pre, (uint16_t)tl);
+	memcpy(pre + 2, target, tl);
+	int64_t res = pcall(fs, WEIR_OP_SYMLINK, 0, pre, 2 + tl, p, NULL, r, sizeof r, NULL, NULL);
 	return res < 0 ? (int)res : 0;
 }
 
-int weir_unlink(weir_fs *fs, const char *path) { return path_call(fs, WEIR_OP_UNLINK, path); }
-int weir_rmdir(weir_fs *fs, const char *path) { return path_call(fs, WEIR_OP_RMDIR, path); }
+/* two_call sends RENAME or LINK: "u64 new directory (the root), str old,
+ * str new". */
+static int two_call(weir_fs *fs, uint8_t op, uint32_t arg, const char *oldpath, const char *newpath, int *second)
+{
+	PATH_COPY(a, oldpath);
+	PATH_COPY(b, newpath);
+	uint8_t pre[8], r[WEIR_ATTR_SIZE];
+	put64(pre, WEIR_ROOT_HANDLE);
+	int64_t res = pcall(fs, op, arg, pre, 8, a, b, r, op == WEIR_OP_LINK ? sizeof r : 0, NULL, second);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_rename(weir_fs *fs, const char *oldpath, const char *newpath, int *second)
+{
+	return two_call(fs, WEIR_OP_RENAME, 0, oldpath, newpath, second);
+}
+
+int weir_link(weir_fs *fs, const char *oldpath, const char *newpath, int follow, int *second)
+{
+	return two_call(fs, WEIR_OP_LINK, follow ? WEIR_LINK_FOLLOW : 0, oldpath, newpath, second);
+}
+
+/* path_call sends op with the body "pre, str path"; out receives the
+ * answer (MKDIR's attributes) if given. */
+static int path_call(weir_fs *fs, uint8_t op, uint32_t arg, const void *pre, size_t prelen, const char *path, void *out,
+		     size_t outlen)
+{
+	PATH_COPY(p, path);
+	int64_t res = pcall(fs, op, arg, pre, prelen, p, NULL, out, outlen, NULL, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_unlink(weir_fs *fs, const char *path) { return path_call(fs, WEIR_OP_UNLINK, 0, NULL, 0, path, NULL, 0); }
+int weir_rmdir(weir_fs *fs, const char *path) { return path_call(fs, WEIR_OP_RMDIR, 0, NULL, 0, path, NULL, 0); }
 
 /* mode_path_call sends op with the body "u32 mode, str path" (MKDIR,
  * CHMOD); out receives the answer (MKDIR's attributes) if given. */
 static int mode_path_call(weir_fs *fs, uint8_t op, const char *path, uint32_t mode, void *out, size_t outlen)
 {
-	uint8_t b[BODY_MAX];
-	size_t n;
-	int err = path_body(b, sizeof b, 1, mode, path, &n);
-	if (err)
-		return err;
-	int64_t res = call(&fs->meta, op, 0, 0, 0, b, n, out, outlen, NULL);
-	return res < 0 ? (int)res : 0;
+	uint8_t pre[4];
+	put32(pre, mode);
+	return path_call(fs, op, 0, pre, 4, path, out, outlen);
 }
 
 int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode)
@@ -948,70 +1186,45 @@ int weir_fchmod(weir_fs *fs, uint64_t handle, uint32_t mode)
 }
 
 /* pair_call sends op with the body "i64 x, i64 y" and, for a path call,
- * "str path" after it (CHOWN, CHTIMES), or naming handle (FCHOWN,
- * FCHTIMES). */
-static int pair_call(weir_fs *fs, uint8_t op, uint64_t handle, const char *path, int64_t x, int64_t y)
+ * "str path" after it (CHOWN, CHTIMES; arg WEIR_PATH_NOFOLLOW or 0), or
+ * naming handle (FCHOWN, FCHTIMES). */
+static int pair_call(weir_fs *fs, uint8_t op, uint32_t arg, uint64_t handle, const char *path, int64_t x, int64_t y)
 {
-	uint8_t b[16 + BODY_MAX];
-	size_t n = 0;
+	uint8_t b[16];
 	put64(b, (uint64_t)x);
 	put64(b + 8, (uint64_t)y);
-	if (path) {
-		int err = path_body(b + 16, sizeof b - 16, 0, 0, path, &n);
-		if (err)
-			return err;
-	}
-	int64_t res = call(&fs->meta, op, 0, handle, 0, b, 16 + n, NULL, 0, NULL);
+	if (path)
+		return path_call(fs, op, arg, b, 16, path, NULL, 0);
+	int64_t res = call(&fs->meta, op, 0, handle, 0, b, 16, NULL, 0, NULL);
 	return res < 0 ? (int)res : 0;
 }
 
-int weir_chown(weir_fs *fs, const char *path, int64_t uid, int64_t gid) { return pair_call(fs, WEIR_OP_CHOWN, 0, path, uid, gid); }
-int weir_fchown(weir_fs *fs, uint64_t handle, int64_t uid, int64_t gid) { return pair_call(fs, WEIR_OP_FCHOWN, handle, NULL, uid, gid); }
-int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime) { return pair_call(fs, WEIR_OP_CHTIMES, 0, path, atime, mtime); }
+int weir_chown(weir_fs *fs, const char *path, int64_t uid, int64_t gid, int nofollow)
+{
+	return pair_call(fs, WEIR_OP_CHOWN, nofollow ? WEIR_PATH_NOFOLLOW : 0, 0, path, uid, gid);
+}
+int weir_fchown(weir_fs *fs, uint64_t handle, int64_t uid, int64_t gid) { return pair_call(fs, WEIR_OP_FCHOWN, 0, handle, NULL, uid, gid); }
+int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime, int nofollow)
+{
+	return pair_call(fs, WEIR_OP_CHTIMES, nofollow ? WEIR_PATH_NOFOLLOW : 0, 0, path, atime, mtime);
+}
 int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime)
 {
-	return pair_call(fs, WEIR_OP_FCHTIMES, handle, NULL, atime, mtime);
-}
-
-int weir_rename(weir_fs *fs, const char *oldpath, const char *newpath)
-{
-	size_t a = strlen(oldpath), b = strlen(newpath);
-	if (a > WEIR_MAX_PATH || b > WEIR_MAX_PATH)
-		return -ENAMETOOLONG;
-	uint8_t *body = malloc(8 + 2 + a + 2 + b);
-	if (!body)
-		return -ENOMEM;
-	put64(body, WEIR_ROOT_HANDLE);
-	put16(body + 8, (uint16_t)a);
-	memcpy(body + 10, oldpath, a);
-	put16(body + 10 + a, (uint16_t)b);
-	memcpy(body + 12 + a, newpath, b);
-	int64_t res = call(&fs->meta, WEIR_OP_RENAME, 0, WEIR_ROOT_HANDLE, 0, body, 12 + a + b, NULL, 0, NULL);
-	free(body);
-	return res < 0 ? (int)res : 0;
+	return pair_call(fs, WEIR_OP_FCHTIMES, 0, handle, NULL, atime, mtime);
 }
 
 int weir_readdir(weir_fs *fs, const char *path, int (*fn)(void *arg, const char *name, uint64_t ino, uint32_t type),
 		 void *arg)
 {
 	enum { PAGE = 16 << 10 };
+	PATH_COPY(p, path);
 	uint8_t *buf = malloc(PAGE);
-	char after[WEIR_MAX_NAME + 1] = "";
-	size_t n = strlen(path);
+	char after[WEIR_MAX_PATH + 1] = ""; /* (a name: pcall's second path, never followed) */
 	if (!buf)
 		return -ENOMEM;
-	if (n > WEIR_MAX_PATH) {
-		free(buf);
-		return -ENAMETOOLONG;
-	}
 	for (;;) {
-		size_t al = strlen(after);
-		put16(buf, (uint16_t)n);
-		memcpy(buf + 2, path, n);
-		put16(buf + 2 + n, (uint16_t)al);
-		memcpy(buf + 4 + n, after, al);
 		uint64_t more = 0;
-		int64_t res = call(&fs->meta, WEIR_OP_READDIR, 0, WEIR_ROOT_HANDLE, 0, buf, 4 + n + al, buf, PAGE, &more);
+		int64_t res = pcall(fs, WEIR_OP_READDIR, 0, NULL, 0, p, after, buf, PAGE, &more, NULL);
 		if (res < 0) {
 			free(buf);
 			return (int)res;

@@ -6,9 +6,9 @@
  * docs/ring-abi.md) and the protocol (proto/include/weir_proto.h,
  * proto/doc.go) with one optional feature, reopen tickets (for
  * weir_inherit): a session with each service, then open, read, write,
- * fsync, close, stat, unlink, mkdir, rename, chmod, chown, readdir. Not
- * yet: leases and recall notices (every open is granted through
- * metadata), the page-cache region, recovery after a service restart.
+ * fsync, close, stat, unlink, mkdir, rename, chmod, chown, readdir,
+ * symbolic and hard links. Not yet: recall notices, recovery after a
+ * service restart.
  * A process that forks dials sessions of its own in the child (the
  * rings are shared memory); the shim does that.
  *
@@ -76,17 +76,46 @@ int weir_fsync(weir_fs *fs, uint64_t handle);
 int weir_fstat(weir_fs *fs, uint64_t handle, struct weir_attr *attr);
 int weir_ftruncate(weir_fs *fs, uint64_t handle, uint64_t size);
 int weir_close(weir_fs *fs, uint64_t handle);
+
+/* Paths and symbolic links. Every path is weir's, relative to its root.
+ * The calls follow the symbolic links they meet as Linux does (every
+ * intermediate one; the last one where the call follows it), at most 40
+ * (then -ELOOP). A link whose target leads out of weir (an absolute one
+ * outside the mount weir_set_mount names, or ".." above weir's root)
+ * ends the call with -WEIR_ERR_FOLLOW: weir_followed() then holds the
+ * host path to go on with (the calling thread's, until its next call),
+ * and *second, where a call takes two paths, which of them it replaces.
+ * Without a mount every absolute target leads out. */
+int weir_set_mount(weir_fs *fs, const char *mount);
+const char *weir_followed(void);
+
+/* weir_normalize resolves ".", ".." and repeated slashes of the absolute
+ * path in lexically, into out (cap bytes); 0 if it does not fit. */
+int weir_normalize(const char *in, char *out, size_t cap);
+
 int weir_stat(weir_fs *fs, const char *path, struct weir_attr *attr);
+int weir_lstat(weir_fs *fs, const char *path, struct weir_attr *attr); /* a final link itself */
+/* weir_resolve is weir_stat that also stores the path it reached, with
+ * no link in it, in out (WEIR_MAX_PATH + 1 bytes): realpath's answer. */
+int weir_resolve(weir_fs *fs, const char *path, char *out, struct weir_attr *attr);
+/* weir_readlink copies up to n bytes of the link's target into buf (no
+ * terminator) and returns their count; -EINVAL: path is no link. */
+int weir_readlink(weir_fs *fs, const char *path, char *buf, size_t n);
+int weir_symlink(weir_fs *fs, const char *target, const char *path);
+/* weir_link gives oldpath the further name newpath (follow: a final link
+ * of oldpath is followed, AT_SYMLINK_FOLLOW). */
+int weir_link(weir_fs *fs, const char *oldpath, const char *newpath, int follow, int *second);
 int weir_unlink(weir_fs *fs, const char *path);
 int weir_mkdir(weir_fs *fs, const char *path, uint32_t mode);
 int weir_rmdir(weir_fs *fs, const char *path);
 
-int weir_rename(weir_fs *fs, const char *oldpath, const char *newpath);
+int weir_rename(weir_fs *fs, const char *oldpath, const char *newpath, int *second);
 
-/* Owner ids of -1 leave one unchanged, as chown(2)'s. */
+/* Owner ids of -1 leave one unchanged, as chown(2)'s; nofollow changes a
+ * final link itself (lchown). */
 int weir_chmod(weir_fs *fs, const char *path, uint32_t mode);
 int weir_fchmod(weir_fs *fs, uint64_t handle, uint32_t mode);
-int weir_chown(weir_fs *fs, const char *path, int64_t uid, int64_t gid);
+int weir_chown(weir_fs *fs, const char *path, int64_t uid, int64_t gid, int nofollow);
 int weir_fchown(weir_fs *fs, uint64_t handle, int64_t uid, int64_t gid);
 
 /* weir_readdir lists directory path: calls fn for each entry (name, inode,
@@ -129,7 +158,7 @@ struct weir_space {
 int weir_statfs(weir_fs *fs, struct weir_space *sp);
 
 /* Times in Unix nanoseconds; WEIR_TIME_OMIT leaves one unchanged. */
-int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime);
+int weir_utimens(weir_fs *fs, const char *path, int64_t atime, int64_t mtime, int nofollow);
 int weir_futimens(weir_fs *fs, uint64_t handle, int64_t atime, int64_t mtime);
 
 #ifdef __cplusplus
