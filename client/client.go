@@ -661,6 +661,9 @@ func (f *FS) statAt(dir *File, op, name string) (*fileInfo, error) {
 	err := f.follow(dir, name, func(p string) error {
 		return f.pathCall(dir, proto.OpStat, arg, true, (&proto.PathReq{Path: p}).Append(nil), proto.AttrSize, dec)
 	})
+	if err == nil && arg == 0 && a.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		err = badCompletion(proto.OpStat, "a symbolic link for a stat that follows links")
+	}
 	if err != nil {
 		return nil, pathErr(op, name, err)
 	}

@@ -111,7 +111,7 @@ func TestClientValidatesCompletions(t *testing.T) {
 		{"stat result beyond the buffer", func(f *fakeServices) {
 			f.meta[proto.OpStat] = func(q *ring.Request) (int64, uint64) { return int64(q.Length) + 4096, 0 }
 		}, func(fsys *client.FS) error { _, err := fsys.Stat("x"); return err }},
-		{"stat of a symlink", func(f *fakeServices) {
+		{"stat answering a symlink (stat follows links)", func(f *fakeServices) {
 			f.meta[proto.OpStat] = func(q *ring.Request) (int64, uint64) {
 				a := proto.Attr{Ino: 9, Mode: syscall.S_IFLNK | 0o777}
 				return int64(q.WritePayload(proto.AppendAttr(nil, &a))), 0

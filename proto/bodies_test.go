@@ -117,7 +117,8 @@ func TestBodiesRoundTrip(t *testing.T) {
 func TestResponsesValidated(t *testing.T) {
 	good := Attr{Ino: 1, Mode: syscall.S_IFDIR | 0o755, Nlink: 2}
 	for name, a := range map[string]Attr{
-		"symlink mode":  {Ino: 1, Mode: syscall.S_IFLNK | 0o777},
+		"symlink mode":  {Ino: 1, Mode: syscall.S_IFLNK | 0o755}, // (a link's is always 0777)
+		"fifo mode":     {Ino: 1, Mode: syscall.S_IFIFO | 0o644},
 		"unknown bits":  {Ino: 1, Mode: syscall.S_IFREG | 0o10000},
 		"negative size": {Ino: 1, Mode: syscall.S_IFREG, Size: -1},
 	} {
@@ -151,7 +152,7 @@ func TestResponsesValidated(t *testing.T) {
 		"dot":       {{Ino: 2, Mode: syscall.S_IFDIR, Name: "."}},
 		"empty":     {{Ino: 2, Mode: syscall.S_IFREG, Name: ""}},
 		"long":      {{Ino: 2, Mode: syscall.S_IFREG, Name: strings.Repeat("n", MaxName+1)}},
-		"mode":      {{Ino: 2, Mode: syscall.S_IFLNK, Name: "l"}},
+		"mode":      {{Ino: 2, Mode: syscall.S_IFIFO, Name: "l"}},
 		"unordered": {{Ino: 2, Mode: syscall.S_IFREG, Name: "b"}, {Ino: 3, Mode: syscall.S_IFREG, Name: "a"}},
 		"duplicate": {{Ino: 2, Mode: syscall.S_IFREG, Name: "a"}, {Ino: 3, Mode: syscall.S_IFREG, Name: "a"}},
 	} {

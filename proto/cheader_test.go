@@ -48,6 +48,8 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_CLAIM_DIR", uint64(OpClaimDir)),
 		cheader.Def("WEIR_OP_RELEASE", uint64(OpRelease)),
 		cheader.Def("WEIR_OP_STATFS", uint64(OpStatFS)),
+		cheader.Def("WEIR_OP_MAP_PIN", uint64(OpMapPin)),
+		cheader.Def("WEIR_OP_MAP_UNPIN", uint64(OpMapUnpin)),
 		cheader.Def("WEIR_OP_DIR_LEASE", uint64(OpDirLease)),
 		cheader.Def("WEIR_OP_INHERIT", uint64(OpInherit)),
 		cheader.Def("WEIR_OP_LOCK", uint64(OpLock)),

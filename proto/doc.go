@@ -207,6 +207,16 @@
 //	OpCacheMap  Handle (a readable one); result 0, Aux = tag: the file's
 //	            cache region (docs/cache-abi.md), a read-only memfd, comes
 //	            on the session socket with that tag (ring.Client.ReceiveFile)
+//	OpMapPin    Handle (a readable one), Offset (page aligned), Arg = pages
+//	            (at most 2^20): the service grows the file's cache region to
+//	            cover them, fills those inside the file and keeps them all
+//	            resident (a client maps them: the shim's MAP_SHARED) until
+//	            OpMapUnpin of the same range or the session's end; a write
+//	            into a pinned page stores its bytes in the region. ENOMEM:
+//	            past the pins a session (a quarter of the cache) or all (half)
+//	            may hold; EOPNOTSUPP: no cache
+//	OpMapUnpin  Handle (of the same file), Offset, Arg: as an OpMapPin's;
+//	            EINVAL: the session pinned no such range
 //	OpReadahead Handle (a readable one), Offset, Arg = bytes (at most 8 MiB):
 //	            the service starts filling them into the cache and answers 0
 //	            at once

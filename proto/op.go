@@ -112,6 +112,8 @@ const (
 	OpClaimDir  uint8 = 0x49
 	OpRelease   uint8 = 0x4a
 	OpStatFS    uint8 = 0x4b
+	OpMapPin    uint8 = 0x4c
+	OpMapUnpin  uint8 = 0x4d
 )
 
 // Opcode ranges of the two services; both lie above the ring's own

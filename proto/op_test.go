@@ -29,7 +29,7 @@ func TestOpcodesPinned(t *testing.T) {
 		{"OpTruncate", OpTruncate, 0x43}, {"OpSync", OpSync, 0x44}, {"OpGetAttr", OpGetAttr, 0x45},
 		{"OpCacheMap", OpCacheMap, 0x46}, {"OpReadahead", OpReadahead, 0x47}, {"OpClaim", OpClaim, 0x48},
 		{"OpClaimDir", OpClaimDir, 0x49}, {"OpRelease", OpRelease, 0x4a},
-		{"OpStatFS", OpStatFS, 0x4b},
+		{"OpStatFS", OpStatFS, 0x4b}, {"OpMapPin", OpMapPin, 0x4c}, {"OpMapUnpin", OpMapUnpin, 0x4d},
 	}
 	seen := map[uint8]string{}
 	for _, p := range pinned {

@@ -132,9 +132,9 @@ func (e *hostileEnv) do(t testing.TB, c *ring.Client, call *ring.Call, in, out [
 // services' ranges, small or wild handles and offsets, and a payload that
 // is random bytes or a well-formed body with random fields.
 func (e *hostileEnv) hostileRequest(t testing.TB, r *rand.Rand) {
-	c, first, n := e.meta, proto.OpHello, int(proto.OpInherit-proto.OpHello)+1
+	c, first, n := e.meta, proto.OpHello, int(proto.OpLink-proto.OpHello)+1
 	if r.IntN(2) == 0 {
-		c, first, n = e.data, proto.OpAttach, int(proto.OpStatFS-proto.OpAttach)+1
+		c, first, n = e.data, proto.OpAttach, int(proto.OpMapUnpin-proto.OpAttach)+1
 	}
 	call := &ring.Call{Op: uint8(int(first) - 2 + r.IntN(n+4)), Arg: r.Uint32()}
 	switch r.IntN(3) {

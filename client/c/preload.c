@@ -233,6 +233,7 @@ REAL(int, flock, int, int)
 REAL(int, mkostemps, char *, int, int)
 REAL(char *, mkdtemp, char *)
 REAL(void *, mmap, void *, size_t, int, int, int, off_t)
+REAL(int, munmap, void *, size_t)
 REAL(long, syscall, long, ...)
 REAL(int, execve, const char *, char *const[], char *const[])
 
@@ -2615,13 +2616,143 @@ int lockf(int fd, int cmd, off_t len)
 }
 int lockf64(int fd, int cmd, off64_t len) { return lockf(fd, cmd, (off_t)len); }
 
+/* MAP_SHARED mappings of weir files: the pages of io's cache region,
+ * mapped read-only in place (weir_map), which io keeps resident while
+ * they are mapped (its pins), so that loads see every write to the file
+ * at once, as with the kernel's page cache. A mapping holds a handle of
+ * its own (the description's, through its ticket), so that it outlives
+ * the descriptor's close, as a kernel mapping does, and a forked child
+ * pins them again in its own session. munmap ends them. Not built:
+ * PROT_WRITE (stores would go into io's cache behind its back: the writer
+ * side of docs/cache-abi.md is not built), PROT_EXEC; mremap of one keeps
+ * its pins until the process ends. */
+struct wmap {
+	uint8_t *base;
+	size_t len, left; /* bytes mapped; bytes not yet unmapped */
+	uint64_t handle, off;
+	int flags; /* the description's open flags */
+	uint8_t ticket[WEIR_TICKET_SIZE];
+};
+static pthread_mutex_t wmap_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct wmap *wmaps;
+static size_t nwmaps, capwmaps; /* (nwmaps read without the lock: munmap's fast path) */
+
+static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int flags, off_t off, int *err)
+{
+	if (prot & PROT_WRITE) {
+		*err = writable(d->pg->flags) ? ENODEV : EACCES;
+		return NULL;
+	}
+	if (prot & ~PROT_READ) {
+		*err = ENODEV; /* PROT_EXEC of a weir file */
+		return NULL;
+	}
+	size_t plen = (len + 4095) & ~(size_t)4095;
+	if (plen < len) {
+		*err = ENOMEM;
+		return NULL;
+	}
+	uint64_t h = 0;
+	int e = weir_inherit(wfs, d->pg->ticket, d->pg->flags, &h);
+	uint8_t *base = MAP_FAILED;
+	if (!e) {
+		base = real_mmap(addr, plen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)), -1, 0);
+		e = base == MAP_FAILED ? -errno : 0;
+	}
+	if (!e)
+		e = weir_map(wfs, h, base, plen, (uint64_t)off);
+	if (!e && prot == PROT_NONE && mprotect(base, plen, PROT_NONE) != 0)
+		e = -errno;
+	if (!e) {
+		pthread_mutex_lock(&wmap_mu);
+		if (nwmaps == capwmaps) {
+			size_t cap = capwmaps ? capwmaps * 2 : 16;
+			struct wmap *n = realloc(wmaps, cap * sizeof *n);
+			if (n) {
+				wmaps = n;
+				capwmaps = cap;
+			}
+		}
+		if (nwmaps < capwmaps) {
+			struct wmap *m = &wmaps[nwmaps];
+			*m = (struct wmap){.base = base, .len = plen, .left = plen, .handle = h, .off = (uint64_t)off, .flags = d->pg->flags};
+			memcpy(m->ticket, d->pg->ticket, WEIR_TICKET_SIZE);
+			__atomic_store_n(&nwmaps, nwmaps + 1, __ATOMIC_RELEASE);
+		} else {
+			e = -ENOMEM;
+			weir_unmap_pins(wfs, h, plen, (uint64_t)off);
+		}
+		pthread_mutex_unlock(&wmap_mu);
+	}
+	if (e) {
+		if (base != MAP_FAILED && !(flags & MAP_FIXED))
+			real_munmap(base, plen);
+		if (h)
+			weir_close(wfs, h);
+		*err = e == -EOPNOTSUPP ? ENODEV : -e;
+		return NULL;
+	}
+	return base;
+}
+
+int munmap(void *addr, size_t len)
+{
+	init_munmap();
+	if (__atomic_load_n(&nwmaps, __ATOMIC_ACQUIRE) == 0)
+		return real_munmap(addr, len);
+	int rc = real_munmap(addr, len);
+	if (rc != 0)
+		return rc;
+	uint8_t *lo = addr, *hi = lo + ((len + 4095) & ~(size_t)4095);
+	pthread_mutex_lock(&wmap_mu);
+	for (size_t i = 0; i < nwmaps;) {
+		struct wmap *m = &wmaps[i];
+		uint8_t *a = m->base > lo ? m->base : lo, *b = m->base + m->len < hi ? m->base + m->len : hi;
+		if (a < b) {
+			size_t gone = (size_t)(b - a);
+			m->left = gone < m->left ? m->left - gone : 0;
+			if (m->left == 0) {
+				if (wfs && !vforked()) {
+					weir_unmap_pins(wfs, m->handle, m->len, m->off);
+					weir_close(wfs, m->handle);
+				}
+				*m = wmaps[nwmaps - 1];
+				__atomic_store_n(&nwmaps, nwmaps - 1, __ATOMIC_RELEASE);
+				continue;
+			}
+		}
+		i++;
+	}
+	pthread_mutex_unlock(&wmap_mu);
+	return 0;
+}
+
+/* repin_after_fork gives a forked child's inherited mappings pins of its
+ * own session (its parent's end with its parent). */
+static void repin_after_fork(void)
+{
+	if (__atomic_load_n(&nwmaps, __ATOMIC_ACQUIRE) == 0)
+		return;
+	int err = 0;
+	weir_fs *f = fs(&err);
+	pthread_mutex_lock(&wmap_mu);
+	for (size_t i = 0; f && i < nwmaps; i++) {
+		struct wmap *m = &wmaps[i];
+		uint64_t h = 0;
+		if (weir_inherit(f, m->ticket, m->flags, &h) == 0 && weir_map(f, h, m->base, m->len, m->off) == 0)
+			m->handle = h;
+		else if (h)
+			weir_close(f, h);
+	}
+	pthread_mutex_unlock(&wmap_mu);
+}
+
 /* mmap of a weir file. MAP_PRIVATE is a private copy of the file's bytes
  * made at the call (anonymous memory, read in with pread): POSIX leaves
  * unspecified whether such a mapping sees the file's later changes, and
  * this one does not, where Linux's shows them in pages not yet written.
  * Bytes past the end of the file read as zeros (Linux: SIGBUS past the
- * last page). MAP_SHARED, which must stay coherent with every write, is
- * not built: ENODEV, what a file system that cannot map files answers. */
+ * last page). MAP_SHARED: shared_map, above. */
 void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 {
 	init_mmap();
@@ -2634,12 +2765,19 @@ void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
 		return MAP_FAILED;
 	}
 	int type = flags & MAP_TYPE;
-	if (type != MAP_PRIVATE || d->pg->kind != K_FILE)
-		e = d->pg->kind != K_FILE ? (d->pg->kind == K_DIR ? ENODEV : EBADF) : ENODEV;
+	if ((type != MAP_PRIVATE && type != MAP_SHARED && type != MAP_SHARED_VALIDATE) || d->pg->kind != K_FILE)
+		e = d->pg->kind != K_FILE ? (d->pg->kind == K_DIR ? ENODEV : EBADF) : EINVAL;
 	else if (!readable(d->pg->flags))
 		e = EACCES;
 	else if (len == 0 || off < 0 || off % 4096)
 		e = EINVAL;
+	if (!e && type != MAP_PRIVATE) {
+		void *p = shared_map(d, addr, len, prot, flags, off, &e);
+		put(d);
+		if (!p)
+			errno = e;
+		return p ? p : MAP_FAILED;
+	}
 	void *p = MAP_FAILED;
 	if (!e) {
 		p = real_mmap(addr, len, prot | PROT_READ | PROT_WRITE, (flags & ~MAP_TYPE) | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -3842,6 +3980,7 @@ static void fork_child(void)
 	tab_pid = getpid();
 	wfs = NULL; /* (its mappings and sockets stay, unused, until exec or exit) */
 	fork_parent();
+	repin_after_fork();
 }
 
 /* adopt_inherited registers the weir descriptors a new image got across

@@ -1413,6 +1413,57 @@ int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out)
 	return 0;
 }
 
+/* The most pages one WEIR_OP_MAP_PIN pins (proto: maxPinPages). */
+#define MAX_PIN_PAGES (1u << 20)
+
+int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off)
+{
+	uint64_t n = (len + WEIR_CACHE_PAGE_SIZE - 1) / WEIR_CACHE_PAGE_SIZE;
+	if (off % WEIR_CACHE_PAGE_SIZE || n == 0 || n > MAX_PIN_PAGES || off / WEIR_CACHE_PAGE_SIZE + n > WEIR_CACHE_MAX_CAPACITY / WEIR_CACHE_PAGE_SIZE)
+		return -EINVAL;
+	int64_t res = io_call(fs, WEIR_OP_MAP_PIN, (uint32_t)n, handle, off, NULL, 0, NULL, 0, NULL);
+	if (res < 0)
+		return (int)res;
+	uint64_t tag = 0;
+	res = io_call(fs, WEIR_OP_CACHE_MAP, 0, handle, 0, NULL, 0, NULL, 0, &tag);
+	int fd = res < 0 ? (int)res : take_file(fs, tag);
+	int e = fd < 0 ? fd : 0;
+	struct stat st;
+	uint8_t h[WEIR_CACHE_HEADER_SIZE];
+	/* The header is checked before anything is mapped (§2), and the
+	 * memfd must hold every page mapped (a load past its end would be
+	 * SIGBUS). */
+	if (!e && (fstat(fd, &st) != 0 || pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h))
+		e = -EPROTO;
+	uint64_t p0 = off / WEIR_CACHE_PAGE_SIZE, p1 = p0 + n;
+	if (!e && (get32(h) != WEIR_CACHE_MAGIC || (h[4] | h[5] << 8) != WEIR_CACHE_VERSION || (h[6] | h[7] << 8) != WEIR_CACHE_PAGE_SHIFT ||
+		   get32(h + WEIR_CACHE_OFF_CHUNK_PAGES) != WEIR_CACHE_CHUNK_PAGES ||
+		   (uint64_t)st.st_size < weir_cache_page_off(p1 - 1) + WEIR_CACHE_PAGE_SIZE))
+		e = -EPROTO;
+	/* One mapping per chunk: a chunk's data pages follow its state page. */
+	for (uint64_t p = p0; !e && p < p1;) {
+		uint64_t end = (p / WEIR_CACHE_CHUNK_PAGES + 1) * WEIR_CACHE_CHUNK_PAGES;
+		if (end > p1)
+			end = p1;
+		void *at = (uint8_t *)addr + (p - p0) * WEIR_CACHE_PAGE_SIZE;
+		if (mmap(at, (end - p) * WEIR_CACHE_PAGE_SIZE, PROT_READ, MAP_SHARED | MAP_FIXED, fd, (off_t)weir_cache_page_off(p)) == MAP_FAILED)
+			e = -errno;
+		p = end;
+	}
+	if (fd >= 0)
+		close(fd);
+	if (e)
+		io_call(fs, WEIR_OP_MAP_UNPIN, (uint32_t)n, handle, off, NULL, 0, NULL, 0, NULL);
+	return e;
+}
+
+int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off)
+{
+	uint64_t n = (len + WEIR_CACHE_PAGE_SIZE - 1) / WEIR_CACHE_PAGE_SIZE;
+	int64_t res = io_call(fs, WEIR_OP_MAP_UNPIN, (uint32_t)n, handle, off, NULL, 0, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
 void weir_cache_unmap(weir_cache *c)
 {
 	if (c) {

@@ -150,6 +150,17 @@ int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out);
 ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off);
 void weir_cache_unmap(weir_cache *c);
 
+/* weir_map maps bytes [off, off + len) of the handle's file (off page
+ * aligned) read-only over the reserved range at addr (len rounded up to
+ * pages; MAP_FIXED): the pages of io's cache region, which io fills and
+ * keeps resident (WEIR_OP_MAP_PIN) until weir_unmap_pins of the same
+ * handle, off and len, or the session's end. Loads see every write to the
+ * file, as a kernel MAP_SHARED mapping's do; past the file's end they read
+ * zeros (Linux: SIGBUS). -ENOMEM: io keeps no more pages pinned (a quarter
+ * of its cache per session); -EOPNOTSUPP: io runs without a cache. */
+int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off);
+int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off);
+
 /* weir_statfs stores the store's room in bytes (free: to the superuser;
  * avail: to anyone); -EOPNOTSUPP where the backend cannot say. */
 struct weir_space {

@@ -164,6 +164,8 @@
 #define WEIR_OP_READAHEAD 0x47u /* offset, arg = bytes: fill them into the cache in the background; answers 0 at once */
 #define WEIR_OP_CLAIM_DIR 0x49u /* in: an entry's cap, u64 direct handle to release (0: none); aux = the new direct handle (WEIR_DIR_OPEN_BIT set); on error open through metadata */
 #define WEIR_OP_STATFS 0x4bu /* out: u64 total, u64 free, u64 avail bytes of the store (WEIR_STATFS_RESP_SIZE); -EOPNOTSUPP: the backend cannot say */
+#define WEIR_OP_MAP_PIN 0x4cu /* handle (readable), offset (page aligned), arg = pages: fill them and keep them resident while mapped */
+#define WEIR_OP_MAP_UNPIN 0x4du /* the same handle's file, offset and arg as a MAP_PIN: its pins end */
 #define WEIR_OP_RELEASE 0x4au /* handle = a direct handle: its end */
 #define WEIR_OP_CLAIM 0x48u /* handle = data handle, in: the capability WEIR_OP_GRANT answered; -EKEYREJECTED: grant again with WEIR_GRANT_THROUGH_IO */
 

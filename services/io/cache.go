@@ -72,6 +72,7 @@ type pageCache struct {
 	WritebackPages, WritebackErrors    atomic.Uint64
 	WriteThroughs                      atomic.Uint64 // writes sent to the device at once (dirty limit, uncachable)
 	PageFailures                       atomic.Uint64 // new pages the memfd could not take (no memory)
+	pinned                             atomic.Int64  // pages pinned by clients' mappings (pins.go)
 	Scrubbed                           atomic.Uint64 // bytes scrub freed (pages clients faulted in)
 	DirectWrites                       atomic.Uint64 // O_DIRECT writes to a cached file
 	DirectFlushes                      atomic.Uint64 // O_DIRECT reads that wrote dirty pages home first
@@ -220,12 +221,13 @@ type region struct {
 
 	fieldsMu sync.Mutex // serialises SetFields (one writer at a time)
 
-	bmu    sync.Mutex // protects res, ref, dirty, nres, ndirty
+	bmu    sync.Mutex // protects res, ref, dirty, nres, ndirty, pins
 	res    []uint64   // bit per page: resident (io's own record)
 	ref    []uint64   // bit per page: io served a read from it since it was queued
 	dirty  []uint64   // bit per page: resident bytes the device has not (write-back)
 	nres   int64
 	ndirty int64
+	pins   map[uint64]uint32 // page -> pins of clients' mappings (pins.go): never evicted
 
 	wbMu sync.Mutex // one write-back of the region at a time
 
@@ -755,7 +757,7 @@ func (r *region) evict(pages []uint64) (done int, requeue []uint64) {
 	cr := r.cur.Load()
 	for _, p := range pages {
 		r.bmu.Lock()
-		res, ref, dirty := bitGet(r.res, p), bitGet(r.ref, p), bitGet(r.dirty, p)
+		res, ref, dirty, pinned := bitGet(r.res, p), bitGet(r.ref, p), bitGet(r.dirty, p), r.pinnedLocked(p)
 		if ref {
 			bitClear(r.ref, p)
 		}
@@ -763,7 +765,7 @@ func (r *region) evict(pages []uint64) (done int, requeue []uint64) {
 		switch {
 		case !res:
 			continue
-		case ref || dirty: // dirty: not before it is written home
+		case ref || dirty || pinned: // dirty: not before it is written home; pinned: mapped
 			requeue = append(requeue, p)
 			continue
 		}
@@ -1294,7 +1296,7 @@ func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64, m
 		case resident:
 			cur.each(we-ws, func(b []byte, at int64) { _ = lr.cr.WritePage(p, int(ws-ps+at), b) })
 			r.pc.WriteUpdated.Add(1)
-		case mode != writeDirect && (ws == ps || ps >= oldSize) && (we == pe || we >= oldSize):
+		case (mode != writeDirect || r.pinned(p)) && (ws == ps || ps >= oldSize) && (we == pe || we >= oldSize):
 			if dirty {
 				cur.each(we-ws, func([]byte, int64) {}) // staged
 			} else if r.pwritePage(p, &cur, ws-ps, we-ws) != nil {

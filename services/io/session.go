@@ -41,6 +41,7 @@ type session struct {
 	later []func()
 	sc    *ring.ServerConn
 	tags  atomic.Uint64 // tags of the files passed on the socket (OpCacheMap)
+	pins  sessionPins   // pinned cache pages (OpMapPin, pins.go)
 }
 
 var _ host.Drainer = (*session)(nil)
@@ -110,6 +111,7 @@ func (s *session) Drained(*ring.ServerConn) {
 // metadata session, which revokes them when it ends.
 func (s *session) Ended(err error) {
 	s.svc.Stats.Sessions.Add(-1)
+	s.endPins()
 	if s.sid != 0 {
 		s.svc.mu.Lock()
 		if s.svc.sessions[s.sid] == s {
@@ -150,6 +152,8 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpClaimDir, s.claimDir)
 	s.mux.Handle(proto.OpRelease, s.release)
 	s.mux.Handle(proto.OpStatFS, s.statfs)
+	s.mux.Handle(proto.OpMapPin, s.mapPin)
+	s.mux.Handle(proto.OpMapUnpin, s.mapUnpin)
 }
 
 // statfs answers the store's room (OpStatFS), for statfs(2) of a weir

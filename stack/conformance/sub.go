@@ -39,7 +39,7 @@ var (
 //     search permission, trailing slashes, "." and ".." below the root.
 //
 // The depth of a component is counted lexically. That equals the real depth
-// because the suite creates no symbolic links (FS has no Symlink).
+// because the suite creates no symbolic links.
 //
 // The only call where ".." and "." differ at the root is rmdir (ENOTEMPTY for
 // "..", EINVAL for "."), and rmdir never looks its last component up, so

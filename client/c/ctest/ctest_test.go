@@ -14,6 +14,7 @@ import (
 
 	hclog "github.com/hashicorp/go-hclog"
 
+	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/stack"
 	"github.com/weir-storage/weir/stack/stacktest"
 )
@@ -103,10 +104,16 @@ func buildShim(t *testing.T) string {
 }
 
 // startStack starts a stack on the file backend for the test.
-func startStack(t *testing.T) *stack.Stack {
+func startStack(t *testing.T) *stack.Stack { return startStackWith(t, nil) }
+
+// startStackWith is startStack with edit applied to the configuration.
+func startStackWith(t *testing.T, edit func(*config.Config)) *stack.Stack {
 	t.Helper()
 	cfg := stacktest.Config(t, t.TempDir())
 	cfg.IO.Backend = "file"
+	if edit != nil {
+		edit(cfg)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
