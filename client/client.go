@@ -478,12 +478,12 @@ func (f *FS) follow2(olddir *File, oldname string, newdir *File, newname string,
 			return syscall.ELOOP
 		}
 		p, dir := &o, olddir
-		start, end, second, ok := proto.SplitFollowAux(fe.aux, len(o))
+		start, end, second, above, ok := proto.SplitFollowAux(fe.aux, len(o))
 		if second {
 			p, dir = &n, newdir
-			start, end, _, ok = proto.SplitFollowAux(fe.aux, len(n))
+			start, end, _, above, ok = proto.SplitFollowAux(fe.aux, len(n))
 		}
-		if !ok {
+		if !ok || above { // (above: only for FeatureMounted, which this client does not ask)
 			return badCompletion(proto.OpStat, fmt.Sprintf("a link at %#x of a path of %d bytes", fe.aux, len(*p)))
 		}
 		next, err := f.chase(dir, *p, start, end)

@@ -72,6 +72,7 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_FEATURE_OPEN_CAP", FeatureOpenCap),
 		cheader.Def("WEIR_FEATURE_DIR_OPEN", FeatureDirOpen),
 		cheader.Def("WEIR_FEATURE_LINKS", FeatureLinks),
+		cheader.Def("WEIR_FEATURE_MOUNTED", FeatureMounted),
 		cheader.Def("WEIR_ERR_FOLLOW", uint64(ErrFollow)),
 		cheader.Def("WEIR_PATH_NOFOLLOW", uint64(PathNoFollow)),
 		cheader.Def("WEIR_LINK_FOLLOW", uint64(LinkFollow)),

@@ -64,9 +64,17 @@ const (
 	// without it is answered ELOOP instead: it cannot follow them.
 	FeatureLinks uint64 = 1 << 6
 
+	// FeatureMounted (with FeatureLinks): the client mounts weir inside a
+	// larger tree (the C shim, at WEIR_MOUNT), so ".." of weir's root
+	// leads out of weir: a path that climbs there answers -ErrFollow with
+	// FollowAux's above set (the ".." is path[start:end]; the path goes on
+	// at the mount's parent with path[end:]). Without it ".." of the root
+	// is the root, as under chroot.
+	FeatureMounted uint64 = 1 << 7
+
 	// KnownFeatures are the bits this version defines; a service answers
 	// no others.
-	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap | FeatureDirOpen | FeatureLinks
+	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap | FeatureDirOpen | FeatureLinks | FeatureMounted
 )
 
 // Opcodes. The numbers are the ABI: they are written out, never iota, and
@@ -228,20 +236,26 @@ const (
 
 // FollowAux packs where a path met a symbolic link into a completion's
 // Aux: the link is path[start:end] of the request's first path, or of its
-// second (OpRename's and OpLink's new path) when second is set.
-func FollowAux(start, end int, second bool) uint64 {
+// second (OpRename's and OpLink's new path) when second is set; above: it
+// is a ".." of weir's root (FeatureMounted), no link.
+//
+//	bits  0-15 start   16-31 end   32 second   33 above   34-63 zero
+func FollowAux(start, end int, second, above bool) uint64 {
 	a := uint64(start)&0xffff | (uint64(end)&0xffff)<<16
 	if second {
 		a |= 1 << 32
+	}
+	if above {
+		a |= 1 << 33
 	}
 	return a
 }
 
 // SplitFollowAux unpacks FollowAux; ok is false for a value FollowAux
 // cannot give for a path of n bytes (the client treats it as EIO).
-func SplitFollowAux(aux uint64, n int) (start, end int, second, ok bool) {
-	start, end, second = int(aux&0xffff), int(aux>>16&0xffff), aux>>32&1 == 1
-	return start, end, second, aux>>33 == 0 && start < end && end <= n
+func SplitFollowAux(aux uint64, n int) (start, end int, second, above, ok bool) {
+	start, end, second, above = int(aux&0xffff), int(aux>>16&0xffff), aux>>32&1 == 1, aux>>33&1 == 1
+	return start, end, second, above, aux>>34 == 0 && start < end && end <= n
 }
 
 // VersionRange packs a version range into a completion's Aux.

@@ -663,21 +663,14 @@ static int route(int dirfd, const char *path, struct route *r)
 			}
 		}
 	}
+	/* Up to the mount "." and ".." are resolved lexically; inside it they
+	 * are weir's (physical, after the links before them), and a ".."
+	 * above weir's root leads out again (libweir). */
 	char norm[PATH_MAX * 2 + 2];
-	if (!weir_normalize(full, norm, sizeof norm))
-		return 0;
-	const char *in = in_mount(norm);
+	int in = weir_route(mount, full, r->w, sizeof r->w, norm, sizeof norm);
+	if (in < 0)
+		return ENAMETOOLONG;
 	if (in) {
-		/* A trailing slash (or "/.") stays: it makes the path's last
-		 * component a directory, a symbolic link one to follow. */
-		size_t fl = strlen(full);
-		int slash = fl > 0 && (full[fl - 1] == '/' || (full[fl - 1] == '.' && fl > 1 && full[fl - 2] == '/'));
-		slash = slash && strcmp(in, ".") != 0;
-		if (strlen(in) + (size_t)slash >= sizeof r->w)
-			return ENAMETOOLONG;
-		strcpy(r->w, in);
-		if (slash)
-			strcat(r->w, "/");
 		r->weir = 1;
 		return 0;
 	}
@@ -751,11 +744,10 @@ static int relink(struct route *r, int follow)
 			if (in_mount(done)) {
 				/* Into the mount: the remainder is weir's. */
 				char full[PATH_MAX * 2 + 2], norm[PATH_MAX * 2 + 2];
+				size_t ml;
 				snprintf(full, sizeof full, "%s%s", done, e);
-				const char *w;
-				if (!weir_normalize(full, norm, sizeof norm) || !(w = in_mount(norm)) || strlen(w) >= sizeof r->w)
+				if (weir_route(mount_point(&ml), full, r->w, sizeof r->w, norm, sizeof norm) != 1)
 					return 0;
-				strcpy(r->w, w);
 				r->weir = 1;
 				return 1;
 			}

@@ -622,7 +622,9 @@ static int64_t io_call(weir_fs *fs, uint8_t op, uint32_t arg, uint64_t handle, u
 	return res;
 }
 
-#define WANT_FEATURES (WEIR_FEATURE_REOPEN | WEIR_FEATURE_LEASES | WEIR_FEATURE_CAPS | WEIR_FEATURE_OPEN_CAP | WEIR_FEATURE_LINKS)
+#define WANT_FEATURES                                                                                       \
+	(WEIR_FEATURE_REOPEN | WEIR_FEATURE_LEASES | WEIR_FEATURE_CAPS | WEIR_FEATURE_OPEN_CAP | WEIR_FEATURE_LINKS | \
+	 WEIR_FEATURE_MOUNTED)
 
 int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 {
@@ -761,48 +763,114 @@ int weir_normalize(const char *in, char *out, size_t cap)
 	return 1;
 }
 
-/* weir_rel is the path inside weir of the normalized host path norm
- * under mount (m bytes; "/" holds everything), or NULL. */
-static const char *weir_rel(const char *mount, size_t m, const char *norm)
+int weir_route(const char *mount, const char *in, char *w, size_t wcap, char *host, size_t hcap)
 {
-	if (m == 1)
-		return norm[1] ? norm + 1 : ".";
-	if (strncmp(norm, mount, m) != 0 || (norm[m] != '/' && norm[m] != 0))
-		return NULL;
-	return norm[m] == '/' ? norm + m + 1 : ".";
+	size_t m = strlen(mount), n = 0;
+	while (m > 1 && mount[m - 1] == '/')
+		m--;
+	const char *rest = NULL;
+	if (m <= 1) {
+		rest = in; /* (mount "/": every path is weir's) */
+	} else {
+		for (const char *p = in; *p && !rest;) {
+			while (*p == '/')
+				p++;
+			const char *e = p;
+			while (*e && *e != '/')
+				e++;
+			size_t len = (size_t)(e - p);
+			if (len == 0)
+				break;
+			if (len == 1 && p[0] == '.') {
+			} else if (len == 2 && p[0] == '.' && p[1] == '.') {
+				while (n > 0 && host[n - 1] != '/')
+					n--;
+				if (n > 0)
+					n--;
+			} else {
+				if (n + 1 + len >= hcap)
+					return -1;
+				host[n++] = '/';
+				memcpy(host + n, p, len);
+				n += len;
+				if (n == m && memcmp(host, mount, m) == 0)
+					rest = e; /* into the mount: from here the path is weir's, as it is */
+			}
+			p = e;
+		}
+	}
+	if (rest) {
+		while (*rest == '/')
+			rest++;
+		if (!*rest)
+			rest = ".";
+		if (strlen(rest) >= wcap)
+			return -1;
+		strcpy(w, rest);
+		return 1;
+	}
+	if (hcap < 2)
+		return -1;
+	if (n == 0)
+		host[n++] = '/';
+	host[n] = 0;
+	return 0;
 }
 
 /* chase rewrites the weir path p, whose bytes [start, end) are a link to
- * target: into p if the result is inside weir (0), else into
- * followed_path (1); or -errno. A trailing slash is kept. Without a
- * mount, weir's root is "/" for absolute targets too. */
+ * target (or, with target NULL, a ".." of weir's root): into p if the
+ * result is inside weir (0), else into followed_path (1); or -errno. A
+ * relative target stays as it is (the service resolves its "." and ".."
+ * as Linux does, physically); an absolute one, and a climb above the
+ * root, are routed by the mount (weir_route). Without a mount every
+ * absolute target leads out. */
 static int chase(weir_fs *fs, char *p, size_t start, size_t end, const char *target)
 {
-	const char *mount = fs->mount[0] ? fs->mount : "/";
-	size_t m = strlen(mount);
-	char full[3 * (WEIR_MAX_PATH + 1)], norm[3 * (WEIR_MAX_PATH + 1)];
+	char full[3 * (WEIR_MAX_PATH + 1)], host[3 * (WEIR_MAX_PATH + 1)], w[WEIR_MAX_PATH + 1];
 	int n;
-	if (target[0] == '/')
-		n = snprintf(full, sizeof full, "%s%s", target, p + end);
-	else
-		n = snprintf(full, sizeof full, "%s/%.*s%s%s", mount, (int)start, p, target, p + end);
-	if (n < 0 || (size_t)n >= sizeof full || !weir_normalize(full, norm, sizeof norm - 1))
-		return -ENAMETOOLONG;
-	size_t nl = strlen(norm);
-	if (full[n - 1] == '/' && nl > 1) {
-		norm[nl++] = '/';
-		norm[nl] = 0;
-	}
-	const char *in = (target[0] == '/' && !fs->mount[0]) ? NULL : weir_rel(mount, m, norm);
-	if (in) {
-		if (strlen(in) > WEIR_MAX_PATH)
+	if (target && target[0] != '/') {
+		n = snprintf(full, sizeof full, "%.*s%s%s", (int)start, p, target, p + end);
+		if (n < 0 || (size_t)n > WEIR_MAX_PATH)
 			return -ENAMETOOLONG;
-		memmove(p, in, strlen(in) + 1);
+		memcpy(p, full, (size_t)n + 1);
 		return 0;
 	}
-	if (nl > WEIR_MAX_PATH)
+	if (target) {
+		n = snprintf(full, sizeof full, "%s%s", target, p + end);
+	} else {
+		/* The mount's parent, then the rest ("/" is its own parent). */
+		const char *m = fs->mount[0] ? fs->mount : "/";
+		size_t ml = strlen(m), dl = ml;
+		while (dl > 0 && m[dl - 1] != '/')
+			dl--;
+		if (ml <= 1) {
+			const char *rest = p + end;
+			while (*rest == '/')
+				rest++;
+			memmove(p, *rest ? rest : ".", strlen(*rest ? rest : ".") + 1);
+			return 0;
+		}
+		n = snprintf(full, sizeof full, "%.*s%s", (int)(dl > 1 ? dl - 1 : 1), m, p + end);
+	}
+	if (n < 0 || (size_t)n >= sizeof full)
 		return -ENAMETOOLONG;
-	memcpy(followed_path, norm, nl + 1);
+	int in = fs->mount[0] ? weir_route(fs->mount, full, w, sizeof w, host, sizeof host) : 0;
+	if (in < 0)
+		return -ENAMETOOLONG;
+	if (in) {
+		strcpy(p, w);
+		return 0;
+	}
+	if (!fs->mount[0] && !weir_normalize(full, host, sizeof host))
+		return -ENAMETOOLONG;
+	size_t hl = strlen(host);
+	if (full[n - 1] == '/' && hl > 1 && hl + 1 < sizeof host) {
+		host[hl++] = '/'; /* (a trailing slash stays) */
+		host[hl] = 0;
+	}
+	if (hl > WEIR_MAX_PATH)
+		return -ENAMETOOLONG;
+	memcpy(followed_path, host, hl + 1);
 	return 1;
 }
 
@@ -844,15 +912,26 @@ static int64_t pcall(weir_fs *fs, uint8_t op, uint32_t arg, const void *pre, siz
 			break;
 		/* The link is p[start:end]: read it, rewrite p, ask again. */
 		size_t start = x & 0xffff, end = x >> 16 & 0xffff;
-		int sec = (int)(x >> 32 & 1);
+		int sec = (int)(x >> 32 & 1), above = (int)(x >> 33 & 1);
 		char *p = sec ? p2 : p1;
-		if ((x >> 33) != 0 || !p || start >= end || end > strlen(p)) {
+		if ((x >> 34) != 0 || !p || start >= end || end > strlen(p)) {
 			res = -EIO; /* (not an answer the service gives) */
 			break;
 		}
 		if (links >= MAX_LINKS) {
 			res = -ELOOP;
 			break;
+		}
+		if (above) {
+			/* ".." of weir's root: the mount's parent, then the rest. */
+			int c = chase(fs, p, start, end, NULL);
+			if (c != 0) {
+				res = c < 0 ? c : -(int64_t)WEIR_ERR_FOLLOW;
+				if (second)
+					*second = sec;
+				break;
+			}
+			continue;
 		}
 		char prefix[WEIR_MAX_PATH + 1], target[WEIR_MAX_PATH + 1];
 		memcpy(prefix, p, end);

@@ -93,6 +93,16 @@ const char *weir_followed(void);
  * path in lexically, into out (cap bytes); 0 if it does not fit. */
 int weir_normalize(const char *in, char *out, size_t cap);
 
+/* weir_route splits the absolute host path in at mount (no trailing
+ * slash; "/" holds every path): "." and ".." are resolved lexically only
+ * until the path reaches the mount; if it does, the rest, as it is, is
+ * weir's: stored in w ("." for the root) and 1 is returned (the metadata
+ * service resolves its "." and ".." physically, after the links before
+ * them, as Linux does, and a ".." above weir's root leads out again).
+ * Otherwise the path, normalized, is stored in host and 0 is returned;
+ * -1: it does not fit. The mount session asks WEIR_FEATURE_MOUNTED. */
+int weir_route(const char *mount, const char *in, char *w, size_t wcap, char *host, size_t hcap);
+
 int weir_stat(weir_fs *fs, const char *path, struct weir_attr *attr);
 int weir_lstat(weir_fs *fs, const char *path, struct weir_attr *attr); /* a final link itself */
 /* weir_resolve is weir_stat that also stores the path it reached, with

@@ -109,11 +109,14 @@
 #define WEIR_FEATURE_OPEN_CAP 0x10ull /* OPEN may answer a read capability */
 #define WEIR_FEATURE_DIR_OPEN 0x20ull /* DIR_LEASE snapshots; CLAIM_DIR opens at io alone */
 #define WEIR_FEATURE_LINKS 0x40ull /* symbolic links: a path that meets one to follow answers -WEIR_ERR_FOLLOW */
-#define WEIR_KNOWN_PROTO_FEATURES 0x7full
+#define WEIR_FEATURE_MOUNTED 0x80ull /* weir is mounted in a larger tree: ".." of its root leads out (-WEIR_ERR_FOLLOW, aux bit 33) */
+#define WEIR_KNOWN_PROTO_FEATURES 0xffull
 
 /* -WEIR_ERR_FOLLOW: the path met a symbolic link the call follows; aux =
- * start | end << 16 | second << 32: the link is path[start:end] of the
- * request's first path (or its second: RENAME's and LINK's new path).
+ * start | end << 16 | second << 32 | above << 33: the link is
+ * path[start:end] of the request's first path (or its second: RENAME's
+ * and LINK's new path); above (WEIR_FEATURE_MOUNTED): it is a ".." of
+ * weir's root, and the path goes on at the mount's parent with path[end:].
  * READLINK of path[:end] gives the target; resolve path[:start] + target +
  * path[end:] (an absolute target replaces path[:start]), at most 40 times
  * (then ELOOP). */

@@ -144,7 +144,7 @@ func (se *session) errno(err error) (int64, uint64) {
 		if se.features&proto.FeatureLinks == 0 {
 			return -int64(syscall.ELOOP), 0
 		}
-		return -int64(proto.ErrFollow), proto.FollowAux(fe.Start, fe.End, fe.Second)
+		return -int64(proto.ErrFollow), proto.FollowAux(fe.Start, fe.End, fe.Second, fe.Above)
 	}
 	se.svc.Stats.Errors.Add(1)
 	var e syscall.Errno
@@ -223,6 +223,7 @@ func (se *session) helloOp(q *ring.Request) (int64, uint64) {
 	res, aux := reply(q, resp.Append(nil))
 	if res >= 0 {
 		se.hello, se.version, se.features = true, v, resp.Features
+		se.cred.Mounted = resp.Features&proto.FeatureMounted != 0
 		se.notices.mu.Lock()
 		se.notices.on = resp.Features&proto.FeatureRecalls != 0
 		se.notices.mu.Unlock()

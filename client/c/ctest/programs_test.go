@@ -578,6 +578,9 @@ var shimLinkLines = []string{
 	`cd $D && ln -s nope/x dn && echo hi > dn; echo "through missing dir: $?"; touch dn2 && ln -s dn2 dn3 && ln -sf sf dn3 && readlink dn3 && ln -sfn sub2 dn3 && readlink dn3`,
 	`cd $D && mkdir m && ln -s m ml && mv ml m2 && ls -d m2/ && cp -a m2 m3 && readlink m3 && rm m2 && ls && rm -r m3 m && rm -f loop1 loop2 self dn dn2 dn3 sl sf mvf`,
 	`cd $D && mkdir -p q/r && echo z > q/r/z && ln -s q/r qr && tar -chf t.tar qr && tar -tf t.tar && rm t.tar && du -sL qr | cut -f2 && find qr -maxdepth 0 -type l && find -L qr -type f && rm qr && rm -r q && ls`,
+	`cd $D && mkdir -p p/q && echo pq > p/pf && ln -s p/q pl && cat pl/../pf && ls pl/.. | sort && mkdir pl/../made && ls p | sort && cd pl/.. && pwd -P && cat pf && cd $D && rm -r p pl`,
+	`head -c 5 $D/../../../../../../../../etc/passwd && echo && cd $D/../../../../../../../.. && pwd && ls -d etc`,
+	`cd $D && mkdir -p r/s && ln -s ../../.. r/s/up3 && ls -d r/s/up3/ >/dev/null && echo up3 && cd r/s && cat ../../missing/../r 2>&1 | sed 's/.*: //'; cd $D && rm -r r`,
 	`python3 -c "import os;d=os.environ['D'];os.symlink('pyt', d+'/pl');print(os.readlink(d+'/pl'), os.path.islink(d+'/pl'), os.path.exists(d+'/pl'));open(d+'/pyt','w').write('t');print(os.path.exists(d+'/pl'), os.path.realpath(d+'/pl'), os.lstat(d+'/pl').st_size);os.link(d+'/pyt', d+'/pyh');print(os.stat(d+'/pyh').st_nlink);os.remove(d+'/pl');os.remove(d+'/pyt');os.remove(d+'/pyh')"`,
 }
 

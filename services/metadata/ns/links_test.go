@@ -320,3 +320,29 @@ func TestCheckFindsBadLinks(t *testing.T) {
 	l.attr.Nlink = 1
 	n.mu.Unlock()
 }
+
+// TestMountedRootDotDot: for a Mounted caller ".." of the root leads out
+// of the namespace (a FollowError with Above), in the middle of a path
+// and at its end; otherwise it is the root, as under chroot.
+func TestMountedRootDotDot(t *testing.T) {
+	n, _ := newNS(t)
+	fixture(t, n)
+	m := root
+	m.Mounted = true
+	_, err := n.StatAt(m, RootIno, "a/../../etc")
+	var fe *FollowError
+	if !errors.As(err, &fe) || !fe.Above || fe.Start != 5 || fe.End != 7 {
+		t.Fatalf("a/../../etc: %v", err)
+	}
+	_, err = n.StatAt(m, RootIno, "a/b/../..")
+	if err != nil {
+		t.Fatalf("a/b/../.. stays inside: %v", err)
+	}
+	_, err = n.StatAt(m, RootIno, "..")
+	if !errors.As(err, &fe) || !fe.Above || fe.Start != 0 || fe.End != 2 {
+		t.Fatalf("..: %v", err)
+	}
+	if a, err := n.StatAt(root, RootIno, "a/../../f"); err != nil || a.Ino == 0 {
+		t.Fatalf("not mounted, .. of the root is the root: %v", err)
+	}
+}

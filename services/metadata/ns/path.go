@@ -89,6 +89,9 @@ func (s *state) walkAt(c *Cred, start *inode, p string) (walked, error) {
 		if err := permission(c, &cur.attr, mayExec); err != nil {
 			return walked{}, err
 		}
+		if comp == ".." && c != nil && c.Mounted && cur.attr.Ino == RootIno {
+			return walked{}, &FollowError{Start: i, End: j, Above: true}
+		}
 		if k == len(p) {
 			w := walked{dir: cur, name: comp, at: i, slash: j < len(p)}
 			switch comp {
@@ -166,6 +169,9 @@ func (s *state) final(c *Cred, w walked, followLast bool) (*inode, error) {
 	case lastRoot, lastDot:
 		return w.dir, nil
 	case lastDotDot:
+		if c != nil && c.Mounted && w.dir.attr.Ino == RootIno {
+			return nil, &FollowError{Start: w.at, End: w.at + 2, Above: true}
+		}
 		return s.parentOf(w.dir)
 	}
 	n, err := s.step(w.dir, w.name)

@@ -17,6 +17,11 @@ import (
 type Cred struct {
 	UID, GID uint32
 	Groups   []uint32 // supplementary groups
+	// Mounted: the client mounts the namespace inside a larger tree (the
+	// C shim's WEIR_MOUNT), so ".." of the root leads out of it: a walk
+	// that climbs there answers a *FollowError with Above set, where
+	// otherwise ".." of the root is the root (as under chroot).
+	Mounted bool
 }
 
 // isRoot reports whether c has the capabilities root has on Linux
@@ -82,6 +87,10 @@ type FollowError struct {
 	Start, End int
 	Target     string
 	Second     bool // the link is in the second path (Rename's and Link's new one)
+	// Above: path[Start:End] is a ".." of the root, for a Mounted caller:
+	// the path goes on at the mount's parent with path[End:] (Target is
+	// empty).
+	Above bool
 }
 
 // second marks a *FollowError as met in an operation's second path.
@@ -96,6 +105,9 @@ func second(err error) error {
 
 // Error describes the link.
 func (e *FollowError) Error() string {
+	if e.Above {
+		return fmt.Sprintf("the path climbs above the root at bytes %d-%d", e.Start, e.End)
+	}
 	return fmt.Sprintf("symbolic link at bytes %d-%d of the path, to %q", e.Start, e.End, e.Target)
 }
 
