@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -517,10 +518,25 @@ func (f *FS) chase(dir *File, p string, start, end int) (string, error) {
 	if m = strings.TrimRight(m, "/"); m == "" {
 		return t + p[end:], nil // Mount "/"
 	}
-	if t != m && !strings.HasPrefix(t, m+"/") {
+	rest, in := underMount(m, t)
+	if !in {
 		return "", fmt.Errorf("%w: the symbolic link %s leads to %s, out of weir (mounted at %s)", syscall.EXDEV, p[:end], t, m)
 	}
-	return "/" + strings.TrimPrefix(t[len(m):], "/") + p[end:], nil
+	return "/" + rest + p[end:], nil
+}
+
+// underMount reports whether the absolute path t, cleaned (this client
+// has no ".." above weir's root to keep), lies under the mount m, and
+// returns its part after the mount.
+func underMount(m, t string) (string, bool) {
+	t = path.Clean(t)
+	if t == m {
+		return "", true
+	}
+	if rest, ok := strings.CutPrefix(t, m+"/"); ok {
+		return rest, true
+	}
+	return "", false
 }
 
 // readlinkAt reads the symbolic link name (from dir) without following

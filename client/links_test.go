@@ -81,6 +81,14 @@ func TestLinks(t *testing.T) {
 	if _, err := c.Stat("lk/out/passwd"); !errors.Is(err, syscall.EXDEV) {
 		t.Errorf("stat of a link out of weir: %v", err)
 	}
+	must(c.Symlink("/weir/../etc", "lk/out2"))
+	if _, err := c.Stat("lk/out2/passwd"); !errors.Is(err, syscall.EXDEV) {
+		t.Errorf("stat of a link out of weir through the mount's ..: %v", err)
+	}
+	must(c.Symlink("/weir/lk/sub/../sub/f", "lk/abs2"))
+	if b, err := c.ReadFile("lk/abs2"); err != nil || string(b) != "data" {
+		t.Errorf("an absolute link with .. inside weir: %q %v", b, err)
+	}
 	if err := c.Symlink("x", "lk/rel"); !errors.Is(err, fs.ErrExist) {
 		t.Errorf("symlink over a name: %v", err)
 	}

@@ -914,6 +914,8 @@ static int wopen(const char *w, int flags, mode_t mode)
 			weir_close(f, h); /* (a directory opened O_RDONLY without O_DIRECTORY) */
 			h = 0;
 			kind = K_DIR;
+			struct weir_attr da;
+			e = weir_resolve(f, w, resolved, &da); /* (its page names it with no link in the path) */
 		}
 	}
 	if (e == -(int)WEIR_ERR_FOLLOW)
@@ -2624,7 +2626,10 @@ struct wmap {
 	uint64_t handle, off;
 	int flags; /* the description's open flags */
 	uint8_t ticket[WEIR_TICKET_SIZE];
+	uint64_t *live; /* bit per page: still mapped (a munmap of part clears its bits) */
 };
+
+static int live_get(const struct wmap *m, size_t i) { return (m->live[i / 64] >> (i % 64)) & 1; }
 static pthread_mutex_t wmap_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct wmap *wmaps;
 static size_t nwmaps, capwmaps; /* (nwmaps read without the lock: munmap's fast path) */
@@ -2653,8 +2658,10 @@ static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int fl
 	}
 	if (!e)
 		e = weir_map(wfs, h, base, plen, (uint64_t)off);
-	if (!e && prot == PROT_NONE && mprotect(base, plen, PROT_NONE) != 0)
+	if (!e && prot == PROT_NONE && mprotect(base, plen, PROT_NONE) != 0) {
 		e = -errno;
+		weir_unmap_pins(wfs, h, plen, (uint64_t)off);
+	}
 	if (!e) {
 		pthread_mutex_lock(&wmap_mu);
 		if (nwmaps == capwmaps) {
@@ -2665,9 +2672,12 @@ static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int fl
 				capwmaps = cap;
 			}
 		}
-		if (nwmaps < capwmaps) {
+		size_t pages = plen / 4096;
+		uint64_t *live = nwmaps < capwmaps ? malloc((pages + 63) / 64 * 8) : NULL;
+		if (live) {
+			memset(live, 0xff, (pages + 63) / 64 * 8);
 			struct wmap *m = &wmaps[nwmaps];
-			*m = (struct wmap){.base = base, .len = plen, .left = plen, .handle = h, .off = (uint64_t)off, .flags = d->pg->flags};
+			*m = (struct wmap){.base = base, .len = plen, .left = plen, .handle = h, .off = (uint64_t)off, .flags = d->pg->flags, .live = live};
 			memcpy(m->ticket, d->pg->ticket, WEIR_TICKET_SIZE);
 			__atomic_store_n(&nwmaps, nwmaps + 1, __ATOMIC_RELEASE);
 		} else {
@@ -2701,13 +2711,19 @@ int munmap(void *addr, size_t len)
 		struct wmap *m = &wmaps[i];
 		uint8_t *a = m->base > lo ? m->base : lo, *b = m->base + m->len < hi ? m->base + m->len : hi;
 		if (a < b) {
-			size_t gone = (size_t)(b - a);
-			m->left = gone < m->left ? m->left - gone : 0;
+			/* Only pages still ours count: a second munmap of them, or of
+			 * another mapping made in their place, is not this one's. */
+			for (size_t pg = (size_t)(a - m->base) / 4096; pg < (size_t)(b - m->base) / 4096; pg++)
+				if (live_get(m, pg)) {
+					m->live[pg / 64] &= ~((uint64_t)1 << (pg % 64));
+					m->left -= 4096;
+				}
 			if (m->left == 0) {
 				if (wfs && !vforked()) {
 					weir_unmap_pins(wfs, m->handle, m->len, m->off);
 					weir_close(wfs, m->handle);
 				}
+				free(m->live);
 				*m = wmaps[nwmaps - 1];
 				__atomic_store_n(&nwmaps, nwmaps - 1, __ATOMIC_RELEASE);
 				continue;
@@ -2728,13 +2744,35 @@ static void repin_after_fork(void)
 	int err = 0;
 	weir_fs *f = fs(&err);
 	pthread_mutex_lock(&wmap_mu);
-	for (size_t i = 0; f && i < nwmaps; i++) {
+	for (size_t i = 0; i < nwmaps; i++) {
 		struct wmap *m = &wmaps[i];
 		uint64_t h = 0;
-		if (weir_inherit(f, m->ticket, m->flags, &h) == 0 && weir_map(f, h, m->base, m->len, m->off) == 0)
+		int e = f ? weir_inherit(f, m->ticket, m->flags, &h) : -err;
+		/* Pinned whole (the pins are the range's), mapped again only
+		 * where the parent's mapping still is. */
+		if (!e)
+			e = weir_map_pins(f, h, m->len, m->off);
+		for (size_t pg = 0; !e && pg < m->len / 4096;) {
+			size_t run = 0;
+			while (pg + run < m->len / 4096 && live_get(m, pg + run))
+				run++;
+			if (run)
+				e = weir_map_at(f, h, m->base + pg * 4096, run * 4096, m->off + pg * 4096);
+			pg += run ? run : 1;
+		}
+		if (!e) {
 			m->handle = h;
-		else if (h)
+			continue;
+		}
+		if (h)
 			weir_close(f, h);
+		/* Its pages stay mapped, held only by the parent's pins: say so. */
+		char msg[160];
+		int n = snprintf(msg, sizeof msg, "weir: a forked child could not pin its MAP_SHARED mapping of a weir file again (%s): "
+						  "it may read zeros once its parent unmaps it\n", strerror(-e));
+		init_write();
+		if (n > 0)
+			real_write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
 	}
 	pthread_mutex_unlock(&wmap_mu);
 }
@@ -3490,11 +3528,16 @@ static long wopenat2(int dirfd, const char *path, const struct wopen_how *how, s
 		return -2; /* the kernel's */
 	if ((how->resolve & 0x18) && (path[0] == '/' || has_dotdot(path)))
 		return fail(EXDEV);
+	/* RESOLVE_NO_SYMLINKS refuses every link (ELOOP); RESOLVE_BENEATH and
+	 * RESOLVE_IN_ROOT every link too (EXDEV), stricter than Linux, which
+	 * follows one that stays beneath. */
+	int strict = (how->resolve & 0x04) ? ELOOP : (how->resolve & 0x18) ? EXDEV : 0;
+	weir_no_links(strict);
 	long fd = wopen(r.w, (int)how->flags, (mode_t)how->mode);
+	weir_no_links(0);
 	if (fd != FOLLOWED)
 		return fd;
-	/* A link led out of weir. (Links inside weir are followed as
-	 * RESOLVE_NO_SYMLINKS and RESOLVE_NO_MAGICLINKS did not ask.) */
+	/* A link led out of weir. */
 	if (how->resolve & 0x1d) /* RESOLVE_NO_XDEV, _NO_SYMLINKS, _BENEATH, _IN_ROOT */
 		return fail((how->resolve & 0x04) ? ELOOP : EXDEV);
 	AGAIN(syscall(SYS_openat2, AT_FDCWD, ext, how, size));
@@ -3954,10 +3997,12 @@ static void fork_prepare(void)
 	pthread_mutex_lock(&cwd_mu);
 	pthread_mutex_lock(&cache_mu);
 	pthread_mutex_lock(&aio_mu);
+	pthread_mutex_lock(&wmap_mu);
 }
 
 static void fork_parent(void)
 {
+	pthread_mutex_unlock(&wmap_mu);
 	pthread_mutex_unlock(&aio_mu);
 	pthread_mutex_unlock(&cache_mu);
 	pthread_mutex_unlock(&cwd_mu);

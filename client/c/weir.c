@@ -826,17 +826,22 @@ int weir_route(const char *mount, const char *in, char *w, size_t wcap, char *ho
  * absolute target leads out. */
 static int chase(weir_fs *fs, char *p, size_t start, size_t end, const char *target)
 {
-	char full[3 * (WEIR_MAX_PATH + 1)], host[3 * (WEIR_MAX_PATH + 1)], w[WEIR_MAX_PATH + 1];
+	enum { CAP = 2 * (WEIR_MAX_PATH + 1) };
 	int n;
 	if (target && target[0] != '/') {
+		char full[WEIR_MAX_PATH + 1];
 		n = snprintf(full, sizeof full, "%.*s%s%s", (int)start, p, target, p + end);
 		if (n < 0 || (size_t)n > WEIR_MAX_PATH)
 			return -ENAMETOOLONG;
 		memcpy(p, full, (size_t)n + 1);
 		return 0;
 	}
+	/* (On the heap: a call's stack is the program's, which may be small.) */
+	char *full = malloc(3 * CAP), *host = full + CAP, *w = host + CAP;
+	if (!full)
+		return -ENOMEM;
 	if (target) {
-		n = snprintf(full, sizeof full, "%s%s", target, p + end);
+		n = snprintf(full, CAP, "%s%s", target, p + end);
 	} else {
 		/* The mount's parent, then the rest ("/" is its own parent). */
 		const char *m = fs->mount[0] ? fs->mount : "/";
@@ -848,31 +853,33 @@ static int chase(weir_fs *fs, char *p, size_t start, size_t end, const char *tar
 			while (*rest == '/')
 				rest++;
 			memmove(p, *rest ? rest : ".", strlen(*rest ? rest : ".") + 1);
+			free(full);
 			return 0;
 		}
-		n = snprintf(full, sizeof full, "%.*s%s", (int)(dl > 1 ? dl - 1 : 1), m, p + end);
+		n = snprintf(full, CAP, "%.*s%s", (int)(dl > 1 ? dl - 1 : 1), m, p + end);
 	}
-	if (n < 0 || (size_t)n >= sizeof full)
-		return -ENAMETOOLONG;
-	int in = fs->mount[0] ? weir_route(fs->mount, full, w, sizeof w, host, sizeof host) : 0;
-	if (in < 0)
-		return -ENAMETOOLONG;
-	if (in) {
-		strcpy(p, w);
-		return 0;
+	int rc = -ENAMETOOLONG;
+	if (n >= 0 && n < CAP) {
+		int in = fs->mount[0] ? weir_route(fs->mount, full, w, WEIR_MAX_PATH + 1, host, CAP) : 0;
+		if (in == 1) {
+			strcpy(p, w);
+			rc = 0;
+		} else if (in == 0 && (size_t)n <= WEIR_MAX_PATH) {
+			/* Out of weir: the host path as it is, for the kernel to
+			 * resolve (its ".." after a host link is the kernel's). */
+			memcpy(followed_path, full, (size_t)n + 1);
+			rc = 1;
+		}
 	}
-	if (!fs->mount[0] && !weir_normalize(full, host, sizeof host))
-		return -ENAMETOOLONG;
-	size_t hl = strlen(host);
-	if (full[n - 1] == '/' && hl > 1 && hl + 1 < sizeof host) {
-		host[hl++] = '/'; /* (a trailing slash stays) */
-		host[hl] = 0;
-	}
-	if (hl > WEIR_MAX_PATH)
-		return -ENAMETOOLONG;
-	memcpy(followed_path, host, hl + 1);
-	return 1;
+	free(full);
+	return rc;
 }
+
+/* no_links, while set (weir_no_links), ends a call at the first link:
+ * the errno to answer. */
+static __thread int no_links;
+
+void weir_no_links(int err) { no_links = err > 0 ? -err : err; }
 
 /* The most links one call follows (Linux's MAXSYMLINKS: then ELOOP). */
 #define MAX_LINKS 40
@@ -923,7 +930,9 @@ static int64_t pcall(weir_fs *fs, uint8_t op, uint32_t arg, const void *pre, siz
 			break;
 		}
 		if (above) {
-			/* ".." of weir's root: the mount's parent, then the rest. */
+			/* ".." of weir's root: the mount's parent, then the rest. (Not
+			 * a link: each takes a ".." off the path, so it ends.) */
+			links--;
 			int c = chase(fs, p, start, end, NULL);
 			if (c != 0) {
 				res = c < 0 ? c : -(int64_t)WEIR_ERR_FOLLOW;
@@ -933,12 +942,20 @@ static int64_t pcall(weir_fs *fs, uint8_t op, uint32_t arg, const void *pre, siz
 			}
 			continue;
 		}
-		char prefix[WEIR_MAX_PATH + 1], target[WEIR_MAX_PATH + 1];
-		memcpy(prefix, p, end);
-		prefix[end] = 0;
-		int64_t t = pcall(fs, WEIR_OP_READLINK, 0, NULL, 0, prefix, NULL, target, WEIR_MAX_PATH, NULL, NULL);
-		if (t == -EINVAL)
-			continue; /* no link any more: it changed in between */
+		if (no_links) {
+			res = no_links; /* (openat2's RESOLVE_* flags: weir_no_links) */
+			break;
+		}
+		/* One READLINK of p[:end], not followed further: an answer that
+		 * it met a link on the way (the path changed in between) sends
+		 * the outer loop round again, counted as a link. */
+		uint8_t rb[2 + WEIR_MAX_PATH];
+		char target[WEIR_MAX_PATH + 1];
+		put16(rb, (uint16_t)end);
+		memcpy(rb + 2, p, end);
+		int64_t t = call(&fs->meta, WEIR_OP_READLINK, 0, WEIR_ROOT_HANDLE, 0, rb, 2 + end, target, WEIR_MAX_PATH, NULL);
+		if (t == -EINVAL || t == -(int64_t)WEIR_ERR_FOLLOW)
+			continue; /* no link there any more: it changed in between */
 		if (t < 0) {
 			res = t;
 			break;
@@ -1495,29 +1512,46 @@ int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out)
 /* The most pages one WEIR_OP_MAP_PIN pins (proto: maxPinPages). */
 #define MAX_PIN_PAGES (1u << 20)
 
-int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off)
+/* pin_pages is the page count of a pin of len bytes at off; 0 if the
+ * range is not one io pins. */
+static uint64_t pin_pages(size_t len, uint64_t off)
 {
 	uint64_t n = (len + WEIR_CACHE_PAGE_SIZE - 1) / WEIR_CACHE_PAGE_SIZE;
-	if (off % WEIR_CACHE_PAGE_SIZE || n == 0 || n > MAX_PIN_PAGES || off / WEIR_CACHE_PAGE_SIZE + n > WEIR_CACHE_MAX_CAPACITY / WEIR_CACHE_PAGE_SIZE)
+	if (off % WEIR_CACHE_PAGE_SIZE || n == 0 || n > MAX_PIN_PAGES ||
+	    off / WEIR_CACHE_PAGE_SIZE + n > WEIR_CACHE_MAX_CAPACITY / WEIR_CACHE_PAGE_SIZE)
+		return 0;
+	return n;
+}
+
+int weir_map_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off)
+{
+	uint64_t n = pin_pages(len, off);
+	if (!n)
 		return -EINVAL;
 	int64_t res = io_call(fs, WEIR_OP_MAP_PIN, (uint32_t)n, handle, off, NULL, 0, NULL, 0, NULL);
-	if (res < 0)
-		return (int)res;
+	return res < 0 ? (int)res : 0;
+}
+
+int weir_map_at(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off)
+{
+	uint64_t n = pin_pages(len, off);
+	if (!n)
+		return -EINVAL;
 	uint64_t tag = 0;
-	res = io_call(fs, WEIR_OP_CACHE_MAP, 0, handle, 0, NULL, 0, NULL, 0, &tag);
+	int64_t res = io_call(fs, WEIR_OP_CACHE_MAP, 0, handle, 0, NULL, 0, NULL, 0, &tag);
 	int fd = res < 0 ? (int)res : take_file(fs, tag);
 	int e = fd < 0 ? fd : 0;
 	struct stat st;
 	uint8_t h[WEIR_CACHE_HEADER_SIZE];
-	/* The header is checked before anything is mapped (§2), and the
-	 * memfd must hold every page mapped (a load past its end would be
-	 * SIGBUS). */
+	/* The header is checked before anything is mapped (§2); the memfd
+	 * must hold every page mapped, and be sealed against shrinking, or a
+	 * load could be SIGBUS. */
 	if (!e && (fstat(fd, &st) != 0 || pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h))
 		e = -EPROTO;
 	uint64_t p0 = off / WEIR_CACHE_PAGE_SIZE, p1 = p0 + n;
 	if (!e && (get32(h) != WEIR_CACHE_MAGIC || (h[4] | h[5] << 8) != WEIR_CACHE_VERSION || (h[6] | h[7] << 8) != WEIR_CACHE_PAGE_SHIFT ||
 		   get32(h + WEIR_CACHE_OFF_CHUNK_PAGES) != WEIR_CACHE_CHUNK_PAGES ||
-		   (uint64_t)st.st_size < weir_cache_page_off(p1 - 1) + WEIR_CACHE_PAGE_SIZE))
+		   (uint64_t)st.st_size < weir_cache_page_off(p1 - 1) + WEIR_CACHE_PAGE_SIZE || !(fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK)))
 		e = -EPROTO;
 	/* One mapping per chunk: a chunk's data pages follow its state page. */
 	for (uint64_t p = p0; !e && p < p1;) {
@@ -1531,8 +1565,17 @@ int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off)
 	}
 	if (fd >= 0)
 		close(fd);
+	return e;
+}
+
+int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off)
+{
+	int e = weir_map_pins(fs, handle, len, off);
 	if (e)
-		io_call(fs, WEIR_OP_MAP_UNPIN, (uint32_t)n, handle, off, NULL, 0, NULL, 0, NULL);
+		return e;
+	e = weir_map_at(fs, handle, addr, len, off);
+	if (e)
+		weir_unmap_pins(fs, handle, len, off);
 	return e;
 }
 

@@ -88,6 +88,10 @@ int weir_close(weir_fs *fs, uint64_t handle);
  * Without a mount every absolute target leads out. */
 int weir_set_mount(weir_fs *fs, const char *mount);
 const char *weir_followed(void);
+/* weir_no_links(err), on the calling thread until weir_no_links(0):
+ * a call that meets a symbolic link fails with err instead of following
+ * it (openat2's RESOLVE_NO_SYMLINKS: ELOOP; RESOLVE_BENEATH: EXDEV). */
+void weir_no_links(int err);
 
 /* weir_normalize resolves ".", ".." and repeated slashes of the absolute
  * path in lexically, into out (cap bytes); 0 if it does not fit. */
@@ -170,6 +174,10 @@ void weir_cache_unmap(weir_cache *c);
  * of its cache per session); -EOPNOTSUPP: io runs without a cache. */
 int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off);
 int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off);
+/* weir_map's two halves: the pins of the range, and its pages mapped at
+ * addr (which needs the range pinned, by this handle or another). */
+int weir_map_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off);
+int weir_map_at(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off);
 
 /* weir_statfs stores the store's room in bytes (free: to the superuser;
  * avail: to anyone); -EOPNOTSUPP where the backend cannot say. */

@@ -288,9 +288,15 @@ func regionCapacity(size int64) uint64 {
 
 // newRegion makes the region of a blob of the given size.
 func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*region, error) {
-	fd, err := unix.MemfdCreate(fmt.Sprintf("weir-cache-%d", ino), unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate(fmt.Sprintf("weir-cache-%d", ino), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, fmt.Errorf("cache region of file %d: memfd_create: %w", ino, err)
+	}
+	// Sealed against shrinking (it only grows): a client that maps its
+	// pages (MAP_SHARED, pins.go) is never made to fault past its end.
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("cache region of file %d: seal: %w", ino, err)
 	}
 	f := os.NewFile(uintptr(fd), "weir-cache")
 	// The clients' description is opened read-only, so that their

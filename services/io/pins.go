@@ -4,6 +4,8 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/weir-storage/weir/services/io/backend"
+
 	"github.com/weir-storage/weir/proto/cache"
 	"github.com/weir-storage/weir/ring"
 )
@@ -25,6 +27,7 @@ import (
 // pinRec is one pinned range of a session.
 type pinRec struct {
 	r      *region
+	id     backend.BlobID
 	p0, p1 uint64
 }
 
@@ -143,7 +146,7 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 		}
 	}
 	r.trunc.RUnlock()
-	s.pins.list = append(s.pins.list, pinRec{r, p0, p1})
+	s.pins.list = append(s.pins.list, pinRec{r, g.blob.id, p0, p1})
 	s.pins.pages += int64(n)
 	return 0, 0
 }
@@ -165,13 +168,12 @@ func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 		return fail(e)
 	}
 	defer s.svc.done(g)
-	r := g.blob.cached.Load()
 	p0 := q.Offset / cache.PageSize
 	p1 := p0 + uint64(q.Arg)
 	s.pins.mu.Lock()
 	defer s.pins.mu.Unlock()
 	for i, pr := range s.pins.list {
-		if pr.r == r && pr.p0 == p0 && pr.p1 == p1 && q.Offset%cache.PageSize == 0 {
+		if pr.id == g.blob.id && pr.p0 == p0 && pr.p1 == p1 && q.Offset%cache.PageSize == 0 {
 			s.pins.list = append(s.pins.list[:i], s.pins.list[i+1:]...)
 			s.releasePinLocked(pr)
 			return 0, 0

@@ -899,6 +899,9 @@ func (se *session) readdir(q *ring.Request) (int64, uint64) {
 	}
 	out := make([]proto.Dirent, 0, len(ents)-i)
 	for _, e := range ents[i:] {
+		if e.Mode == syscall.S_IFLNK && se.features&proto.FeatureLinks == 0 {
+			continue // (a client without links could not decode it)
+		}
 		out = append(out, proto.Dirent{Ino: uint64(e.Ino), Mode: e.Mode, Name: e.Name})
 	}
 	b, n := proto.AppendDirents(nil, out, int(min(q.Length, 1<<30)))
