@@ -706,3 +706,22 @@ except OSError as e:
 		t.Fatalf("MAP_SHARED of a weir file:\n%s\nwant:\n%s", out, want)
 	}
 }
+
+// TestShimOpenat2: openat2(2) through syscall(3), with RESOLVE_* flags,
+// answers on a weir directory as on a kernel one (test_openat2.c).
+func TestShimOpenat2(t *testing.T) {
+	bin := buildC(t, "test_openat2.c", false)
+	s := newShimmed(t)
+	kdir := filepath.Join(t.TempDir(), "k")
+	if err := os.Mkdir(kdir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	want, err := exec.Command(bin, kdir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s on the kernel: %v\n%s", bin, err, want)
+	}
+	got := s.sh("sh", "mkdir /weir/o2 && "+bin+" /weir/o2")
+	if got != string(want) {
+		t.Fatalf("openat2 on weir:\n%s\nkernel:\n%s", got, want)
+	}
+}
