@@ -35,6 +35,7 @@
 #include <elf.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <glob.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
@@ -200,6 +201,12 @@ REAL(DIR *, fdopendir, int)
 REAL(struct dirent *, readdir, DIR *)
 REAL(struct dirent64 *, readdir64, DIR *)
 REAL(int, closedir, DIR *)
+REAL(int, scandirat, int, const char *, struct dirent ***, int (*)(const struct dirent *),
+     int (*)(const struct dirent **, const struct dirent **))
+REAL(int, scandirat64, int, const char *, struct dirent64 ***, int (*)(const struct dirent64 *),
+     int (*)(const struct dirent64 **, const struct dirent64 **))
+REAL(int, glob, const char *, int, int (*)(const char *, int), glob_t *)
+REAL(int, glob64, const char *, int, int (*)(const char *, int), glob64_t *)
 REAL(int, dirfd, DIR *)
 REAL(void, rewinddir, DIR *)
 REAL(long, telldir, DIR *)
@@ -3019,6 +3026,146 @@ int closedir(DIR *dir)
 	free(d->ents);
 	free(d);
 	return close(fd);
+}
+
+/* scandir and glob: glibc's run on its own internal opendir and readdir,
+ * which the shim cannot see, so on weir paths they are the shim's:
+ * scandir reads a weir directory through the shim's streams (and the
+ * kernel's through glibc's), and glob gets the shim's directory and stat
+ * calls through GLOB_ALTDIRFUNC, which serve weir's paths and pass the
+ * kernel's on (a weir cwd makes every relative pattern weir's). */
+#define SCANDIR_BODY(DIRENT, READDIR)                                                         \
+	DIR *dir = dirfd == AT_FDCWD ? opendir(path) : NULL;                                  \
+	if (dirfd != AT_FDCWD) {                                                              \
+		int fd = openat(dirfd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);             \
+		if (fd >= 0 && !(dir = fdopendir(fd)))                                        \
+			close(fd);                                                            \
+	}                                                                                     \
+	if (!dir)                                                                             \
+		return -1;                                                                    \
+	struct DIRENT **list = NULL, *e;                                                      \
+	size_t n = 0, cap = 0;                                                                \
+	int err = 0;                                                                          \
+	while ((e = READDIR(dir)) != NULL) {                                                  \
+		if (filter && !filter(e))                                                     \
+			continue;                                                             \
+		if (n == cap) {                                                               \
+			size_t nc = cap ? cap * 2 : 32;                                       \
+			struct DIRENT **nl = realloc(list, nc * sizeof *nl);                  \
+			if (!nl) {                                                            \
+				err = ENOMEM;                                                 \
+				break;                                                        \
+			}                                                                     \
+			list = nl;                                                            \
+			cap = nc;                                                             \
+		}                                                                             \
+		if (!(list[n] = malloc(sizeof *e))) {                                         \
+			err = ENOMEM;                                                         \
+			break;                                                                \
+		}                                                                             \
+		memcpy(list[n++], e, sizeof *e);                                              \
+	}                                                                                     \
+	closedir(dir);                                                                        \
+	if (err || n > INT_MAX) {                                                             \
+		while (n > 0)                                                                 \
+			free(list[--n]);                                                      \
+		free(list);                                                                   \
+		return fail(err ? err : EOVERFLOW);                                           \
+	}                                                                                     \
+	if (compar)                                                                           \
+		qsort(list, n, sizeof *list, (int (*)(const void *, const void *))compar);    \
+	*out = list;                                                                          \
+	return (int)n
+
+static int wscandirat(int dirfd, const char *path, struct dirent ***out, int (*filter)(const struct dirent *),
+		      int (*compar)(const struct dirent **, const struct dirent **))
+{
+	SCANDIR_BODY(dirent, readdir);
+}
+
+static int wscandirat64(int dirfd, const char *path, struct dirent64 ***out, int (*filter)(const struct dirent64 *),
+			int (*compar)(const struct dirent64 **, const struct dirent64 **))
+{
+	SCANDIR_BODY(dirent64, readdir64);
+}
+
+int scandirat(int dirfd, const char *path, struct dirent ***out, int (*filter)(const struct dirent *),
+	      int (*compar)(const struct dirent **, const struct dirent **))
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		return wscandirat(dirfd, path, out, filter, compar);
+	init_scandirat();
+	return real_scandirat(r.kdir, r.kpath, out, filter, compar);
+}
+
+int scandirat64(int dirfd, const char *path, struct dirent64 ***out, int (*filter)(const struct dirent64 *),
+		int (*compar)(const struct dirent64 **, const struct dirent64 **))
+{
+	ROUTE(dirfd, path, r);
+	if (r.weir)
+		return wscandirat64(dirfd, path, out, filter, compar);
+	init_scandirat64();
+	return real_scandirat64(r.kdir, r.kpath, out, filter, compar);
+}
+
+int scandir(const char *path, struct dirent ***out, int (*filter)(const struct dirent *),
+	    int (*compar)(const struct dirent **, const struct dirent **))
+{
+	return scandirat(AT_FDCWD, path, out, filter, compar);
+}
+
+int scandir64(const char *path, struct dirent64 ***out, int (*filter)(const struct dirent64 *),
+	      int (*compar)(const struct dirent64 **, const struct dirent64 **))
+{
+	return scandirat64(AT_FDCWD, path, out, filter, compar);
+}
+
+/* glob_weir says whether a pattern can name weir's paths. */
+static int glob_weir(const char *pattern)
+{
+	if (!pattern || pattern[0] != '/') {
+		pthread_mutex_lock(&cwd_mu);
+		int on = wcwd_on;
+		pthread_mutex_unlock(&cwd_mu);
+		return on;
+	}
+	size_t ml;
+	const char *m = mount_point(&ml);
+	return ml <= 1 || strncmp(pattern, m, ml) == 0 || has_dotdot(pattern);
+}
+
+static void *glob_opendir(const char *p) { return opendir(p); }
+static void *glob_readdir(void *d) { return readdir(d); }
+static void *glob_readdir64(void *d) { return readdir64(d); }
+static void glob_closedir(void *d) { closedir(d); }
+
+int glob(const char *pattern, int flags, int (*errfunc)(const char *, int), glob_t *g)
+{
+	init_glob();
+	if (!(flags & GLOB_ALTDIRFUNC) && glob_weir(pattern)) {
+		g->gl_opendir = glob_opendir;
+		g->gl_readdir = (struct dirent * (*)(void *)) glob_readdir;
+		g->gl_closedir = glob_closedir;
+		g->gl_stat = (int (*)(const char *, struct stat *))stat;
+		g->gl_lstat = (int (*)(const char *, struct stat *))lstat;
+		flags |= GLOB_ALTDIRFUNC;
+	}
+	return real_glob(pattern, flags, errfunc, g);
+}
+
+int glob64(const char *pattern, int flags, int (*errfunc)(const char *, int), glob64_t *g)
+{
+	init_glob64();
+	if (!(flags & GLOB_ALTDIRFUNC) && glob_weir(pattern)) {
+		g->gl_opendir = glob_opendir;
+		g->gl_readdir = (struct dirent64 * (*)(void *)) glob_readdir64;
+		g->gl_closedir = glob_closedir;
+		g->gl_stat = (int (*)(const char *, struct stat64 *))stat64;
+		g->gl_lstat = (int (*)(const char *, struct stat64 *))lstat64;
+		flags |= GLOB_ALTDIRFUNC;
+	}
+	return real_glob64(pattern, flags, errfunc, g);
 }
 
 void rewinddir(DIR *dir)

@@ -725,3 +725,23 @@ func TestShimOpenat2(t *testing.T) {
 		t.Fatalf("openat2 on weir:\n%s\nkernel:\n%s", got, want)
 	}
 }
+
+// TestShimScandirGlob: scandir(3) and glob(3), whose glibc versions use
+// internal directory calls the shim cannot see, list a weir directory as
+// they list a kernel one (test_dirscan.c), relative patterns after chdir
+// into weir included.
+func TestShimScandirGlob(t *testing.T) {
+	bin := buildC(t, "test_dirscan.c", false)
+	s := newShimmed(t)
+	kdir := t.TempDir()
+	setup := func(d string) string {
+		return "mkdir -p " + d + "/sub && touch " + d + "/a.txt " + d + "/b.txt " + d + "/c.dat " + d + "/sub/x && " + bin + " " + d
+	}
+	want, err := exec.Command("sh", "-c", setup(kdir)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("on the kernel: %v\n%s", err, want)
+	}
+	if got := s.sh("sh", setup("/weir/ds")); got != string(want) {
+		t.Fatalf("scandir and glob on weir:\n%s\nkernel:\n%s", got, want)
+	}
+}
