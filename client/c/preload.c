@@ -1864,10 +1864,32 @@ int mkdirat(int dirfd, const char *path, mode_t mode)
 }
 int mkdir(const char *path, mode_t mode) { return mkdirat(AT_FDCWD, path, mode); }
 
+/* relink2: after the kernel's rename or link of two kernel paths failed,
+ * whether a kernel link led either of them into the mount (relink; the
+ * last component is not followed): then the call is weir's, or EXDEV
+ * between weir and the kernel. errno stays the kernel's otherwise. */
+static int relink2(struct route *a, struct route *b)
+{
+	if (errno != ENOENT && errno != ENOTDIR)
+		return 0;
+	int e = errno;
+	int moved = relink(a, 0);
+	moved |= relink(b, 0);
+	if (!moved)
+		errno = e;
+	return moved;
+}
+
 int renameat2(int olddir, const char *oldpath, int newdir, const char *newpath, unsigned int flags)
 {
 	ROUTE(olddir, oldpath, a);
 	ROUTE(newdir, newpath, b);
+	if (!a.weir && !b.weir) {
+		init_renameat2();
+		int rc = real_renameat2(a.kdir, a.kpath, b.kdir, b.kpath, flags);
+		if (rc == 0 || !relink2(&a, &b))
+			return rc;
+	}
 	if (a.weir != b.weir)
 		return fail(EXDEV); /* between weir and the kernel: another file system */
 	if (a.weir) {
@@ -1887,8 +1909,7 @@ int renameat2(int olddir, const char *oldpath, int newdir, const char *newpath, 
 			  second ? renameat2(AT_FDCWD, host_path(a.w, other), AT_FDCWD, ext, flags)
 				 : renameat2(AT_FDCWD, ext, AT_FDCWD, host_path(b.w, other), flags));
 	}
-	init_renameat2();
-	return real_renameat2(a.kdir, a.kpath, b.kdir, b.kpath, flags);
+	return fail(EXDEV); /* (not reached: neither is weir's only when the kernel answered) */
 }
 int renameat(int olddir, const char *oldpath, int newdir, const char *newpath) { return renameat2(olddir, oldpath, newdir, newpath, 0); }
 int rename(const char *oldpath, const char *newpath) { return renameat2(AT_FDCWD, oldpath, AT_FDCWD, newpath, 0); }
@@ -1902,6 +1923,12 @@ int linkat(int olddir, const char *oldpath, int newdir, const char *newpath, int
 		return fail(ENOENT); /* (linkat of a weir descriptor: weir has no O_TMPFILE to name) */
 	ROUTE(olddir, oldpath, a);
 	ROUTE(newdir, newpath, b);
+	if (!a.weir && !b.weir) {
+		init_linkat();
+		int rc = real_linkat(a.kdir, a.kpath, b.kdir, b.kpath, flags);
+		if (rc == 0 || !relink2(&a, &b))
+			return rc;
+	}
 	if (a.weir != b.weir)
 		return fail(EXDEV);
 	if (a.weir) {
@@ -1913,8 +1940,7 @@ int linkat(int olddir, const char *oldpath, int newdir, const char *newpath, int
 			  second ? linkat(AT_FDCWD, host_path(a.w, other), AT_FDCWD, ext, flags)
 				 : linkat(AT_FDCWD, ext, AT_FDCWD, host_path(b.w, other), flags));
 	}
-	init_linkat();
-	return real_linkat(a.kdir, a.kpath, b.kdir, b.kpath, flags);
+	return fail(EXDEV); /* (not reached) */
 }
 int link(const char *oldpath, const char *newpath) { return linkat(AT_FDCWD, oldpath, AT_FDCWD, newpath, 0); }
 

@@ -538,10 +538,14 @@ cd $K/rel && ls && cd /
 realpath $K/rel/run.sh
 $K/rel/run.sh
 stat -c %F $K/abs; stat -L -c %F $K/abs
+mv $K/abs/f $K/abs/moved && ln $K/abs/moved $K/rel/../hard && ls /weir/target && stat -c %h /weir/target/moved
+mv $K/abs/hard $K/ && cat $K/hard
 ls $K/missing 2>&1 || true; mkdir $K/missing/b 2>&1 || true; rm $K/missing 2>&1 || true
 stat -c %F $K/missing 2>&1 || true; touch -h $K/missing/x 2>&1 | sed "s|$K|K|" || true`)
 	out = strings.ReplaceAll(out, k, "K")
 	want := "through\n8\nf\nsub\nrun.sh\n/weir/target/sub/run.sh\nran\nsymbolic link\ndirectory\n" +
+		// rename and link through a kernel link into weir are weir's.
+		"hard\nmoved\nsub\n2\nthrough\n" +
 		// A kernel path the walk finds no way into weir from keeps the kernel's errno.
 		"ls: cannot access 'K/missing': No such file or directory\nmkdir: cannot create directory 'K/missing/b': No such file or directory\n" +
 		"rm: cannot remove 'K/missing': No such file or directory\nstat: cannot statx 'K/missing': No such file or directory\n" +
