@@ -37,6 +37,7 @@
 #include <errno.h>
 #include <glob.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <grp.h>
 #include <limits.h>
 #include <pthread.h>
@@ -206,6 +207,8 @@ REAL(int, scandirat, int, const char *, struct dirent ***, int (*)(const struct 
 REAL(int, scandirat64, int, const char *, struct dirent64 ***, int (*)(const struct dirent64 *),
      int (*)(const struct dirent64 **, const struct dirent64 **))
 REAL(int, glob, const char *, int, int (*)(const char *, int), glob_t *)
+REAL(int, nftw, const char *, int (*)(const char *, const struct stat *, int, struct FTW *), int, int)
+REAL(int, ftw, const char *, int (*)(const char *, const struct stat *, int), int)
 REAL(int, glob64, const char *, int, int (*)(const char *, int), glob64_t *)
 REAL(int, dirfd, DIR *)
 REAL(void, rewinddir, DIR *)
@@ -3192,6 +3195,194 @@ int glob64(const char *pattern, int flags, int (*errfunc)(const char *, int), gl
 		flags |= GLOB_ALTDIRFUNC;
 	}
 	return real_glob64(pattern, flags, errfunc, g);
+}
+
+/* nftw and ftw on weir paths: glibc's walk uses internal calls, so the
+ * shim walks itself, with its own stat, lstat, opendir and readdir, in
+ * glibc's order of calls: FTW_PHYS, FTW_DEPTH, FTW_CHDIR (the cwd is the
+ * entry's directory while fn runs) and FTW_ACTIONRETVAL as glibc has
+ * them; FTW_MOUNT changes nothing (weir is one file system). */
+struct fwalk {
+	int (*nfn)(const char *, const struct stat *, int, struct FTW *);
+	int (*fn)(const char *, const struct stat *, int);
+	int flags;
+	char path[PATH_MAX];
+	char pre[PATH_MAX]; /* with FTW_CHDIR and a relative path: the cwd it is relative to */
+	char buf[2 * PATH_MAX];
+	/* Directories walked, without FTW_PHYS: one reached again (through a
+	 * link) is passed over, as glibc's walk does. */
+	struct {
+		dev_t dev;
+		ino_t ino;
+	} *seen;
+	size_t nseen, capseen;
+};
+
+/* fwalk_at is the path of w->path the walk's own calls use: absolute
+ * while FTW_CHDIR moves the cwd. */
+static const char *fwalk_at(struct fwalk *w)
+{
+	if (!w->pre[0])
+		return w->path;
+	snprintf(w->buf, sizeof w->buf, "%s/%s", w->pre, w->path);
+	return w->buf;
+}
+
+static int fwalk_call(struct fwalk *w, const struct stat *st, int type, int base, int level)
+{
+	if (w->flags & FTW_CHDIR) {
+		char dir[PATH_MAX];
+		const char *at = fwalk_at(w);
+		int b = base + (int)(at != w->path ? strlen(w->pre) + 1 : 0); /* (the name's offset in at) */
+		snprintf(dir, sizeof dir, "%.*s", b > 1 ? b - 1 : 1, at);
+		if (b > 0 && chdir(dir) != 0)
+			return -1;
+	}
+	if (w->nfn) {
+		struct FTW f = {.base = base, .level = level};
+		return w->nfn(w->path, st, type, &f);
+	}
+	return w->fn(w->path, st, type == FTW_SLN ? FTW_NS : type);
+}
+
+/* fwalk_entry walks w->path (len bytes, its name from base) at level. */
+static int fwalk_entry(struct fwalk *w, size_t len, int base, int level)
+{
+	struct stat st;
+	int phys = (w->flags & FTW_PHYS) != 0, type;
+	if ((phys ? lstat(fwalk_at(w), &st) : stat(fwalk_at(w), &st)) != 0) {
+		if (!phys && lstat(fwalk_at(w), &st) == 0 && S_ISLNK(st.st_mode))
+			type = FTW_SLN;
+		else if (errno == EACCES || errno == ENOENT || errno == ELOOP || errno == ENOTDIR)
+			type = FTW_NS;
+		else
+			return -1;
+	} else if (S_ISLNK(st.st_mode)) {
+		type = FTW_SL;
+	} else if (!S_ISDIR(st.st_mode)) {
+		type = FTW_F;
+	} else {
+		if (!phys) {
+			for (size_t i = 0; i < w->nseen; i++)
+				if (w->seen[i].dev == st.st_dev && w->seen[i].ino == st.st_ino)
+					return 0;
+			if (w->nseen == w->capseen) {
+				size_t cap = w->capseen ? w->capseen * 2 : 16;
+				void *n = realloc(w->seen, cap * sizeof *w->seen);
+				if (!n)
+					return fail(ENOMEM);
+				w->seen = n;
+				w->capseen = cap;
+			}
+			w->seen[w->nseen].dev = st.st_dev;
+			w->seen[w->nseen++].ino = st.st_ino;
+		}
+		DIR *d = opendir(fwalk_at(w));
+		if (!d)
+			return fwalk_call(w, &st, FTW_DNR, base, level);
+		int rc = 0;
+		if (!(w->flags & FTW_DEPTH)) {
+			rc = fwalk_call(w, &st, FTW_D, base, level);
+			if ((w->flags & FTW_ACTIONRETVAL) && rc == FTW_SKIP_SUBTREE) {
+				closedir(d);
+				return 0;
+			}
+			if (rc != 0) {
+				closedir(d);
+				return rc;
+			}
+		}
+		struct dirent64 *e;
+		while ((e = readdir64(d)) != NULL) {
+			if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+				continue;
+			size_t nl = strlen(e->d_name);
+			if (len + 1 + nl >= sizeof w->path) {
+				closedir(d);
+				return fail(ENAMETOOLONG);
+			}
+			size_t at = len;
+			if (len == 0 || w->path[len - 1] != '/')
+				w->path[at++] = '/';
+			memcpy(w->path + at, e->d_name, nl + 1);
+			rc = fwalk_entry(w, at + nl, (int)at, level + 1);
+			w->path[len] = 0;
+			if ((w->flags & FTW_ACTIONRETVAL) && rc == FTW_SKIP_SIBLINGS) {
+				rc = 0;
+				break;
+			}
+			if (rc != 0) {
+				closedir(d);
+				return rc;
+			}
+		}
+		closedir(d);
+		return (w->flags & FTW_DEPTH) ? fwalk_call(w, &st, FTW_DP, base, level) : 0;
+	}
+	int rc = fwalk_call(w, &st, type, base, level);
+	return ((w->flags & FTW_ACTIONRETVAL) && (rc == FTW_SKIP_SUBTREE || rc == FTW_SKIP_SIBLINGS)) ? 0 : rc;
+}
+
+static int fwalk(struct fwalk *w, const char *dir)
+{
+	size_t len = strlen(dir);
+	if (len == 0)
+		return fail(ENOENT);
+	if (len >= sizeof w->path)
+		return fail(ENAMETOOLONG);
+	memcpy(w->path, dir, len + 1);
+	int base = (int)len;
+	while (base > 0 && w->path[base - 1] == '/')
+		base--;
+	while (base > 0 && w->path[base - 1] != '/')
+		base--;
+	char cwd[PATH_MAX];
+	int back = (w->flags & FTW_CHDIR) && getcwd(cwd, sizeof cwd);
+	if (back && dir[0] != '/')
+		snprintf(w->pre, sizeof w->pre, "%s", cwd);
+	int rc = fwalk_entry(w, len, base, 0);
+	if (back) {
+		int e = errno;
+		if (chdir(cwd) != 0 && rc == 0)
+			rc = -1;
+		errno = e;
+	}
+	return rc;
+}
+
+int nftw(const char *dir, int (*fn)(const char *, const struct stat *, int, struct FTW *), int nopenfd, int flags)
+{
+	ROUTE(AT_FDCWD, dir, r);
+	if (!r.weir) {
+		init_nftw();
+		return real_nftw(dir, fn, nopenfd, flags);
+	}
+	struct fwalk *w = calloc(1, sizeof *w);
+	if (!w)
+		return fail(ENOMEM);
+	w->nfn = fn;
+	w->flags = flags;
+	int rc = fwalk(w, dir);
+	free(w->seen);
+	free(w);
+	return rc;
+}
+
+int ftw(const char *dir, int (*fn)(const char *, const struct stat *, int), int nopenfd)
+{
+	ROUTE(AT_FDCWD, dir, r);
+	if (!r.weir) {
+		init_ftw();
+		return real_ftw(dir, fn, nopenfd);
+	}
+	struct fwalk *w = calloc(1, sizeof *w);
+	if (!w)
+		return fail(ENOMEM);
+	w->fn = fn;
+	int rc = fwalk(w, dir);
+	free(w->seen);
+	free(w);
+	return rc;
 }
 
 void rewinddir(DIR *dir)

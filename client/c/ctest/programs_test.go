@@ -749,3 +749,23 @@ func TestShimScandirGlob(t *testing.T) {
 		t.Fatalf("scandir and glob on weir:\n%s\nkernel:\n%s", got, want)
 	}
 }
+
+// TestShimFtw: nftw(3) and ftw(3) walk a weir directory as they walk a
+// kernel one (test_ftw.c): types, levels, names, links physical or
+// followed, FTW_DEPTH, FTW_CHDIR (relative too), FTW_ACTIONRETVAL.
+func TestShimFtw(t *testing.T) {
+	bin := buildC(t, "test_ftw.c", false)
+	s := newShimmed(t)
+	kdir := filepath.Join(t.TempDir(), "w")
+	setup := func(d string) string {
+		return "mkdir -p " + d + "/sub/deep && touch " + d + "/a " + d + "/sub/b " + d + "/sub/deep/c && ln -s sub/b " + d +
+			"/link && ln -s nowhere " + d + "/dangling && " + bin + " " + d
+	}
+	want, err := exec.Command("sh", "-c", setup(kdir)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("on the kernel: %v\n%s", err, want)
+	}
+	if got := s.sh("sh", setup("/weir/w")); got != string(want) {
+		t.Fatalf("nftw and ftw on weir:\n%s\nkernel:\n%s", got, want)
+	}
+}
