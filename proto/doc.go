@@ -214,7 +214,8 @@
 //	            OpMapUnpin of the same range or the session's end; a write
 //	            into a pinned page stores its bytes in the region. ENOMEM:
 //	            past the pins a session (a quarter of the cache) or all (half)
-//	            may hold; EOPNOTSUPP: no cache
+//	            may hold, or more than 1 GiB past the file's end;
+//	            EOPNOTSUPP: no cache
 //	OpMapUnpin  Handle (of the same file), Offset, Arg: as an OpMapPin's;
 //	            EINVAL: the session pinned no such range
 //	OpReadahead Handle (a readable one), Offset, Arg = bytes (at most 8 MiB):

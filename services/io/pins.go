@@ -38,8 +38,12 @@ type sessionPins struct {
 	pages int64
 }
 
-// maxPinPages bounds one OpMapPin (4 GiB of a file).
-const maxPinPages = 1 << 20
+// maxPinPages bounds one OpMapPin (4 GiB of a file), and maxPinPastEnd
+// how far past the file's end a pin may reach.
+const (
+	maxPinPages   = 1 << 20
+	maxPinPastEnd = 1 << 30
+)
 
 // pinRange adds a pin to every page of [p0, p1); bmu is taken.
 func (r *region) pinRange(p0, p1 uint64) {
@@ -97,6 +101,12 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 	r := s.svc.regionOf(g.blob)
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)
+	}
+	// A region grows to cover what is pinned, and io maps all of it: a
+	// reader may not make it grow far past the file's end (the file's
+	// writers can, as their writes do).
+	if end := q.Offset + n*cache.PageSize; end > uint64(max(g.blob.logical(), 0))+maxPinPastEnd {
+		return fail(syscall.ENOMEM)
 	}
 	pc := s.svc.pc
 	s.pins.mu.Lock()

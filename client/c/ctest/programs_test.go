@@ -695,6 +695,13 @@ try:
     mmap.mmap(fd, 5 << 20, mmap.MAP_SHARED, mmap.PROT_READ)
 except OSError as e:
     print('over the pin limit', e.errno == 12)
+import ctypes  # (python's mmap refuses an offset past the end itself: mmap(2) as C calls it)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+near = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 8 << 20)
+far = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 8 << 30)
+print('past the end', near != ctypes.c_void_p(-1).value, far == ctypes.c_void_p(-1).value and ctypes.get_errno() == 12)
 try:
     mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
 except OSError as e:
@@ -705,7 +712,7 @@ try:
 except OSError as e:
     print('write', e.errno == 19)
 `)
-	want := "2097152 True\nb'XYZW' True True\nafter pressure True\nchild 0\nhundred maps\nover the pin limit True\nwrite on O_RDONLY True\nwrite True\n"
+	want := "2097152 True\nb'XYZW' True True\nafter pressure True\nchild 0\nhundred maps\nover the pin limit True\npast the end True True\nwrite on O_RDONLY True\nwrite True\n"
 	if out != want {
 		t.Fatalf("MAP_SHARED of a weir file:\n%s\nwant:\n%s", out, want)
 	}
