@@ -728,11 +728,14 @@ int weir_set_mount(weir_fs *fs, const char *mount)
 	return 0;
 }
 
-int weir_normalize(const char *in, char *out, size_t cap)
+/* fold resolves ".", ".." and repeated slashes of the absolute path in
+ * lexically into out (cap bytes, not terminated), and returns its length,
+ * or -1 if it does not fit. With a mount (m bytes, more than "/"), it
+ * stops where the folded path reaches the mount and points *rest at the
+ * rest of in, as it is. */
+static ssize_t fold(const char *in, char *out, size_t cap, const char *mount, size_t m, const char **rest)
 {
 	size_t n = 0;
-	if (cap < 2)
-		return 0;
 	for (const char *p = in; *p;) {
 		while (*p == '/')
 			p++;
@@ -750,13 +753,27 @@ int weir_normalize(const char *in, char *out, size_t cap)
 				n--;
 		} else {
 			if (n + 1 + len >= cap)
-				return 0;
+				return -1;
 			out[n++] = '/';
 			memcpy(out + n, p, len);
 			n += len;
+			if (mount && n == m && memcmp(out, mount, m) == 0) {
+				*rest = e; /* into the mount: from here the path is weir's, as it is */
+				break;
+			}
 		}
 		p = e;
 	}
+	return (ssize_t)n;
+}
+
+int weir_normalize(const char *in, char *out, size_t cap)
+{
+	if (cap < 2)
+		return 0;
+	ssize_t n = fold(in, out, cap, NULL, 0, NULL);
+	if (n < 0)
+		return 0;
 	if (n == 0)
 		out[n++] = '/';
 	out[n] = 0;
@@ -765,40 +782,15 @@ int weir_normalize(const char *in, char *out, size_t cap)
 
 int weir_route(const char *mount, const char *in, char *w, size_t wcap, char *host, size_t hcap)
 {
-	size_t m = strlen(mount), n = 0;
+	size_t m = strlen(mount);
+	ssize_t n = 0;
 	while (m > 1 && mount[m - 1] == '/')
 		m--;
 	const char *rest = NULL;
-	if (m <= 1) {
+	if (m <= 1)
 		rest = in; /* (mount "/": every path is weir's) */
-	} else {
-		for (const char *p = in; *p && !rest;) {
-			while (*p == '/')
-				p++;
-			const char *e = p;
-			while (*e && *e != '/')
-				e++;
-			size_t len = (size_t)(e - p);
-			if (len == 0)
-				break;
-			if (len == 1 && p[0] == '.') {
-			} else if (len == 2 && p[0] == '.' && p[1] == '.') {
-				while (n > 0 && host[n - 1] != '/')
-					n--;
-				if (n > 0)
-					n--;
-			} else {
-				if (n + 1 + len >= hcap)
-					return -1;
-				host[n++] = '/';
-				memcpy(host + n, p, len);
-				n += len;
-				if (n == m && memcmp(host, mount, m) == 0)
-					rest = e; /* into the mount: from here the path is weir's, as it is */
-			}
-			p = e;
-		}
-	}
+	else if ((n = fold(in, host, hcap, mount, m, &rest)) < 0)
+		return -1;
 	if (rest) {
 		while (*rest == '/')
 			rest++;
