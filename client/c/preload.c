@@ -3940,21 +3940,55 @@ long syscall(long nr, ...)
  *
  * glibc's execv, execvp, execl... call its internal execve, so each is
  * caught here and comes to execve. */
-static int static_elf(int fd)
+/* elf_kind judges the program in fd: 1 statically linked, 2 a Go program
+ * (its PT_NOTE holds Go's build id note, name "Go", type 4: it makes its system
+ * calls itself, linked statically or not), 0 anything else (a dynamic C
+ * program, a script, not a 64-bit ELF). */
+static int elf_kind(int fd)
 {
 	Elf64_Ehdr h;
 	init_pread();
 	if (real_pread(fd, &h, sizeof h, 0) != (ssize_t)sizeof h || memcmp(h.e_ident, ELFMAG, SELFMAG) != 0 ||
 	    h.e_ident[EI_CLASS] != ELFCLASS64 || h.e_phentsize != sizeof(Elf64_Phdr) || h.e_phnum > 256)
 		return 0; /* not a 64-bit ELF (a script, or another class): not judged */
+	int interp = 0;
 	for (int i = 0; i < h.e_phnum; i++) {
 		Elf64_Phdr ph;
 		if (real_pread(fd, &ph, sizeof ph, (off_t)(h.e_phoff + (uint64_t)i * sizeof ph)) != (ssize_t)sizeof ph)
 			return 0;
 		if (ph.p_type == PT_INTERP)
-			return 0;
+			interp = 1;
+		if (ph.p_type != PT_NOTE || ph.p_filesz > 4096)
+			continue;
+		uint8_t note[4096];
+		if (real_pread(fd, note, ph.p_filesz, (off_t)ph.p_offset) != (ssize_t)ph.p_filesz)
+			continue;
+		for (size_t at = 0; at + 12 <= ph.p_filesz;) {
+			uint32_t namesz, descsz, type;
+			memcpy(&namesz, note + at, 4);
+			memcpy(&descsz, note + at + 4, 4);
+			memcpy(&type, note + at + 8, 4);
+			/* (Go's linker names it "Go\0\0": namesz 4) */
+			if ((namesz == 3 || namesz == 4) && type == 4 && at + 15 <= ph.p_filesz && memcmp(note + at + 12, "Go", 3) == 0)
+				return 2;
+			uint64_t next = at + 12 + ((namesz + 3ull) & ~3ull) + ((descsz + 3ull) & ~3ull);
+			if (next <= at || next > ph.p_filesz)
+				break;
+			at = (size_t)next;
+		}
 	}
-	return 1;
+	return interp ? 0 : 1;
+}
+
+/* names_weir says whether an argument names a path under the mount. */
+static int names_weir(char *const argv[])
+{
+	size_t ml;
+	const char *m = mount_point(&ml);
+	for (int i = 1; argv && argv[i] && ml > 1; i++)
+		if (strncmp(argv[i], m, ml) == 0 && (argv[i][ml] == '/' || argv[i][ml] == 0))
+			return 1;
+	return 0;
 }
 
 static int weir_state(void)
@@ -3969,29 +4003,37 @@ static int weir_state(void)
 	return any;
 }
 
-static void warn_static_fd(int fd, const char *path)
+/* warn_uncaught reports, on stderr, a program the shim cannot serve
+ * (statically linked, or Go) that gets weir state: descriptors or a cwd
+ * it inherits, or an argument naming a weir path. */
+static void warn_uncaught_fd(int fd, const char *path, char *const argv[])
 {
-	if (weir_state() && static_elf(fd)) {
-		char msg[PATH_MAX + 200];
-		int n = snprintf(msg, sizeof msg,
-				 "weir: %s is statically linked: LD_PRELOAD cannot serve it, so it cannot use the weir "
-				 "descriptors or the weir cwd it inherits (they answer EBADF; its cwd is /proc)\n",
-				 path);
-		init_write();
-		if (n > 0)
-			real_write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
-	}
+	int state = weir_state();
+	if (!state && !names_weir(argv))
+		return;
+	int kind = elf_kind(fd);
+	if (!kind)
+		return;
+	char msg[PATH_MAX + 300];
+	int n = snprintf(msg, sizeof msg, "weir: %s %s, so it cannot use %s (%s)\n", path,
+			 kind == 2 ? "is a Go program: it makes its system calls itself, past LD_PRELOAD"
+				   : "is statically linked: LD_PRELOAD cannot serve it",
+			 state ? "the weir descriptors or the weir cwd it inherits" : "the weir paths in its arguments",
+			 state ? "they answer EBADF; its cwd is /proc" : "the kernel has no such paths; a Go program can use weir's Go client");
+	init_write();
+	if (n > 0)
+		real_write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
 }
 
-static void warn_static(const char *path)
+static void warn_uncaught(const char *path, char *const argv[])
 {
-	if (!weir_state())
+	if (!weir_state() && !names_weir(argv))
 		return;
 	init_open();
 	init_close();
 	int fd = real_open(path, O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
-		warn_static_fd(fd, path);
+		warn_uncaught_fd(fd, path, argv);
 		real_close(fd);
 	}
 }
@@ -4039,7 +4081,7 @@ static int wexecve(const char *w, char *const argv[], char *const envp[])
 		real_close(m);
 		return fail(!buf ? ENOMEM : (int)-r);
 	}
-	warn_static_fd(m, w);
+	warn_uncaught_fd(m, w, argv);
 	syscall(SYS_execveat, m, "", argv, envp, AT_EMPTY_PATH);
 	e = errno;
 	init_close();
@@ -4051,7 +4093,7 @@ int execve(const char *path, char *const argv[], char *const envp[])
 {
 	ROUTE(AT_FDCWD, path, r);
 	if (!r.weir) {
-		warn_static(r.kpath);
+		warn_uncaught(r.kpath, argv);
 		init_execve();
 	}
 	KERNEL_OR_RELINK(r, 1, real_execve(r.kpath, argv, envp), wexecve(r.w, argv, envp), execve(ext, argv, envp));

@@ -776,3 +776,32 @@ func TestShimFtw(t *testing.T) {
 		t.Fatalf("nftw and ftw on weir:\n%s\nkernel:\n%s", got, want)
 	}
 }
+
+// TestShimReportsGoPrograms: a Go program makes its system calls itself,
+// past LD_PRELOAD; run with a weir path in its arguments, or from a weir
+// cwd, the shim says so on stderr at exec instead of letting it fail
+// silently.
+func TestShimReportsGoPrograms(t *testing.T) {
+	goBin := need(t, "go", "golang")
+	dir := t.TempDir()
+	src := filepath.Join(dir, "main.go")
+	if err := os.WriteFile(src, []byte("package main\n\nimport (\"fmt\"; \"os\")\n\nfunc main() { _, err := os.Stat(os.Args[len(os.Args)-1]); fmt.Println(err != nil) }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "gostat")
+	build := exec.Command(goBin, "build", "-o", bin, src)
+	build.Dir = dir
+	build.Env = append(os.Environ(), "GOFLAGS=", "GO111MODULE=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	s := newShimmed(t)
+	out := s.sh("sh", bin+" /etc/passwd 2>&1 | grep -c weir; mkdir /weir/g && echo x > /weir/g/f && "+bin+" /weir/g/f 2>&1; cd /weir/g && "+bin+" f 2>&1")
+	out = strings.ReplaceAll(out, bin, "BIN")
+	want := "0\n" + // (no weir path, no weir state: nothing to say)
+		"weir: BIN is a Go program: it makes its system calls itself, past LD_PRELOAD, so it cannot use the weir paths in its arguments (the kernel has no such paths; a Go program can use weir's Go client)\ntrue\n" +
+		"weir: BIN is a Go program: it makes its system calls itself, past LD_PRELOAD, so it cannot use the weir descriptors or the weir cwd it inherits (they answer EBADF; its cwd is /proc)\ntrue\n"
+	if out != want {
+		t.Fatalf("a Go program under the shim:\n%s\nwant:\n%s", out, want)
+	}
+}
