@@ -84,15 +84,11 @@ func (r *region) pinned(p uint64) bool {
 // pages. It grows the region to cover them, fills those inside the file,
 // and pins them all; 0 once they are resident.
 func (s *session) mapPin(q *ring.Request) (int64, uint64) {
-	g, e := s.use(q, accRead)
+	g, e := s.mappable(q)
 	if e != 0 {
 		return fail(e)
 	}
 	defer s.svc.done(g)
-	if g.dirOpens != nil {
-		s.svc.Stats.Denied.Add(1)
-		return fail(syscall.EBADF) // (as OpCacheMap: a direct open)
-	}
 	n := uint64(q.Arg)
 	if q.Offset%cache.PageSize != 0 || n == 0 || n > maxPinPages || q.Offset > cache.MaxCapacity ||
 		n*cache.PageSize > cache.MaxCapacity-q.Offset {
@@ -148,7 +144,7 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 		// Busy pages (a write in flight) are resident once it ends; a page
 		// the memfd could not take is not.
 		for p := p0; p < pe; p++ {
-			if !r.residentWait(p) {
+			if !r.isResident(p) {
 				r.trunc.RUnlock()
 				unpin()
 				return fail(syscall.ENOMEM)
@@ -161,9 +157,8 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 	return 0, 0
 }
 
-// residentWait reports whether page p is resident, filling it again if
-// it is absent (a fill that lost a race with a write's transition).
-func (r *region) residentWait(p uint64) bool {
+// isResident reports whether page p is resident (io's own record).
+func (r *region) isResident(p uint64) bool {
 	r.bmu.Lock()
 	res := bitGet(r.res, p)
 	r.bmu.Unlock()

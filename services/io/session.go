@@ -766,17 +766,11 @@ const errMetadataUnreachable = syscall.EHOSTUNREACH
 // that cannot read gets EBADF; without the cache, EOPNOTSUPP (the client
 // reads through the ring); a client that leaves its socket unread, EAGAIN.
 func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
-	g, e := s.use(q, accRead)
+	g, e := s.mappable(q)
 	if e != 0 {
 		return fail(e)
 	}
 	defer s.svc.done(g)
-	if g.dirOpens != nil {
-		// A direct open (direct.go): a writer's grant ends it, and
-		// could not take a mapping back.
-		s.svc.Stats.Denied.Add(1)
-		return fail(syscall.EBADF)
-	}
 	r := s.svc.regionOf(g.blob)
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)
@@ -790,6 +784,23 @@ func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
 	}
 	s.svc.pc.Maps.Add(1)
 	return 0, tag
+}
+
+// mappable is the grant of a request that maps or pins the handle's cache
+// pages (OpCacheMap, OpMapPin): a readable one, not a direct open's
+// (direct.go: a writer's grant ends it, and could not take a mapping
+// back: EBADF). The caller calls done(g).
+func (s *session) mappable(q *ring.Request) (*grant, syscall.Errno) {
+	g, e := s.use(q, accRead)
+	if e != 0 {
+		return nil, e
+	}
+	if g.dirOpens != nil {
+		s.svc.done(g)
+		s.svc.Stats.Denied.Add(1)
+		return nil, syscall.EBADF
+	}
+	return g, 0
 }
 
 // maxReadaheadHint bounds the bytes one OpReadahead asks for.
