@@ -252,6 +252,11 @@ type ServerStats struct {
 	Wakeups   atomic.Uint64 // futex sleeps ended
 	Damaged   atomic.Bool
 	BusyPolls atomic.Uint64
+	// Follows counts the sleeping pollers an async completion woke to
+	// spin for the request its client sends next (followSpin); FollowHits
+	// those that found it while spinning.
+	Follows    atomic.Uint64
+	FollowHits atomic.Uint64
 }
 
 // ServerSession serves one ring region: it takes descriptors from the SQ,
@@ -295,6 +300,11 @@ type ServerSession struct {
 	inflight atomic.Int32
 	asyncWG  sync.WaitGroup
 	asyncErr atomic.Pointer[error]
+
+	// follow is set by an async completion that found the poller asleep
+	// with nothing else in flight: the poller, woken, spins for the
+	// client's next request (followSpin) instead of going back to sleep.
+	follow atomic.Bool
 
 	// load, when shared (ShareLoad), counts this session's requests in
 	// flight with its siblings'; outstanding is this session's part (a
@@ -534,6 +544,7 @@ func (s *ServerSession) Serve() (err error) {
 	}()
 	var sp spinner
 	var backoff time.Duration
+	var follow spinner
 	for i := 0; ; i++ {
 		if err := s.stopErr(); err != nil {
 			return err
@@ -565,6 +576,17 @@ func (s *ServerSession) Serve() (err error) {
 			s.Stats.BusyPolls.Add(1)
 			pollPause(i)
 		default:
+			if s.follow.Swap(false) {
+				// An async completion woke this poller: its client has
+				// the answer and most often sends again at once (the
+				// next read after a miss). Spinning for it here, while
+				// the client itself wakes, saves the second
+				// cross-process wake-up.
+				if s.spin(&follow) {
+					s.Stats.FollowHits.Add(1)
+					continue
+				}
+			}
 			if !s.spin(&sp) {
 				s.sqBell.sleep(s.readyOrStopped)
 				s.Stats.Wakeups.Add(1)
@@ -682,7 +704,15 @@ func (s *ServerSession) complete(c Completion) {
 		s.fail(err)
 	}
 	s.cqBell.notify()
-	if s.inflight.Add(-1) == s.maxAsync-1 {
+	n := s.inflight.Add(-1)
+	switch {
+	case n == 0 && s.mode != WaitBusyPoll && s.r.load32(s.sqBell.waiters) != 0:
+		// The last request in flight is answered and the poller sleeps:
+		// wake it to spin for the client's next one (Serve, follow).
+		s.follow.Store(true)
+		s.Stats.Follows.Add(1)
+		s.sqBell.notify()
+	case n == s.maxAsync-1:
 		// The poller may be asleep at the bound with descriptors waiting.
 		s.sqBell.notify()
 	}
