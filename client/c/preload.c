@@ -1123,28 +1123,57 @@ static int data_errno(const struct desc *d, int write)
  * -EAGAIN (read through the ring). A handle maps its region at its third
  * read: a file read once or twice does not pay for the mapping. */
 static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
+static weir_cache *desc_cache(struct desc *d)
+{
+	if (DIRECT(d))
+		return NULL;
+	weir_cache *c = __atomic_load_n(&d->cache, __ATOMIC_ACQUIRE);
+	if (c)
+		return c;
+	if (d->nocache || __atomic_add_fetch(&d->reads, 1, __ATOMIC_RELAXED) < 3)
+		return NULL;
+	pthread_mutex_lock(&cache_mu);
+	if (!d->cache && !d->nocache) {
+		weir_cache *m = NULL;
+		if (weir_cache_map(wfs, d->handle, &m) == 0)
+			__atomic_store_n(&d->cache, m, __ATOMIC_RELEASE);
+		else
+			d->nocache = 1; /* (no cache at io, or a broken answer: the ring's) */
+	}
+	c = d->cache;
+	pthread_mutex_unlock(&cache_mu);
+	return c;
+}
+
 static ssize_t cached_read(struct desc *d, void *buf, size_t n, uint64_t off)
 {
-	if (DIRECT(d) || n == 0)
+	if (n == 0)
 		return -EAGAIN;
-	weir_cache *c = __atomic_load_n(&d->cache, __ATOMIC_ACQUIRE);
-	if (!c) {
-		if (d->nocache || __atomic_add_fetch(&d->reads, 1, __ATOMIC_RELAXED) < 3)
-			return -EAGAIN;
-		pthread_mutex_lock(&cache_mu);
-		if (!d->cache && !d->nocache) {
-			weir_cache *m = NULL;
-			if (weir_cache_map(wfs, d->handle, &m) == 0)
-				__atomic_store_n(&d->cache, m, __ATOMIC_RELEASE);
-			else
-				d->nocache = 1; /* (no cache at io, or a broken answer: the ring's) */
+	weir_cache *c = desc_cache(d);
+	return c ? weir_cache_read(c, buf, n, off) : -EAGAIN;
+}
+
+/* file_size is the size lseek's SEEK_END, SEEK_DATA and SEEK_HOLE start
+ * from: the live size in d's cache region's field group, which io keeps
+ * current for every writer (docs/cache-abi.md), with no round trip once
+ * the region is mapped (at the handle's third read or seek, as for
+ * reads); else the metadata service's fstat. (PostgreSQL seeks to the end
+ * of a relation ten times per pgbench transaction.) */
+static int file_size(struct desc *d, int64_t *size)
+{
+	weir_cache *c = desc_cache(d);
+	if (c) {
+		int64_t v = weir_cache_size(c);
+		if (v >= 0) {
+			*size = v;
+			return 0;
 		}
-		c = d->cache;
-		pthread_mutex_unlock(&cache_mu);
-		if (!c)
-			return -EAGAIN;
 	}
-	return weir_cache_read(c, buf, n, off);
+	struct weir_attr a;
+	int e = weir_fstat(wfs, d->handle, &a);
+	if (!e)
+		*size = (int64_t)a.size;
+	return e;
 }
 
 ssize_t read(int fd, void *buf, size_t n)
@@ -1410,8 +1439,7 @@ off_t lseek(int fd, off_t off, int whence)
 	off_t r;
 	int e = d->pg->kind == K_PATH ? -EBADF : 0;
 	lock_pg(d->pg);
-	int64_t base = 0;
-	struct weir_attr a;
+	int64_t base = 0, size = 0;
 	if (!e) {
 		switch (whence) {
 		case SEEK_SET:
@@ -1426,16 +1454,16 @@ off_t lseek(int fd, off_t off, int whence)
 				e = -EINVAL;
 				break;
 			}
-			e = weir_fstat(wfs, d->handle, &a);
+			e = file_size(d, &size);
 			if (e || whence == SEEK_END) {
-				base = a.size;
+				base = size;
 				break;
 			}
 			/* No holes are reported: data everywhere, one hole at the end. */
-			if (off < 0 || off >= a.size)
+			if (off < 0 || off >= size)
 				e = -ENXIO;
 			else if (whence == SEEK_HOLE)
-				off = (off_t)a.size;
+				off = (off_t)size;
 			break;
 		default:
 			e = -EINVAL;

@@ -1603,6 +1603,12 @@ static int64_t cache_size(const weir_cache *c)
 	return -1;
 }
 
+int64_t weir_cache_size(const weir_cache *c)
+{
+	int64_t v = cache_size(c);
+	return v < 0 ? -EAGAIN : v;
+}
+
 ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off)
 {
 	int64_t size = cache_size(c);

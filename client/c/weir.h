@@ -162,6 +162,10 @@ int weir_lock(weir_fs *fs, uint64_t handle, int get, uint8_t type, uint8_t cls, 
 typedef struct weir_cache weir_cache;
 int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out);
 ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off);
+/* weir_cache_size is the file's live size from the region's field group
+ * (every writer's completed writes and truncates included), or -EAGAIN
+ * while it changes: ask the metadata service (weir_fstat). */
+int64_t weir_cache_size(const weir_cache *c);
 void weir_cache_unmap(weir_cache *c);
 
 /* weir_map maps bytes [off, off + len) of the handle's file (off page

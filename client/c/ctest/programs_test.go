@@ -261,7 +261,9 @@ func TestShimFio(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		args := append([]string{"--name=v", fmt.Sprintf("--filename=/weir/fio%d", i), "--size=8m",
 			"--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--output-format=terse"}, job...)
-		out, err := s.cmd(ctx, "fio", args...).CombinedOutput()
+		c := s.cmd(ctx, "fio", args...)
+		c.Dir = t.TempDir() // fio leaves its verify state (local-v-0-verify.state) there
+		out, err := c.CombinedOutput()
 		cancel()
 		// terse: field 5 is the job's error code.
 		f := strings.Split(strings.TrimSpace(string(out)), ";")
@@ -421,12 +423,14 @@ func killAll(t *testing.T, pid int) {
 }
 
 // TestShimReadsSeeWrites: a reader that maps the file's cache region (its
-// third read on) sees what another process writes and truncates, at once.
+// third read on) sees what another process writes and truncates, at once,
+// in its reads and in lseek's SEEK_END, SEEK_HOLE and SEEK_DATA (which take
+// the size from the region).
 func TestShimReadsSeeWrites(t *testing.T) {
 	need(t, "python3", "python3")
 	s := newShimmed(t)
 	out := s.sh("python3", `
-import os, subprocess
+import errno, os, subprocess
 open('/weir/cc', 'w').write('a' * 10000)
 fd = os.open('/weir/cc', os.O_RDONLY)
 for i in range(4):
@@ -434,11 +438,15 @@ for i in range(4):
 subprocess.run(['sh', '-c', 'printf XYZ | dd of=/weir/cc bs=1 seek=9001 conv=notrunc status=none'], check=True)
 print(os.pread(fd, 5, 9000))
 subprocess.run(['truncate', '-s', '9002', '/weir/cc'], check=True)
-print(os.pread(fd, 5, 9000), os.fstat(fd).st_size)
+print(os.pread(fd, 5, 9000), os.fstat(fd).st_size, os.lseek(fd, 0, os.SEEK_END))
 subprocess.run(['sh', '-c', 'printf tail >> /weir/cc'], check=True)
-print(os.pread(fd, 10, 9000))
+print(os.pread(fd, 10, 9000), os.lseek(fd, 0, os.SEEK_END), os.lseek(fd, 9005, os.SEEK_HOLE))
+try:
+    os.lseek(fd, 9006, os.SEEK_DATA)
+except OSError as e:
+    print(e.errno == errno.ENXIO)
 `)
-	if want := "b'aXYZa'\nb'aX' 9002\nb'aXtail'\n"; out != want {
+	if want := "b'aXYZa'\nb'aX' 9002 9002\nb'aXtail' 9006 9006\nTrue\n"; out != want {
 		t.Fatalf("reads after other processes' writes: %q, want %q", out, want)
 	}
 }
