@@ -25,12 +25,12 @@ import (
 // fileCache is a file's mapping of its cache region in one session
 // generation.
 type fileCache struct {
-	gen uint64
-	f   *os.File // the region's memfd (a read-only description)
+	gen   uint64
+	f, df *os.File // the region's meta and data memfds (read-only descriptions)
 
-	mu  sync.RWMutex // readers hold it shared; remap and unmap exclusive
-	mem mmap.MMap    // nil once unmapped
-	cr  *cache.Region
+	mu        sync.RWMutex // readers hold it shared; remap and unmap exclusive
+	mem, dmem mmap.MMap    // nil once unmapped
+	cr        *cache.Region
 }
 
 // mapAfterReads: a handle maps its region at its third read. Mapping costs
@@ -93,48 +93,71 @@ func (fl *File) mapCache(c *conn) (*fileCache, error) {
 	if err != nil {
 		return nil, err
 	}
-	fc := &fileCache{gen: c.gen, f: f}
+	df, err := c.data.ReceiveFile(ctx, comp.Aux+1)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	fc := &fileCache{gen: c.gen, f: f, df: df}
 	if err := fc.remap(); err != nil {
 		f.Close()
+		df.Close()
 		return nil, err
 	}
 	return fc, nil
 }
 
-// remap maps the whole memfd as it is now (the service grows it, never
-// shrinks it). fc.mu is held exclusive, or fc is not shared yet.
+// remap maps both memfds whole as they are now (the service grows them,
+// never shrinks them). fc.mu is held exclusive, or fc is not shared yet.
 func (fc *fileCache) remap() error {
-	st, err := fc.f.Stat()
+	var ms [2]mmap.MMap
+	for i, f := range []*os.File{fc.f, fc.df} {
+		st, err := f.Stat()
+		if err == nil && (st.Size() < int64(1-i)*cache.HeaderSize || st.Size() > int64(^uint(0)>>1)) {
+			err = fmt.Errorf("cache region memfd of %d bytes", st.Size())
+		}
+		if err == nil && st.Size() > 0 {
+			ms[i], err = mmap.MapRegion(f, int(st.Size()), mmap.RDONLY, 0, 0)
+		}
+		if err != nil {
+			if ms[0] != nil {
+				ms[0].Unmap()
+			}
+			return fmt.Errorf("map the cache region: %w", err)
+		}
+	}
+	cr, err := cache.Attach(ms[0], ms[1])
 	if err != nil {
+		ms[0].Unmap()
+		if ms[1] != nil {
+			ms[1].Unmap()
+		}
 		return err
 	}
-	if st.Size() < cache.HeaderSize || st.Size() > int64(^uint(0)>>1) {
-		return fmt.Errorf("cache region of %d bytes", st.Size())
-	}
-	m, err := mmap.MapRegion(fc.f, int(st.Size()), mmap.RDONLY, 0, 0)
-	if err != nil {
-		return fmt.Errorf("map the cache region: %w", err)
-	}
-	cr, err := cache.Attach(m)
-	if err != nil {
-		m.Unmap()
-		return err
-	}
-	if fc.mem != nil {
-		fc.mem.Unmap()
-	}
-	fc.mem, fc.cr = m, cr
+	fc.unmapLocked()
+	fc.mem, fc.dmem, fc.cr = ms[0], ms[1], cr
 	return nil
 }
 
-// unmap releases the mapping and the memfd, once no read uses them.
+// unmapLocked unmaps both mappings; fc.mu is held exclusive.
+func (fc *fileCache) unmapLocked() {
+	if fc.mem != nil {
+		fc.mem.Unmap()
+	}
+	if fc.dmem != nil {
+		fc.dmem.Unmap()
+	}
+	fc.mem, fc.dmem, fc.cr = nil, nil, nil
+}
+
+// unmap releases the mappings and the memfds, once no read uses them.
 func (fc *fileCache) unmap() {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
 	if fc.mem != nil {
-		fc.mem.Unmap()
-		fc.mem, fc.cr = nil, nil
+		fc.unmapLocked()
 		fc.f.Close()
+		fc.df.Close()
 	}
 }
 

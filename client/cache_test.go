@@ -143,6 +143,9 @@ func TestHostileCannotWriteItsRegion(t *testing.T) {
 	if _, err := unix.Mmap(int(mf.Fd()), 0, int(st.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); !errors.Is(err, unix.EACCES) {
 		t.Fatalf("writable mmap of the region: %v, want EACCES", err)
 	}
+	if _, err := unix.Mmap(int(client.CacheDataFile(f).Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); !errors.Is(err, unix.EACCES) {
+		t.Fatalf("writable mmap of the region's data: %v, want EACCES", err)
+	}
 	mem, err := unix.Mmap(int(mf.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
@@ -234,7 +237,8 @@ func storeFaults(mem []byte, off int) (faulted bool) {
 // service's scrub frees them, so that they do not outlive the offender.
 func TestHostileFaultsAreScrubbed(t *testing.T) {
 	fsys, st := newFS(t)
-	_, mf := mappedFile(t, fsys, "faults", 64<<10)
+	ff, _ := mappedFile(t, fsys, "faults", 64<<10)
+	mf := client.CacheDataFile(ff) // the file's pages
 	fi, err := mf.Stat()
 	if err != nil {
 		t.Fatal(err)

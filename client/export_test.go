@@ -1,7 +1,10 @@
 package client
 
 import (
+	"context"
+	"errors"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -62,4 +65,39 @@ func RefuseCloseRide(f *FS) bool {
 	time.Sleep(5 * closeLinger)
 	f.late.giveBack(r)
 	return true
+}
+
+// CacheDataFile returns the data memfd of f's cache region as f mapped it
+// (nil if it has not mapped it).
+func CacheDataFile(f *File) *os.File {
+	f.cmu.Lock()
+	defer f.cmu.Unlock()
+	if f.fcache == nil {
+		return nil
+	}
+	return f.fcache.df
+}
+
+// IOCall sends op with arg and offset for f's granted handle to the IO
+// service and returns the completion's result and Aux (a negative result
+// is the errno), and the file passed with Aux when withFile is set: a
+// test's hostile or raw use of the map operations.
+func IOCall(f *File, op uint8, arg uint32, offset uint64, withFile bool) (int64, *os.File, error) {
+	c := f.fs.current()
+	h, err := f.grantedHandle(c)
+	if err != nil {
+		return 0, nil, err
+	}
+	comp, err := call(bgctx, c.data, op, arg, h, offset, nil, nil)
+	var en syscall.Errno
+	if errors.As(err, &en) {
+		return -int64(en), nil, nil
+	}
+	if err != nil || !withFile {
+		return comp.Result, nil, err
+	}
+	ctx, cancel := context.WithTimeout(bgctx, 5*time.Second)
+	defer cancel()
+	mf, err := c.data.ReceiveFile(ctx, comp.Aux)
+	return comp.Result, mf, err
 }

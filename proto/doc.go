@@ -205,19 +205,29 @@
 //	            hold is no error; EINVAL: not a direct handle)
 //	OpGetAttr   Handle; out: i64 size, i64 mtime, u8 changed
 //	OpCacheMap  Handle (a readable one); result 0, Aux = tag: the file's
-//	            cache region (docs/cache-abi.md), a read-only memfd, comes
-//	            on the session socket with that tag (ring.Client.ReceiveFile)
+//	            cache region (docs/cache-abi.md), read-only descriptions of
+//	            its meta memfd (with tag) and its data memfd (with tag+1),
+//	            come on the session socket (ring.Client.ReceiveFile)
 //	OpMapPin    Handle (a readable one), Offset (page aligned), Arg = pages
-//	            (at most 2^20): the service grows the file's cache region to
-//	            cover them, fills those inside the file and keeps them all
-//	            resident (a client maps them: the shim's MAP_SHARED) until
-//	            OpMapUnpin of the same range or the session's end; a write
-//	            into a pinned page stores its bytes in the region. ENOMEM:
-//	            past the pins a session (a quarter of the cache) or all (half)
-//	            may hold, or more than 1 GiB past the file's end;
-//	            EOPNOTSUPP: no cache
+//	            (at most 2^20), with MapPinWritable (bit 31) for a writable
+//	            mapping's (the handle must write: EBADF): the service grows
+//	            the file's cache region to cover them, fills those inside
+//	            the file and keeps them all resident (a client maps them:
+//	            the shim's MAP_SHARED) until OpMapUnpin of the same range
+//	            or the session's end; a write into a pinned page stores its
+//	            bytes in the region. ENOMEM: past the pins a session (a
+//	            quarter of the cache) or all (half) may hold, or more than
+//	            1 GiB past the file's end; EOPNOTSUPP: no cache
 //	OpMapUnpin  Handle (of the same file), Offset, Arg: as an OpMapPin's;
+//	            a writable pin's pages become dirty first (OpMapSync);
 //	            EINVAL: the session pinned no such range
+//	OpMapSync   Handle (one that writes), Offset, Arg = pages inside one
+//	            writable pin of the session's (EINVAL: none): the resident
+//	            pages inside the file become dirty and the file modified,
+//	            for what the client stored through its mapping (msync)
+//	OpMapWritable Handle (one that writes: EBADF); result 0, Aux = tag: a
+//	            read-write description of the region's data memfd comes on
+//	            the session socket (a writable MAP_SHARED mapping)
 //	OpReadahead Handle (a readable one), Offset, Arg = bytes (at most 8 MiB):
 //	            the service starts filling them into the cache and answers 0
 //	            at once

@@ -122,7 +122,14 @@ const (
 	OpStatFS    uint8 = 0x4b
 	OpMapPin    uint8 = 0x4c
 	OpMapUnpin  uint8 = 0x4d
+	OpMapSync   uint8 = 0x4e
+	// OpMapWritable is the writable counterpart of OpCacheMap (a data
+	// memfd read-write).
+	OpMapWritable uint8 = 0x4f
 )
+
+// MapPinWritable in OpMapPin's Arg marks a writable mapping's pin.
+const MapPinWritable = 1 << 31
 
 // Opcode ranges of the two services; both lie above the ring's own
 // opcodes (ring.OpFirstService, checked by a test).

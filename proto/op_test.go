@@ -30,6 +30,7 @@ func TestOpcodesPinned(t *testing.T) {
 		{"OpCacheMap", OpCacheMap, 0x46}, {"OpReadahead", OpReadahead, 0x47}, {"OpClaim", OpClaim, 0x48},
 		{"OpClaimDir", OpClaimDir, 0x49}, {"OpRelease", OpRelease, 0x4a},
 		{"OpStatFS", OpStatFS, 0x4b}, {"OpMapPin", OpMapPin, 0x4c}, {"OpMapUnpin", OpMapUnpin, 0x4d},
+		{"OpMapSync", OpMapSync, 0x4e}, {"OpMapWritable", OpMapWritable, 0x4f},
 	}
 	seen := map[uint8]string{}
 	for _, p := range pinned {

@@ -244,6 +244,7 @@ REAL(int, mkostemps, char *, int, int)
 REAL(char *, mkdtemp, char *)
 REAL(void *, mmap, void *, size_t, int, int, int, off_t)
 REAL(int, munmap, void *, size_t)
+REAL(int, msync, void *, size_t, int)
 REAL(long, syscall, long, ...)
 REAL(int, execve, const char *, char *const[], char *const[])
 
@@ -1488,8 +1489,27 @@ off_t lseek(int fd, off_t off, int whence)
 
 off64_t lseek64(int fd, off64_t off, int whence) { return lseek(fd, (off_t)off, whence); }
 
+static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handle);
+static size_t nwritable; /* writable MAP_SHARED mappings of weir files (struct wmap), read without a lock */
+
+/* file_sync is fsync of a file: what this process stored through its
+ * writable mappings of it first (sync_maps), as the kernel's fsync
+ * writes a file's dirty mapped pages. */
+static int file_sync(struct desc *d)
+{
+	if (__atomic_load_n(&nwritable, __ATOMIC_ACQUIRE) != 0) {
+		struct weir_attr at;
+		int e = weir_fstat(wfs, d->handle, &at);
+		if (!e)
+			e = sync_maps(NULL, NULL, at.ino, NULL);
+		if (e)
+			return e;
+	}
+	return weir_fsync(wfs, d->handle);
+}
+
 /* fsync of a directory: weir's namespace is durable when a call returns. */
-static int do_sync(struct desc *d) { return d->pg->kind == K_FILE ? weir_fsync(wfs, d->handle) : d->pg->kind == K_PATH ? -EBADF : 0; }
+static int do_sync(struct desc *d) { return d->pg->kind == K_FILE ? file_sync(d) : d->pg->kind == K_PATH ? -EBADF : 0; }
 
 int fsync(int fd)
 {
@@ -1516,7 +1536,7 @@ int sync_file_range(int fd, off64_t off, off64_t n, unsigned int flags)
 	FD_OR_KERNEL(fd, d, real_sync_file_range(fd, off, n, flags));
 	int e = off < 0 || n < 0 || (flags & ~7u) ? -EINVAL : d->pg->kind != K_FILE ? -ESPIPE : 0;
 	if (!e && (flags & SYNC_FILE_RANGE_WRITE))
-		e = weir_fsync(wfs, d->handle);
+		e = file_sync(d);
 	put(d);
 	return e ? fail(-e) : 0;
 }
@@ -2674,21 +2694,29 @@ int lockf(int fd, int cmd, off_t len)
 }
 int lockf64(int fd, int cmd, off64_t len) { return lockf(fd, cmd, (off_t)len); }
 
-/* MAP_SHARED mappings of weir files: the pages of io's cache region,
- * mapped read-only in place (weir_map), which io keeps resident while
+/* MAP_SHARED mappings of weir files: the pages of io's cache region (its
+ * data memfd) mapped in place (weir_map), which io keeps resident while
  * they are mapped (its pins), so that loads see every write to the file
- * at once, as with the kernel's page cache. A mapping holds a handle of
- * its own (the description's, through its ticket), so that it outlives
- * the descriptor's close, as a kernel mapping does, and a forked child
- * pins them again in its own session. munmap ends them. Not built:
- * PROT_WRITE (stores would go into io's cache behind its back: the writer
- * side of docs/cache-abi.md is not built), PROT_EXEC; mremap of one keeps
- * its pins until the process ends. */
+ * at once, as with the kernel's page cache. With PROT_WRITE (a descriptor
+ * open for writing) the data memfd is mapped read-write: stores are in
+ * io's cache at once, seen by every read and every other mapping, and io
+ * makes the pages dirty (so that write-back and fsync take them) at
+ * msync, before an fsync or fdatasync of the file in this process, at
+ * munmap, and at the session's end (a process that dies): as the kernel,
+ * a store reaches the device without msync, by the next write-back. A
+ * mapping holds a handle of its own (the description's, through its
+ * ticket), so that it outlives the descriptor's close, as a kernel mapping
+ * does, and a forked child pins them again in its own session. munmap
+ * ends them. Not built: PROT_EXEC; mprotect(PROT_WRITE) of a mapping made
+ * without it (EACCES: the pages are mapped from a read-only description);
+ * mremap of one keeps its pins until the process ends. */
 struct wmap {
 	uint8_t *base;
 	size_t len, left; /* bytes mapped; bytes not yet unmapped */
 	uint64_t handle, off;
-	int flags; /* the description's open flags */
+	uint64_t ino; /* writable ones: the file's (fsync syncs them first) */
+	int flags;    /* the description's open flags */
+	int write;    /* mapped read-write (a writable pin) */
 	uint8_t ticket[WEIR_TICKET_SIZE];
 	uint64_t *live; /* bit per page: still mapped (a munmap of part clears its bits) */
 };
@@ -2700,11 +2728,12 @@ static size_t nwmaps, capwmaps; /* (nwmaps read without the lock: munmap's fast 
 
 static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int flags, off_t off, int *err)
 {
-	if (prot & PROT_WRITE) {
-		*err = writable(d->pg->flags) ? ENODEV : EACCES;
+	int w = (prot & PROT_WRITE) != 0;
+	if (w && !writable(d->pg->flags)) {
+		*err = EACCES; /* as Linux: a shared writable mapping needs a descriptor open for writing */
 		return NULL;
 	}
-	if (prot & ~PROT_READ) {
+	if (prot & ~(PROT_READ | PROT_WRITE)) {
 		*err = ENODEV; /* PROT_EXEC of a weir file */
 		return NULL;
 	}
@@ -2720,8 +2749,11 @@ static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int fl
 		base = real_mmap(addr, plen, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | (flags & (MAP_FIXED | MAP_FIXED_NOREPLACE)), -1, 0);
 		e = base == MAP_FAILED ? -errno : 0;
 	}
+	struct weir_attr at = {0};
+	if (!e && w)
+		e = weir_fstat(wfs, h, &at);
 	if (!e)
-		e = weir_map(wfs, h, base, plen, (uint64_t)off);
+		e = weir_map(wfs, h, base, plen, (uint64_t)off, w);
 	if (!e && prot == PROT_NONE && mprotect(base, plen, PROT_NONE) != 0) {
 		e = -errno;
 		weir_unmap_pins(wfs, h, plen, (uint64_t)off);
@@ -2741,7 +2773,10 @@ static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int fl
 		if (live) {
 			memset(live, 0xff, (pages + 63) / 64 * 8);
 			struct wmap *m = &wmaps[nwmaps];
-			*m = (struct wmap){.base = base, .len = plen, .left = plen, .handle = h, .off = (uint64_t)off, .flags = d->pg->flags, .live = live};
+			*m = (struct wmap){.base = base, .len = plen, .left = plen, .handle = h, .off = (uint64_t)off, .ino = at.ino,
+					   .flags = d->pg->flags, .write = w, .live = live};
+			if (w)
+				__atomic_add_fetch(&nwritable, 1, __ATOMIC_RELEASE);
 			memcpy(m->ticket, d->pg->ticket, WEIR_TICKET_SIZE);
 			__atomic_store_n(&nwmaps, nwmaps + 1, __ATOMIC_RELEASE);
 		} else {
@@ -2787,6 +2822,8 @@ int munmap(void *addr, size_t len)
 					weir_unmap_pins(wfs, m->handle, m->len, m->off);
 					weir_close(wfs, m->handle);
 				}
+				if (m->write)
+					__atomic_sub_fetch(&nwritable, 1, __ATOMIC_RELEASE);
 				free(m->live);
 				*m = wmaps[nwmaps - 1];
 				__atomic_store_n(&nwmaps, nwmaps - 1, __ATOMIC_RELEASE);
@@ -2797,6 +2834,55 @@ int munmap(void *addr, size_t len)
 	}
 	pthread_mutex_unlock(&wmap_mu);
 	return 0;
+}
+
+/* sync_maps makes io take what this process stored through its writable
+ * mappings that overlap [lo, hi) (all of them: lo = hi = NULL), or those
+ * of the file ino (non-zero): their pages become dirty (WEIR_OP_MAP_SYNC).
+ * With handles non-NULL, the first such mapping's handle is stored there
+ * (msync's fsync goes through it). */
+static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handle)
+{
+	int e = 0;
+	pthread_mutex_lock(&wmap_mu);
+	for (size_t i = 0; i < nwmaps; i++) {
+		struct wmap *m = &wmaps[i];
+		if (!m->write || (ino && m->ino != ino))
+			continue;
+		uint8_t *a = m->base, *b = m->base + m->len;
+		if (lo || hi) {
+			a = a > lo ? a : lo;
+			b = b < hi ? b : hi;
+			if (a >= b)
+				continue;
+		}
+		size_t p0 = (size_t)(a - m->base) / 4096, p1 = ((size_t)(b - m->base) + 4095) / 4096;
+		int r = weir_map_sync(wfs, m->handle, (p1 - p0) * 4096, m->off + p0 * 4096);
+		if (r && !e)
+			e = r;
+		if (handle && !*handle)
+			*handle = m->handle;
+	}
+	pthread_mutex_unlock(&wmap_mu);
+	return e;
+}
+
+/* msync of a writable weir mapping: its pages become dirty in io; with
+ * MS_SYNC the file is synced too (weir_fsync: durable when it returns).
+ * MS_ASYNC: the next write-back takes them. The kernel's own msync runs
+ * first (its errors: EINVAL, ENOMEM for a range not mapped). */
+int msync(void *addr, size_t len, int flags)
+{
+	init_msync();
+	int rc = real_msync(addr, len, flags);
+	if (rc != 0 || __atomic_load_n(&nwritable, __ATOMIC_ACQUIRE) == 0 || !wfs || vforked())
+		return rc;
+	uint8_t *lo = addr, *hi = lo + len;
+	uint64_t h = 0;
+	int e = sync_maps(lo, hi, 0, &h);
+	if (!e && h && (flags & MS_SYNC))
+		e = weir_fsync(wfs, h);
+	return e ? fail(-e) : 0;
 }
 
 /* repin_after_fork gives a forked child's inherited mappings pins of its
@@ -2815,13 +2901,13 @@ static void repin_after_fork(void)
 		/* Pinned whole (the pins are the range's), mapped again only
 		 * where the parent's mapping still is. */
 		if (!e)
-			e = weir_map_pins(f, h, m->len, m->off);
+			e = weir_map_pins(f, h, m->len, m->off, m->write);
 		for (size_t pg = 0; !e && pg < m->len / 4096;) {
 			size_t run = 0;
 			while (pg + run < m->len / 4096 && live_get(m, pg + run))
 				run++;
 			if (run)
-				e = weir_map_at(f, h, m->base + pg * 4096, run * 4096, m->off + pg * 4096);
+				e = weir_map_at(f, h, m->base + pg * 4096, run * 4096, m->off + pg * 4096, m->write);
 			pg += run ? run : 1;
 		}
 		if (!e) {

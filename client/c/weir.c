@@ -1388,9 +1388,11 @@ int weir_lock(weir_fs *fs, uint64_t handle, int get, uint8_t type, uint8_t cls, 
 /* The cache region (docs/cache-abi.md): a readable handle's mapping of
  * the file's pages in io's cache, read with the state words' seqlock. */
 struct weir_cache {
-	const uint8_t *base;
-	size_t len;    /* mapped bytes */
-	uint64_t cap;  /* file bytes the mapping covers */
+	const uint8_t *base; /* the meta memfd: header and state words */
+	size_t len;          /* mapped bytes of it */
+	const uint8_t *data; /* the data memfd: file page p at p * 4096 */
+	size_t dlen;
+	uint64_t cap; /* file bytes both mappings cover */
 };
 
 #define FILE_MAGIC 0x31465257u /* "WRF1" (docs/ring-abi.md §6) */
@@ -1463,39 +1465,76 @@ out:
 	return fd;
 }
 
-int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out)
+/* header_ok checks a region's header (§2) before anything is read. */
+static int header_ok(const uint8_t *b)
+{
+	uint64_t cap;
+	memcpy(&cap, b + WEIR_CACHE_OFF_CAPACITY, sizeof cap);
+	return get32(b) == WEIR_CACHE_MAGIC && (b[4] | b[5] << 8) == WEIR_CACHE_VERSION &&
+	       (b[6] | b[7] << 8) == WEIR_CACHE_PAGE_SHIFT && get32(b + WEIR_CACHE_OFF_CHUNK_PAGES) == WEIR_CACHE_CHUNK_PAGES &&
+	       get32(b + WEIR_CACHE_OFF_RESERVED) == 0 && cap % WEIR_CACHE_CHUNK_BYTES == 0 && cap <= WEIR_CACHE_MAX_CAPACITY &&
+	       cap != 0;
+}
+
+/* region_fds asks io for the handle's region: its meta and data memfds
+ * (read-only descriptions), or -errno. */
+static int region_fds(weir_fs *fs, uint64_t handle, int *meta, int *data)
 {
 	uint64_t tag = 0;
 	int64_t res = io_call(fs, WEIR_OP_CACHE_MAP, 0, handle, 0, NULL, 0, NULL, 0, &tag);
 	if (res < 0)
 		return (int)res;
-	int fd = take_file(fs, tag);
-	if (fd < 0)
-		return fd;
-	struct stat st;
-	void *p = MAP_FAILED;
-	if (fstat(fd, &st) == 0 && st.st_size >= (off_t)(WEIR_CACHE_HEADER_SIZE + WEIR_CACHE_CHUNK_SIZE))
-		p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-	close(fd);
-	if (p == MAP_FAILED)
-		return -EPROTO;
-	const uint8_t *b = p;
-	uint64_t cap = __atomic_load_n((const uint64_t *)(b + WEIR_CACHE_OFF_CAPACITY), __ATOMIC_ACQUIRE);
-	uint64_t covered = ((uint64_t)st.st_size - WEIR_CACHE_HEADER_SIZE) / WEIR_CACHE_CHUNK_SIZE * WEIR_CACHE_CHUNK_BYTES;
-	/* The header is checked before anything is read (§2). */
-	if (get32(b) != WEIR_CACHE_MAGIC || (b[4] | b[5] << 8) != WEIR_CACHE_VERSION || (b[6] | b[7] << 8) != WEIR_CACHE_PAGE_SHIFT ||
-	    get32(b + WEIR_CACHE_OFF_CHUNK_PAGES) != WEIR_CACHE_CHUNK_PAGES || get32(b + WEIR_CACHE_OFF_RESERVED) != 0 ||
-	    cap % WEIR_CACHE_CHUNK_BYTES != 0 || cap > WEIR_CACHE_MAX_CAPACITY || cap == 0) {
-		munmap(p, (size_t)st.st_size);
+	*meta = take_file(fs, tag);
+	*data = take_file(fs, tag + 1);
+	if (*meta < 0 || *data < 0) {
+		int e = *meta < 0 ? *meta : *data;
+		if (*meta >= 0)
+			close(*meta);
+		if (*data >= 0)
+			close(*data);
+		return e;
+	}
+	return 0;
+}
+
+int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out)
+{
+	int mfd, dfd;
+	int e = region_fds(fs, handle, &mfd, &dfd);
+	if (e)
+		return e;
+	struct stat ms, ds;
+	void *p = MAP_FAILED, *d = MAP_FAILED;
+	if (fstat(mfd, &ms) == 0 && fstat(dfd, &ds) == 0 && ms.st_size >= (off_t)(WEIR_CACHE_HEADER_SIZE + WEIR_CACHE_PAGE_SIZE) &&
+	    ds.st_size >= (off_t)WEIR_CACHE_CHUNK_BYTES) {
+		p = mmap(NULL, (size_t)ms.st_size, PROT_READ, MAP_SHARED, mfd, 0);
+		d = mmap(NULL, (size_t)ds.st_size, PROT_READ, MAP_SHARED, dfd, 0);
+	}
+	close(mfd);
+	close(dfd);
+	if (p == MAP_FAILED || d == MAP_FAILED || !header_ok(p)) {
+		if (p != MAP_FAILED)
+			munmap(p, (size_t)ms.st_size);
+		if (d != MAP_FAILED)
+			munmap(d, (size_t)ds.st_size);
 		return -EPROTO;
 	}
+	const uint8_t *b = p;
+	uint64_t cap = __atomic_load_n((const uint64_t *)(b + WEIR_CACHE_OFF_CAPACITY), __ATOMIC_ACQUIRE);
+	uint64_t covered = ((uint64_t)ms.st_size - WEIR_CACHE_HEADER_SIZE) / WEIR_CACHE_PAGE_SIZE * WEIR_CACHE_CHUNK_BYTES;
+	uint64_t dcovered = (uint64_t)ds.st_size / WEIR_CACHE_CHUNK_BYTES * WEIR_CACHE_CHUNK_BYTES;
+	if (dcovered < covered)
+		covered = dcovered;
 	weir_cache *c = malloc(sizeof *c);
 	if (!c) {
-		munmap(p, (size_t)st.st_size);
+		munmap(p, (size_t)ms.st_size);
+		munmap(d, (size_t)ds.st_size);
 		return -ENOMEM;
 	}
 	c->base = b;
-	c->len = (size_t)st.st_size;
+	c->len = (size_t)ms.st_size;
+	c->data = d;
+	c->dlen = (size_t)ds.st_size;
 	c->cap = cap < covered ? cap : covered;
 	*out = c;
 	return 0;
@@ -1515,57 +1554,63 @@ static uint64_t pin_pages(size_t len, uint64_t off)
 	return n;
 }
 
-int weir_map_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off)
+int weir_map_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off, int writable)
 {
 	uint64_t n = pin_pages(len, off);
 	if (!n)
 		return -EINVAL;
-	int64_t res = io_call(fs, WEIR_OP_MAP_PIN, (uint32_t)n, handle, off, NULL, 0, NULL, 0, NULL);
+	int64_t res = io_call(fs, WEIR_OP_MAP_PIN, (uint32_t)n | (writable ? WEIR_MAP_PIN_WRITABLE : 0), handle, off, NULL, 0,
+			      NULL, 0, NULL);
 	return res < 0 ? (int)res : 0;
 }
 
-int weir_map_at(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off)
+int weir_map_at(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off, int writable)
 {
 	uint64_t n = pin_pages(len, off);
 	if (!n)
 		return -EINVAL;
-	uint64_t tag = 0;
-	int64_t res = io_call(fs, WEIR_OP_CACHE_MAP, 0, handle, 0, NULL, 0, NULL, 0, &tag);
-	int fd = res < 0 ? (int)res : take_file(fs, tag);
-	int e = fd < 0 ? fd : 0;
+	int mfd = -1, dfd = -1;
+	int e = region_fds(fs, handle, &mfd, &dfd);
 	struct stat st;
 	uint8_t h[WEIR_CACHE_HEADER_SIZE];
-	/* The header is checked before anything is mapped (§2); the memfd
-	 * must hold every page mapped, and be sealed against shrinking, or a
-	 * load could be SIGBUS. */
-	if (!e && (fstat(fd, &st) != 0 || pread(fd, h, sizeof h, 0) != (ssize_t)sizeof h))
+	/* The header is checked before anything is mapped (§2). */
+	if (!e && pread(mfd, h, sizeof h, 0) != (ssize_t)sizeof h)
 		e = -EPROTO;
-	uint64_t p0 = off / WEIR_CACHE_PAGE_SIZE, p1 = p0 + n;
-	if (!e && (get32(h) != WEIR_CACHE_MAGIC || (h[4] | h[5] << 8) != WEIR_CACHE_VERSION || (h[6] | h[7] << 8) != WEIR_CACHE_PAGE_SHIFT ||
-		   get32(h + WEIR_CACHE_OFF_CHUNK_PAGES) != WEIR_CACHE_CHUNK_PAGES ||
-		   (uint64_t)st.st_size < weir_cache_page_off(p1 - 1) + WEIR_CACHE_PAGE_SIZE || !(fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK)))
+	if (!e && !header_ok(h))
 		e = -EPROTO;
-	/* One mapping per chunk: a chunk's data pages follow its state page. */
-	for (uint64_t p = p0; !e && p < p1;) {
-		uint64_t end = (p / WEIR_CACHE_CHUNK_PAGES + 1) * WEIR_CACHE_CHUNK_PAGES;
-		if (end > p1)
-			end = p1;
-		void *at = (uint8_t *)addr + (p - p0) * WEIR_CACHE_PAGE_SIZE;
-		if (mmap(at, (end - p) * WEIR_CACHE_PAGE_SIZE, PROT_READ, MAP_SHARED | MAP_FIXED, fd, (off_t)weir_cache_page_off(p)) == MAP_FAILED)
-			e = -errno;
-		p = end;
+	if (mfd >= 0)
+		close(mfd);
+	if (!e && writable) {
+		/* The data memfd read-write: io passes it to a handle that
+		 * writes the file, and holds nothing but the file's bytes. */
+		close(dfd);
+		uint64_t tag = 0;
+		int64_t res = io_call(fs, WEIR_OP_MAP_WRITABLE, 0, handle, 0, NULL, 0, NULL, 0, &tag);
+		dfd = res < 0 ? (int)res : take_file(fs, tag);
+		if (dfd < 0)
+			e = dfd;
 	}
-	if (fd >= 0)
-		close(fd);
+	/* The memfd must hold every page mapped, and be sealed against
+	 * shrinking, or a load could be SIGBUS. */
+	uint64_t p0 = off / WEIR_CACHE_PAGE_SIZE, p1 = p0 + n;
+	if (!e && (fstat(dfd, &st) != 0 || (uint64_t)st.st_size < weir_cache_page_off(p1) || !(fcntl(dfd, F_GET_SEALS) & F_SEAL_SHRINK)))
+		e = -EPROTO;
+	/* One mapping: the data memfd holds the file's pages at their
+	 * offsets. */
+	if (!e && mmap(addr, n * WEIR_CACHE_PAGE_SIZE, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | MAP_FIXED, dfd,
+		       (off_t)weir_cache_page_off(p0)) == MAP_FAILED)
+		e = -errno;
+	if (dfd >= 0)
+		close(dfd);
 	return e;
 }
 
-int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off)
+int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off, int writable)
 {
-	int e = weir_map_pins(fs, handle, len, off);
+	int e = weir_map_pins(fs, handle, len, off, writable);
 	if (e)
 		return e;
-	e = weir_map_at(fs, handle, addr, len, off);
+	e = weir_map_at(fs, handle, addr, len, off, writable);
 	if (e)
 		weir_unmap_pins(fs, handle, len, off);
 	return e;
@@ -1578,10 +1623,20 @@ int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off)
 	return res < 0 ? (int)res : 0;
 }
 
+int weir_map_sync(weir_fs *fs, uint64_t handle, size_t len, uint64_t off)
+{
+	uint64_t n = pin_pages(len, off);
+	if (!n)
+		return -EINVAL;
+	int64_t res = io_call(fs, WEIR_OP_MAP_SYNC, (uint32_t)n, handle, off, NULL, 0, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
 void weir_cache_unmap(weir_cache *c)
 {
 	if (c) {
 		munmap((void *)c->base, c->len);
+		munmap((void *)c->data, c->dlen);
 		free(c);
 	}
 }
@@ -1629,7 +1684,7 @@ ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off)
 		uint32_t w = __atomic_load_n(state, __ATOMIC_ACQUIRE);
 		if ((w & WEIR_CACHE_KIND_MASK) != WEIR_CACHE_KIND_RESIDENT || (w & WEIR_CACHE_RESERVED_MASK))
 			return -EAGAIN; /* absent or busy: the ring's (which fills it) */
-		memcpy((uint8_t *)buf + done, c->base + weir_cache_page_off(p) + in, k);
+		memcpy((uint8_t *)buf + done, c->data + weir_cache_page_off(p) + in, k);
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
 		if (__atomic_load_n(state, __ATOMIC_ACQUIRE) != w)
 			return -EAGAIN; /* a transition overlapped the copy */

@@ -169,19 +169,25 @@ int64_t weir_cache_size(const weir_cache *c);
 void weir_cache_unmap(weir_cache *c);
 
 /* weir_map maps bytes [off, off + len) of the handle's file (off page
- * aligned) read-only over the reserved range at addr (len rounded up to
- * pages; MAP_FIXED): the pages of io's cache region, which io fills and
+ * aligned) over the reserved range at addr (len rounded up to pages;
+ * MAP_FIXED): the pages of io's cache region (its data memfd, read-only,
+ * or with writable read-write: the handle must write), which io fills and
  * keeps resident (WEIR_OP_MAP_PIN) until weir_unmap_pins of the same
  * handle, off and len, or the session's end. Loads see every write to the
- * file, as a kernel MAP_SHARED mapping's do; past the file's end they read
- * zeros (Linux: SIGBUS). -ENOMEM: io keeps no more pages pinned (a quarter
- * of its cache per session); -EOPNOTSUPP: io runs without a cache. */
-int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off);
+ * file, as a kernel MAP_SHARED mapping's do, and stores are seen at once
+ * by every read; past the file's end they read zeros (Linux: SIGBUS).
+ * Stores reach the device after weir_map_sync of their range (msync),
+ * weir_unmap_pins, or the session's end, by the next write-back or fsync.
+ * -ENOMEM: io keeps no more pages pinned (a quarter of its cache per
+ * session); -EOPNOTSUPP: io runs without a cache; -EBADF: writable on a
+ * handle that does not write. */
+int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off, int writable);
 int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off);
+int weir_map_sync(weir_fs *fs, uint64_t handle, size_t len, uint64_t off);
 /* weir_map's two halves: the pins of the range, and its pages mapped at
  * addr (which needs the range pinned, by this handle or another). */
-int weir_map_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off);
-int weir_map_at(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off);
+int weir_map_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off, int writable);
+int weir_map_at(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off, int writable);
 
 /* weir_statfs stores the store's room in bytes (free: to the superuser;
  * avail: to anyone); -EOPNOTSUPP where the backend cannot say. */

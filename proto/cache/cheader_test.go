@@ -23,7 +23,6 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_CACHE_HEADER_SIZE", HeaderSize),
 		cheader.Def("WEIR_CACHE_STATE_SIZE", StateSize),
 		cheader.Def("WEIR_CACHE_CHUNK_PAGES", ChunkPages),
-		cheader.Def("WEIR_CACHE_CHUNK_SIZE", ChunkSize),
 		cheader.Def("WEIR_CACHE_CHUNK_BYTES", ChunkBytes),
 		cheader.Def("WEIR_CACHE_MAX_CAPACITY", MaxCapacity),
 		cheader.Def("WEIR_CACHE_FIELD_TRIES", fieldTries),

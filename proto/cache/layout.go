@@ -6,10 +6,15 @@ import (
 	"syscall"
 )
 
-// Geometry of every region (ABI version 1).
+// Geometry of every region (ABI version 2). A region is two memfds: the
+// meta memfd holds the header page and the state pages, the data memfd
+// the file's pages at their file offsets (page p at p*PageSize), so that
+// a writer of the file can be given the data memfd read-write (a writable
+// MAP_SHARED mapping) without any power over the words other readers
+// trust.
 const (
-	Magic      = 0x31524357 // "WCR1" in memory order on a little-endian host
-	Version    = 1
+	Magic      = 0x32524357 // "WCR2" in memory order on a little-endian host
+	Version    = 2
 	PageShift  = 12
 	PageSize   = 1 << PageShift
 	HeaderSize = PageSize
@@ -17,9 +22,8 @@ const (
 	// 1024 words of 4 bytes.
 	ChunkPages = PageSize / StateSize
 	StateSize  = 4
-	// ChunkSize is one chunk: its state page and its data pages.
-	ChunkSize = PageSize + ChunkPages*PageSize
-	// ChunkBytes is how much of the file one chunk holds.
+	// ChunkBytes is how much of the file one chunk (one state page of
+	// the meta memfd) describes.
 	ChunkBytes = ChunkPages * PageSize
 	// MaxCapacity bounds the file bytes a region covers (16 TiB).
 	MaxCapacity = 1 << 44
@@ -140,26 +144,26 @@ func (f Fields) Check() error {
 	return nil
 }
 
-// Size is the byte size of a region covering capacity bytes of file,
-// rounded up to whole chunks: the header and every chunk.
-func Size(capacity uint64) (uint64, error) {
+// Sizes are the byte sizes of the two memfds of a region covering
+// capacity bytes of file, rounded up to whole chunks: the meta memfd (the
+// header and a state page a chunk) and the data memfd (the chunks' pages).
+func Sizes(capacity uint64) (meta, data uint64, err error) {
 	if capacity > MaxCapacity {
-		return 0, fmt.Errorf("%w: capacity %d above %d", ErrInvalid, capacity, uint64(MaxCapacity))
+		return 0, 0, fmt.Errorf("%w: capacity %d above %d", ErrInvalid, capacity, uint64(MaxCapacity))
 	}
-	return HeaderSize + chunksOf(capacity)*ChunkSize, nil
+	c := chunksOf(capacity)
+	return HeaderSize + c*PageSize, c * ChunkBytes, nil
 }
 
 func chunksOf(capacity uint64) uint64 { return (capacity + ChunkBytes - 1) / ChunkBytes }
 
-// stateOff is the offset of page p's state word.
-func stateOff(p uint64) uint64 {
-	return HeaderSize + (p/ChunkPages)*ChunkSize + (p%ChunkPages)*StateSize
-}
+// stateOff is the offset of page p's state word in the meta memfd: the
+// state pages follow the header, one after another.
+func stateOff(p uint64) uint64 { return HeaderSize + p*StateSize }
 
-// pageOff is the offset of page p's data.
-func pageOff(p uint64) uint64 {
-	return HeaderSize + (p/ChunkPages)*ChunkSize + PageSize + (p%ChunkPages)*PageSize
-}
+// pageOff is the offset of page p's data in the data memfd: its offset in
+// the file.
+func pageOff(p uint64) uint64 { return p * PageSize }
 
 // errRange is a page past the region's mapping.
 var errRange = errors.New("cache region: page past the mapped capacity")

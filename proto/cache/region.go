@@ -5,27 +5,29 @@ import (
 	"fmt"
 )
 
-// Region is one mapping of a cache region. The service formats it and owns
-// every transition; a client attaches to it and reads. Its methods take
-// page numbers and check them against the mapping, so a value read from
-// the header never indexes memory unchecked.
+// Region is one mapping of a cache region: its meta memfd (header and
+// state words) and its data memfd (the file's pages). The service formats
+// it and owns every transition; a client attaches to it and reads. Its
+// methods take page numbers and check them against the mapping, so a value
+// read from the header never indexes memory unchecked.
 type Region struct {
-	mem   []byte
+	meta  []byte
+	data  []byte
 	pages uint64 // pages of file data this mapping covers
 }
 
-// Format writes the header of a new region into mem, which must be zeroed
-// (a new memfd is) and hold Size(capacity) bytes: every page starts absent.
-// capacity is rounded up to whole chunks.
-func Format(mem []byte, ino, capacity uint64) (*Region, error) {
-	size, err := Size(capacity)
+// Format writes the header of a new region into meta, which must be zeroed
+// (a new memfd is); meta and data must hold Sizes(capacity) bytes: every
+// page starts absent. capacity is rounded up to whole chunks.
+func Format(meta, data []byte, ino, capacity uint64) (*Region, error) {
+	ms, ds, err := Sizes(capacity)
 	if err != nil {
 		return nil, err
 	}
-	if uint64(len(mem)) < size {
-		return nil, fmt.Errorf("%w: a mapping of %d bytes for a region of %d", ErrInvalid, len(mem), size)
+	if uint64(len(meta)) < ms || uint64(len(data)) < ds {
+		return nil, fmt.Errorf("%w: mappings of %d and %d bytes for a region of %d and %d", ErrInvalid, len(meta), len(data), ms, ds)
 	}
-	r := &Region{mem: mem, pages: chunksOf(capacity) * ChunkPages}
+	r := &Region{meta: meta, data: data, pages: chunksOf(capacity) * ChunkPages}
 	r.store32(offMagic, Magic)
 	r.store32(offVersion, Version|PageShift<<16)
 	r.store32(offChunkPages, ChunkPages)
@@ -34,15 +36,15 @@ func Format(mem []byte, ino, capacity uint64) (*Region, error) {
 	return r, nil
 }
 
-// Attach checks the header of a region mapped in mem, as a client does
-// before it reads. The mapping may cover less than the header's capacity
-// (the service grew the region since it was mapped): only the mapped
-// chunks are read.
-func Attach(mem []byte) (*Region, error) {
-	if len(mem) < HeaderSize {
-		return nil, fmt.Errorf("%w: a mapping of %d bytes holds no header", ErrInvalid, len(mem))
+// Attach checks the header of a region mapped in meta and data, as a
+// client does before it reads. The mappings may cover less than the
+// header's capacity (the service grew the region since they were made):
+// only the chunks both cover are read.
+func Attach(meta, data []byte) (*Region, error) {
+	if len(meta) < HeaderSize {
+		return nil, fmt.Errorf("%w: a mapping of %d bytes holds no header", ErrInvalid, len(meta))
 	}
-	r := &Region{mem: mem}
+	r := &Region{meta: meta, data: data}
 	switch vs := r.load32(offVersion); {
 	case r.load32(offMagic) != Magic:
 		return nil, fmt.Errorf("%w: magic %#x, want %#x", ErrInvalid, r.load32(offMagic), uint32(Magic))
@@ -55,20 +57,24 @@ func Attach(mem []byte) (*Region, error) {
 	if c%ChunkBytes != 0 || c > MaxCapacity {
 		return nil, fmt.Errorf("%w: capacity %d", ErrInvalid, c)
 	}
-	mapped := (uint64(len(mem)) - HeaderSize) / ChunkSize
-	r.pages = min(c/ChunkBytes, mapped) * ChunkPages
+	r.pages = min(c/ChunkBytes, mappedChunks(meta, data)) * ChunkPages
 	return r, nil
 }
 
-// Extend is the service's Attach of a larger mapping it made of its own
-// region, before it grows the region into it: the result covers the whole
-// mapping, so that Grow can raise the capacity to it.
-func Extend(mem []byte) (*Region, error) {
-	r, err := Attach(mem)
+// mappedChunks is the number of whole chunks both mappings cover.
+func mappedChunks(meta, data []byte) uint64 {
+	return min((uint64(len(meta))-HeaderSize)/PageSize, uint64(len(data))/ChunkBytes)
+}
+
+// Extend is the service's Attach of larger mappings it made of its own
+// region, before it grows the region into them: the result covers the
+// whole of both, so that Grow can raise the capacity to it.
+func Extend(meta, data []byte) (*Region, error) {
+	r, err := Attach(meta, data)
 	if err != nil {
 		return nil, err
 	}
-	r.pages = (uint64(len(mem)) - HeaderSize) / ChunkSize * ChunkPages
+	r.pages = mappedChunks(meta, data) * ChunkPages
 	return r, nil
 }
 
@@ -242,18 +248,17 @@ func (r *Region) WritePage(p uint64, off int, src []byte) error {
 	return nil
 }
 
-// PageOffset is the byte offset of page p's data in the region (for the
-// service to fill it by reading the device into the mapping, or to punch
-// it out of the memfd).
+// PageOffset is the byte offset of page p's data in the data memfd (for
+// the service to fill it by reading the device into the mapping, or to
+// punch it out of the memfd): its offset in the file.
 func PageOffset(p uint64) uint64 { return pageOff(p) }
 
 // Data returns the data of pages [p, p+n) as one slice of the mapping, for
-// the service to fill them straight from the device; the run must lie in
-// one chunk (a chunk's state page separates it from the next).
+// the service to fill them straight from the device.
 func (r *Region) Data(p uint64, n int) ([]byte, error) {
-	if n <= 0 || p >= r.pages || uint64(n) > r.pages-p || p/ChunkPages != (p+uint64(n)-1)/ChunkPages {
+	if n <= 0 || p >= r.pages || uint64(n) > r.pages-p {
 		return nil, errRange
 	}
 	o := pageOff(p)
-	return r.mem[o : o+uint64(n)*PageSize : o+uint64(n)*PageSize], nil
+	return r.data[o : o+uint64(n)*PageSize : o+uint64(n)*PageSize], nil
 }

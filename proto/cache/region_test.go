@@ -40,56 +40,63 @@ func TestMain(m *testing.M) {
 	}
 }
 
-// newRegion maps a new memfd region of capacity bytes, read-write.
-func newRegion(t testing.TB, capacity uint64) (*Region, *os.File) {
+// newRegion maps a new region of capacity bytes, read-write: its meta
+// memfd and its data memfd.
+func newRegion(t testing.TB, capacity uint64) (*Region, [2]*os.File) {
 	t.Helper()
-	size, err := Size(capacity)
+	ms, ds, err := Sizes(capacity)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fd, err := unix.MemfdCreate("weir-cache-test", unix.MFD_CLOEXEC)
+	var files [2]*os.File
+	var mems [2][]byte
+	for i, size := range []uint64{ms, ds} {
+		fd, err := unix.MemfdCreate("weir-cache-test", unix.MFD_CLOEXEC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := os.NewFile(uintptr(fd), "weir-cache-test")
+		t.Cleanup(func() { f.Close() })
+		if err := f.Truncate(int64(size)); err != nil {
+			t.Fatal(err)
+		}
+		mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { unix.Munmap(mem) })
+		files[i], mems[i] = f, mem
+	}
+	r, err := Format(mems[0], mems[1], 7, capacity)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := os.NewFile(uintptr(fd), "weir-cache-test")
-	t.Cleanup(func() { f.Close() })
-	if err := f.Truncate(int64(size)); err != nil {
-		t.Fatal(err)
-	}
-	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Munmap(mem) })
-	r, err := Format(mem, 7, capacity)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r, f
+	return r, files
 }
 
 func TestLayout(t *testing.T) {
 	for _, c := range []struct{ got, want uint64 }{
 		{stateOff(0), HeaderSize},
 		{stateOff(1), HeaderSize + 4},
-		{pageOff(0), HeaderSize + PageSize},
-		{pageOff(ChunkPages - 1), HeaderSize + PageSize + (ChunkPages-1)*PageSize},
-		{stateOff(ChunkPages), HeaderSize + ChunkSize},
-		{pageOff(ChunkPages), HeaderSize + ChunkSize + PageSize},
-		{pageOff(3*ChunkPages + 5), HeaderSize + 3*ChunkSize + PageSize + 5*PageSize},
-		{ChunkSize, 4<<20 + 4096},
+		{stateOff(ChunkPages), HeaderSize + PageSize},
+		{stateOff(3*ChunkPages + 5), HeaderSize + 3*PageSize + 5*4},
+		{pageOff(0), 0},
+		{pageOff(ChunkPages - 1), (ChunkPages - 1) * PageSize},
+		{pageOff(3*ChunkPages + 5), 3*ChunkBytes + 5*PageSize},
+		{ChunkBytes, 4 << 20},
 	} {
 		if c.got != c.want {
 			t.Errorf("offset %d, want %d", c.got, c.want)
 		}
 	}
-	for _, c := range []struct{ capacity, size uint64 }{{0, HeaderSize}, {1, HeaderSize + ChunkSize}, {ChunkBytes, HeaderSize + ChunkSize}, {ChunkBytes + 1, HeaderSize + 2*ChunkSize}} {
-		if got, err := Size(c.capacity); err != nil || got != c.size {
-			t.Errorf("Size(%d) = %d, %v, want %d", c.capacity, got, err, c.size)
+	for _, c := range []struct{ capacity, meta, data uint64 }{{0, HeaderSize, 0}, {1, HeaderSize + PageSize, ChunkBytes},
+		{ChunkBytes, HeaderSize + PageSize, ChunkBytes}, {ChunkBytes + 1, HeaderSize + 2*PageSize, 2 * ChunkBytes}} {
+		if m, d, err := Sizes(c.capacity); err != nil || m != c.meta || d != c.data {
+			t.Errorf("Sizes(%d) = %d, %d, %v, want %d, %d", c.capacity, m, d, err, c.meta, c.data)
 		}
 	}
-	if _, err := Size(MaxCapacity + 1); !errors.Is(err, ErrInvalid) {
-		t.Errorf("Size past MaxCapacity: %v", err)
+	if _, _, err := Sizes(MaxCapacity + 1); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Sizes past MaxCapacity: %v", err)
 	}
 	if headerFixedLen > HeaderSize || offFieldsSeq%64 != 0 {
 		t.Error("the header's fields do not fit, or the field group is not on its own cache line")
@@ -113,7 +120,7 @@ func TestWord(t *testing.T) {
 
 func TestAttach(t *testing.T) {
 	r, _ := newRegion(t, 3*ChunkBytes)
-	a, err := Attach(r.mem)
+	a, err := Attach(r.meta, r.data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,30 +129,35 @@ func TestAttach(t *testing.T) {
 	}
 	// A mapping shorter than the capacity (the region grew since): only
 	// what is mapped is read.
-	short, err := Attach(r.mem[:HeaderSize+ChunkSize+100])
-	if err != nil || short.Pages() != ChunkPages {
-		t.Fatalf("short mapping: %v, %d pages", err, short.Pages())
-	}
-	if _, err := short.State(ChunkPages); err == nil {
-		t.Error("a page past the mapping was read")
+	for _, m := range [][2][]byte{{r.meta[:HeaderSize+PageSize+100], r.data}, {r.meta, r.data[:ChunkBytes+100]}} {
+		short, err := Attach(m[0], m[1])
+		if err != nil || short.Pages() != ChunkPages {
+			t.Fatalf("short mapping: %v, %d pages", err, short.Pages())
+		}
+		if _, err := short.State(ChunkPages); err == nil {
+			t.Error("a page past the mapping was read")
+		}
+		if _, err := short.Data(ChunkPages, 1); err == nil {
+			t.Error("a page past the data mapping was returned")
+		}
 	}
 	for name, corrupt := range map[string]func(){
 		"magic":       func() { r.store32(offMagic, 1) },
-		"version":     func() { r.store32(offVersion, 2|PageShift<<16) },
+		"version":     func() { r.store32(offVersion, 1|PageShift<<16) },
 		"page shift":  func() { r.store32(offVersion, Version|13<<16) },
 		"chunk pages": func() { r.store32(offChunkPages, 7) },
 		"reserved":    func() { r.store32(offReserved, 1) },
 		"capacity":    func() { r.store64(offCapacity, 12345) },
 		"huge":        func() { r.store64(offCapacity, MaxCapacity+ChunkBytes) },
 	} {
-		saved := append([]byte(nil), r.mem[:HeaderSize]...)
+		saved := append([]byte(nil), r.meta[:HeaderSize]...)
 		corrupt()
-		if _, err := Attach(r.mem); !errors.Is(err, ErrInvalid) {
+		if _, err := Attach(r.meta, r.data); !errors.Is(err, ErrInvalid) {
 			t.Errorf("%s corrupted: Attach = %v, want EINVAL", name, err)
 		}
-		copy(r.mem, saved)
+		copy(r.meta, saved)
 	}
-	if _, err := Attach(make([]byte, 100)); !errors.Is(err, ErrInvalid) {
+	if _, err := Attach(make([]byte, 100), r.data); !errors.Is(err, ErrInvalid) {
 		t.Errorf("a mapping without a header: %v", err)
 	}
 }
@@ -373,20 +385,21 @@ func TestGrow(t *testing.T) {
 // refused or attached without a panic, and nothing read from them indexes
 // past the mapping.
 func FuzzAttach(f *testing.F) {
-	size, _ := Size(ChunkBytes)
-	good := make([]byte, size)
-	if _, err := Format(good, 1, ChunkBytes); err != nil {
+	ms, ds, _ := Sizes(ChunkBytes)
+	good := make([]byte, ms)
+	data := make([]byte, ds)
+	if _, err := Format(good, data, 1, ChunkBytes); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(good[:HeaderSize+PageSize])
 	f.Add(make([]byte, HeaderSize))
-	mem := make([]byte, size)
+	mem := make([]byte, ms)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		// The header and the first state page take the input; the data
 		// pages are never written.
 		clear(mem[:HeaderSize+PageSize])
 		copy(mem[:HeaderSize+PageSize], b)
-		r, err := Attach(mem)
+		r, err := Attach(mem, data)
 		if err != nil {
 			return
 		}
@@ -413,7 +426,7 @@ func TestCrossProcess(t *testing.T) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envRole+"=reader", envPages+"="+strconv.Itoa(pages), envFor+"=400ms")
-	cmd.ExtraFiles = []*os.File{f} // fd 3
+	cmd.ExtraFiles = f[:] // fds 3 (meta) and 4 (data)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -452,19 +465,24 @@ func TestCrossProcess(t *testing.T) {
 	t.Logf("reader: %s", result)
 }
 
-// peerReader maps fd 3 read-only and reads random pages for envFor,
+// peerReader maps fds 3 and 4 read-only and reads random pages for envFor,
 // checking each whole-page read; it then tries to store into its mapping,
 // which must fault. It prints its counts and exits 0, or 1 on a torn read.
 func peerReader() int {
 	pages, _ := strconv.ParseUint(os.Getenv(envPages), 10, 64)
 	d, _ := time.ParseDuration(os.Getenv(envFor))
-	size, _ := Size(ChunkBytes)
-	mem, err := unix.Mmap(3, 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	ms, ds, _ := Sizes(ChunkBytes)
+	meta, err := unix.Mmap(3, 0, int(ms), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "mmap:", err)
 		return 1
 	}
-	r, err := Attach(mem)
+	mem, err := unix.Mmap(4, 0, int(ds), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "mmap:", err)
+		return 1
+	}
+	r, err := Attach(meta, mem)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "attach:", err)
 		return 1

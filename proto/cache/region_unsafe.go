@@ -16,8 +16,16 @@ import (
 	"unsafe"
 )
 
-func (r *Region) word32(off uint64) *uint32 { return (*uint32)(unsafe.Pointer(&r.mem[off])) }
-func (r *Region) word64(off uint64) *uint64 { return (*uint64)(unsafe.Pointer(&r.mem[off])) }
+// Words of the meta memfd (header, state words).
+func (r *Region) word32(off uint64) *uint32 { return (*uint32)(unsafe.Pointer(&r.meta[off])) }
+func (r *Region) word64(off uint64) *uint64 { return (*uint64)(unsafe.Pointer(&r.meta[off])) }
+
+// Words of the data memfd (page bytes).
+func (r *Region) dataWord(off uint64) *uint64 { return (*uint64)(unsafe.Pointer(&r.data[off])) }
+func (r *Region) dload64(off uint64) uint64   { return atomic.LoadUint64(r.dataWord(off)) }
+func (r *Region) dstore64(off uint64, v uint64) {
+	atomic.StoreUint64(r.dataWord(off), v)
+}
 
 func (r *Region) load32(off uint64) uint32     { return atomic.LoadUint32(r.word32(off)) }
 func (r *Region) store32(off uint64, v uint32) { atomic.StoreUint32(r.word32(off), v) }
@@ -28,7 +36,7 @@ func (r *Region) load64(off uint64) uint64     { return atomic.LoadUint64(r.word
 func (r *Region) store64(off uint64, v uint64) { atomic.StoreUint64(r.word64(off), v) }
 func (r *Region) add64(off uint64, d uint64)   { atomic.AddUint64(r.word64(off), d) }
 
-// copyAtomic copies len(dst) bytes at off into dst with aligned 8-byte
+// copyAtomic copies len(dst) bytes of the data memfd at off into dst with aligned 8-byte
 // atomic loads (the words at the edges are loaded whole): the copy for
 // weakly ordered hosts and for the race detector, which would otherwise
 // see the seqlock's intended race.
@@ -36,17 +44,17 @@ func (r *Region) copyAtomic(dst []byte, off uint64) {
 	for len(dst) > 0 && off&7 != 0 {
 		var w [8]byte
 		base := off &^ 7
-		binary.LittleEndian.PutUint64(w[:], r.load64(base))
+		binary.LittleEndian.PutUint64(w[:], r.dload64(base))
 		n := copy(dst, w[off-base:])
 		dst, off = dst[n:], off+uint64(n)
 	}
 	for len(dst) >= 8 {
-		binary.LittleEndian.PutUint64(dst, r.load64(off))
+		binary.LittleEndian.PutUint64(dst, r.dload64(off))
 		dst, off = dst[8:], off+8
 	}
 	if len(dst) > 0 {
 		var w [8]byte
-		binary.LittleEndian.PutUint64(w[:], r.load64(off))
+		binary.LittleEndian.PutUint64(w[:], r.dload64(off))
 		copy(dst, w[:])
 	}
 }
@@ -58,9 +66,9 @@ func (r *Region) copyInAtomic(off uint64, src []byte) {
 	var w [8]byte
 	for len(src) > 0 {
 		base := off &^ 7
-		binary.LittleEndian.PutUint64(w[:], r.load64(base))
+		binary.LittleEndian.PutUint64(w[:], r.dload64(base))
 		n := copy(w[off-base:], src)
-		r.store64(base, binary.LittleEndian.Uint64(w[:]))
+		r.dstore64(base, binary.LittleEndian.Uint64(w[:]))
 		src, off = src[n:], off+uint64(n)
 	}
 }

@@ -1,19 +1,20 @@
 /*
- * weir_cache.h: the cache region ABI (version 1), for C clients.
+ * weir_cache.h: the cache region ABI (version 2), for C clients.
  *
  * This restates package proto/cache (github.com/weir-storage/weir/proto/cache);
  * docs/cache-abi.md is the full contract, and proto/cache/cheader_test.go
  * checks every number here against the Go definitions and compiles the
  * header struct to check its layout.
  *
- * A region is one memfd per open file, made by the IO service: a header
- * page, then chunks. Chunk c is one page of 1024 state words (u32) followed
- * by the 1024 data pages they describe: file page p is data page p % 1024
- * of chunk p / 1024.
+ * A region is two memfds per open file, made by the IO service. The meta
+ * memfd holds a header page, then one page of 1024 state words (u32) for
+ * each chunk of 1024 file pages; the data memfd holds the file's pages at
+ * their file offsets. Only the service writes the meta memfd; a writer of
+ * the file may be given the data memfd read-write (WEIR_OP_MAP_WRITABLE).
  *
- *   offset 0                      header (struct weir_cache_header)
- *   offset 4096 + c * CHUNK_SIZE  state words of chunk c
- *   + 4096 + i * 4096             data page i of chunk c
+ *   meta offset 0               header (struct weir_cache_header)
+ *   meta offset 4096 + p * 4    state word of file page p
+ *   data offset p * 4096        file page p
  *
  * Reading page p (the seqlock): load its state word w (acquire); unless
  * w's kind is RESIDENT, ask the service. Copy the bytes out of the data
@@ -38,14 +39,13 @@
 #error "the weir cache ABI is defined for little-endian hosts only"
 #endif
 
-#define WEIR_CACHE_MAGIC 0x31524357u /* "WCR1" */
-#define WEIR_CACHE_VERSION 1u
+#define WEIR_CACHE_MAGIC 0x32524357u /* "WCR2" */
+#define WEIR_CACHE_VERSION 2u
 #define WEIR_CACHE_PAGE_SHIFT 12u
 #define WEIR_CACHE_PAGE_SIZE 4096u
 #define WEIR_CACHE_HEADER_SIZE 4096u
 #define WEIR_CACHE_STATE_SIZE 4u
 #define WEIR_CACHE_CHUNK_PAGES 1024u
-#define WEIR_CACHE_CHUNK_SIZE 4198400u  /* 4096 + 1024 * 4096 */
 #define WEIR_CACHE_CHUNK_BYTES 4194304u /* file bytes a chunk holds */
 #define WEIR_CACHE_MAX_CAPACITY 0x100000000000ull /* 16 TiB */
 #define WEIR_CACHE_FIELD_TRIES 64u
@@ -94,14 +94,13 @@ struct weir_cache_header {
 	uint64_t data_version;
 };
 
-/* Offsets of file page p's state word and data. */
+/* Offsets of file page p's state word (in the meta memfd) and data (in
+ * the data memfd). */
 static inline uint64_t weir_cache_state_off(uint64_t p) {
-	return WEIR_CACHE_HEADER_SIZE + (p / WEIR_CACHE_CHUNK_PAGES) * WEIR_CACHE_CHUNK_SIZE +
-	       (p % WEIR_CACHE_CHUNK_PAGES) * WEIR_CACHE_STATE_SIZE;
+	return WEIR_CACHE_HEADER_SIZE + p * WEIR_CACHE_STATE_SIZE;
 }
 static inline uint64_t weir_cache_page_off(uint64_t p) {
-	return WEIR_CACHE_HEADER_SIZE + (p / WEIR_CACHE_CHUNK_PAGES) * WEIR_CACHE_CHUNK_SIZE + WEIR_CACHE_PAGE_SIZE +
-	       (p % WEIR_CACHE_CHUNK_PAGES) * WEIR_CACHE_PAGE_SIZE;
+	return p * WEIR_CACHE_PAGE_SIZE;
 }
 
 #endif /* WEIR_CACHE_H */

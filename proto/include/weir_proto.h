@@ -163,12 +163,15 @@
 #define WEIR_OP_TRUNCATE 0x43u
 #define WEIR_OP_SYNC 0x44u
 #define WEIR_OP_GETATTR 0x45u
-#define WEIR_OP_CACHE_MAP 0x46u /* result 0, aux = tag: the read-only cache region memfd arrives on the session socket */
+#define WEIR_OP_CACHE_MAP 0x46u /* result 0, aux = tag: the region's read-only meta memfd arrives on the session socket with tag, its data memfd with tag + 1 */
 #define WEIR_OP_READAHEAD 0x47u /* offset, arg = bytes: fill them into the cache in the background; answers 0 at once */
 #define WEIR_OP_CLAIM_DIR 0x49u /* in: an entry's cap, u64 direct handle to release (0: none); aux = the new direct handle (WEIR_DIR_OPEN_BIT set); on error open through metadata */
 #define WEIR_OP_STATFS 0x4bu /* out: u64 total, u64 free, u64 avail bytes of the store (WEIR_STATFS_RESP_SIZE); -EOPNOTSUPP: the backend cannot say */
 #define WEIR_OP_MAP_PIN 0x4cu /* handle (readable), offset (page aligned), arg = pages: fill them and keep them resident while mapped */
-#define WEIR_OP_MAP_UNPIN 0x4du /* the same handle's file, offset and arg as a MAP_PIN: its pins end */
+#define WEIR_OP_MAP_UNPIN 0x4du /* the same handle's file, offset and arg as a MAP_PIN: its pins end (a writable pin's pages become dirty first) */
+#define WEIR_OP_MAP_SYNC 0x4eu /* handle (writes), offset, arg = pages inside a writable pin: the resident ones become dirty (msync) */
+#define WEIR_OP_MAP_WRITABLE 0x4fu /* handle (writes): result 0, aux = tag: a read-write description of the data memfd on the session socket */
+#define WEIR_MAP_PIN_WRITABLE 0x80000000u /* in a MAP_PIN's arg: a writable mapping's pin (the handle must write) */
 #define WEIR_OP_RELEASE 0x4au /* handle = a direct handle: its end */
 #define WEIR_OP_CLAIM 0x48u /* handle = data handle, in: the capability WEIR_OP_GRANT answered; -EKEYREJECTED: grant again with WEIR_GRANT_THROUGH_IO */
 

@@ -202,8 +202,11 @@ type region struct {
 	pc     *pageCache
 	id     backend.BlobID
 	ino    uint64
-	fd     *os.File // the memfd, read-write: io's
+	fd     *os.File // the meta memfd (header, state words), read-write: io's
 	ro     *os.File // a read-only description of it: the clients'
+	dfd    *os.File // the data memfd (the file's pages), read-write: io's
+	dro    *os.File // a read-only description of it: the clients'
+	dw     *os.File // a read-write description of it: writable mappings' (OpMapWritable)
 
 	// life: page work takes it shared; close takes it exclusive, so the
 	// mappings stay mapped while anything uses them.
@@ -217,7 +220,7 @@ type region struct {
 
 	growMu sync.Mutex
 	cur    atomic.Pointer[cache.Region]
-	maps   [][]byte // every mapping made; protected by growMu
+	maps   [][]byte // every mapping made (meta and data); protected by growMu
 
 	fieldsMu sync.Mutex // serialises SetFields (one writer at a time)
 
@@ -288,75 +291,123 @@ func regionCapacity(size int64) uint64 {
 
 // newRegion makes the region of a blob of the given size.
 func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*region, error) {
-	fd, err := unix.MemfdCreate(fmt.Sprintf("weir-cache-%d", ino), unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("cache region of file %d: memfd_create: %w", ino, err)
+	r := &region{pc: pc, id: id, ino: ino}
+	var err error
+	if r.fd, r.ro, _, err = newMemfd(fmt.Sprintf("weir-cache-%d", ino), false); err != nil {
+		return nil, fmt.Errorf("cache region of file %d: %w", ino, err)
 	}
-	// Sealed against shrinking (it only grows): a client that maps its
-	// pages (MAP_SHARED, pins.go) is never made to fault past its end.
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("cache region of file %d: seal: %w", ino, err)
+	if r.dfd, r.dro, r.dw, err = newMemfd(fmt.Sprintf("weir-data-%d", ino), true); err != nil {
+		r.fd.Close()
+		r.ro.Close()
+		return nil, fmt.Errorf("cache region of file %d: %w", ino, err)
 	}
-	f := os.NewFile(uintptr(fd), "weir-cache")
-	// The clients' description is opened read-only, so that their
-	// mmap(PROT_WRITE) and mprotect(PROT_WRITE) fail. Then the inode's
-	// mode drops to 0: nobody reopens it through /proc read-write (only
-	// a process with CAP_DAC_OVERRIDE could, and such a process can
-	// write into io's memory anyway).
-	ro, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDONLY|syscall.O_CLOEXEC, 0)
-	if err == nil {
-		err = unix.Fchmod(fd, 0)
-	}
-	if err != nil {
-		f.Close()
-		if ro != nil {
-			ro.Close()
-		}
-		return nil, fmt.Errorf("cache region of file %d: read-only description: %w", ino, err)
-	}
-	r := &region{pc: pc, id: id, ino: ino, fd: f, ro: ro}
 	r.flightCond = sync.NewCond(&r.flightMu)
 	capa := regionCapacity(size)
 	if capa > cache.MaxCapacity {
 		capa = cache.MaxCapacity
 	}
-	mem, err := r.mapSize(capa)
+	meta, data, err := r.mapSize(capa)
 	if err != nil {
 		r.closeFiles()
 		return nil, err
 	}
-	cr, err := cache.Format(mem, ino, capa)
+	cr, err := cache.Format(meta, data, ino, capa)
 	if err != nil {
-		unix.Munmap(mem)
+		unix.Munmap(meta)
+		unix.Munmap(data)
 		r.closeFiles()
 		return nil, err
 	}
-	r.maps = append(r.maps, mem)
+	r.maps = append(r.maps, meta, data)
 	r.cur.Store(cr)
 	pc.Regions.Add(1)
 	return r, nil
 }
 
-func (r *region) closeFiles() {
-	r.fd.Close()
-	r.ro.Close()
+// newMemfd makes one of a region's memfds: io's read-write description,
+// a read-only one for clients, and with writers a read-write one for
+// clients that may write the file (the data memfd's, for a writable
+// MAP_SHARED mapping: its own description, so that a client's fcntl
+// F_SETFL, O_APPEND say, never changes how io's pwrites land).
+//
+// Sealed against shrinking (it only grows), so that a client that maps
+// its pages (MAP_SHARED, pins.go) is never made to fault past its end,
+// and the seals sealed, so that no client holding a writable description
+// adds F_SEAL_WRITE and stops io's fills. The clients' read-only
+// description makes their mmap(PROT_WRITE) and mprotect(PROT_WRITE) fail.
+// Then the inode's mode drops to 0: nobody reopens it through /proc
+// read-write (only a process with CAP_DAC_OVERRIDE could, and such a
+// process can write into io's memory anyway).
+func newMemfd(name string, writers bool) (f, ro, rw *os.File, err error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL); err != nil {
+		unix.Close(fd)
+		return nil, nil, nil, fmt.Errorf("seal: %w", err)
+	}
+	f = os.NewFile(uintptr(fd), name)
+	path := fmt.Sprintf("/proc/self/fd/%d", fd)
+	ro, err = os.OpenFile(path, os.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err == nil && writers {
+		rw, err = os.OpenFile(path, os.O_RDWR|syscall.O_CLOEXEC, 0)
+	}
+	if err == nil {
+		err = unix.Fchmod(fd, 0)
+	}
+	if err != nil {
+		for _, x := range []*os.File{f, ro, rw} {
+			if x != nil {
+				x.Close()
+			}
+		}
+		return nil, nil, nil, fmt.Errorf("clients' descriptions: %w", err)
+	}
+	return f, ro, rw, nil
 }
 
-// mapSize sizes the memfd for capa bytes of file and maps all of it.
-func (r *region) mapSize(capa uint64) ([]byte, error) {
-	size, err := cache.Size(capa)
+func (r *region) closeFiles() {
+	for _, f := range []*os.File{r.fd, r.ro, r.dfd, r.dro, r.dw} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// mapSize sizes the memfds for capa bytes of file and maps all of them.
+// A memfd is only ever grown: a client holding the data memfd read-write
+// may have made it larger already.
+func (r *region) mapSize(capa uint64) (meta, data []byte, err error) {
+	ms, ds, err := cache.Sizes(capa)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := r.fd.Truncate(int64(size)); err != nil {
-		return nil, fmt.Errorf("cache region of file %d: size the memfd: %w", r.ino, err)
+	var mems [2][]byte
+	for i, c := range []struct {
+		f    *os.File
+		size uint64
+	}{{r.fd, ms}, {r.dfd, ds}} {
+		st, err := c.f.Stat()
+		if err == nil && st.Size() < int64(c.size) {
+			err = c.f.Truncate(int64(c.size))
+		}
+		if err != nil {
+			if i == 1 {
+				unix.Munmap(mems[0])
+			}
+			return nil, nil, fmt.Errorf("cache region of file %d: size the memfd: %w", r.ino, err)
+		}
+		m, err := unix.Mmap(int(c.f.Fd()), 0, int(c.size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			if i == 1 {
+				unix.Munmap(mems[0])
+			}
+			return nil, nil, fmt.Errorf("cache region of file %d: mmap %d bytes: %w", r.ino, c.size, err)
+		}
+		mems[i] = m
 	}
-	mem, err := unix.Mmap(int(r.fd.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, fmt.Errorf("cache region of file %d: mmap %d bytes: %w", r.ino, size, err)
-	}
-	return mem, nil
+	return mems[0], mems[1], nil
 }
 
 // covering returns a mapping that covers page p (of a file position below
@@ -377,19 +428,20 @@ func (r *region) covering(p uint64) (*cache.Region, error) {
 		return nil, fmt.Errorf("cache region: page %d is past the largest region: %w", p, syscall.EFBIG)
 	}
 	capa := min(max(2*cr.Capacity(), need), cache.MaxCapacity)
-	mem, err := r.mapSize(capa)
+	meta, data, err := r.mapSize(capa)
 	if err != nil {
 		return nil, err
 	}
-	ncr, err := cache.Extend(mem)
+	ncr, err := cache.Extend(meta, data)
 	if err == nil {
 		err = ncr.Grow(capa)
 	}
 	if err != nil {
-		unix.Munmap(mem)
+		unix.Munmap(meta)
+		unix.Munmap(data)
 		return nil, err
 	}
-	r.maps = append(r.maps, mem)
+	r.maps = append(r.maps, meta, data)
 	r.cur.Store(ncr)
 	return ncr, nil
 }
@@ -736,10 +788,10 @@ func bitList(b []uint64, p uint64) []uint64 {
 	return out
 }
 
-// punch frees the memory of pages [p, p+n), which lie in one chunk (they
-// read as zeros afterwards).
+// punch frees the memory of pages [p, p+n) (they read as zeros
+// afterwards).
 func (r *region) punch(p uint64, n int) error {
-	return unix.Fallocate(int(r.fd.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+	return unix.Fallocate(int(r.dfd.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
 		int64(cache.PageOffset(p)), int64(n)*cache.PageSize)
 }
 
@@ -994,7 +1046,7 @@ type fillRun struct {
 // resident; if the memfd refuses them, the pages go back to absent (the
 // device holds their bytes).
 func (r *region) store(run fillRun) error {
-	err := pwriteFull(int(r.fd.Fd()), (*run.bp)[:len(run.busy)*cache.PageSize], int64(cache.PageOffset(run.p)))
+	err := pwriteFull(int(r.dfd.Fd()), (*run.bp)[:len(run.busy)*cache.PageSize], int64(cache.PageOffset(run.p)))
 	putBounce(run.bp)
 	if err != nil {
 		r.abandon(run.cr, run.p, run.busy)
@@ -1348,7 +1400,7 @@ func (r *region) pwritePage(p uint64, cur *runCursor, in, k int64) error {
 	var err error
 	cur.each(k, func(b []byte, at int64) {
 		if err == nil {
-			err = pwriteFull(int(r.fd.Fd()), b, int64(cache.PageOffset(p))+in+at)
+			err = pwriteFull(int(r.dfd.Fd()), b, int64(cache.PageOffset(p))+in+at)
 		}
 	})
 	return err
@@ -1487,8 +1539,8 @@ func (r *region) setFields(live func() (size, mtime int64, dv uint64)) {
 	r.fieldsMu.Unlock()
 }
 
-// memoryBytes is the memory the memfd holds (its allocated blocks): what
-// the region costs, whoever faulted the pages in.
+// memoryBytes is the memory the memfds hold (their allocated blocks):
+// what the region costs, whoever faulted the pages in.
 func (r *region) memoryBytes() int64 {
 	r.life.RLock()
 	defer r.life.RUnlock()
@@ -1500,9 +1552,12 @@ func (r *region) memoryBytes() int64 {
 
 // memoryLocked is memoryBytes with life held.
 func (r *region) memoryLocked() int64 {
-	var st unix.Stat_t
-	if unix.Fstat(int(r.fd.Fd()), &st) != nil {
-		return 0
+	var n int64
+	for _, f := range []*os.File{r.fd, r.dfd} {
+		var st unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &st) == nil {
+			n += st.Blocks * 512
+		}
 	}
-	return st.Blocks * 512
+	return n
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/weir-storage/weir/services/io/backend"
 
+	"github.com/weir-storage/weir/proto"
 	"github.com/weir-storage/weir/proto/cache"
 	"github.com/weir-storage/weir/ring"
 )
@@ -23,12 +24,25 @@ import (
 // Pinned pages count against the cache's size like any other; one session
 // may pin at most a quarter of it and all sessions half, so that pins
 // never starve the cache (ENOMEM beyond).
+//
+// A writable pin (proto.MapPinWritable, a handle that may write) is the
+// range of a writable MAP_SHARED mapping of the data memfd
+// (OpMapWritable): the client stores into io's cache pages, which io does
+// not see happen. OpMapSync makes the range's pages dirty (and the file
+// changed, for the next fsync's record and mtime), and so do the writable
+// pin's OpMapUnpin and the session's end: every store reaches the device
+// by the next write-back or fsync after the client synced, unmapped or
+// went (msync(MS_ASYNC) and a process that dies, as with the kernel's page
+// cache), and a store the client made before an fsync is in that fsync
+// (the shim syncs a file's writable mappings first).
 
 // pinRec is one pinned range of a session.
 type pinRec struct {
 	r      *region
+	ob     *openBlob
 	id     backend.BlobID
 	p0, p1 uint64
+	write  bool // a writable mapping's: its pages are made dirty at its end
 }
 
 // sessionPins are a session's pinned ranges.
@@ -81,15 +95,21 @@ func (r *region) pinned(p uint64) bool {
 }
 
 // mapPin serves OpMapPin: Handle (readable), Offset (page aligned), Arg =
-// pages. It grows the region to cover them, fills those inside the file,
-// and pins them all; 0 once they are resident.
+// pages, with proto.MapPinWritable for a writable mapping's (the handle
+// must write: EBADF). It grows the region to cover them, fills those
+// inside the file, and pins them all; 0 once they are resident.
 func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 	g, e := s.mappable(q)
 	if e != 0 {
 		return fail(e)
 	}
 	defer s.svc.done(g)
-	n := uint64(q.Arg)
+	write := q.Arg&proto.MapPinWritable != 0
+	if write && !g.write {
+		s.svc.Stats.Denied.Add(1)
+		return fail(syscall.EBADF)
+	}
+	n := uint64(q.Arg &^ proto.MapPinWritable)
 	if q.Offset%cache.PageSize != 0 || n == 0 || n > maxPinPages || q.Offset > cache.MaxCapacity ||
 		n*cache.PageSize > cache.MaxCapacity-q.Offset {
 		return fail(syscall.EINVAL)
@@ -152,7 +172,7 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 		}
 	}
 	r.trunc.RUnlock()
-	s.pins.list = append(s.pins.list, pinRec{r, g.blob.id, p0, p1})
+	s.pins.list = append(s.pins.list, pinRec{r, g.blob, g.blob.id, p0, p1, write})
 	s.pins.pages += int64(n)
 	return 0, 0
 }
@@ -166,7 +186,8 @@ func (r *region) isResident(p uint64) bool {
 }
 
 // mapUnpin serves OpMapUnpin: the range of an earlier OpMapPin of the
-// same file (EINVAL: none).
+// same file (EINVAL: none; the writable flag is ignored). A writable pin's
+// pages are made dirty first.
 func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 	g, e := s.use(q, accAny)
 	if e != 0 {
@@ -174,7 +195,7 @@ func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 	}
 	defer s.svc.done(g)
 	p0 := q.Offset / cache.PageSize
-	p1 := p0 + uint64(q.Arg)
+	p1 := p0 + uint64(q.Arg&^proto.MapPinWritable)
 	s.pins.mu.Lock()
 	defer s.pins.mu.Unlock()
 	for i, pr := range s.pins.list {
@@ -187,8 +208,88 @@ func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 	return fail(syscall.EINVAL)
 }
 
-// releasePinLocked takes back one pinned range; s.pins.mu is held.
+// mapSync serves OpMapSync: Handle (one that writes: EBADF), Offset,
+// Arg = pages, inside writable pins of the session's (EINVAL: not). The
+// range's resident pages inside the file become dirty, as if written with
+// the bytes they hold: what the client stored through its mapping is
+// written home by the next write-back or fsync. The client calls it at
+// msync and before an fsync of the file.
+func (s *session) mapSync(q *ring.Request) (int64, uint64) {
+	g, e := s.use(q, accWrite)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.done(g)
+	n := uint64(q.Arg)
+	if q.Offset%cache.PageSize != 0 || n == 0 || n > maxPinPages || q.Offset > cache.MaxCapacity ||
+		n*cache.PageSize > cache.MaxCapacity-q.Offset {
+		return fail(syscall.EINVAL)
+	}
+	p0 := q.Offset / cache.PageSize
+	p1 := p0 + n
+	s.pins.mu.Lock()
+	var r *region
+	for _, pr := range s.pins.list {
+		if pr.write && pr.id == g.blob.id && pr.p0 <= p0 && p1 <= pr.p1 {
+			r = pr.r
+			break
+		}
+	}
+	s.pins.mu.Unlock()
+	if r == nil {
+		return fail(syscall.EINVAL)
+	}
+	if err := s.svc.mapDirty(g.blob, r, p0, p1); err != nil {
+		return fail(errno(err))
+	}
+	return 0, 0
+}
+
+// mapDirty makes the resident pages of [p0, p1) inside the file dirty,
+// changed for the next fsync's record, and the file modified: a writable
+// mapping's client may have stored into them.
+func (svc *Service) mapDirty(ob *openBlob, r *region, p0, p1 uint64) error {
+	r.life.RLock()
+	defer r.life.RUnlock()
+	if r.closed {
+		return nil
+	}
+	r.trunc.RLock()
+	defer r.trunc.RUnlock()
+	pe := min(p1, uint64(max(ob.logical(), 0)+cache.PageSize-1)/cache.PageSize)
+	if pe <= p0 {
+		return nil
+	}
+	if ob.sf != nil {
+		ob.sf.markChanged(p0, pe)
+	}
+	lr, err := r.lock(p0, pe)
+	if err != nil {
+		return err
+	}
+	for i, w := range lr.busy {
+		p := lr.p0 + uint64(i)
+		if lr.was[i] == cache.KindResident {
+			r.markDirty(p)
+			_ = lr.cr.Publish(p, w, true)
+		} else {
+			_ = lr.cr.Drop(p, w)
+		}
+	}
+	lr.busy = nil
+	svc.touch(ob)
+	return nil
+}
+
+// releasePinLocked takes back one pinned range, a writable one's pages
+// made dirty first; s.pins.mu is held.
 func (s *session) releasePinLocked(pr pinRec) {
+	if pr.write {
+		if err := s.svc.mapDirty(pr.ob, pr.r, pr.p0, pr.p1); err != nil {
+			s.svc.log.Error("writable mapping's end: its pages could not be made dirty; stores through it may be lost",
+				"blob", pr.id, "error", err)
+		}
+	}
 	pr.r.unpinRange(pr.p0, pr.p1)
 	n := int64(pr.p1 - pr.p0)
 	s.pins.pages -= n

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"sync/atomic"
 	"syscall"
 
@@ -154,6 +155,8 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpStatFS, s.statfs)
 	s.mux.Handle(proto.OpMapPin, s.mapPin)
 	s.mux.Handle(proto.OpMapUnpin, s.mapUnpin)
+	s.mux.Handle(proto.OpMapSync, s.mapSync)
+	s.mux.Handle(proto.OpMapWritable, s.mapWritable)
 }
 
 // statfs answers the store's room (OpStatFS), for statfs(2) of a weir
@@ -761,10 +764,11 @@ func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
 // write with O_SYNC EIO (it happened; the size is not durable).
 const errMetadataUnreachable = syscall.EHOSTUNREACH
 
-// cacheMap passes the handle's cache region to the client: a read-only
-// memfd on the session socket, tagged with the completion's Aux. A handle
-// that cannot read gets EBADF; without the cache, EOPNOTSUPP (the client
-// reads through the ring); a client that leaves its socket unread, EAGAIN.
+// cacheMap passes the handle's cache region to the client: read-only
+// descriptions of its meta memfd and its data memfd on the session socket,
+// tagged with the completion's Aux and Aux+1. A handle that cannot read
+// gets EBADF; without the cache, EOPNOTSUPP (the client reads through the
+// ring); a client that leaves its socket unread, EAGAIN.
 func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
 	g, e := s.mappable(q)
 	if e != 0 {
@@ -775,15 +779,56 @@ func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)
 	}
-	tag := s.tags.Add(1)
-	if err := s.sc.SendFile(tag, r.ro); err != nil {
-		if errors.Is(err, ring.ErrSocketFull) {
-			return fail(syscall.EAGAIN)
+	tag := s.tags.Add(2) - 1
+	for i, f := range []*os.File{r.ro, r.dro} {
+		if e := s.sendFile(tag+uint64(i), f); e != 0 {
+			return fail(e)
 		}
-		return fail(syscall.EIO)
 	}
 	s.svc.pc.Maps.Add(1)
 	return 0, tag
+}
+
+// mapWritable serves OpMapWritable: a read-write description of the
+// handle's data memfd on the session socket, tagged with the completion's
+// Aux, for a writable MAP_SHARED mapping of the file (the client's stores
+// reach io's cache; OpMapSync, a writable pin's OpMapUnpin and the
+// session's end make them dirty). Only a handle that may write the file
+// gets it (EBADF): the data memfd holds nothing but the file's bytes, so
+// its holder can change nothing a write could not. Direct opens and a
+// service without the cache: as cacheMap.
+func (s *session) mapWritable(q *ring.Request) (int64, uint64) {
+	g, e := s.mappable(q)
+	if e != 0 {
+		return fail(e)
+	}
+	defer s.svc.done(g)
+	if !g.write {
+		s.svc.Stats.Denied.Add(1)
+		return fail(syscall.EBADF)
+	}
+	r := s.svc.regionOf(g.blob)
+	if r == nil {
+		return fail(syscall.EOPNOTSUPP)
+	}
+	tag := s.tags.Add(1)
+	if e := s.sendFile(tag, r.dw); e != 0 {
+		return fail(e)
+	}
+	s.svc.pc.Maps.Add(1)
+	return 0, tag
+}
+
+// sendFile passes f on the session socket with tag: EAGAIN when the client
+// leaves its socket unread, EIO when it failed.
+func (s *session) sendFile(tag uint64, f *os.File) syscall.Errno {
+	if err := s.sc.SendFile(tag, f); err != nil {
+		if errors.Is(err, ring.ErrSocketFull) {
+			return syscall.EAGAIN
+		}
+		return syscall.EIO
+	}
+	return 0
 }
 
 // mappable is the grant of a request that maps or pins the handle's cache

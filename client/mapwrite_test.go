@@ -1,0 +1,100 @@
+package client_test
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weir-storage/weir/client"
+	"github.com/weir-storage/weir/proto"
+)
+
+// TestWritableMapping: the IO service passes a file's data memfd
+// read-write only to a handle that writes the file (OpMapWritable; a
+// writable pin likewise), and a client's stores through it are what
+// every read sees at once. The holder of that description changes nothing
+// a write could not: it cannot shrink the memfd or seal it, its file
+// status flags are its own (O_APPEND on it moves none of io's stores),
+// and the region's meta memfd stays read-only to it.
+func TestWritableMapping(t *testing.T) {
+	fsys, _ := newFS(t)
+	f, _ := mappedFile(t, fsys, "rw", 64<<10)
+	ro, err := fsys.OpenFile("rw", os.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	for _, c := range []struct {
+		name string
+		op   uint8
+		arg  uint32
+	}{{"OpMapWritable", proto.OpMapWritable, 0}, {"writable OpMapPin", proto.OpMapPin, 16 | proto.MapPinWritable}} {
+		if res, _, err := client.IOCall(ro, c.op, c.arg, 0, false); err != nil || res != -int64(syscall.EBADF) {
+			t.Fatalf("%s of a read-only handle: %d, %v, want EBADF", c.name, res, err)
+		}
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapSync, 16, 0, false); err != nil || res != -int64(syscall.EINVAL) {
+		t.Fatalf("OpMapSync with no writable pin: %d, %v, want EINVAL", res, err)
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapPin, 16|proto.MapPinWritable, 0, false); err != nil || res != 0 {
+		t.Fatalf("writable OpMapPin: %d, %v", res, err)
+	}
+	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
+	if err != nil || rw == nil {
+		t.Fatalf("OpMapWritable: %v", err)
+	}
+	defer rw.Close()
+	mem, err := unix.Mmap(int(rw.Fd()), 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("writable mmap of the data memfd: %v", err)
+	}
+	defer unix.Munmap(mem)
+	copy(mem[4090:], "STORED")
+	got := make([]byte, 6)
+	if _, err := f.ReadAt(got, 4090); err != nil || string(got) != "STORED" {
+		t.Fatalf("a read after a store through the mapping: %q, %v", got, err)
+	}
+	if _, err := ro.ReadAt(got, 4090); err != nil || string(got) != "STORED" {
+		t.Fatalf("another handle's read after a store: %q, %v", got, err)
+	}
+	// Hostile uses of the description.
+	if err := rw.Truncate(0); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("shrinking the data memfd: %v, want EPERM", err)
+	}
+	if _, err := unix.FcntlInt(rw.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("sealing the data memfd: %v, want EPERM", err)
+	}
+	if _, err := unix.FcntlInt(rw.Fd(), unix.F_SETFL, unix.O_APPEND); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("written"), 70<<10); err != nil {
+		t.Fatal(err)
+	}
+	got = make([]byte, 7)
+	if _, err := ro.ReadAt(got, 70<<10); err != nil || string(got) != "written" {
+		t.Fatalf("a write after O_APPEND on the client's description: %q, %v", got, err)
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapSync, 16, 0, false); err != nil || res != 0 {
+		t.Fatalf("OpMapSync: %d, %v", res, err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapUnpin, 16|proto.MapPinWritable, 0, false); err != nil || res != 0 {
+		t.Fatalf("OpMapUnpin of the writable pin: %d, %v", res, err)
+	}
+	all := make([]byte, 64<<10)
+	if _, err := ro.ReadAt(all, 0); err != nil || !bytes.Equal(all[4090:4096], []byte("STORED")) {
+		t.Fatalf("read back after unpin: %v", err)
+	}
+	// The region's meta memfd is still read-only to a writer.
+	if mf := client.CacheFile(f); mf != nil {
+		if _, err := unix.Mmap(int(mf.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED); !errors.Is(err, unix.EACCES) {
+			t.Fatalf("writable mmap of the meta memfd by a writer: %v, want EACCES", err)
+		}
+	}
+}
