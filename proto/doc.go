@@ -228,6 +228,19 @@
 //	OpMapWritable Handle (one that writes: EBADF); result 0, Aux = tag: a
 //	            read-write description of the region's data memfd comes on
 //	            the session socket (a writable MAP_SHARED mapping)
+//	OpWriteLog  result 0, Aux = tag: a read-write description of the
+//	            session's write log (WriteLogSize bytes, sealed against
+//	            resizing) comes on the session socket; the same log every
+//	            time (docs/cache-abi.md §7)
+//	OpWritePin  Handle (one that reads and writes, not direct: EBADF),
+//	            Offset = a multiple of WindowPages pages, Arg = a slot of
+//	            the log (EINVAL: out of range; EBUSY: in use): the window's
+//	            pages are filled and pinned as by OpMapPin (ENOMEM alike),
+//	            the slot cleared; a bit the client sets in the slot makes
+//	            its page dirty at the next drain (the file's fsync, the
+//	            flusher's pass, an O_DIRECT access, OpWriteUnpin, the
+//	            session's end)
+//	OpWriteUnpin Arg = a slot in use (EINVAL: not): drained, unpinned, free
 //	OpReadahead Handle (a readable one), Offset, Arg = bytes (at most 8 MiB):
 //	            the service starts filling them into the cache and answers 0
 //	            at once

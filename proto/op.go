@@ -126,6 +126,24 @@ const (
 	// OpMapWritable is the writable counterpart of OpCacheMap (a data
 	// memfd read-write).
 	OpMapWritable uint8 = 0x4f
+	// OpWriteLog, OpWritePin and OpWriteUnpin are write windows: a
+	// client's stores into pinned cache pages, logged in a shared bitmap
+	// (docs/cache-abi.md §7).
+	OpWriteLog   uint8 = 0x50
+	OpWritePin   uint8 = 0x51
+	OpWriteUnpin uint8 = 0x52
+)
+
+// Write windows (OpWritePin): a window is WindowPages pages at a multiple
+// of WindowPages; a session's write log (OpWriteLog) holds WriteLogSlots
+// slots of WriteSlotBytes each, slot i at i*WriteSlotBytes: a bit per page
+// of the window pinned in it, page k of the window at bit k%64 of the
+// little-endian u64 word k/64.
+const (
+	WindowPages    = 512
+	WriteLogSlots  = 256
+	WriteSlotBytes = WindowPages / 8
+	WriteLogSize   = WriteLogSlots * WriteSlotBytes
 )
 
 // MapPinWritable in OpMapPin's Arg marks a writable mapping's pin.

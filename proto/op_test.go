@@ -31,6 +31,7 @@ func TestOpcodesPinned(t *testing.T) {
 		{"OpClaimDir", OpClaimDir, 0x49}, {"OpRelease", OpRelease, 0x4a},
 		{"OpStatFS", OpStatFS, 0x4b}, {"OpMapPin", OpMapPin, 0x4c}, {"OpMapUnpin", OpMapUnpin, 0x4d},
 		{"OpMapSync", OpMapSync, 0x4e}, {"OpMapWritable", OpMapWritable, 0x4f},
+		{"OpWriteLog", OpWriteLog, 0x50}, {"OpWritePin", OpWritePin, 0x51}, {"OpWriteUnpin", OpWriteUnpin, 0x52},
 	}
 	seen := map[uint8]string{}
 	for _, p := range pinned {

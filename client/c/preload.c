@@ -115,7 +115,7 @@ struct desc {
 	/* Files: the cache region's mapping (reads of resident pages copy
 	 * from it, no round trip), made at the third read; under cache_mu. */
 	weir_cache *cache;
-	int reads, nocache;
+	int reads, nocache, nowindows, wmapped;
 };
 
 #define MAX_FDS 65536
@@ -128,9 +128,11 @@ static pid_t wfs_pid; /* the process that dialled wfs: a forked child must not u
 /* vfork (and posix_spawn, and Python's subprocess) runs a child in its
  * parent's memory until it execs: the shim's table, its sessions and the
  * standard streams are the parent's there, so a child of vfork changes
- * none of them. Its calls go to the kernel (close and dup2 of weir
- * descriptors are the kernel's own there; the new image finds its weir
- * descriptors after exec). tab_pid is the process the memory is of. */
+ * none of them. Its close and dup2 of weir descriptors are the kernel's
+ * own there (the new image finds its weir descriptors after exec), its
+ * path calls dial a session of their own, and its data calls on a weir
+ * descriptor use the parent's handle, as a thread of the parent would.
+ * tab_pid is the process the memory is of. */
 static pid_t tab_pid;
 static int vforked(void) { return getpid() != tab_pid; }
 
@@ -483,7 +485,7 @@ static int adopt(struct desc *d)
 			 * process maps the region anew for its own handle. */
 			weir_cache_unmap(d->cache);
 			d->cache = NULL;
-			d->reads = d->nocache = 0;
+			d->reads = d->nocache = d->nowindows = d->wmapped = 0;
 		}
 		if (!e)
 			d->pid = getpid();
@@ -505,7 +507,13 @@ static struct desc *get(int fd, int *err)
 	if (d)
 		d->refs++;
 	pthread_mutex_unlock(&tab_mu);
-	if (d && d->pid != getpid()) {
+	/* tab_pid, not getpid() (a system call, a third of a cached read's
+	 * time): a child of fork (or _Fork) has it set before it runs, and
+	 * a child of vfork, which runs on its parent's memory until it
+	 * execs, uses its parent's handle and session as a thread of the
+	 * parent would (the kernel shares the open file description with
+	 * it too). */
+	if (d && d->pid != __atomic_load_n(&tab_pid, __ATOMIC_RELAXED)) {
 		if (vforked()) {
 			put(d);
 			return NULL; /* the kernel's (an O_PATH descriptor: EBADF) */
@@ -527,8 +535,10 @@ static void put(struct desc *d)
 	pthread_mutex_unlock(&tab_mu);
 	if (last) {
 		weir_fs *f = wfs;
-		if (d->handle && f && wfs_pid == getpid() && d->pid == wfs_pid)
+		if (d->handle && f && wfs_pid == getpid() && d->pid == wfs_pid) {
+			weir_cache_release(f, d->cache); /* its write windows, before the handle ends */
 			weir_close(f, d->handle);
+		}
 		free_desc(d);
 	}
 }
@@ -1154,6 +1164,30 @@ static ssize_t cached_read(struct desc *d, void *buf, size_t n, uint64_t off)
 	return c ? weir_cache_read(c, buf, n, off) : -EAGAIN;
 }
 
+/* file_write writes at off: a description that reads and writes, not
+ * O_DIRECT, O_SYNC or O_DSYNC, maps its region read-write at its third
+ * read, seek or write, and from then on overwrites inside windows its
+ * writes keep warm are copies into io's cache (weir_cache_pwrite: no
+ * round trip); the rest goes through the ring. */
+static ssize_t file_write(struct desc *d, const void *buf, size_t n, uint64_t off)
+{
+	int f = d->pg->flags;
+	if (DIRECT(d) || !readable(f) || (f & (O_SYNC | O_DSYNC)) || d->nowindows)
+		return weir_pwrite(wfs, d->handle, buf, n, off, DIRECT(d));
+	weir_cache *c = desc_cache(d);
+	if (c && !__atomic_load_n(&d->wmapped, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_lock(&cache_mu);
+		if (!d->nowindows && !d->wmapped) {
+			if (weir_cache_writable(wfs, c, d->handle) == 0)
+				__atomic_store_n(&d->wmapped, 1, __ATOMIC_RELEASE);
+			else
+				d->nowindows = 1; /* (a file io cannot map: the ring's) */
+		}
+		pthread_mutex_unlock(&cache_mu);
+	}
+	return weir_cache_pwrite(wfs, d->wmapped ? c : NULL, d->handle, buf, n, off);
+}
+
 /* file_size is the size lseek's SEEK_END, SEEK_DATA and SEEK_HOLE start
  * from: the live size in d's cache region's field group, which io keeps
  * current for every writer (docs/cache-abi.md), with no round trip once
@@ -1221,7 +1255,7 @@ ssize_t write(int fd, const void *buf, size_t n)
 			if (r > 0)
 				d->pg->off = at + (uint64_t)r;
 		} else {
-			r = weir_pwrite(wfs, d->handle, buf, n, d->pg->off, DIRECT(d));
+			r = file_write(d, buf, n, d->pg->off);
 			if (r > 0)
 				d->pg->off += (uint64_t)r;
 		}
@@ -1251,7 +1285,7 @@ ssize_t pwrite(int fd, const void *buf, size_t n, off_t off)
 	/* Linux: pwrite on an O_APPEND descriptor appends (a documented bug). */
 	ssize_t r = e ? -e : off < 0 ? -EINVAL : !writable(d->pg->flags) ? -EBADF
 		    : (d->pg->flags & O_APPEND) ? weir_append(wfs, d->handle, buf, n, NULL, DIRECT(d))
-						: weir_pwrite(wfs, d->handle, buf, n, (uint64_t)off, DIRECT(d));
+						: file_write(d, buf, n, (uint64_t)off);
 	put(d);
 	return r < 0 ? fail((int)-r) : r;
 }
@@ -4538,6 +4572,26 @@ static void fork_child(void)
 	wfs = NULL; /* (its mappings and sockets stay, unused, until exec or exit) */
 	fork_parent();
 	repin_after_fork();
+}
+
+/* _Fork (glibc 2.34) forks without the atfork handlers: its child is
+ * told it is not its parent all the same. (Its child may only make
+ * async-signal-safe calls; the shim's are not, so a weir call there is
+ * as undefined as a malloc.) */
+REAL(pid_t, _Fork, void)
+pid_t _Fork(void)
+{
+	init__Fork();
+	if (!real__Fork) {
+		errno = ENOSYS;
+		return -1;
+	}
+	pid_t p = real__Fork();
+	if (p == 0) {
+		tab_pid = getpid();
+		wfs = NULL;
+	}
+	return p;
 }
 
 /* adopt_inherited registers the weir descriptors a new image got across

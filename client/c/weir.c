@@ -77,6 +77,19 @@ struct weir_fs {
 	/* Where weir is mounted on the host (weir_set_mount; "" until then):
 	 * an absolute link target under it stays in weir. */
 	char mount[WEIR_MAX_PATH + 1];
+	/* Write windows (docs/cache-abi.md §7): the session's write log,
+	 * mapped read-write at the first window (NULL until then), and what
+	 * each of its slots holds. Fast writes take wmu shared, pins and
+	 * unpins exclusive. */
+	pthread_rwlock_t wmu;
+	uint8_t *wlog;
+	int wlog_failed;     /* io gave no log: no windows for this session */
+	int64_t wfull_until; /* io refused a pin (ENOMEM): none asked before then */
+	struct wwin {
+		weir_cache *c; /* whose window (NULL: the slot is free) */
+		uint64_t win;  /* the window: file bytes [win, win + 1) * WIN_BYTES */
+		int64_t used;  /* its last store, for the choice of a slot to free */
+	} wins[WEIR_WRITE_LOG_SLOTS];
 };
 
 /* A call's bound on one request's payload (a client policy). */
@@ -634,6 +647,7 @@ int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 	fs->meta.sock = fs->io.sock = -1; /* (0 is the program's stdin: never ours to close) */
 	pthread_mutex_init(&fs->files_mu, NULL);
 	pthread_mutex_init(&fs->hmu, NULL);
+	pthread_rwlock_init(&fs->wmu, NULL);
 	for (int i = 0; i < MAX_PENDING_FILES; i++)
 		fs->files[i].fd = -1;
 	int err = ring_dial(&fs->meta, meta_sock);
@@ -700,6 +714,9 @@ void weir_fs_close(weir_fs *fs)
 			close(fs->files[i].fd);
 	pthread_mutex_destroy(&fs->files_mu);
 	pthread_mutex_destroy(&fs->hmu);
+	pthread_rwlock_destroy(&fs->wmu);
+	if (fs->wlog)
+		munmap(fs->wlog, WEIR_WRITE_LOG_SIZE);
 	free(fs->recs);
 	free(fs);
 }
@@ -1387,12 +1404,23 @@ int weir_lock(weir_fs *fs, uint64_t handle, int get, uint8_t type, uint8_t cls, 
 
 /* The cache region (docs/cache-abi.md): a readable handle's mapping of
  * the file's pages in io's cache, read with the state words' seqlock. */
+#define WIN_BYTES ((uint64_t)WEIR_WINDOW_PAGES * WEIR_CACHE_PAGE_SIZE)
+#define WHASH 256 /* windows a region's mapping finds directly: by window % WHASH */
 struct weir_cache {
 	const uint8_t *base; /* the meta memfd: header and state words */
 	size_t len;          /* mapped bytes of it */
 	const uint8_t *data; /* the data memfd: file page p at p * 4096 */
 	size_t dlen;
 	uint64_t cap; /* file bytes both mappings cover */
+	/* Write windows (weir_cache_pwrite): the data memfd read-write
+	 * (NULL: none), the slot + 1 of the window at each WHASH place (0:
+	 * none; checked against fs->wins under fs->wmu), and how many
+	 * writes through the ring each place has had since its last pin. */
+	uint8_t *wdata;
+	weir_fs *wfs;
+	uint64_t handle;
+	uint16_t wslot[WHASH];
+	uint8_t heat[WHASH];
 };
 
 #define FILE_MAGIC 0x31465257u /* "WRF1" (docs/ring-abi.md §6) */
@@ -1531,6 +1559,7 @@ int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out)
 		munmap(d, (size_t)ds.st_size);
 		return -ENOMEM;
 	}
+	memset(c, 0, sizeof *c);
 	c->base = b;
 	c->len = (size_t)ms.st_size;
 	c->data = d;
@@ -1637,6 +1666,8 @@ void weir_cache_unmap(weir_cache *c)
 	if (c) {
 		munmap((void *)c->base, c->len);
 		munmap((void *)c->data, c->dlen);
+		if (c->wdata)
+			munmap(c->wdata, c->dlen);
 		free(c);
 	}
 }
@@ -1691,6 +1722,223 @@ ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off)
 		done += k;
 	}
 	return (ssize_t)done;
+}
+
+/* Write windows (docs/cache-abi.md §7). A write through the ring that
+ * lands in a window of a file the handle reads and writes warms the
+ * window's place; at the WIN_HEAT-th, the window is pinned in a slot of
+ * the session's write log. A write that then overwrites bytes inside one
+ * pinned window, below the file's size, while the region's mtime is of
+ * the last WIN_FRESH_NS (so that the file's mtime stays as current as
+ * the kernel's coarse clock keeps it), is a copy into the data memfd and
+ * a bit per page in the log: io makes the pages dirty at the file's next
+ * fsync (whoever asks), write-back pass or O_DIRECT access, and at the
+ * window's unpin or the session's end. Everything else goes through the
+ * ring. */
+#define WIN_HEAT 4
+#define WIN_FRESH_NS 1000000
+#define WIN_FULL_BACKOFF_NS 100000000
+
+int weir_cache_writable(weir_fs *fs, weir_cache *c, uint64_t handle)
+{
+	if (c->wdata)
+		return 0;
+	uint64_t tag = 0;
+	int64_t res = io_call(fs, WEIR_OP_MAP_WRITABLE, 0, handle, 0, NULL, 0, NULL, 0, &tag);
+	int fd = res < 0 ? (int)res : take_file(fs, tag);
+	if (fd < 0)
+		return fd;
+	struct stat st;
+	void *p = MAP_FAILED;
+	/* Sealed against shrinking and as large as the read-only mapping:
+	 * no store can fault. */
+	if (fstat(fd, &st) == 0 && (uint64_t)st.st_size >= c->dlen && (fcntl(fd, F_GET_SEALS) & F_SEAL_SHRINK))
+		p = mmap(NULL, c->dlen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (p == MAP_FAILED)
+		return -EPROTO;
+	c->wdata = p;
+	c->wfs = fs;
+	c->handle = handle;
+	return 0;
+}
+
+/* cache_fields reads the field group's size and mtime (the seqlock);
+ * -1 if they are not stable within WEIR_CACHE_FIELD_TRIES. */
+static int cache_fields(const weir_cache *c, int64_t *size, int64_t *mtime)
+{
+	const uint64_t *seq = (const uint64_t *)(c->base + WEIR_CACHE_OFF_FIELDS_SEQ);
+	for (unsigned i = 0; i < WEIR_CACHE_FIELD_TRIES; i++) {
+		uint64_t a = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
+		if (a & 1)
+			continue;
+		uint64_t v = __atomic_load_n((const uint64_t *)(c->base + WEIR_CACHE_OFF_SIZE), __ATOMIC_ACQUIRE);
+		int64_t m = (int64_t)__atomic_load_n((const uint64_t *)(c->base + WEIR_CACHE_OFF_MTIME), __ATOMIC_ACQUIRE);
+		if (__atomic_load_n(seq, __ATOMIC_ACQUIRE) == a) {
+			if (v > WEIR_CACHE_MAX_CAPACITY)
+				return -1;
+			*size = (int64_t)v;
+			*mtime = m;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+static int64_t realtime_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_REALTIME, &t);
+	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* window_store is the store of a write inside a pinned window: n, or
+ * -EAGAIN (through the ring). */
+static ssize_t window_store(weir_fs *fs, weir_cache *c, const void *buf, size_t n, uint64_t off)
+{
+	uint64_t win = off / WIN_BYTES;
+	if (n == 0 || (off + n - 1) / WIN_BYTES != win || off + n > c->cap)
+		return -EAGAIN;
+	unsigned s = __atomic_load_n(&c->wslot[win % WHASH], __ATOMIC_RELAXED);
+	if (s == 0)
+		return -EAGAIN;
+	int64_t size, mtime, now = realtime_ns();
+	if (cache_fields(c, &size, &mtime) || off + n > (uint64_t)size || now - mtime > WIN_FRESH_NS || mtime - now > WIN_FRESH_NS)
+		return -EAGAIN;
+	ssize_t r = -EAGAIN;
+	pthread_rwlock_rdlock(&fs->wmu);
+	struct wwin *w = &fs->wins[s - 1];
+	if (w->c != c || w->win != win)
+		goto out;
+	uint64_t p0 = off >> WEIR_CACHE_PAGE_SHIFT, p1 = (off + n - 1) >> WEIR_CACHE_PAGE_SHIFT;
+	/* Resident and not busy: a page in a transition (a ring write, a
+	 * write-back, a truncate) takes this write through the ring. */
+	for (uint64_t p = p0; p <= p1; p++) {
+		uint32_t st = __atomic_load_n((const uint32_t *)(c->base + weir_cache_state_off(p)), __ATOMIC_ACQUIRE);
+		if ((st & WEIR_CACHE_KIND_MASK) != WEIR_CACHE_KIND_RESIDENT || (st & WEIR_CACHE_RESERVED_MASK))
+			goto out;
+	}
+	memcpy(c->wdata + off, buf, n);
+	uint64_t *slot = (uint64_t *)(fs->wlog + (size_t)(s - 1) * WEIR_WRITE_SLOT_BYTES);
+	for (uint64_t p = p0; p <= p1; p++) {
+		uint64_t k = p - win * WEIR_WINDOW_PAGES;
+		__atomic_fetch_or(&slot[k / 64], (uint64_t)1 << (k % 64), __ATOMIC_RELEASE);
+	}
+	__atomic_store_n(&w->used, now, __ATOMIC_RELAXED);
+	r = (ssize_t)n;
+out:
+	pthread_rwlock_unlock(&fs->wmu);
+	return r;
+}
+
+/* write_log maps the session's write log at the first window; under wmu
+ * exclusive. */
+static int write_log(weir_fs *fs)
+{
+	if (fs->wlog)
+		return 0;
+	if (fs->wlog_failed)
+		return -EOPNOTSUPP;
+	uint64_t tag = 0;
+	int64_t res = call(&fs->io, WEIR_OP_WRITE_LOG, 0, 0, 0, NULL, 0, NULL, 0, &tag);
+	int fd = res < 0 ? (int)res : take_file(fs, tag);
+	struct stat st;
+	void *p = MAP_FAILED;
+	/* Sealed at its size: no load or store of it can fault. */
+	if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size == WEIR_WRITE_LOG_SIZE &&
+	    (fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW)) == (F_SEAL_SHRINK | F_SEAL_GROW))
+		p = mmap(NULL, WEIR_WRITE_LOG_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (fd >= 0)
+		close(fd);
+	if (p == MAP_FAILED) {
+		fs->wlog_failed = 1;
+		return -EPROTO;
+	}
+	fs->wlog = p;
+	return 0;
+}
+
+/* unpin_slot ends the window in slot i; under wmu exclusive. */
+static void unpin_slot(weir_fs *fs, unsigned i)
+{
+	struct wwin *w = &fs->wins[i];
+	if (!w->c)
+		return;
+	if (w->c->wslot[w->win % WHASH] == i + 1)
+		__atomic_store_n(&w->c->wslot[w->win % WHASH], 0, __ATOMIC_RELAXED);
+	/* io drains the slot before it frees it: an error leaves it to the
+	 * session's end, and the slot unused here. */
+	if (call(&fs->io, WEIR_OP_WRITE_UNPIN, i, 0, 0, NULL, 0, NULL, 0, NULL) == 0)
+		w->c = NULL;
+	else
+		w->win = ~(uint64_t)0; /* held by io still: never free here */
+}
+
+/* warm counts a write through the ring at off, and pins its window at
+ * the WIN_HEAT-th. */
+static void warm(weir_fs *fs, weir_cache *c, uint64_t off)
+{
+	uint64_t win = off / WIN_BYTES;
+	unsigned h = (unsigned)(win % WHASH);
+	if (__atomic_load_n(&c->wslot[h], __ATOMIC_RELAXED) || (win + 1) * WIN_BYTES > c->cap ||
+	    __atomic_add_fetch(&c->heat[h], 1, __ATOMIC_RELAXED) < WIN_HEAT)
+		return;
+	c->heat[h] = 0;
+	pthread_rwlock_wrlock(&fs->wmu);
+	int64_t now = realtime_ns();
+	if (c->wslot[h] || now < fs->wfull_until || write_log(fs))
+		goto out;
+	/* A free slot, else the one stored into least recently. */
+	unsigned best = WEIR_WRITE_LOG_SLOTS;
+	for (unsigned i = 0; i < WEIR_WRITE_LOG_SLOTS; i++) {
+		struct wwin *w = &fs->wins[i];
+		if (!w->c) {
+			best = i;
+			break;
+		}
+		if (w->win != ~(uint64_t)0 && (best == WEIR_WRITE_LOG_SLOTS || w->used < fs->wins[best].used))
+			best = i;
+	}
+	if (best == WEIR_WRITE_LOG_SLOTS)
+		goto out;
+	unpin_slot(fs, best);
+	if (fs->wins[best].c)
+		goto out;
+	int64_t res = io_call(fs, WEIR_OP_WRITE_PIN, best, c->handle, win * WIN_BYTES, NULL, 0, NULL, 0, NULL);
+	if (res == 0) {
+		fs->wins[best] = (struct wwin){.c = c, .win = win, .used = now};
+		__atomic_store_n(&c->wslot[h], (uint16_t)(best + 1), __ATOMIC_RELAXED);
+	} else if (res == -ENOMEM) {
+		fs->wfull_until = now + WIN_FULL_BACKOFF_NS;
+	}
+out:
+	pthread_rwlock_unlock(&fs->wmu);
+}
+
+ssize_t weir_cache_pwrite(weir_fs *fs, weir_cache *c, uint64_t handle, const void *buf, size_t n, uint64_t off)
+{
+	if (c && c->wdata && c->wfs == fs && c->handle == handle) {
+		ssize_t r = window_store(fs, c, buf, n, off);
+		if (r != -EAGAIN)
+			return r;
+	}
+	ssize_t r = weir_pwrite(fs, handle, buf, n, off, 0);
+	if (r > 0 && c && c->wdata && c->wfs == fs && c->handle == handle)
+		warm(fs, c, off);
+	return r;
+}
+
+void weir_cache_release(weir_fs *fs, weir_cache *c)
+{
+	if (!c || !c->wdata || c->wfs != fs)
+		return;
+	pthread_rwlock_wrlock(&fs->wmu);
+	for (unsigned i = 0; i < WEIR_WRITE_LOG_SLOTS; i++)
+		if (fs->wins[i].c == c)
+			unpin_slot(fs, i);
+	/* A slot io still holds (an unpin that failed) keeps a pointer to c
+	 * for nothing but the comparison: it is never dereferenced again. */
+	pthread_rwlock_unlock(&fs->wmu);
 }
 
 int weir_statfs(weir_fs *fs, struct weir_space *sp)

@@ -167,6 +167,18 @@ ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off);
  * while it changes: ask the metadata service (weir_fstat). */
 int64_t weir_cache_size(const weir_cache *c);
 void weir_cache_unmap(weir_cache *c);
+/* Write windows (docs/cache-abi.md §7): weir_cache_writable maps the
+ * region's data memfd read-write too (the handle reads and writes);
+ * weir_cache_pwrite then writes as weir_pwrite does (not O_DIRECT), but
+ * an overwrite inside a window of the file that the handle's writes keep
+ * warm is a copy into io's cache with no round trip, seen at once by
+ * every reader and in the file's next fsync by anyone. -EAGAIN never.
+ * weir_cache_release unpins the handle's windows: call it before
+ * weir_close of the handle, from the process that mapped c (a child of
+ * fork unmaps its parent's mappings with weir_cache_unmap alone). */
+int weir_cache_writable(weir_fs *fs, weir_cache *c, uint64_t handle);
+ssize_t weir_cache_pwrite(weir_fs *fs, weir_cache *c, uint64_t handle, const void *buf, size_t n, uint64_t off);
+void weir_cache_release(weir_fs *fs, weir_cache *c);
 
 /* weir_map maps bytes [off, off + len) of the handle's file (off page
  * aligned) over the reserved range at addr (len rounded up to pages;

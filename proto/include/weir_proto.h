@@ -171,6 +171,13 @@
 #define WEIR_OP_MAP_UNPIN 0x4du /* the same handle's file, offset and arg as a MAP_PIN: its pins end (a writable pin's pages become dirty first) */
 #define WEIR_OP_MAP_SYNC 0x4eu /* handle (writes), offset, arg = pages inside a writable pin: the resident ones become dirty (msync) */
 #define WEIR_OP_MAP_WRITABLE 0x4fu /* handle (writes): result 0, aux = tag: a read-write description of the data memfd on the session socket */
+#define WEIR_OP_WRITE_LOG 0x50u /* result 0, aux = tag: the session's write log (a read-write memfd of WEIR_WRITE_LOG_SIZE) on the session socket */
+#define WEIR_OP_WRITE_PIN 0x51u /* handle (reads and writes), offset = a window's start, arg = a free slot: pin the window's pages, their stores logged in the slot */
+#define WEIR_OP_WRITE_UNPIN 0x52u /* arg = a slot: its logged pages become dirty, its window's pins end */
+#define WEIR_WINDOW_PAGES 512u        /* a write window: this many pages at a multiple of it */
+#define WEIR_WRITE_LOG_SLOTS 256u     /* slots of the write log */
+#define WEIR_WRITE_SLOT_BYTES 64u     /* a slot: bit k%64 of u64 word k/64 = page k of its window stored into */
+#define WEIR_WRITE_LOG_SIZE 16384u
 #define WEIR_MAP_PIN_WRITABLE 0x80000000u /* in a MAP_PIN's arg: a writable mapping's pin (the handle must write) */
 #define WEIR_OP_RELEASE 0x4au /* handle = a direct handle: its end */
 #define WEIR_OP_CLAIM 0x48u /* handle = data handle, in: the capability WEIR_OP_GRANT answered; -EKEYREJECTED: grant again with WEIR_GRANT_THROUGH_IO */

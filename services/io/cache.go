@@ -232,6 +232,10 @@ type region struct {
 	ndirty int64
 	pins   map[uint64]uint32 // page -> pins of clients' mappings (pins.go): never evicted
 
+	wmu   sync.Mutex           // protects wins
+	wins  map[*window]struct{} // clients' write windows of the file (windows.go)
+	nwins atomic.Int64         // len(wins)
+
 	wbMu sync.Mutex // one write-back of the region at a time
 
 	// flight is the byte range of the write-back's device write in
@@ -293,10 +297,10 @@ func regionCapacity(size int64) uint64 {
 func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*region, error) {
 	r := &region{pc: pc, id: id, ino: ino}
 	var err error
-	if r.fd, r.ro, _, err = newMemfd(fmt.Sprintf("weir-cache-%d", ino), false); err != nil {
+	if r.fd, r.ro, _, err = newMemfd(fmt.Sprintf("weir-cache-%d", ino), false, 0); err != nil {
 		return nil, fmt.Errorf("cache region of file %d: %w", ino, err)
 	}
-	if r.dfd, r.dro, r.dw, err = newMemfd(fmt.Sprintf("weir-data-%d", ino), true); err != nil {
+	if r.dfd, r.dro, r.dw, err = newMemfd(fmt.Sprintf("weir-data-%d", ino), true, 0); err != nil {
 		r.fd.Close()
 		r.ro.Close()
 		return nil, fmt.Errorf("cache region of file %d: %w", ino, err)
@@ -337,13 +341,22 @@ func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*regi
 // description makes their mmap(PROT_WRITE) and mprotect(PROT_WRITE) fail.
 // Then the inode's mode drops to 0: nobody reopens it through /proc
 // read-write (only a process with CAP_DAC_OVERRIDE could, and such a
-// process can write into io's memory anyway).
-func newMemfd(name string, writers bool) (f, ro, rw *os.File, err error) {
+// process can write into io's memory anyway). A size above 0 fixes it
+// (sealed against growing too: a session's write log, windows.go).
+func newMemfd(name string, writers bool, size int64) (f, ro, rw *os.File, err error) {
 	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("memfd_create: %w", err)
 	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL); err != nil {
+	seals := unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
+	if size > 0 {
+		if err := unix.Ftruncate(fd, size); err != nil {
+			unix.Close(fd)
+			return nil, nil, nil, fmt.Errorf("size: %w", err)
+		}
+		seals |= unix.F_SEAL_GROW
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
 		unix.Close(fd)
 		return nil, nil, nil, fmt.Errorf("seal: %w", err)
 	}

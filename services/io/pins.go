@@ -43,6 +43,7 @@ type pinRec struct {
 	id     backend.BlobID
 	p0, p1 uint64
 	write  bool // a writable mapping's: its pages are made dirty at its end
+	slot   int  // a write window's (windows.go): its slot; -1 for a mapping's
 }
 
 // sessionPins are a session's pinned ranges.
@@ -114,26 +115,36 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 		n*cache.PageSize > cache.MaxCapacity-q.Offset {
 		return fail(syscall.EINVAL)
 	}
+	s.pins.mu.Lock()
+	defer s.pins.mu.Unlock()
+	if _, e := s.pinLocked(g, q.Offset/cache.PageSize, n, write, -1); e != 0 {
+		return fail(e)
+	}
+	return 0, 0
+}
+
+// pinLocked pins pages [p0, p0+n) of g's file for the session (a
+// writable mapping's if write, write window slot's if slot >= 0): it
+// grows the region to cover them, fills those inside the file and
+// records the pin; s.pins.mu is held.
+func (s *session) pinLocked(g *grant, p0, n uint64, write bool, slot int) (*region, syscall.Errno) {
 	r := s.svc.regionOf(g.blob)
 	if r == nil {
-		return fail(syscall.EOPNOTSUPP)
+		return nil, syscall.EOPNOTSUPP
 	}
 	// A region grows to cover what is pinned, and io maps all of it: a
 	// reader may not make it grow far past the file's end (the file's
 	// writers can, as their writes do).
-	if end := q.Offset + n*cache.PageSize; end > uint64(max(g.blob.logical(), 0))+maxPinPastEnd {
-		return fail(syscall.ENOMEM)
+	if end := (p0 + n) * cache.PageSize; end > uint64(max(g.blob.logical(), 0))+maxPinPastEnd {
+		return nil, syscall.ENOMEM
 	}
 	pc := s.svc.pc
-	s.pins.mu.Lock()
-	defer s.pins.mu.Unlock()
 	if s.pins.pages+int64(n) > pc.limit/4 || pc.pinned.Add(int64(n)) > pc.limit/2 {
 		if s.pins.pages+int64(n) <= pc.limit/4 {
 			pc.pinned.Add(-int64(n))
 		}
-		return fail(syscall.ENOMEM)
+		return nil, syscall.ENOMEM
 	}
-	p0 := q.Offset / cache.PageSize
 	p1 := p0 + n
 	unpin := func() {
 		r.unpinRange(p0, p1)
@@ -143,11 +154,11 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 	defer r.life.RUnlock()
 	if r.closed {
 		pc.pinned.Add(-int64(n))
-		return fail(syscall.EBADF)
+		return nil, syscall.EBADF
 	}
 	if _, err := r.covering(p1 - 1); err != nil {
 		pc.pinned.Add(-int64(n))
-		return fail(errno(err))
+		return nil, errno(err)
 	}
 	// Pinned first, so that no page is evicted between its fill and the
 	// check below; the truncate lock shared, as every fill takes it.
@@ -159,7 +170,7 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 		if _, err := r.fill(g.blob.b, p0, pe, g.blob.logical, nil, nil); err != nil {
 			r.trunc.RUnlock()
 			unpin()
-			return fail(errno(err))
+			return nil, errno(err)
 		}
 		// Busy pages (a write in flight) are resident once it ends; a page
 		// the memfd could not take is not.
@@ -167,14 +178,14 @@ func (s *session) mapPin(q *ring.Request) (int64, uint64) {
 			if !r.isResident(p) {
 				r.trunc.RUnlock()
 				unpin()
-				return fail(syscall.ENOMEM)
+				return nil, syscall.ENOMEM
 			}
 		}
 	}
 	r.trunc.RUnlock()
-	s.pins.list = append(s.pins.list, pinRec{r, g.blob, g.blob.id, p0, p1, write})
+	s.pins.list = append(s.pins.list, pinRec{r, g.blob, g.blob.id, p0, p1, write, slot})
 	s.pins.pages += int64(n)
-	return 0, 0
+	return r, 0
 }
 
 // isResident reports whether page p is resident (io's own record).
@@ -199,7 +210,7 @@ func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 	s.pins.mu.Lock()
 	defer s.pins.mu.Unlock()
 	for i, pr := range s.pins.list {
-		if pr.id == g.blob.id && pr.p0 == p0 && pr.p1 == p1 && q.Offset%cache.PageSize == 0 {
+		if pr.slot < 0 && pr.id == g.blob.id && pr.p0 == p0 && pr.p1 == p1 && q.Offset%cache.PageSize == 0 {
 			s.pins.list = append(s.pins.list[:i], s.pins.list[i+1:]...)
 			s.releasePinLocked(pr)
 			return 0, 0
@@ -230,7 +241,7 @@ func (s *session) mapSync(q *ring.Request) (int64, uint64) {
 	s.pins.mu.Lock()
 	var r *region
 	for _, pr := range s.pins.list {
-		if pr.write && pr.id == g.blob.id && pr.p0 <= p0 && p1 <= pr.p1 {
+		if pr.write && pr.slot < 0 && pr.id == g.blob.id && pr.p0 <= p0 && p1 <= pr.p1 {
 			r = pr.r
 			break
 		}
@@ -239,16 +250,18 @@ func (s *session) mapSync(q *ring.Request) (int64, uint64) {
 	if r == nil {
 		return fail(syscall.EINVAL)
 	}
-	if err := s.svc.mapDirty(g.blob, r, p0, p1); err != nil {
+	if err := s.svc.mapDirty(g.blob, r, p0, p1, true); err != nil {
 		return fail(errno(err))
 	}
 	return 0, 0
 }
 
 // mapDirty makes the resident pages of [p0, p1) inside the file dirty,
-// changed for the next fsync's record, and the file modified: a writable
-// mapping's client may have stored into them.
-func (svc *Service) mapDirty(ob *openBlob, r *region, p0, p1 uint64) error {
+// changed for the next fsync's record, and the file modified (its mtime
+// now if touch: a write window's stores took their mtime from the write
+// that made it fresh, windows.go): a writable mapping's or a write
+// window's client may have stored into them.
+func (svc *Service) mapDirty(ob *openBlob, r *region, p0, p1 uint64, touch bool) error {
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
@@ -277,15 +290,22 @@ func (svc *Service) mapDirty(ob *openBlob, r *region, p0, p1 uint64) error {
 		}
 	}
 	lr.busy = nil
-	svc.touch(ob)
+	if touch {
+		svc.touch(ob)
+	} else {
+		ob.wrote.Store(true)
+	}
 	return nil
 }
 
 // releasePinLocked takes back one pinned range, a writable one's pages
 // made dirty first; s.pins.mu is held.
 func (s *session) releasePinLocked(pr pinRec) {
+	if pr.slot >= 0 {
+		s.endWindow(pr.slot)
+	}
 	if pr.write {
-		if err := s.svc.mapDirty(pr.ob, pr.r, pr.p0, pr.p1); err != nil {
+		if err := s.svc.mapDirty(pr.ob, pr.r, pr.p0, pr.p1, true); err != nil {
 			s.svc.log.Error("writable mapping's end: its pages could not be made dirty; stores through it may be lost",
 				"blob", pr.id, "error", err)
 		}

@@ -121,6 +121,9 @@ type Stats struct {
 	HugePageFallbacks     atomic.Uint64 // sessions given ordinary pages: no huge page region could be made
 	MemRegisterFailures   atomic.Uint64 // regions the backend refused to register: it bounces their payloads
 	MemUnregisterFailures atomic.Uint64 // regions the backend failed to unregister
+
+	// Write windows (windows.go): pinned, and pages their drains made dirty.
+	WindowPins, WindowPages atomic.Uint64
 }
 
 // Snapshot returns the service's counters and the backend's, for the
@@ -142,6 +145,8 @@ func (s *Service) Snapshot() map[string]any {
 		"ring_hugepage_fallbacks": st.HugePageFallbacks.Load(),
 		"mem_register_failures":   st.MemRegisterFailures.Load(),
 		"mem_unregister_failures": st.MemUnregisterFailures.Load(),
+		"window_pins":             st.WindowPins.Load(),
+		"window_pages":            st.WindowPages.Load(),
 		"backend_syncs":           s.creates.syncs.Load(),
 		"metadata_incarnation":    s.inc.Load(),
 		"metadata_connected":      s.peer != nil && s.peer.Up(),
@@ -1029,6 +1034,7 @@ func (ob *openBlob) isDirtyHeld(s *Service) bool {
 
 // flushAll writes back every open blob's dirty pages.
 func (s *Service) flushAll(wait bool) {
+	s.drainAll()
 	s.mu.Lock()
 	var obs []*openBlob
 	for _, ob := range s.blobs {

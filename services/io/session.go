@@ -43,6 +43,7 @@ type session struct {
 	sc    *ring.ServerConn
 	tags  atomic.Uint64 // tags of the files passed on the socket (OpCacheMap)
 	pins  sessionPins   // pinned cache pages (OpMapPin, pins.go)
+	wlog  writeLog      // write windows' log (OpWriteLog, windows.go)
 }
 
 var _ host.Drainer = (*session)(nil)
@@ -113,6 +114,7 @@ func (s *session) Drained(*ring.ServerConn) {
 func (s *session) Ended(err error) {
 	s.svc.Stats.Sessions.Add(-1)
 	s.endPins()
+	s.endWriteLog()
 	if s.sid != 0 {
 		s.svc.mu.Lock()
 		if s.svc.sessions[s.sid] == s {
@@ -157,6 +159,9 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpMapUnpin, s.mapUnpin)
 	s.mux.Handle(proto.OpMapSync, s.mapSync)
 	s.mux.Handle(proto.OpMapWritable, s.mapWritable)
+	s.mux.Handle(proto.OpWriteLog, s.writeLogFile)
+	s.mux.Handle(proto.OpWritePin, s.writePin)
+	s.mux.Handle(proto.OpWriteUnpin, s.writeUnpin)
 }
 
 // statfs answers the store's room (OpStatFS), for statfs(2) of a weir
@@ -399,6 +404,7 @@ func (s *session) read(g *grant, q *ring.Request, later *[]func()) (int64, uint6
 func (s *session) readDirect(g *grant, q *ring.Request, off, size int64) (int64, uint64) {
 	p0 := uint64(off) / cache.PageSize
 	p1 := (uint64(off) + uint64(q.Length) + cache.PageSize - 1) / cache.PageSize
+	s.svc.drainRegion(g.blob.cached.Load()) // clients' stores into write windows are dirty pages
 	if r := g.blob.cached.Load(); r != nil && r.hasDirtyIn(p0, p1) {
 		s.svc.pc.DirectFlushes.Add(1)
 		if _, err := r.flushRange(g.blob.b, g.blob.logical, true, p0, p1); err != nil {
@@ -728,6 +734,7 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 // it had when the sync began, before it returns: the size reported is the
 // size synced, never one that writes racing the sync made larger.
 func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
+	svc.drainRegion(ob.cached.Load()) // every store into a write window before the fsync is in it
 	if ob.sf != nil {
 		return svc.stagedSync(ob)
 	}

@@ -1,0 +1,14 @@
+package iosvc
+
+import (
+	"sync/atomic"
+	"unsafe"
+)
+
+// swapWord atomically takes the little-endian u64 at mem[off:off+8] (off
+// a multiple of 8 in a page-aligned mapping the client shares) and leaves
+// zero: a bit the client sets at the same time is either taken or stays.
+func swapWord(mem []byte, off int) uint64 {
+	_ = mem[off+7]
+	return atomic.SwapUint64((*uint64)(unsafe.Pointer(&mem[off])), 0)
+}
