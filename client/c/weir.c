@@ -1736,6 +1736,9 @@ ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off)
  * window's unpin or the session's end. Everything else goes through the
  * ring. */
 #define WIN_HEAT 4
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 #define WIN_FRESH_NS 1000000
 #define WIN_FULL_BACKOFF_NS 100000000
 
@@ -1906,6 +1909,10 @@ static void warm(weir_fs *fs, weir_cache *c, uint64_t off)
 		goto out;
 	int64_t res = io_call(fs, WEIR_OP_WRITE_PIN, best, c->handle, win * WIN_BYTES, NULL, 0, NULL, 0, NULL);
 	if (res == 0) {
+		/* The window's page table entries now, in one call, not a
+		 * fault at each page's first store (about 2 µs each here;
+		 * Linux 5.14, else the faults it is). */
+		(void)madvise(c->wdata + win * WIN_BYTES, WIN_BYTES, MADV_POPULATE_WRITE);
 		fs->wins[best] = (struct wwin){.c = c, .win = win, .used = now};
 		__atomic_store_n(&c->wslot[h], (uint16_t)(best + 1), __ATOMIC_RELAXED);
 	} else if (res == -ENOMEM) {
