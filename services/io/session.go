@@ -805,15 +805,11 @@ func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
 // its holder can change nothing a write could not. Direct opens and a
 // service without the cache: as cacheMap.
 func (s *session) mapWritable(q *ring.Request) (int64, uint64) {
-	g, e := s.mappable(q)
+	g, e := s.writableMappable(q)
 	if e != 0 {
 		return fail(e)
 	}
 	defer s.svc.done(g)
-	if !g.write {
-		s.svc.Stats.Denied.Add(1)
-		return fail(syscall.EBADF)
-	}
 	r := s.svc.regionOf(g.blob)
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)
@@ -848,6 +844,21 @@ func (s *session) mappable(q *ring.Request) (*grant, syscall.Errno) {
 		return nil, e
 	}
 	if g.dirOpens != nil {
+		s.svc.done(g)
+		s.svc.Stats.Denied.Add(1)
+		return nil, syscall.EBADF
+	}
+	return g, 0
+}
+
+// writableMappable is mappable for a handle that may also write the file
+// (EBADF: one that may not): OpMapWritable's and OpWritePin's.
+func (s *session) writableMappable(q *ring.Request) (*grant, syscall.Errno) {
+	g, e := s.mappable(q)
+	if e != 0 {
+		return nil, e
+	}
+	if !g.write {
 		s.svc.done(g)
 		s.svc.Stats.Denied.Add(1)
 		return nil, syscall.EBADF

@@ -100,15 +100,11 @@ func (l *writeLog) make() error {
 // open's), Offset = the window's first byte (a multiple of WindowPages
 // pages), Arg = a free slot of the log, which must exist.
 func (s *session) writePin(q *ring.Request) (int64, uint64) {
-	g, e := s.mappable(q)
+	g, e := s.writableMappable(q)
 	if e != 0 {
 		return fail(e)
 	}
 	defer s.svc.done(g)
-	if !g.write {
-		s.svc.Stats.Denied.Add(1)
-		return fail(syscall.EBADF)
-	}
 	const wbytes = proto.WindowPages * cache.PageSize
 	if q.Arg >= proto.WriteLogSlots || q.Offset%wbytes != 0 || q.Offset > cache.MaxCapacity-wbytes {
 		return fail(syscall.EINVAL)

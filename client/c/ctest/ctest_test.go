@@ -131,6 +131,39 @@ func startStackWith(t *testing.T, edit func(*config.Config)) *stack.Stack {
 	return st
 }
 
+// restartable is a shim over a stack on the file backend that a test
+// shuts down and starts again on the same configuration (a restart: what
+// is durable is what the services find): restart stops the current stack
+// and starts a new one in s.st, which the test's end shuts down.
+func restartable(t *testing.T) (s *shimmed, restart func()) {
+	t.Helper()
+	cfg := stacktest.Config(t, t.TempDir())
+	cfg.IO.Backend = "file"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	start := func() *stack.Stack {
+		st, err := stack.Start(cfg, hclog.New(&hclog.LoggerOptions{Name: "ctest", Level: hclog.Warn, Output: logWriter{t}}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	stop := func(st *stack.Stack) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := st.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}
+	s = &shimmed{t: t, st: start(), so: buildShim(t)}
+	t.Cleanup(func() { stop(s.st) })
+	return s, func() {
+		stop(s.st)
+		s.st = start()
+	}
+}
+
 // shimScript is run by sh against a kernel directory and a weir one ($D);
 // each line's output, with $D written as D, must be the same.
 var shimScript = []string{

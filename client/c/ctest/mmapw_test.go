@@ -1,15 +1,6 @@
 package ctest
 
-import (
-	"context"
-	"testing"
-	"time"
-
-	"github.com/hashicorp/go-hclog"
-
-	"github.com/weir-storage/weir/stack"
-	"github.com/weir-storage/weir/stack/stacktest"
-)
+import "testing"
 
 // TestShimMmapWritable: a writable MAP_SHARED mapping of a weir file
 // (io's cache pages, read-write) is coherent with read and write both
@@ -20,26 +11,7 @@ import (
 // only through a mapping gets a new mtime at msync.
 func TestShimMmapWritable(t *testing.T) {
 	need(t, "python3", "python3")
-	cfg := stacktest.Config(t, t.TempDir())
-	cfg.IO.Backend = "file"
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	start := func() *stack.Stack {
-		st, err := stack.Start(cfg, hclog.New(&hclog.LoggerOptions{Name: "ctest", Level: hclog.Warn, Output: logWriter{t}}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
-	stop := func(st *stack.Stack) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := st.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	}
-	s := &shimmed{t: t, st: start(), so: buildShim(t)}
+	s, restart := restartable(t)
 	out := s.sh("python3", `
 import mmap, os, subprocess, sys, time
 N = 6 << 20
@@ -90,9 +62,7 @@ print('fsynced')
 	if out != want {
 		t.Fatalf("writable MAP_SHARED of a weir file:\n%s\nwant:\n%s", out, want)
 	}
-	stop(s.st)
-	s.st = start()
-	defer stop(s.st)
+	restart()
 	out = s.sh("python3", `
 with open('/weir/w', 'rb') as f:
     d = f.read()

@@ -7,11 +7,6 @@ import (
 	"io"
 	"testing"
 	"time"
-
-	"github.com/hashicorp/go-hclog"
-
-	"github.com/weir-storage/weir/stack"
-	"github.com/weir-storage/weir/stack/stacktest"
 )
 
 // TestShimWriteWindows: overwrites through the shim that land in a warm
@@ -24,26 +19,7 @@ import (
 // a restart every store is there.
 func TestShimWriteWindows(t *testing.T) {
 	need(t, "python3", "python3")
-	cfg := stacktest.Config(t, t.TempDir())
-	cfg.IO.Backend = "file"
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	start := func() *stack.Stack {
-		st, err := stack.Start(cfg, hclog.New(&hclog.LoggerOptions{Name: "ctest", Level: hclog.Warn, Output: logWriter{t}}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
-	stop := func(st *stack.Stack) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := st.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	}
-	s := &shimmed{t: t, st: start(), so: buildShim(t)}
+	s, restart := restartable(t)
 	stat := func(name string) uint64 {
 		v, _ := s.st.IO.Snapshot()[name].(uint64)
 		return v
@@ -130,9 +106,7 @@ print('bad', bad[:5], len(bad))
 		t.Fatal(err)
 	}
 	w.Wait()
-	stop(s.st)
-	s.st = start()
-	defer stop(s.st)
+	restart()
 	if out := s.sh("python3", "R = 8\n"+check); out != "bad [] 0\n" {
 		t.Fatalf("after the writer's SIGKILL and a restart:\n%s", out)
 	}
