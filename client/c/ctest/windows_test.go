@@ -111,3 +111,32 @@ print('bad', bad[:5], len(bad))
 		t.Fatalf("after the writer's SIGKILL and a restart:\n%s", out)
 	}
 }
+
+// TestShimWriteWindowsThreads: write windows under threads and fork
+// (test_windows.c): four threads store round after round into their own
+// pages through one descriptor while another fdatasyncs and another
+// reads, a thread writes through a descriptor it closes and opens again
+// (its windows released beside the others' stores), and a forked child
+// writes through its own session; every page holds its writer's last
+// round, before and after a restart of the services.
+func TestShimWriteWindowsThreads(t *testing.T) {
+	bin := buildC(t, "test_windows.c", false)
+	s, restart := restartable(t)
+	run := func(mode string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		out, err := s.cmd(ctx, bin, mode, "/weir/tw").CombinedOutput()
+		if err != nil || string(out) != "ok\n" {
+			t.Fatalf("test_windows %s: %v\n%s", mode, err, out)
+		}
+	}
+	drained := func() uint64 { v, _ := s.st.IO.Snapshot()["window_pages"].(uint64); return v }
+	run("write")
+	if drained() == 0 {
+		t.Fatal("no page was drained from a write window: the stores did not take the windows' path")
+	}
+	t.Logf("%d pages drained from write windows", drained())
+	restart()
+	run("verify")
+}
