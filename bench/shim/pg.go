@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -17,11 +18,19 @@ type PGRow struct {
 	TPS    float64   `json:"tps"`
 	LatMs  float64   `json:"latency_avg_ms"`
 	Runs   []float64 `json:"runs_tps"`
+	// WAL syncs as the server counts them (pg_stat_wal with
+	// track_wal_io_timing on): per transaction, and the mean time of one
+	// (the fdatasync of a WAL segment, through the shim on weir), in the
+	// median run.
+	SyncsPerTxn float64 `json:"wal_syncs_per_txn"`
+	SyncUs      float64 `json:"wal_sync_avg_us"`
+	WriteUs     float64 `json:"wal_write_avg_us"`
 }
 
 var (
 	tpsRe = regexp.MustCompile(`tps = ([0-9.]+) \(without initial connection time\)`)
 	latRe = regexp.MustCompile(`latency average = ([0-9.]+) ms`)
+	txnRe = regexp.MustCompile(`number of transactions actually processed: ([0-9]+)`)
 )
 
 // runPG runs pgbench against a server on a kernel directory and one on
@@ -83,7 +92,7 @@ func runPG(w *weirStack, env []string, dir, so string) ([]PGRow, string, error) 
 		}
 		logf := filepath.Join(pub, tg.name+".log")
 		if _, err := run(tg.shim, tg.port, "pg_ctl", "-D", tg.data, "-l", logf, "-w", "-t", "120", "-o",
-			fmt.Sprintf("-k %s -p %d -c listen_addresses=''", pub, tg.port), "start"); err != nil {
+			fmt.Sprintf("-k %s -p %d -c listen_addresses='' -c track_wal_io_timing=on", pub, tg.port), "start"); err != nil {
 			return nil, "", err
 		}
 		defer run(tg.shim, tg.port, "pg_ctl", "-D", tg.data, "-w", "stop")
@@ -95,18 +104,38 @@ func runPG(w *weirStack, env []string, dir, so string) ([]PGRow, string, error) 
 	for r := 0; r < *repeat; r++ {
 		for i := range targets {
 			tg := targets[(i+r)%2]
+			if _, err := run(false, tg.port, "psql", "-Atqc", "SELECT pg_stat_reset_shared('wal')"); err != nil {
+				return nil, "", err
+			}
 			out, err := run(false, tg.port, "pgbench", "-n", "-T", strconv.Itoa(*pgSeconds), "-c", strconv.Itoa(*pgClients))
 			if err != nil {
 				return nil, "", err
 			}
-			m, l := tpsRe.FindStringSubmatch(out), latRe.FindStringSubmatch(out)
-			if m == nil || l == nil {
+			m, l, n := tpsRe.FindStringSubmatch(out), latRe.FindStringSubmatch(out), txnRe.FindStringSubmatch(out)
+			if m == nil || l == nil || n == nil {
 				return nil, "", fmt.Errorf("pgbench's output: %s", out)
 			}
 			tps, _ := strconv.ParseFloat(m[1], 64)
 			lat, _ := strconv.ParseFloat(l[1], 64)
-			runs[tg.name] = append(runs[tg.name], PGRow{Target: tg.name, TPS: tps, LatMs: lat})
-			fmt.Fprintf(os.Stderr, "pgbench %s: %.1f TPS\n", tg.name, tps)
+			txns, _ := strconv.ParseFloat(n[1], 64)
+			row := PGRow{Target: tg.name, TPS: tps, LatMs: lat}
+			wal, err := run(false, tg.port, "psql", "-Atqc", "SELECT wal_sync, wal_sync_time, wal_write, wal_write_time FROM pg_stat_wal")
+			if err != nil {
+				return nil, "", err
+			}
+			var syncs, syncMs, writes, writeMs float64
+			if _, err := fmt.Sscanf(strings.TrimSpace(wal), "%g|%g|%g|%g", &syncs, &syncMs, &writes, &writeMs); err != nil {
+				return nil, "", fmt.Errorf("pg_stat_wal: %q: %w", wal, err)
+			}
+			if syncs > 0 && txns > 0 {
+				row.SyncsPerTxn, row.SyncUs = syncs/txns, syncMs*1000/syncs
+			}
+			if writes > 0 {
+				row.WriteUs = writeMs * 1000 / writes
+			}
+			runs[tg.name] = append(runs[tg.name], row)
+			fmt.Fprintf(os.Stderr, "pgbench %s: %.1f TPS, %.2f WAL syncs per transaction, %.0f µs per sync, %.1f µs per WAL write\n",
+				tg.name, tps, row.SyncsPerTxn, row.SyncUs, row.WriteUs)
 		}
 	}
 	var rows []PGRow
