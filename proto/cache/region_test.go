@@ -544,3 +544,47 @@ func BenchmarkCopy(b *testing.B) {
 		copy(dst, src)
 	}
 }
+
+// TestCopyInKeepsNeighbourStores: io's atomic copy into part of a word
+// (the edges of a write, on weakly ordered hosts and under the race
+// detector) must not take back a store a client makes into the word's
+// other bytes at the same time, through a writable mapping or a write
+// window. The client here counts in byte 7 with compare-and-swap while
+// io writes bytes 1 to 3 over and over: a lost count is a lost store.
+func TestCopyInKeepsNeighbourStores(t *testing.T) {
+	r, _ := newRegion(t, 64*PageSize)
+	off := PageOffset(3)
+	const counts = 200000
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		src := []byte{1, 2, 3}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			r.copyInAtomic(off+1, src)
+		}
+	}()
+	w := r.dataWord(off)
+	for range counts {
+		for {
+			o := atomic.LoadUint64(w)
+			n := o&^(0xff<<56) | ((o>>56+1)&0xff)<<56
+			if atomic.CompareAndSwapUint64(w, o, n) {
+				break
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], atomic.LoadUint64(w))
+	if b[7] != byte(counts%256) || b[1] != 1 || b[2] != 2 || b[3] != 3 {
+		t.Fatalf("word after the race: % x; want byte 7 = %#x (no count lost) and bytes 1-3 = 01 02 03", b, byte(counts%256))
+	}
+}

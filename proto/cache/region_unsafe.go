@@ -26,6 +26,9 @@ func (r *Region) dload64(off uint64) uint64   { return atomic.LoadUint64(r.dataW
 func (r *Region) dstore64(off uint64, v uint64) {
 	atomic.StoreUint64(r.dataWord(off), v)
 }
+func (r *Region) dcas64(off uint64, o, n uint64) bool {
+	return atomic.CompareAndSwapUint64(r.dataWord(off), o, n)
+}
 
 func (r *Region) load32(off uint64) uint32     { return atomic.LoadUint32(r.word32(off)) }
 func (r *Region) store32(off uint64, v uint32) { atomic.StoreUint32(r.word32(off), v) }
@@ -59,16 +62,30 @@ func (r *Region) copyAtomic(dst []byte, off uint64) {
 	}
 }
 
-// copyInAtomic stores src at off with aligned 8-byte atomic stores; a word
-// at an edge is loaded, merged and stored (the caller holds the page busy,
-// so nothing else writes it).
+// copyInAtomic stores src at off with aligned 8-byte atomic stores. A
+// word at an edge, which src covers only in part, is merged with a
+// compare-and-swap: the caller holds the page busy, but a client storing
+// through a writable mapping or a write window (docs/cache-abi.md §7) may
+// store into the word's other bytes at the same time, and a load, merge
+// and store would take its store back.
 func (r *Region) copyInAtomic(off uint64, src []byte) {
 	var w [8]byte
 	for len(src) > 0 {
 		base := off &^ 7
-		binary.LittleEndian.PutUint64(w[:], r.dload64(base))
-		n := copy(w[off-base:], src)
-		r.dstore64(base, binary.LittleEndian.Uint64(w[:]))
+		if off == base && len(src) >= 8 {
+			r.dstore64(base, binary.LittleEndian.Uint64(src))
+			src, off = src[8:], off+8
+			continue
+		}
+		n := 0
+		for {
+			old := r.dload64(base)
+			binary.LittleEndian.PutUint64(w[:], old)
+			n = copy(w[off-base:], src)
+			if r.dcas64(base, old, binary.LittleEndian.Uint64(w[:])) {
+				break
+			}
+		}
 		src, off = src[n:], off+uint64(n)
 	}
 }
