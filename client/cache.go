@@ -107,17 +107,26 @@ func (fl *File) mapCache(c *conn) (*fileCache, error) {
 	return fc, nil
 }
 
-// remap maps both memfds whole as they are now (the service grows them,
-// never shrinks them). fc.mu is held exclusive, or fc is not shared yet.
+// remap maps the meta memfd whole as it is now (the service grows it,
+// never shrinks it), and the part of the data memfd it has state pages
+// for (cache.DataMapSize). fc.mu is held exclusive, or fc is not shared
+// yet.
 func (fc *fileCache) remap() error {
 	var ms [2]mmap.MMap
+	var metaSize int64
 	for i, f := range []*os.File{fc.f, fc.df} {
 		st, err := f.Stat()
 		if err == nil && (st.Size() < int64(1-i)*cache.HeaderSize || st.Size() > int64(^uint(0)>>1)) {
 			err = fmt.Errorf("cache region memfd of %d bytes", st.Size())
 		}
-		if err == nil && st.Size() > 0 {
-			ms[i], err = mmap.MapRegion(f, int(st.Size()), mmap.RDONLY, 0, 0)
+		size := st.Size()
+		if i == 0 {
+			metaSize = size
+		} else if err == nil {
+			size = int64(cache.DataMapSize(uint64(metaSize), uint64(size)))
+		}
+		if err == nil && size > 0 {
+			ms[i], err = mmap.MapRegion(f, int(size), mmap.RDONLY, 0, 0)
 		}
 		if err != nil {
 			if ms[0] != nil {

@@ -239,11 +239,7 @@ func TestHostileFaultsAreScrubbed(t *testing.T) {
 	fsys, st := newFS(t)
 	ff, _ := mappedFile(t, fsys, "faults", 64<<10)
 	mf := client.CacheDataFile(ff) // the file's pages
-	fi, err := mf.Stat()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mem, err := unix.Mmap(int(mf.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	mem, err := unix.Mmap(int(mf.Fd()), 0, client.CacheDataMapped(ff), unix.PROT_READ, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
 	}

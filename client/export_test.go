@@ -78,6 +78,19 @@ func CacheDataFile(f *File) *os.File {
 	return f.fcache.df
 }
 
+// CacheDataMapped is how many bytes of the data memfd f's cache region
+// mapping covers (0 if it has not mapped it).
+func CacheDataMapped(f *File) int {
+	f.cmu.Lock()
+	defer f.cmu.Unlock()
+	if f.fcache == nil {
+		return 0
+	}
+	f.fcache.mu.RLock()
+	defer f.fcache.mu.RUnlock()
+	return len(f.fcache.dmem)
+}
+
 // IOCall sends op with arg and offset for f's granted handle to the IO
 // service and returns the completion's result and Aux (a negative result
 // is the errno), and the file passed with Aux when withFile is set: a

@@ -21,7 +21,7 @@ import (
 // status flags are its own (O_APPEND on it moves none of io's stores),
 // and the region's meta memfd stays read-only to it.
 func TestWritableMapping(t *testing.T) {
-	fsys, _ := newFS(t)
+	fsys, st := newFS(t)
 	f, _ := mappedFile(t, fsys, "rw", 64<<10)
 	ro, err := fsys.OpenFile("rw", os.O_RDONLY, 0)
 	if err != nil {
@@ -67,6 +67,50 @@ func TestWritableMapping(t *testing.T) {
 	}
 	if _, err := unix.FcntlInt(rw.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE); !errors.Is(err, syscall.EPERM) {
 		t.Fatalf("sealing the data memfd: %v, want EPERM", err)
+	}
+	fi, err := rw.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rw.Truncate(fi.Size() + 1<<20); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("growing the data memfd: %v, want EPERM", err)
+	}
+	// Stores far past the region's capacity take memory only until the
+	// next scrub.
+	var sb unix.Stat_t
+	blocks := func() int64 {
+		if err := unix.Fstat(int(rw.Fd()), &sb); err != nil {
+			t.Fatal(err)
+		}
+		return sb.Blocks * 512
+	}
+	before := blocks()
+	far, err := unix.Mmap(int(rw.Fd()), 1<<40, 8<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatalf("mapping the data memfd at 1 TiB: %v", err)
+	}
+	for i := 0; i < len(far); i += 4096 {
+		far[i] = 1
+	}
+	unix.Munmap(far)
+	if grown := blocks(); grown < before+8<<20 {
+		t.Fatalf("stores past the capacity took %d bytes, want 8 MiB", grown-before)
+	}
+	st.IO.ScrubCache()
+	if after := blocks(); after > before {
+		t.Fatalf("after a scrub the data memfd holds %d bytes, %d before the stores past the capacity", after, before)
+	}
+	// A read-only pin beside the writable one of the same range: each
+	// unpin takes back its own kind (the writable one's pages made dirty),
+	// so a second read-only unpin finds none, and the writable pin is
+	// still there for its unpin below.
+	if res, _, err := client.IOCall(f, proto.OpMapPin, 16, 0, false); err != nil || res != 0 {
+		t.Fatalf("read-only OpMapPin: %d, %v", res, err)
+	}
+	for i, want := range []int64{0, -int64(syscall.EINVAL)} {
+		if res, _, err := client.IOCall(f, proto.OpMapUnpin, 16, 0, false); err != nil || res != want {
+			t.Fatalf("read-only OpMapUnpin %d: %d, %v, want %d", i+1, res, err, want)
+		}
 	}
 	if _, err := unix.FcntlInt(rw.Fd(), unix.F_SETFL, unix.O_APPEND); err != nil {
 		t.Fatal(err)

@@ -178,3 +178,124 @@ func TestWriteWindows(t *testing.T) {
 	}
 	t.Fatal("a store logged before the session's end never reached the device")
 }
+
+// TestWindowsEndWithTheirGrant: a write window and a writable pin belong
+// to the grant they were made through. When another trust group's write
+// recalls it, io drains the window a last time (the store logged before
+// the recall is in the file, under the recalled grant's blob), clears the
+// slot's live word, frees the slot and stops draining it (a bit set
+// after that is not taken: the client writes through the ring instead);
+// the writable pin's pages become dirty and the pin read-only, until an
+// OpMapSync of the writer's new grant takes it back.
+func TestWindowsEndWithTheirGrant(t *testing.T) {
+	const wbytes = proto.WindowPages * 4096
+	st := groupStack(t, "session")
+	a, b := dialStack(t, st), dialStack(t, st)
+	f, _ := mappedFile(t, a, "win", wbytes)
+	_, lf, err := client.IOCall(f, proto.OpWriteLog, 0, 0, true)
+	if err != nil || lf == nil {
+		t.Fatalf("OpWriteLog: %v", err)
+	}
+	defer lf.Close()
+	log, err := unix.Mmap(int(lf.Fd()), 0, proto.WriteLogSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(log)
+	live := func(slot int) uint64 {
+		return binary.LittleEndian.Uint64(log[proto.WriteLogLiveOff+8*slot:])
+	}
+	if live(2) != 0 {
+		t.Fatal("a free slot's live word is set")
+	}
+	if res, _, err := client.IOCall(f, proto.OpWritePin, 2, 0, false); err != nil || res != 0 {
+		t.Fatalf("OpWritePin: %d, %v", res, err)
+	}
+	if live(2) != 1 {
+		t.Fatalf("live word %d after the pin, want 1", live(2))
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapPin, 16|proto.MapPinWritable, 64*4096, false); err != nil || res != 0 {
+		t.Fatalf("writable OpMapPin: %d, %v", res, err)
+	}
+	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
+	if err != nil || rw == nil {
+		t.Fatalf("OpMapWritable: %v", err)
+	}
+	defer rw.Close()
+	data, err := unix.Mmap(int(rw.Fd()), 0, wbytes, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(data)
+	setBit := func(slot, page int) {
+		w := log[slot*proto.WriteSlotBytes+page/64*8:]
+		binary.LittleEndian.PutUint64(w, binary.LittleEndian.Uint64(w)|1<<(page%64))
+	}
+	copy(data[5*4096:], "BEFORE")
+	setBit(2, 5)
+	copy(data[64*4096:], "MAPPED")
+
+	// Another trust group writes the file: a's grant is recalled.
+	fb, err := b.OpenFile("win", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	if _, err := fb.WriteAt([]byte("b"), wbytes-1); err != nil {
+		t.Fatal(err)
+	}
+	if live(2) != 0 {
+		t.Fatal("the window's live word is still set after its grant was recalled")
+	}
+	snap := st.IO.Snapshot()
+	if snap["windows_ended"].(uint64) != 1 || snap["maps_demoted"].(uint64) != 1 {
+		t.Fatalf("windows_ended %v, maps_demoted %v after the recall, want 1 and 1", snap["windows_ended"], snap["maps_demoted"])
+	}
+	// A bit set now is no longer drained (the slot is free: a new pin
+	// clears it), and the slot takes a new window of a's new grant.
+	copy(data[6*4096:], "AFTER!")
+	setBit(2, 6)
+	if err := fb.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if w := binary.LittleEndian.Uint64(log[2*proto.WriteSlotBytes:]); w&(1<<6) == 0 {
+		t.Fatal("io drained a bit of a window that ended")
+	}
+	// Both a's stores are in what b reads, and dirty in the cache (the
+	// window's from its last drain, the mapping's from the pin's last
+	// dirtying).
+	got := make([]byte, 6)
+	for _, c := range []struct {
+		off  int64
+		want string
+	}{{5 * 4096, "BEFORE"}, {64 * 4096, "MAPPED"}} {
+		if _, err := fb.ReadAt(got, c.off); err != nil || string(got) != c.want {
+			t.Fatalf("b reads %q at %d, want %q (%v)", got, c.off, c.want, err)
+		}
+	}
+	// a's writable pin is read-only now: OpMapUnpin of a writable pin
+	// takes it back once a's next grant writes; before that, OpMapSync of
+	// the new grant promotes it.
+	copy(data[65*4096:], "LATER!")
+	if _, err := f.WriteAt([]byte("a"), 0); err != nil { // a's client takes a new grant (recalling b's)
+		t.Fatal(err)
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapSync, 1, 65*4096, false); err != nil || res != 0 {
+		t.Fatalf("OpMapSync after the recall: %d, %v", res, err)
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapUnpin, 16|proto.MapPinWritable, 64*4096, false); err != nil || res != 0 {
+		t.Fatalf("OpMapUnpin of the promoted pin: %d, %v", res, err)
+	}
+	if _, err := fb.ReadAt(got, 65*4096); err != nil || string(got) != "LATER!" {
+		t.Fatalf("b reads %q after a's msync, want LATER! (%v)", got, err)
+	}
+	if _, err := f.WriteAt([]byte("a"), 0); err != nil { // (b's read recalled a's grant)
+		t.Fatal(err)
+	}
+	if res, _, err := client.IOCall(f, proto.OpWritePin, 2, 0, false); err != nil || res != 0 {
+		t.Fatalf("OpWritePin of the slot the recall freed: %d, %v", res, err)
+	}
+	if live(2) != 1 || binary.LittleEndian.Uint64(log[2*proto.WriteSlotBytes:]) != 0 {
+		t.Fatal("the slot's new window: live word not set, or old bits kept")
+	}
+}

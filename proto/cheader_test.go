@@ -93,6 +93,7 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_WRITE_LOG_SLOTS", WriteLogSlots),
 		cheader.Def("WEIR_WRITE_SLOT_BYTES", WriteSlotBytes),
 		cheader.Def("WEIR_WRITE_LOG_SIZE", WriteLogSize),
+		cheader.Def("WEIR_WRITE_LOG_LIVE_OFF", WriteLogLiveOff),
 		cheader.Def("WEIR_WRITE_APPEND", uint64(WriteAppend)),
 		cheader.Def("WEIR_WRITE_DIRECT", uint64(WriteDirect)),
 		cheader.Def("WEIR_READ_DIRECT", uint64(ReadDirect)),

@@ -138,12 +138,17 @@ const (
 // of WindowPages; a session's write log (OpWriteLog) holds WriteLogSlots
 // slots of WriteSlotBytes each, slot i at i*WriteSlotBytes: a bit per page
 // of the window pinned in it, page k of the window at bit k%64 of the
-// little-endian u64 word k/64.
+// little-endian u64 word k/64. From WriteLogLiveOff, a little-endian u64
+// live word per slot (slot i's at WriteLogLiveOff + 8*i) that io sets to 1
+// when it pins a window there and to 0 when the window ends (unpinned, its
+// grant ended, the session ended), before its last drain; zeros after the
+// live words up to WriteLogSize (docs/cache-abi.md §7).
 const (
-	WindowPages    = 512
-	WriteLogSlots  = 256
-	WriteSlotBytes = WindowPages / 8
-	WriteLogSize   = WriteLogSlots * WriteSlotBytes
+	WindowPages     = 512
+	WriteLogSlots   = 256
+	WriteSlotBytes  = WindowPages / 8
+	WriteLogLiveOff = WriteLogSlots * WriteSlotBytes
+	WriteLogSize    = WriteLogLiveOff + 4096
 )
 
 // MapPinWritable in OpMapPin's Arg marks a writable mapping's pin.

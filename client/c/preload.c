@@ -1196,7 +1196,9 @@ static ssize_t file_write(struct desc *d, const void *buf, size_t n, uint64_t of
  * of a relation ten times per pgbench transaction.) */
 static int file_size(struct desc *d, int64_t *size)
 {
-	weir_cache *c = desc_cache(d);
+	/* Only a readable description maps its region (io refuses to map
+	 * one that cannot read, with the EBADF of a recall). */
+	weir_cache *c = readable(d->pg->flags) ? desc_cache(d) : NULL;
 	if (c) {
 		int64_t v = weir_cache_size(c);
 		if (v >= 0) {
@@ -1523,7 +1525,7 @@ off_t lseek(int fd, off_t off, int whence)
 
 off64_t lseek64(int fd, off64_t off, int whence) { return lseek(fd, (off_t)off, whence); }
 
-static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handle);
+static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handles, size_t *nhandles, size_t maxh);
 static size_t nwritable; /* writable MAP_SHARED mappings of weir files (struct wmap), read without a lock */
 
 /* file_sync is fsync of a file: what this process stored through its
@@ -1535,7 +1537,7 @@ static int file_sync(struct desc *d)
 		struct weir_attr at;
 		int e = weir_fstat(wfs, d->handle, &at);
 		if (!e)
-			e = sync_maps(NULL, NULL, at.ino, NULL);
+			e = sync_maps(NULL, NULL, at.ino, NULL, NULL, 0);
 		if (e)
 			return e;
 	}
@@ -2790,7 +2792,7 @@ static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int fl
 		e = weir_map(wfs, h, base, plen, (uint64_t)off, w);
 	if (!e && prot == PROT_NONE && mprotect(base, plen, PROT_NONE) != 0) {
 		e = -errno;
-		weir_unmap_pins(wfs, h, plen, (uint64_t)off);
+		weir_unmap_pins(wfs, h, plen, (uint64_t)off, w);
 	}
 	if (!e) {
 		pthread_mutex_lock(&wmap_mu);
@@ -2815,7 +2817,7 @@ static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int fl
 			__atomic_store_n(&nwmaps, nwmaps + 1, __ATOMIC_RELEASE);
 		} else {
 			e = -ENOMEM;
-			weir_unmap_pins(wfs, h, plen, (uint64_t)off);
+			weir_unmap_pins(wfs, h, plen, (uint64_t)off, w);
 		}
 		pthread_mutex_unlock(&wmap_mu);
 	}
@@ -2853,7 +2855,7 @@ int munmap(void *addr, size_t len)
 				}
 			if (m->left == 0) {
 				if (wfs && !vforked()) {
-					weir_unmap_pins(wfs, m->handle, m->len, m->off);
+					weir_unmap_pins(wfs, m->handle, m->len, m->off, m->write);
 					weir_close(wfs, m->handle);
 				}
 				if (m->write)
@@ -2875,7 +2877,7 @@ int munmap(void *addr, size_t len)
  * of the file ino (non-zero): their pages become dirty (WEIR_OP_MAP_SYNC).
  * With handles non-NULL, the first such mapping's handle is stored there
  * (msync's fsync goes through it). */
-static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handle)
+static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handles, size_t *nhandles, size_t maxh)
 {
 	int e = 0;
 	pthread_mutex_lock(&wmap_mu);
@@ -2894,8 +2896,20 @@ static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handle)
 		int r = weir_map_sync(wfs, m->handle, (p1 - p0) * 4096, m->off + p0 * 4096);
 		if (r && !e)
 			e = r;
-		if (handle && !*handle)
-			*handle = m->handle;
+		/* The files touched, one handle each (msync with MS_SYNC syncs
+		 * every one of them, as Linux's does). */
+		if (handles) {
+			size_t k = 0;
+			while (k < *nhandles && handles[k] != m->ino)
+				k += 2;
+			if (k >= *nhandles && *nhandles + 2 <= maxh) {
+				handles[*nhandles] = m->ino;
+				handles[*nhandles + 1] = m->handle;
+				*nhandles += 2;
+			} else if (k >= *nhandles && !e) {
+				e = -ENOMEM; /* more files than one msync syncs here */
+			}
+		}
 	}
 	pthread_mutex_unlock(&wmap_mu);
 	return e;
@@ -2912,10 +2926,11 @@ int msync(void *addr, size_t len, int flags)
 	if (rc != 0 || __atomic_load_n(&nwritable, __ATOMIC_ACQUIRE) == 0 || !wfs || vforked())
 		return rc;
 	uint8_t *lo = addr, *hi = lo + len;
-	uint64_t h = 0;
-	int e = sync_maps(lo, hi, 0, &h);
-	if (!e && h && (flags & MS_SYNC))
-		e = weir_fsync(wfs, h);
+	uint64_t hs[2 * 64]; /* (ino, handle) of each file the range maps */
+	size_t nh = 0;
+	int e = sync_maps(lo, hi, 0, hs, &nh, sizeof hs / sizeof hs[0]);
+	for (size_t i = 0; !e && i < nh && (flags & MS_SYNC); i += 2)
+		e = weir_fsync(wfs, hs[i + 1]);
 	return e ? fail(-e) : 0;
 }
 

@@ -647,7 +647,13 @@ int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 	fs->meta.sock = fs->io.sock = -1; /* (0 is the program's stdin: never ours to close) */
 	pthread_mutex_init(&fs->files_mu, NULL);
 	pthread_mutex_init(&fs->hmu, NULL);
-	pthread_rwlock_init(&fs->wmu, NULL);
+	/* Writers first: a pin or a close (wmu exclusive) must not wait
+	 * behind a steady stream of window stores (wmu shared). */
+	pthread_rwlockattr_t wa;
+	pthread_rwlockattr_init(&wa);
+	pthread_rwlockattr_setkind_np(&wa, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+	pthread_rwlock_init(&fs->wmu, &wa);
+	pthread_rwlockattr_destroy(&wa);
 	for (int i = 0; i < MAX_PENDING_FILES; i++)
 		fs->files[i].fd = -1;
 	int err = ring_dial(&fs->meta, meta_sock);
@@ -1533,10 +1539,19 @@ int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out)
 		return e;
 	struct stat ms, ds;
 	void *p = MAP_FAILED, *d = MAP_FAILED;
+	uint64_t covered = 0;
 	if (fstat(mfd, &ms) == 0 && fstat(dfd, &ds) == 0 && ms.st_size >= (off_t)(WEIR_CACHE_HEADER_SIZE + WEIR_CACHE_PAGE_SIZE) &&
 	    ds.st_size >= (off_t)WEIR_CACHE_CHUNK_BYTES) {
+		/* The data memfd is sized for the largest region (and sealed
+		 * there): what is mapped of it is what the meta memfd has state
+		 * pages for (§1). */
+		covered = ((uint64_t)ms.st_size - WEIR_CACHE_HEADER_SIZE) / WEIR_CACHE_PAGE_SIZE * WEIR_CACHE_CHUNK_BYTES;
+		uint64_t dcovered = (uint64_t)ds.st_size / WEIR_CACHE_CHUNK_BYTES * WEIR_CACHE_CHUNK_BYTES;
+		if (dcovered < covered)
+			covered = dcovered;
 		p = mmap(NULL, (size_t)ms.st_size, PROT_READ, MAP_SHARED, mfd, 0);
-		d = mmap(NULL, (size_t)ds.st_size, PROT_READ, MAP_SHARED, dfd, 0);
+		if (covered)
+			d = mmap(NULL, (size_t)covered, PROT_READ, MAP_SHARED, dfd, 0);
 	}
 	close(mfd);
 	close(dfd);
@@ -1544,26 +1559,22 @@ int weir_cache_map(weir_fs *fs, uint64_t handle, weir_cache **out)
 		if (p != MAP_FAILED)
 			munmap(p, (size_t)ms.st_size);
 		if (d != MAP_FAILED)
-			munmap(d, (size_t)ds.st_size);
+			munmap(d, (size_t)covered);
 		return -EPROTO;
 	}
 	const uint8_t *b = p;
 	uint64_t cap = __atomic_load_n((const uint64_t *)(b + WEIR_CACHE_OFF_CAPACITY), __ATOMIC_ACQUIRE);
-	uint64_t covered = ((uint64_t)ms.st_size - WEIR_CACHE_HEADER_SIZE) / WEIR_CACHE_PAGE_SIZE * WEIR_CACHE_CHUNK_BYTES;
-	uint64_t dcovered = (uint64_t)ds.st_size / WEIR_CACHE_CHUNK_BYTES * WEIR_CACHE_CHUNK_BYTES;
-	if (dcovered < covered)
-		covered = dcovered;
 	weir_cache *c = malloc(sizeof *c);
 	if (!c) {
 		munmap(p, (size_t)ms.st_size);
-		munmap(d, (size_t)ds.st_size);
+		munmap(d, (size_t)covered);
 		return -ENOMEM;
 	}
 	memset(c, 0, sizeof *c);
 	c->base = b;
 	c->len = (size_t)ms.st_size;
 	c->data = d;
-	c->dlen = (size_t)ds.st_size;
+	c->dlen = (size_t)covered;
 	c->cap = cap < covered ? cap : covered;
 	*out = c;
 	return 0;
@@ -1641,14 +1652,15 @@ int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off,
 		return e;
 	e = weir_map_at(fs, handle, addr, len, off, writable);
 	if (e)
-		weir_unmap_pins(fs, handle, len, off);
+		weir_unmap_pins(fs, handle, len, off, writable);
 	return e;
 }
 
-int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off)
+int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off, int writable)
 {
 	uint64_t n = (len + WEIR_CACHE_PAGE_SIZE - 1) / WEIR_CACHE_PAGE_SIZE;
-	int64_t res = io_call(fs, WEIR_OP_MAP_UNPIN, (uint32_t)n, handle, off, NULL, 0, NULL, 0, NULL);
+	int64_t res = io_call(fs, WEIR_OP_MAP_UNPIN, (uint32_t)n | (writable ? WEIR_MAP_PIN_WRITABLE : 0), handle, off, NULL, 0,
+			      NULL, 0, NULL);
 	return res < 0 ? (int)res : 0;
 }
 
@@ -1795,6 +1807,12 @@ static int64_t realtime_ns(void)
 	return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
 }
 
+/* slot_live is slot i's live word in the write log (§7). */
+static inline const uint64_t *slot_live(const weir_fs *fs, unsigned i)
+{
+	return (const uint64_t *)(fs->wlog + WEIR_WRITE_LOG_LIVE_OFF + (size_t)i * 8);
+}
+
 /* window_store is the store of a write inside a pinned window: n, or
  * -EAGAIN (through the ring). */
 static ssize_t window_store(weir_fs *fs, weir_cache *c, const void *buf, size_t n, uint64_t off)
@@ -1811,7 +1829,10 @@ static ssize_t window_store(weir_fs *fs, weir_cache *c, const void *buf, size_t 
 	ssize_t r = -EAGAIN;
 	pthread_rwlock_rdlock(&fs->wmu);
 	struct wwin *w = &fs->wins[s - 1];
-	if (w->c != c || w->win != win)
+	const uint64_t *live = slot_live(fs, s - 1);
+	/* io ended the window (its grant ended: a recall, a resync): the
+	 * ring's, which asks for the grant again. */
+	if (w->c != c || w->win != win || !__atomic_load_n(live, __ATOMIC_ACQUIRE))
 		goto out;
 	uint64_t p0 = off >> WEIR_CACHE_PAGE_SHIFT, p1 = (off + n - 1) >> WEIR_CACHE_PAGE_SHIFT;
 	/* Resident and not busy: a page in a transition (a ring write, a
@@ -1825,8 +1846,14 @@ static ssize_t window_store(weir_fs *fs, weir_cache *c, const void *buf, size_t 
 	uint64_t *slot = (uint64_t *)(fs->wlog + (size_t)(s - 1) * WEIR_WRITE_SLOT_BYTES);
 	for (uint64_t p = p0; p <= p1; p++) {
 		uint64_t k = p - win * WEIR_WINDOW_PAGES;
-		__atomic_fetch_or(&slot[k / 64], (uint64_t)1 << (k % 64), __ATOMIC_RELEASE);
+		__atomic_fetch_or(&slot[k / 64], (uint64_t)1 << (k % 64), __ATOMIC_SEQ_CST);
 	}
+	/* Still live after the bits are set (§7): io's last drain, which
+	 * comes after it clears the word, takes them. Cleared meanwhile: the
+	 * bits may be after that drain, so the write goes through the ring
+	 * too (the same bytes: the store is harmless). */
+	if (!__atomic_load_n(live, __ATOMIC_SEQ_CST))
+		goto out;
 	__atomic_store_n(&w->used, now, __ATOMIC_RELAXED);
 	r = (ssize_t)n;
 out:
@@ -1861,7 +1888,8 @@ static int write_log(weir_fs *fs)
 	return 0;
 }
 
-/* unpin_slot ends the window in slot i; under wmu exclusive. */
+/* unpin_slot ends the window in slot i; under wmu exclusive. A window
+ * io ended itself (its live word 0) is only forgotten here. */
 static void unpin_slot(weir_fs *fs, unsigned i)
 {
 	struct wwin *w = &fs->wins[i];
@@ -1870,32 +1898,41 @@ static void unpin_slot(weir_fs *fs, unsigned i)
 	if (w->c->wslot[w->win % WHASH] == i + 1)
 		__atomic_store_n(&w->c->wslot[w->win % WHASH], 0, __ATOMIC_RELAXED);
 	/* io drains the slot before it frees it: an error leaves it to the
-	 * session's end, and the slot unused here. */
-	if (call(&fs->io, WEIR_OP_WRITE_UNPIN, i, 0, 0, NULL, 0, NULL, 0, NULL) == 0)
+	 * session's end, and the slot unused here, unless io ended it. */
+	if (!__atomic_load_n(slot_live(fs, i), __ATOMIC_ACQUIRE) ||
+	    call(&fs->io, WEIR_OP_WRITE_UNPIN, i, 0, 0, NULL, 0, NULL, 0, NULL) == 0 ||
+	    !__atomic_load_n(slot_live(fs, i), __ATOMIC_ACQUIRE))
 		w->c = NULL;
 	else
 		w->win = ~(uint64_t)0; /* held by io still: never free here */
 }
 
-/* warm counts a write through the ring at off, and pins its window at
- * the WIN_HEAT-th. */
-static void warm(weir_fs *fs, weir_cache *c, uint64_t off)
+/* warm counts an overwrite through the ring at off (below size, the
+ * file's size before it), and pins its window at the WIN_HEAT-th: only
+ * overwrites, as only they take the window's path, and only a window
+ * that starts inside the file. */
+static void warm(weir_fs *fs, weir_cache *c, uint64_t off, uint64_t size)
 {
 	uint64_t win = off / WIN_BYTES;
 	unsigned h = (unsigned)(win % WHASH);
-	if (__atomic_load_n(&c->wslot[h], __ATOMIC_RELAXED) || (win + 1) * WIN_BYTES > c->cap ||
+	unsigned cur = __atomic_load_n(&c->wslot[h], __ATOMIC_RELAXED);
+	if ((cur && (!fs->wlog || __atomic_load_n(slot_live(fs, cur - 1), __ATOMIC_RELAXED))) ||
+	    (win + 1) * WIN_BYTES > c->cap || win * WIN_BYTES >= size ||
 	    __atomic_add_fetch(&c->heat[h], 1, __ATOMIC_RELAXED) < WIN_HEAT)
 		return;
 	c->heat[h] = 0;
 	pthread_rwlock_wrlock(&fs->wmu);
 	int64_t now = realtime_ns();
+	if (c->wslot[h] && fs->wlog && !__atomic_load_n(slot_live(fs, c->wslot[h] - 1), __ATOMIC_ACQUIRE))
+		unpin_slot(fs, c->wslot[h] - 1); /* io ended it: forgotten */
 	if (c->wslot[h] || now < fs->wfull_until || write_log(fs))
 		goto out;
-	/* A free slot, else the one stored into least recently. */
+	/* A free slot (or one io ended), else the one stored into least
+	 * recently. */
 	unsigned best = WEIR_WRITE_LOG_SLOTS;
 	for (unsigned i = 0; i < WEIR_WRITE_LOG_SLOTS; i++) {
 		struct wwin *w = &fs->wins[i];
-		if (!w->c) {
+		if (!w->c || !__atomic_load_n(slot_live(fs, i), __ATOMIC_ACQUIRE)) {
 			best = i;
 			break;
 		}
@@ -1911,8 +1948,12 @@ static void warm(weir_fs *fs, weir_cache *c, uint64_t off)
 	if (res == 0) {
 		/* The window's page table entries now, in one call, not a
 		 * fault at each page's first store (about 2 µs each here;
-		 * Linux 5.14, else the faults it is). */
-		(void)madvise(c->wdata + win * WIN_BYTES, WIN_BYTES, MADV_POPULATE_WRITE);
+		 * Linux 5.14, else the faults it is): those inside the file,
+		 * which io filled (a store past the end goes through the ring). */
+		uint64_t end = (size + WEIR_CACHE_PAGE_SIZE - 1) & ~(uint64_t)(WEIR_CACHE_PAGE_SIZE - 1);
+		if (end > (win + 1) * WIN_BYTES)
+			end = (win + 1) * WIN_BYTES;
+		(void)madvise(c->wdata + win * WIN_BYTES, end - win * WIN_BYTES, MADV_POPULATE_WRITE);
 		fs->wins[best] = (struct wwin){.c = c, .win = win, .used = now};
 		__atomic_store_n(&c->wslot[h], (uint16_t)(best + 1), __ATOMIC_RELAXED);
 	} else if (res == -ENOMEM) {
@@ -1929,9 +1970,10 @@ ssize_t weir_cache_pwrite(weir_fs *fs, weir_cache *c, uint64_t handle, const voi
 		if (r != -EAGAIN)
 			return r;
 	}
+	int64_t size = c && c->wdata && c->wfs == fs && c->handle == handle ? cache_size(c) : -1;
 	ssize_t r = weir_pwrite(fs, handle, buf, n, off, 0);
-	if (r > 0 && c && c->wdata && c->wfs == fs && c->handle == handle)
-		warm(fs, c, off);
+	if (r > 0 && size >= 0 && off + n <= (uint64_t)size)
+		warm(fs, c, off, (uint64_t)size);
 	return r;
 }
 

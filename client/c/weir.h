@@ -194,7 +194,9 @@ void weir_cache_release(weir_fs *fs, weir_cache *c);
  * session); -EOPNOTSUPP: io runs without a cache; -EBADF: writable on a
  * handle that does not write. */
 int weir_map(weir_fs *fs, uint64_t handle, void *addr, size_t len, uint64_t off, int writable);
-int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off);
+/* writable: the pin was weir_map's with writable (io takes back that
+ * kind, a writable one's pages made dirty first). */
+int weir_unmap_pins(weir_fs *fs, uint64_t handle, size_t len, uint64_t off, int writable);
 int weir_map_sync(weir_fs *fs, uint64_t handle, size_t len, uint64_t off);
 /* weir_map's two halves: the pins of the range, and its pages mapped at
  * addr (which needs the range pinned, by this handle or another). */

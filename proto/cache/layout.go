@@ -157,6 +157,18 @@ func Sizes(capacity uint64) (meta, data uint64, err error) {
 
 func chunksOf(capacity uint64) uint64 { return (capacity + ChunkBytes - 1) / ChunkBytes }
 
+// DataMapSize is how much of a data memfd of dataSize bytes a client maps
+// beside a meta memfd of metaSize bytes: the chunks the meta memfd has
+// state pages for. The service sizes the data memfd for the largest
+// capacity from the start (sealed at that size, so that no client can
+// grow it: docs/cache-abi.md §1), and grows only the meta memfd.
+func DataMapSize(metaSize, dataSize uint64) uint64 {
+	if metaSize < HeaderSize {
+		return 0
+	}
+	return min((metaSize-HeaderSize)/PageSize*ChunkBytes, dataSize/ChunkBytes*ChunkBytes)
+}
+
 // stateOff is the offset of page p's state word in the meta memfd: the
 // state pages follow the header, one after another.
 func stateOff(p uint64) uint64 { return HeaderSize + p*StateSize }

@@ -182,6 +182,14 @@ func (r *Region) SetFields(f Fields) {
 	r.store64(offFieldsSeq, s+2)
 }
 
+// Retire leaves the field group changing for good: the service no longer
+// keeps the region (its file closed and the region dropped, or the
+// service stops), and a client that still maps it must ask the service
+// (docs/cache-abi.md §2), which has the file's bytes elsewhere by then.
+func (r *Region) Retire() {
+	r.store64(offFieldsSeq, r.load64(offFieldsSeq)|1)
+}
+
 // Begin makes page p busy for a transition by the service (a fill, an
 // update, an eviction) and returns the busy word, which Publish or Drop
 // take. It fails with ErrBusy while the page is busy already or pinned by

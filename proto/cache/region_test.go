@@ -588,3 +588,17 @@ func TestCopyInKeepsNeighbourStores(t *testing.T) {
 		t.Fatalf("word after the race: % x; want byte 7 = %#x (no count lost) and bytes 1-3 = 01 02 03", b, byte(counts%256))
 	}
 }
+
+// TestRetire: a retired region's field group never reads as stable, so a
+// client that still maps it asks the service.
+func TestRetire(t *testing.T) {
+	r, _ := newRegion(t, 4*ChunkBytes)
+	r.SetFields(Fields{Size: 10, Mtime: 1, Ctime: 1, DataVersion: 1})
+	if _, ok := r.Fields(); !ok {
+		t.Fatal("fields unstable before Retire")
+	}
+	r.Retire()
+	if f, ok := r.Fields(); ok {
+		t.Fatalf("a retired region's fields read as stable: %+v", f)
+	}
+}

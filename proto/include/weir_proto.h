@@ -177,7 +177,8 @@
 #define WEIR_WINDOW_PAGES 512u        /* a write window: this many pages at a multiple of it */
 #define WEIR_WRITE_LOG_SLOTS 256u     /* slots of the write log */
 #define WEIR_WRITE_SLOT_BYTES 64u     /* a slot: bit k%64 of u64 word k/64 = page k of its window stored into */
-#define WEIR_WRITE_LOG_SIZE 16384u
+#define WEIR_WRITE_LOG_LIVE_OFF 16384u /* then a u64 live word per slot: 1 while io drains the slot's window, 0 once it ended */
+#define WEIR_WRITE_LOG_SIZE 20480u
 #define WEIR_MAP_PIN_WRITABLE 0x80000000u /* in a MAP_PIN's arg: a writable mapping's pin (the handle must write) */
 #define WEIR_OP_RELEASE 0x4au /* handle = a direct handle: its end */
 #define WEIR_OP_CLAIM 0x48u /* handle = data handle, in: the capability WEIR_OP_GRANT answered; -EKEYREJECTED: grant again with WEIR_GRANT_THROUGH_IO */

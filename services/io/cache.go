@@ -72,7 +72,8 @@ type pageCache struct {
 	WritebackPages, WritebackErrors    atomic.Uint64
 	WriteThroughs                      atomic.Uint64 // writes sent to the device at once (dirty limit, uncachable)
 	PageFailures                       atomic.Uint64 // new pages the memfd could not take (no memory)
-	pinned                             atomic.Int64  // pages pinned by clients' mappings (pins.go)
+	pinned                             atomic.Int64  // pages pinned by clients' mappings and write windows (pins.go)
+	winPinned                          atomic.Int64  // of pinned, those of write windows
 	Scrubbed                           atomic.Uint64 // bytes scrub freed (pages clients faulted in)
 	DirectWrites                       atomic.Uint64 // O_DIRECT writes to a cached file
 	DirectFlushes                      atomic.Uint64 // O_DIRECT reads that wrote dirty pages home first
@@ -300,7 +301,10 @@ func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*regi
 	if r.fd, r.ro, _, err = newMemfd(fmt.Sprintf("weir-cache-%d", ino), false, 0); err != nil {
 		return nil, fmt.Errorf("cache region of file %d: %w", ino, err)
 	}
-	if r.dfd, r.dro, r.dw, err = newMemfd(fmt.Sprintf("weir-data-%d", ino), true, 0); err != nil {
+	// The data memfd at the largest capacity from the start, sealed there
+	// (docs/cache-abi.md §1): a client holding it read-write cannot grow
+	// it, and what it stores past the region's capacity scrub punches.
+	if r.dfd, r.dro, r.dw, err = newMemfd(fmt.Sprintf("weir-data-%d", ino), true, cache.MaxCapacity); err != nil {
 		r.fd.Close()
 		r.ro.Close()
 		return nil, fmt.Errorf("cache region of file %d: %w", ino, err)
@@ -471,6 +475,7 @@ func (r *region) close() {
 	}
 	r.closed = true
 	r.dead.Store(true)
+	r.cur.Load().Retire() // clients that still map it read through the ring
 	r.bmu.Lock()
 	n := r.nres
 	r.nres = 0
@@ -614,7 +619,7 @@ func (r *region) hasDirtyIn(p0, p1 uint64) bool {
 // truncate drops them), but its bytes must never be taken for written.
 // Truncates are held off by the caller (trunc), and evictions skip dirty
 // pages, so no fill brings back the device's bytes before the write.
-func (r *region) writeRun(cr *cache.Region, b backend.Blob, pages []uint64, words []cache.Word, off, want int64) error {
+func (r *region) writeRun(cr *cache.Region, b backend.Blob, pages []uint64, words []cache.Word, off, want int64, size func() int64) error {
 	if want <= 0 {
 		for i, w := range words {
 			_ = cr.Publish(pages[i], w, true)
@@ -654,6 +659,15 @@ func (r *region) writeRun(cr *cache.Region, b backend.Blob, pages []uint64, word
 		// bytes there that the copy has not).
 		n := min(int64(cache.PageSize), off+want-pOff)
 		pg, _ := cr.Data(p, 1)
+		if n < cache.PageSize && size() == off+want && !allZero(pg[n:]) {
+			// Bytes past the end of the file in its last page, which only
+			// a client's store through a writable mapping puts there:
+			// dropped, as Linux drops them at write-back, or the page
+			// would stay dirty for ever, and an extension would show
+			// them. The file still ends here (an extension into the page
+			// waits for it: zeroPastEnd), and the page is ours.
+			_ = cr.WritePage(p, int(n), zeroPage[n:])
+		}
 		clean := bytes.Equal(pg[:n], shadow[pOff-off:pOff-off+n]) && allZero(pg[n:])
 		if clean {
 			r.clearDirty(p)
@@ -661,6 +675,41 @@ func (r *region) writeRun(cr *cache.Region, b backend.Blob, pages []uint64, word
 		_ = cr.Publish(p, w, !clean)
 	}
 	return nil
+}
+
+// zeroPage is a page of zeros, never written.
+var zeroPage [cache.PageSize]byte
+
+// zeroPastEnd zeroes the bytes past the file's end (size()) in its last
+// page, if resident, while the file still ends there: a write or a
+// truncate is about to extend the file past that page, and its bytes past
+// the old end, which only a client's store through a writable mapping can
+// have made other than zeros, must read as zeros then (as Linux zeroes
+// them when it extends a file). The caller holds trunc, and is not
+// holding the page.
+func (r *region) zeroPastEnd(size func() int64) {
+	sz := size()
+	tail := sz % cache.PageSize
+	if tail == 0 {
+		return
+	}
+	p := uint64(sz) / cache.PageSize
+	cr := r.cur.Load()
+	if p >= cr.Pages() {
+		return
+	}
+	w, k, err := lockPage(cr, p)
+	if err != nil {
+		return
+	}
+	if k != cache.KindResident {
+		_ = cr.Drop(p, w)
+		return
+	}
+	if size() == sz {
+		_ = cr.WritePage(p, int(tail), zeroPage[tail:])
+	}
+	_ = cr.Publish(p, w, w.Dirty())
 }
 
 // allZero reports whether b holds only zero bytes.
@@ -757,7 +806,7 @@ func (r *region) flushRange(b backend.Blob, size func() int64, wait bool, p0, p1
 		pages = pages[len(busy):]
 		off := int64(run[0]) * cache.PageSize
 		want := min(int64(len(busy))*cache.PageSize, size()-off)
-		err := r.writeRun(cr, b, run[:len(busy)], busy, off, want)
+		err := r.writeRun(cr, b, run[:len(busy)], busy, off, want, size)
 		if err != nil {
 			r.pc.WritebackErrors.Add(1)
 			if first == nil {
@@ -914,6 +963,10 @@ func (r *region) scrub() int64 {
 	r.trunc.RLock()
 	defer r.trunc.RUnlock()
 	cr := r.cur.Load()
+	// Past the capacity: no page of the region, only what a client holding
+	// the data memfd read-write stored there.
+	_ = unix.Fallocate(int(r.dfd.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+		int64(cache.PageOffset(cr.Pages())), int64(cache.MaxCapacity-cache.PageOffset(cr.Pages())))
 	for p := uint64(0); p < cr.Pages(); {
 		// A run of absent pages, made busy, in one chunk.
 		var busy []cache.Word
@@ -1365,6 +1418,11 @@ func (r *region) written(lr *lockedRange, src [][]byte, off, n, oldSize int64, m
 		switch {
 		case ws >= we: // the write stopped short of this page
 		case resident:
+			if ps < oldSize && oldSize < ws {
+				// The file's old last page, written past its end: the bytes
+				// between read as zeros (zeroPastEnd).
+				_ = lr.cr.WritePage(p, int(oldSize-ps), zeroPage[oldSize-ps:ws-ps])
+			}
 			cur.each(we-ws, func(b []byte, at int64) { _ = lr.cr.WritePage(p, int(ws-ps+at), b) })
 			r.pc.WriteUpdated.Add(1)
 		case (mode != writeDirect || r.pinned(p)) && (ws == ps || ps >= oldSize) && (we == pe || we >= oldSize):
@@ -1407,16 +1465,28 @@ const (
 )
 
 // pwritePage stores k bytes from cur at byte in of new page p with pwrite,
-// which allocates the page (the rest reads zeros) without faulting it
-// into io's mapping.
+// which allocates the page without faulting it into io's mapping. A page
+// the bytes cover in part is written whole, zeros around them: the memfd
+// may hold bytes of its own there, which a client holding the data memfd
+// read-write (a writable mapping, a write window) stored while the page
+// was absent, and they must not become the file's.
 func (r *region) pwritePage(p uint64, cur *runCursor, in, k int64) error {
-	var err error
-	cur.each(k, func(b []byte, at int64) {
-		if err == nil {
-			err = pwriteFull(int(r.dfd.Fd()), b, int64(cache.PageOffset(p))+in+at)
-		}
-	})
-	return err
+	fd, at := int(r.dfd.Fd()), int64(cache.PageOffset(p))
+	if in == 0 && k == cache.PageSize {
+		var err error
+		cur.each(k, func(b []byte, o int64) {
+			if err == nil {
+				err = pwriteFull(fd, b, at+o)
+			}
+		})
+		return err
+	}
+	bp := getBounce()
+	defer putBounce(bp)
+	pg := (*bp)[:cache.PageSize]
+	clear(pg)
+	cur.each(k, func(b []byte, o int64) { copy(pg[in+o:], b) })
+	return pwriteFull(fd, pg, at)
 }
 
 // stage is the first half of a write-back: it stores the bytes of the

@@ -183,7 +183,7 @@ func (s *Service) onRevoke(m *nats.Msg) {
 				ack.Wrote = g.blob.wrote.Load()
 				ack.Unused = unused
 			}
-			s.releaseBlob(g.blob)
+			s.grantGone(g)
 		}
 		control.Respond(m, ack)
 	}) {
@@ -397,7 +397,7 @@ func (s *Service) onResync(m *nats.Msg) {
 					rest = append(rest, l)
 				}
 			}
-			s.releaseBlob(ob)
+			s.grantGone(g)
 		}
 		if s.stg != nil {
 			// Files with live staging records (all the replay wrote, at

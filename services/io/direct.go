@@ -252,11 +252,11 @@ func (s *Service) releaseWhenDrained(gs []*grant) {
 	for _, g := range gs {
 		select {
 		case <-g.drained:
-			s.releaseBlob(g.blob)
+			s.grantGone(g)
 		default:
-			if !s.background(func() { <-g.drained; s.releaseBlob(g.blob) }) {
+			if !s.background(func() { <-g.drained; s.grantGone(g) }) {
 				<-g.drained
-				s.releaseBlob(g.blob)
+				s.grantGone(g)
 			}
 		}
 	}

@@ -1,6 +1,7 @@
 package iosvc
 
 import (
+	"slices"
 	"sync"
 	"syscall"
 
@@ -37,24 +38,40 @@ import (
 // (the shim syncs a file's writable mappings first).
 
 // pinRec is one pinned range of a session.
+//
+// A pin belongs to the grant it was made through (g) while that grant
+// lasts: when the grant ends (its close, a recall by another trust group,
+// a resync), endGrantPins ends the grant's write windows (drained, the
+// client told through the log's live word), makes a writable pin's pages
+// dirty a last time and demotes it (a read pin that a writable OpMapSync
+// or OpMapUnpin of a new grant promotes again), and keeps read pins (the
+// mapping stays resident). So ob, the grant's blob, is open whenever a
+// drain or a writable pin uses it.
 type pinRec struct {
-	r      *region
-	ob     *openBlob
-	id     backend.BlobID
-	p0, p1 uint64
-	write  bool // a writable mapping's: its pages are made dirty at its end
-	slot   int  // a write window's (windows.go): its slot; -1 for a mapping's
+	r       *region
+	ob      *openBlob // g's blob while g lasts; nil after
+	g       *grant    // the grant it was made through; nil once that ended
+	id      backend.BlobID
+	p0, p1  uint64
+	write   bool // a writable mapping's: its pages are made dirty at its end
+	demoted bool // a writable mapping's whose grant ended (write is false)
+	slot    int  // a write window's (windows.go): its slot; -1 for a mapping's
 }
 
 // sessionPins are a session's pinned ranges.
 type sessionPins struct {
-	mu    sync.Mutex
-	list  []pinRec
-	pages int64
+	mu       sync.Mutex
+	list     []pinRec
+	pages    int64
+	winPages int64 // of pages, those of write windows
 }
 
 // maxPinPages bounds one OpMapPin (4 GiB of a file), and maxPinPastEnd
-// how far past the file's end a pin may reach.
+// how far past the file's end a pin may reach. Write windows have a
+// budget of their own inside the pins' (a thirty-second of the cache per
+// session, an eighth for all), so that busy writers never take the room
+// MAP_SHARED mappings need, and the dirt their drains make stays below
+// the dirty limit (a quarter).
 const (
 	maxPinPages   = 1 << 20
 	maxPinPastEnd = 1 << 30
@@ -139,25 +156,38 @@ func (s *session) pinLocked(g *grant, p0, n uint64, write bool, slot int) (*regi
 		return nil, syscall.ENOMEM
 	}
 	pc := s.svc.pc
-	if s.pins.pages+int64(n) > pc.limit/4 || pc.pinned.Add(int64(n)) > pc.limit/2 {
-		if s.pins.pages+int64(n) <= pc.limit/4 {
-			pc.pinned.Add(-int64(n))
-		}
+	win := slot >= 0
+	if s.pins.pages+int64(n) > pc.limit/4 || win && s.pins.winPages+int64(n) > pc.limit/32 {
+		return nil, syscall.ENOMEM
+	}
+	if pc.pinned.Add(int64(n)) > pc.limit/2 {
+		pc.pinned.Add(-int64(n))
+		return nil, syscall.ENOMEM
+	}
+	if win && pc.winPinned.Add(int64(n)) > pc.limit/8 {
+		pc.winPinned.Add(-int64(n))
+		pc.pinned.Add(-int64(n))
 		return nil, syscall.ENOMEM
 	}
 	p1 := p0 + n
+	uncount := func() {
+		pc.pinned.Add(-int64(n))
+		if win {
+			pc.winPinned.Add(-int64(n))
+		}
+	}
 	unpin := func() {
 		r.unpinRange(p0, p1)
-		pc.pinned.Add(-int64(n))
+		uncount()
 	}
 	r.life.RLock()
 	defer r.life.RUnlock()
 	if r.closed {
-		pc.pinned.Add(-int64(n))
+		uncount()
 		return nil, syscall.EBADF
 	}
 	if _, err := r.covering(p1 - 1); err != nil {
-		pc.pinned.Add(-int64(n))
+		uncount()
 		return nil, errno(err)
 	}
 	// Pinned first, so that no page is evicted between its fill and the
@@ -183,9 +213,65 @@ func (s *session) pinLocked(g *grant, p0, n uint64, write bool, slot int) (*regi
 		}
 	}
 	r.trunc.RUnlock()
-	s.pins.list = append(s.pins.list, pinRec{r, g.blob, g.blob.id, p0, p1, write, slot})
+	s.pins.list = append(s.pins.list, pinRec{r: r, ob: g.blob, g: g, id: g.blob.id, p0: p0, p1: p1, write: write, slot: slot})
 	s.pins.pages += int64(n)
+	if win {
+		s.pins.winPages += int64(n)
+	}
+	s.svc.pinnedThrough(g, s)
 	return r, 0
+}
+
+// pinnedThrough records that s pinned a range through g, for g's end.
+func (svc *Service) pinnedThrough(g *grant, s *session) {
+	svc.mu.Lock()
+	defer svc.mu.Unlock()
+	if !slices.Contains(g.pinners, s) {
+		g.pinners = append(g.pinners, s)
+	}
+}
+
+// grantGone ends what the session pins through g (endGrantPins) and drops
+// g's reference on its blob: g was revoked and its last request is done.
+func (svc *Service) grantGone(g *grant) {
+	svc.mu.Lock()
+	ss := g.pinners
+	g.pinners = nil
+	svc.mu.Unlock()
+	for _, s := range ss {
+		s.endGrantPins(g)
+	}
+	svc.releaseBlob(g.blob)
+}
+
+// endGrantPins ends the pins s made through g, which ended (pinRec).
+func (s *session) endGrantPins(g *grant) {
+	s.pins.mu.Lock()
+	defer s.pins.mu.Unlock()
+	kept := s.pins.list[:0]
+	for _, pr := range s.pins.list {
+		if pr.g != g {
+			kept = append(kept, pr)
+			continue
+		}
+		if pr.slot >= 0 {
+			s.releasePinLocked(pr)
+			s.svc.Stats.WindowsEnded.Add(1)
+			continue
+		}
+		if pr.write {
+			if err := s.svc.mapDirty(pr.ob, pr.r, pr.p0, pr.p1, true); err != nil {
+				s.svc.log.Error("writable mapping's grant ended: its pages could not be made dirty; stores through it may be lost",
+					"blob", pr.id, "error", err)
+			}
+			pr.write, pr.demoted = false, true
+			s.svc.Stats.MapsDemoted.Add(1)
+		}
+		pr.g, pr.ob = nil, nil
+		kept = append(kept, pr)
+	}
+	clear(s.pins.list[len(kept):])
+	s.pins.list = kept
 }
 
 // isResident reports whether page p is resident (io's own record).
@@ -197,8 +283,9 @@ func (r *region) isResident(p uint64) bool {
 }
 
 // mapUnpin serves OpMapUnpin: the range of an earlier OpMapPin of the
-// same file (EINVAL: none; the writable flag is ignored). A writable pin's
-// pages are made dirty first.
+// same file, writable (proto.MapPinWritable in Arg) or not as that pin
+// was (EINVAL: none). A writable pin's pages are made dirty first; so
+// are a demoted one's (its grant ended: pinRec) when the handle writes.
 func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 	g, e := s.use(q, accAny)
 	if e != 0 {
@@ -207,11 +294,19 @@ func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 	defer s.svc.done(g)
 	p0 := q.Offset / cache.PageSize
 	p1 := p0 + uint64(q.Arg&^proto.MapPinWritable)
+	writable := q.Arg&proto.MapPinWritable != 0
 	s.pins.mu.Lock()
 	defer s.pins.mu.Unlock()
 	for i, pr := range s.pins.list {
-		if pr.slot < 0 && pr.id == g.blob.id && pr.p0 == p0 && pr.p1 == p1 && q.Offset%cache.PageSize == 0 {
+		if pr.slot < 0 && pr.id == g.blob.id && pr.p0 == p0 && pr.p1 == p1 && q.Offset%cache.PageSize == 0 &&
+			writable == (pr.write || pr.demoted) {
 			s.pins.list = append(s.pins.list[:i], s.pins.list[i+1:]...)
+			if pr.demoted && g.write {
+				if err := s.svc.mapDirty(g.blob, pr.r, pr.p0, pr.p1, true); err != nil {
+					s.svc.log.Error("writable mapping's end: its pages could not be made dirty; stores through it may be lost",
+						"blob", pr.id, "error", err)
+				}
+			}
 			s.releasePinLocked(pr)
 			return 0, 0
 		}
@@ -240,8 +335,16 @@ func (s *session) mapSync(q *ring.Request) (int64, uint64) {
 	p1 := p0 + n
 	s.pins.mu.Lock()
 	var r *region
-	for _, pr := range s.pins.list {
-		if pr.write && pr.slot < 0 && pr.id == g.blob.id && pr.p0 <= p0 && p1 <= pr.p1 {
+	promoted := false
+	for i := range s.pins.list {
+		pr := &s.pins.list[i]
+		if (pr.write || pr.demoted) && pr.slot < 0 && pr.id == g.blob.id && pr.p0 <= p0 && p1 <= pr.p1 {
+			if pr.demoted {
+				// Its grant ended (a recall, a resync): this grant of the
+				// file's takes the mapping's stores from now on.
+				pr.write, pr.demoted, pr.g, pr.ob = true, false, g, g.blob
+				promoted = true
+			}
 			r = pr.r
 			break
 		}
@@ -249,6 +352,9 @@ func (s *session) mapSync(q *ring.Request) (int64, uint64) {
 	s.pins.mu.Unlock()
 	if r == nil {
 		return fail(syscall.EINVAL)
+	}
+	if promoted {
+		s.svc.pinnedThrough(g, s)
 	}
 	if err := s.svc.mapDirty(g.blob, r, p0, p1, true); err != nil {
 		return fail(errno(err))
@@ -293,7 +399,7 @@ func (svc *Service) mapDirty(ob *openBlob, r *region, p0, p1 uint64, touch bool)
 	if touch {
 		svc.touch(ob)
 	} else {
-		ob.wrote.Store(true)
+		svc.changed(ob)
 	}
 	return nil
 }
@@ -314,6 +420,10 @@ func (s *session) releasePinLocked(pr pinRec) {
 	n := int64(pr.p1 - pr.p0)
 	s.pins.pages -= n
 	s.svc.pc.pinned.Add(-n)
+	if pr.slot >= 0 {
+		s.pins.winPages -= n
+		s.svc.pc.winPinned.Add(-n)
+	}
 }
 
 // endPins takes back every pin of the session (its end).

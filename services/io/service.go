@@ -124,6 +124,9 @@ type Stats struct {
 
 	// Write windows (windows.go): pinned, and pages their drains made dirty.
 	WindowPins, WindowPages atomic.Uint64
+	// WindowsEnded: windows ended by their grant's end; MapsDemoted:
+	// writable pins whose grant ended (pins.go).
+	WindowsEnded, MapsDemoted atomic.Uint64
 }
 
 // Snapshot returns the service's counters and the backend's, for the
@@ -147,6 +150,8 @@ func (s *Service) Snapshot() map[string]any {
 		"mem_unregister_failures": st.MemUnregisterFailures.Load(),
 		"window_pins":             st.WindowPins.Load(),
 		"window_pages":            st.WindowPages.Load(),
+		"windows_ended":           st.WindowsEnded.Load(),
+		"maps_demoted":            st.MapsDemoted.Load(),
 		"backend_syncs":           s.creates.syncs.Load(),
 		"metadata_incarnation":    s.inc.Load(),
 		"metadata_connected":      s.peer != nil && s.peer.Up(),
@@ -279,6 +284,9 @@ type grant struct {
 	// dirOpens: a direct open's (direct.go), its session's count of
 	// them, which its end lowers; nil for every other grant.
 	dirOpens *int
+	// pinners: the sessions that pinned ranges through it (pins.go),
+	// whose pins end with it (grantGone); protected by Service.mu.
+	pinners []*session
 
 	// The sequential read detector (readahead): where the last read
 	// ended and the readahead window it got, in pages. Racing reads of
@@ -725,6 +733,14 @@ func (ob *openBlob) extend(end int64) {
 // region's field group follows.
 func (s *Service) touch(ob *openBlob) {
 	ob.mtime.Store(time.Now().UnixNano())
+	s.changed(ob)
+}
+
+// changed is touch without a new mtime: a write window's drain, whose
+// stores took their mtime from the ring write that kept the field group
+// fresh (windows.go). The data version moves, and the live table and the
+// field group follow.
+func (s *Service) changed(ob *openBlob) {
 	ob.wrote.Store(true)
 	ob.dv.Store(s.dv.Add(1))
 	if r := ob.cached.Load(); r != nil {
@@ -923,6 +939,10 @@ func (s *Service) cacheMemory() int64 {
 // truncateBlob truncates the blob and drops its cached pages past the new
 // size; no fill or write of the region runs meanwhile.
 func (s *Service) truncateBlob(ob *openBlob, size int64) error {
+	// Stores into write windows before the truncate are changes before
+	// it: dirty pages (and changed, for the cut page's record below)
+	// first.
+	s.drainRegion(ob.cached.Load())
 	logged := false
 	if ob.sf != nil && size < ob.logical() {
 		// A shrink cuts the blob at once: logged first (staged.go
@@ -986,6 +1006,9 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		defer r.life.RUnlock()
 		r.trunc.Lock()
 		defer r.trunc.Unlock()
+		if size > ob.logical() {
+			r.zeroPastEnd(ob.logical)
+		}
 		if err := ob.b.Truncate(size); err != nil {
 			return cutFailed(err)
 		}

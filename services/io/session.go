@@ -567,6 +567,9 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 	if end := off + int64(q.Length); !direct && end%cache.PageSize != 0 && p1-1 != p0 && int64(p1-1)*cache.PageSize < ob.logical() {
 		_, _ = r.fill(ob.b, p1-1, p1, ob.logical, nil, nil)
 	}
+	if sz := ob.logical(); off > sz && uint64(sz)/cache.PageSize < p0 {
+		r.zeroPastEnd(ob.logical) // the old last page, which the write does not hold
+	}
 	lr, err := r.lock(p0, p1)
 	if err != nil {
 		return 0, errno(err)

@@ -131,6 +131,7 @@ func (s *session) writePin(q *ring.Request) (int64, uint64) {
 	s.wlog.mu.Lock()
 	swapSlot(s.wlog.mem, slot) // bits from before the pin are no store into it
 	s.wlog.slots[slot] = w
+	storeWord(s.wlog.mem, liveOff(slot), 1)
 	s.wlog.mu.Unlock()
 	r.addWindow(w)
 	s.svc.Stats.WindowPins.Add(1)
@@ -158,6 +159,14 @@ func (s *session) writeUnpin(q *ring.Request) (int64, uint64) {
 
 // endWindow drains the window in slot and frees the slot; the caller
 // takes back its pin. s.pins.mu is held.
+//
+// The live word goes to 0 before the last drain's swap, both sequentially
+// consistent, as the client's OR of a page's bit comes before its load of
+// the live word: a client that still sees it 1 set its bit before the
+// swap, which takes it; one that sees 0 writes again through the ring.
+// The window leaves the region's list only once drained and gone, so an
+// fsync of the file that races the end either drains it or waits on w.mu
+// for this drain: its pages are dirty before that fsync takes them.
 func (s *session) endWindow(slot int) {
 	s.wlog.mu.Lock()
 	w := s.wlog.slots[slot]
@@ -165,15 +174,19 @@ func (s *session) endWindow(slot int) {
 	if w == nil {
 		return
 	}
-	w.r.removeWindow(w)
 	w.mu.Lock()
+	storeWord(s.wlog.mem, liveOff(slot), 0)
 	s.svc.drainLocked(w)
 	w.gone = true
 	w.mu.Unlock()
+	w.r.removeWindow(w)
 	s.wlog.mu.Lock()
 	s.wlog.slots[slot] = nil
 	s.wlog.mu.Unlock()
 }
+
+// liveOff is the offset of slot's live word in the write log.
+func liveOff(slot int) int { return proto.WriteLogLiveOff + slot*8 }
 
 // endWriteLog unmaps the session's log at its end, after endPins ended
 // every window.
