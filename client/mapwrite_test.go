@@ -142,3 +142,58 @@ func TestWritableMapping(t *testing.T) {
 		}
 	}
 }
+
+// TestStoresPastTheEndReadZeros: bytes a client stores through a
+// writable mapping past the file's end (in its last page, or in a page
+// wholly past it) are not the file's: an extension by truncate reads
+// zeros there, and so does a write that caches such a page anew around
+// its own bytes (Linux: SIGBUS past the last page, zeros at extension).
+func TestStoresPastTheEndReadZeros(t *testing.T) {
+	fsys, _ := newFS(t)
+	f, err := fsys.Create("tail")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(bytes.Repeat([]byte("a"), 100), 0); err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapPin, 4|proto.MapPinWritable, 0, false); err != nil || res != 0 {
+		t.Fatalf("writable OpMapPin: %d, %v", res, err)
+	}
+	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
+	if err != nil || rw == nil {
+		t.Fatalf("OpMapWritable: %v", err)
+	}
+	defer rw.Close()
+	mem, err := unix.Mmap(int(rw.Fd()), 0, 4*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	copy(mem[200:], "PAST-THE-END")
+	copy(mem[4096+50:], "PAGE-ONE")
+	copy(mem[3*4096:], "PAGE3!")
+	if err := f.Truncate(8192); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 8192)
+	if n, err := f.ReadAt(got, 0); n != len(got) {
+		t.Fatal(n, err)
+	}
+	if !bytes.Equal(got[:100], bytes.Repeat([]byte("a"), 100)) || !allZeros(got[100:]) {
+		t.Fatalf("after the extension, bytes past the old end are not zeros: %q", bytes.Trim(got[100:], "\x00"))
+	}
+	if _, err := f.WriteAt([]byte("Z"), 3*4096+7); err != nil {
+		t.Fatal(err)
+	}
+	page := make([]byte, 4096)
+	if n, err := f.ReadAt(page, 3*4096); n != 8 {
+		t.Fatal(n, err)
+	}
+	if page[7] != 'Z' || !allZeros(page[:7]) {
+		t.Fatalf("a write into a page past the end shows other bytes: %q", bytes.Trim(page, "\x00"))
+	}
+}
+
+func allZeros(b []byte) bool { return len(bytes.Trim(b, "\x00")) == 0 }
