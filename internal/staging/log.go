@@ -21,6 +21,14 @@ type Device interface {
 	Sync() error
 }
 
+// DurableWriter is a Device that can write a range and make it durable in
+// one call (backend.DurableWriter): a lone append, with nothing before it
+// left to flush, takes it instead of a write and a flush.
+// errors.ErrUnsupported: not here (the append writes and flushes).
+type DurableWriter interface {
+	WriteAtDurable(p []byte, off int64) (int, error)
+}
+
 // ErrFull says the ring has no room for a record until the journal trims
 // it: the caller waits (backpressure).
 var ErrFull = errors.New("staging: log full")
@@ -141,9 +149,13 @@ type Log struct {
 	durable uint64
 	flush   bool  // a flush is running
 	err     error // sticky: a failed write or flush fails every later append
+	// lone: an append writing its record with WriteAtDurable is under
+	// way; noLone: the device has no WriteAtDurable (or refused it).
+	lone, noLone bool
 
-	// Flushes counts device flushes (Sync) of appends.
-	Flushes atomic.Uint64
+	// Flushes counts device flushes (Sync) of appends, lone durable
+	// writes included; LoneWrites those.
+	Flushes, LoneWrites atomic.Uint64
 }
 
 // Open recovers the log on dev: the live records (after the trim point)
@@ -316,6 +328,7 @@ func (l *Log) Append(r *Record) (uint64, error) {
 		l.mu.Unlock()
 		return 0, l.err
 	}
+	head := l.head
 	off, err := l.reserveLocked(size)
 	if err != nil {
 		l.mu.Unlock()
@@ -324,11 +337,35 @@ func (l *Log) Append(r *Record) (uint64, error) {
 	lsn, epoch, logID := l.next, l.sb.epoch, l.sb.log
 	l.next++
 	l.live = append(l.live, live{lsn: lsn, off: off, epoch: epoch})
+	// Alone: every record before it durable, no flush or lone write
+	// under way, and no wrap marker written for it (a buffered write its
+	// own flush would not cover). Its one durable write is then its
+	// flush too: recovery finds every record before it, and it.
+	dw, _ := l.dev.(DurableWriter)
+	lone := dw != nil && !l.noLone && !l.flush && !l.lone && l.durable == lsn-1 && l.written == lsn-1 && off == head
+	if lone {
+		l.lone = true
+	}
 	l.mu.Unlock()
 
 	rec := *r
 	rec.LSN, rec.Epoch, rec.Log = lsn, epoch, logID
-	buf, err := rec.Encode(make([]byte, 0, size))
+	bp := getRecordBuf(size)
+	defer putRecordBuf(bp)
+	buf, err := rec.Encode((*bp)[:0])
+	if err == nil && lone {
+		_, err = dw.WriteAtDurable(buf, RingOffset+off)
+		if errors.Is(err, errors.ErrUnsupported) {
+			lone = false
+			l.mu.Lock()
+			l.lone, l.noLone = false, true
+			l.mu.Unlock()
+			err = nil
+		}
+		if lone {
+			return l.loneDone(lsn, err)
+		}
+	}
 	if err == nil {
 		_, err = l.dev.WriteAt(buf, RingOffset+off)
 	}
@@ -369,6 +406,49 @@ func (l *Log) Append(r *Record) (uint64, error) {
 		}
 	}
 	return lsn, nil
+}
+
+// loneDone ends a lone append (Append) whose durable write returned err:
+// written and durable at once, or the log failed.
+func (l *Log) loneDone(lsn uint64, err error) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lone = false
+	l.Flushes.Add(1)
+	l.LoneWrites.Add(1)
+	if err != nil {
+		l.failLocked(fmt.Errorf("staging: write record %d durably: %w", lsn, err))
+		return 0, l.err
+	}
+	l.done[lsn] = true
+	for l.done[l.written+1] {
+		delete(l.done, l.written+1)
+		l.written++
+	}
+	l.durable = max(l.durable, lsn)
+	l.cond.Broadcast()
+	return lsn, nil
+}
+
+// recordBufs holds record buffers up to recordBufSize, so that an append
+// allocates nothing in the common case (the GC of one buffer an fsync
+// showed in io's profile).
+const recordBufSize = 256 << 10
+
+var recordBufs = sync.Pool{New: func() any { b := make([]byte, recordBufSize); return &b }}
+
+func getRecordBuf(size int64) *[]byte {
+	if size > recordBufSize {
+		b := make([]byte, size)
+		return &b
+	}
+	return recordBufs.Get().(*[]byte)
+}
+
+func putRecordBuf(b *[]byte) {
+	if cap(*b) == recordBufSize {
+		recordBufs.Put(b)
+	}
 }
 
 func (l *Log) failLocked(err error) {

@@ -25,7 +25,12 @@ type op struct {
 // what follows from base.
 func newLog(t testing.TB, ring uint64) (*memDev, *Log, []byte) {
 	t.Helper()
-	dev := newMemDev(RingOffset + int64(ring)*BlockSize)
+	return newLogOn(t, newMemDev(RingOffset+int64(ring)*BlockSize), ring)
+}
+
+// newLogOn is newLog on dev (a durable one's, say).
+func newLogOn(t testing.TB, dev *memDev, ring uint64) (*memDev, *Log, []byte) {
+	t.Helper()
 	if err := Format(dev, ring); err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +51,22 @@ type memDev struct {
 	ops      []op
 	syncs    int
 	failNext error // the next write or flush fails with it
+	// durable: WriteAtDurable is a write and a flush, in one call (else
+	// ErrUnsupported, and the log writes and flushes as ever).
+	durable bool
+}
+
+// WriteAtDurable is DurableWriter's: the write, then the flush, as one
+// call (a power cut between them is one the cut images cover).
+func (d *memDev) WriteAtDurable(p []byte, off int64) (int, error) {
+	if !d.durable {
+		return 0, errors.ErrUnsupported
+	}
+	n, err := d.WriteAt(p, off)
+	if err != nil {
+		return n, err
+	}
+	return n, d.Sync()
 }
 
 func newMemDev(size int64) *memDev { return &memDev{img: make([]byte, size)} }
@@ -401,6 +422,64 @@ func TestGroupCommit(t *testing.T) {
 	if _, err := l.Append(&r); err != nil || dev.syncs != before+1 {
 		t.Fatalf("a lone append: %v, %d flushes", err, dev.syncs-before)
 	}
+	if l.LoneWrites.Load() != 0 {
+		t.Fatalf("%d lone durable writes on a device without them", l.LoneWrites.Load())
+	}
+}
+
+// TestLoneAppendIsOneDurableWrite: on a DurableWriter, an append with
+// nothing before it left to flush is its record's durable write (one
+// call, no separate flush); appends that overlap share flushes as ever,
+// and every append returns only once its record is durable.
+func TestLoneAppendIsOneDurableWrite(t *testing.T) {
+	dev := newMemDev(RingOffset + 4096*BlockSize)
+	dev.durable = true
+	dev, l, _ := newLogOn(t, dev, 4096)
+	rng := rand.New(rand.NewPCG(3, 3))
+	for i := range 5 {
+		before := len(dev.ops)
+		r := testRecord(rng, 2)
+		lsn, err := l.Append(&r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(dev.ops) - before; got != 2 || !dev.flushedAfter(lsn) {
+			t.Fatalf("lone append %d: %d device ops, want its write and its flush", i, got)
+		}
+	}
+	if l.LoneWrites.Load() != 5 {
+		t.Fatalf("%d lone durable writes for 5 lone appends", l.LoneWrites.Load())
+	}
+	const writers, each = 8, 30
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			for range each {
+				r := testRecord(rng, 1)
+				lsn, err := l.Append(&r)
+				if err == nil && !dev.flushedAfter(lsn) {
+					err = fmt.Errorf("append %d returned before a flush of its write", lsn)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	_, recs, err := Open(dev)
+	if err != nil || len(recs) != 5+writers*each {
+		t.Fatalf("recovered %d records, want %d: %v", len(recs), 5+writers*each, err)
+	}
 }
 
 // A failed write or flush fails that append and every later one.
@@ -467,7 +546,9 @@ func TestPowerCutAtEveryWrite(t *testing.T) {
 		// the ring starts over at 0.
 		"start over": {a(5), tr, a(8), re, a(1), tr, a(4), a(5), tr, re, a(10), a(1)},
 	} {
-		t.Run(name, func(t *testing.T) { powerCuts(t, steps) })
+		t.Run(name, func(t *testing.T) { powerCuts(t, steps, false) })
+		// Lone appends as one durable write (DurableWriter).
+		t.Run(name+"/durable", func(t *testing.T) { powerCuts(t, steps, true) })
 	}
 }
 
@@ -606,9 +687,11 @@ func checkImage(t *testing.T, k, tear int, img *memDev, known map[uint64]Record,
 	return l, recs
 }
 
-func powerCuts(t *testing.T, steps []step) {
+func powerCuts(t *testing.T, steps []step, durable bool) {
 	const ring = 12
-	dev, l, base := newLog(t, ring)
+	dev := newMemDev(RingOffset + ring*BlockSize)
+	dev.durable = durable
+	dev, l, base := newLogOn(t, dev, ring)
 	rng := rand.New(rand.NewPCG(5, 5))
 	all, trims := runSteps(t, dev, l, nil, steps, rng)
 	known := map[uint64]Record{}

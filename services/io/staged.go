@@ -1276,6 +1276,7 @@ func (st *stager) snapshot(m map[string]any) {
 	m["staging_records"] = st.Records.Load()
 	m["staging_pages"] = st.PagesStaged.Load()
 	m["staging_flushes"] = st.log.Flushes.Load()
+	m["staging_lone_writes"] = st.log.LoneWrites.Load() // of the flushes, lone appends' durable writes
 	m["staging_home_syncs"] = st.HomeSyncs.Load()
 	m["staging_full_waits"] = st.FullWaits.Load()
 	m["staging_waiting"] = st.Waiting.Load()

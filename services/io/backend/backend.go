@@ -170,6 +170,17 @@ type Blob interface {
 	Close() error
 }
 
+// DurableWriter is a Blob that can write a range and make it durable in
+// one call, for less than WriteAt then Sync (the file backend: one
+// O_DIRECT write with RWF_DSYNC, no page cache and one system call). It
+// makes durable only what it writes, not earlier WriteAts of the blob,
+// and writes only inside the blob's size. errors.ErrUnsupported: not on
+// this blob, or not this range (the caller writes and syncs instead).
+// The staging log's lone appends use it (internal/staging).
+type DurableWriter interface {
+	WriteAtDurable(p []byte, off int64) (int, error)
+}
+
 // CheckID returns EINVAL for the invalid id 0 and nil otherwise.
 func CheckID(id BlobID) error {
 	if id == 0 {

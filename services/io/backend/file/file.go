@@ -526,7 +526,7 @@ func (be *Backend) Open(id backend.BlobID) (backend.Blob, error) {
 		unix.Close(fd)
 		return nil, errorf("open", id, err)
 	}
-	b := &blobFile{be: be, id: id, direct: direct, fd: fd, tailFD: -1, refs: 1, syncErr: be.failed[id]}
+	b := &blobFile{be: be, id: id, direct: direct, fd: fd, tailFD: -1, dsyncFD: -1, refs: 1, syncErr: be.failed[id]}
 	b.size.Store(st.Size)
 	be.open[id] = b
 	return &handle{b: b}, nil

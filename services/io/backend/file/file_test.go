@@ -588,3 +588,61 @@ func TestStagingBlobIsBuffered(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteAtDurable: a durable write (O_DIRECT with RWF_DSYNC) of the
+// staging log's buffered blob and of an O_DIRECT blob reads back through
+// the blob's own descriptor at once (the page cache's copy is
+// invalidated), from an unaligned buffer too; ranges it cannot take
+// (unaligned, past the size) are errors.ErrUnsupported, and change
+// nothing.
+func TestWriteAtDurable(t *testing.T) {
+	dir := t.TempDir()
+	be, err := file.New(file.Options{Dir: dir, Logger: hclog.NewNullLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	if be.(*file.Backend).Mode() != file.DirectOn {
+		t.Skipf("the file system of %s refuses O_DIRECT: no durable write", dir)
+	}
+	for _, id := range []backend.BlobID{backend.StagingBlob, 1} {
+		if err := be.Create(id); err != nil {
+			t.Fatal(err)
+		}
+		b, err := be.Open(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Truncate(64 << 10); err != nil {
+			t.Fatal(err)
+		}
+		// Cached first, so that a stale page-cache copy would show.
+		if _, err := b.WriteAt(bytes.Repeat([]byte{'o'}, 16<<10), 0); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, 8192)
+		if _, err := b.ReadAt(got, 4096); err != nil {
+			t.Fatal(err)
+		}
+		dw := b.(backend.DurableWriter)
+		rec := append([]byte{0}, bytes.Repeat([]byte{'d'}, 8192)...)[1:] // unaligned
+		if n, err := dw.WriteAtDurable(rec, 4096); err != nil || n != 8192 {
+			t.Fatalf("blob %d: WriteAtDurable: %d, %v", id, n, err)
+		}
+		if _, err := b.ReadAt(got, 4096); err != nil || !bytes.Equal(got, rec) {
+			t.Fatalf("blob %d: read after the durable write: %q..., %v", id, got[:8], err)
+		}
+		for _, c := range []struct {
+			n   int
+			off int64
+		}{{100, 0}, {4096, 100}, {4096, 64 << 10}, {8192, 60 << 10}} {
+			if _, err := dw.WriteAtDurable(make([]byte, c.n), c.off); !errors.Is(err, errors.ErrUnsupported) {
+				t.Fatalf("blob %d: WriteAtDurable of %d bytes at %d: %v, want ErrUnsupported", id, c.n, c.off, err)
+			}
+		}
+		if b.Size() != 64<<10 {
+			t.Fatalf("blob %d: size %d after refused durable writes", id, b.Size())
+		}
+		b.Close()
+	}
+}
