@@ -261,16 +261,29 @@ func TestWindowsEndWithTheirGrant(t *testing.T) {
 	if w := binary.LittleEndian.Uint64(log[2*proto.WriteSlotBytes:]); w&(1<<6) == 0 {
 		t.Fatal("io drained a bit of a window that ended")
 	}
-	// Both a's stores are in what b reads, and dirty in the cache (the
-	// window's from its last drain, the mapping's from the pin's last
-	// dirtying).
-	got := make([]byte, 6)
+	// Both a's stores were made dirty (the window's by its last drain,
+	// the mapping's by the pin's last dirtying): b's O_DIRECT reads, which
+	// write the file's dirty pages home and then read the device, see
+	// them (a store left in a clean page would not be on the device).
+	dir, err := b.OpenFile("win", os.O_RDONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	direct := func(off int64) string {
+		t.Helper()
+		pg := make([]byte, 4096)
+		if _, err := dir.ReadAt(pg, off); err != nil {
+			t.Fatalf("O_DIRECT read at %d: %v", off, err)
+		}
+		return string(pg[:6])
+	}
 	for _, c := range []struct {
 		off  int64
 		want string
 	}{{5 * 4096, "BEFORE"}, {64 * 4096, "MAPPED"}} {
-		if _, err := fb.ReadAt(got, c.off); err != nil || string(got) != c.want {
-			t.Fatalf("b reads %q at %d, want %q (%v)", got, c.off, c.want, err)
+		if got := direct(c.off); got != c.want {
+			t.Fatalf("b's O_DIRECT read at %d: %q, want %q", c.off, got, c.want)
 		}
 	}
 	// a's writable pin is read-only now: OpMapUnpin of a writable pin
@@ -286,8 +299,8 @@ func TestWindowsEndWithTheirGrant(t *testing.T) {
 	if res, _, err := client.IOCall(f, proto.OpMapUnpin, 16|proto.MapPinWritable, 64*4096, false); err != nil || res != 0 {
 		t.Fatalf("OpMapUnpin of the promoted pin: %d, %v", res, err)
 	}
-	if _, err := fb.ReadAt(got, 65*4096); err != nil || string(got) != "LATER!" {
-		t.Fatalf("b reads %q after a's msync, want LATER! (%v)", got, err)
+	if got := direct(65 * 4096); got != "LATER!" {
+		t.Fatalf("b's O_DIRECT read after a's msync: %q, want LATER!", got)
 	}
 	if _, err := f.WriteAt([]byte("a"), 0); err != nil { // (b's read recalled a's grant)
 		t.Fatal(err)
@@ -297,5 +310,109 @@ func TestWindowsEndWithTheirGrant(t *testing.T) {
 	}
 	if live(2) != 1 || binary.LittleEndian.Uint64(log[2*proto.WriteSlotBytes:]) != 0 {
 		t.Fatal("the slot's new window: live word not set, or old bits kept")
+	}
+}
+
+// TestDemotedMappingKeepsStores: stores a client makes through its
+// writable mapping after another trust group recalled its grant (it
+// cannot know) reach the file at the mapping's end, here its session's:
+// the demoted pin keeps the blob and dirties its pages then.
+func TestDemotedMappingKeepsStores(t *testing.T) {
+	st := groupStack(t, "session")
+	a, b := dialStack(t, st), dialStack(t, st)
+	f, _ := mappedFile(t, a, "m", 64<<10)
+	if res, _, err := client.IOCall(f, proto.OpMapPin, 16|proto.MapPinWritable, 0, false); err != nil || res != 0 {
+		t.Fatalf("writable OpMapPin: %d, %v", res, err)
+	}
+	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
+	if err != nil || rw == nil {
+		t.Fatalf("OpMapWritable: %v", err)
+	}
+	defer rw.Close()
+	data, err := unix.Mmap(int(rw.Fd()), 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(data)
+	fb, err := b.OpenFile("m", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fb.Close()
+	if _, err := fb.WriteAt([]byte("b"), 0); err != nil { // recalls a's grant
+		t.Fatal(err)
+	}
+	copy(data[3*4096:], "AFTER!")
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := b.OpenFile("m", os.O_RDONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	pg := make([]byte, 4096)
+	for range 200 {
+		if _, err := dir.ReadAt(pg, 3*4096); err != nil {
+			t.Fatal(err)
+		}
+		if string(pg[:6]) == "AFTER!" {
+			return
+		}
+		unix.Nanosleep(&unix.Timespec{Nsec: 10e6}, nil) // the session's end is the service's, after the close
+	}
+	t.Fatalf("a store through a demoted mapping never reached the device: %q", pg[:6])
+}
+
+// TestExtensionCoversPinnedPages: pages a writable mapping pins past the
+// file's end become the file's, as zero pages, when a truncate extends
+// the file over them, so that a store into them after the extension is
+// made dirty by msync (OpMapSync) and reaches the device.
+func TestExtensionCoversPinnedPages(t *testing.T) {
+	fsys, st := newFS(t)
+	f, err := fsys.Create("ext")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt([]byte("head"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := client.IOCall(f, proto.OpMapPin, 4|proto.MapPinWritable, 0, false); err != nil || res != 0 {
+		t.Fatalf("writable OpMapPin: %d, %v", res, err)
+	}
+	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
+	if err != nil || rw == nil {
+		t.Fatalf("OpMapWritable: %v", err)
+	}
+	defer rw.Close()
+	data, err := unix.Mmap(int(rw.Fd()), 0, 4*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(data)
+	if err := f.Truncate(4 * 4096); err != nil {
+		t.Fatal(err)
+	}
+	copy(data[2*4096+10:], "EXTENDED")
+	if res, _, err := client.IOCall(f, proto.OpMapSync, 4, 0, false); err != nil || res != 0 {
+		t.Fatalf("OpMapSync: %d, %v", res, err)
+	}
+	other, err := st.Dial(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	dir, err := other.OpenFile("ext", os.O_RDONLY|syscall.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	pg := make([]byte, 4096)
+	if _, err := dir.ReadAt(pg, 2*4096); err != nil {
+		t.Fatal(err)
+	}
+	if string(pg[10:18]) != "EXTENDED" || !allZeros(pg[:10]) || !allZeros(pg[18:]) {
+		t.Fatalf("O_DIRECT read of a page the extension brought in: %q", bytes.Trim(pg, "\x00"))
 	}
 }

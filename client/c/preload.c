@@ -1525,7 +1525,7 @@ off_t lseek(int fd, off_t off, int whence)
 
 off64_t lseek64(int fd, off64_t off, int whence) { return lseek(fd, (off_t)off, whence); }
 
-static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handles, size_t *nhandles, size_t maxh);
+static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t **handles, size_t *nhandles, size_t *maxh);
 static size_t nwritable; /* writable MAP_SHARED mappings of weir files (struct wmap), read without a lock */
 
 /* file_sync is fsync of a file: what this process stored through its
@@ -2877,7 +2877,7 @@ int munmap(void *addr, size_t len)
  * of the file ino (non-zero): their pages become dirty (WEIR_OP_MAP_SYNC).
  * With handles non-NULL, the first such mapping's handle is stored there
  * (msync's fsync goes through it). */
-static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handles, size_t *nhandles, size_t maxh)
+static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t **handles, size_t *nhandles, size_t *maxh)
 {
 	int e = 0;
 	pthread_mutex_lock(&wmap_mu);
@@ -2900,14 +2900,23 @@ static int sync_maps(uint8_t *lo, uint8_t *hi, uint64_t ino, uint64_t *handles, 
 		 * every one of them, as Linux's does). */
 		if (handles) {
 			size_t k = 0;
-			while (k < *nhandles && handles[k] != m->ino)
+			while (k < *nhandles && (*handles)[k] != m->ino)
 				k += 2;
-			if (k >= *nhandles && *nhandles + 2 <= maxh) {
-				handles[*nhandles] = m->ino;
-				handles[*nhandles + 1] = m->handle;
+			if (k >= *nhandles) {
+				if (*nhandles + 2 > *maxh) {
+					size_t cap = *maxh ? *maxh * 2 : 16;
+					uint64_t *n = realloc(*handles, cap * sizeof *n);
+					if (!n) {
+						if (!e)
+							e = -ENOMEM;
+						continue;
+					}
+					*handles = n;
+					*maxh = cap;
+				}
+				(*handles)[*nhandles] = m->ino;
+				(*handles)[*nhandles + 1] = m->handle;
 				*nhandles += 2;
-			} else if (k >= *nhandles && !e) {
-				e = -ENOMEM; /* more files than one msync syncs here */
 			}
 		}
 	}
@@ -2926,11 +2935,12 @@ int msync(void *addr, size_t len, int flags)
 	if (rc != 0 || __atomic_load_n(&nwritable, __ATOMIC_ACQUIRE) == 0 || !wfs || vforked())
 		return rc;
 	uint8_t *lo = addr, *hi = lo + len;
-	uint64_t hs[2 * 64]; /* (ino, handle) of each file the range maps */
-	size_t nh = 0;
-	int e = sync_maps(lo, hi, 0, hs, &nh, sizeof hs / sizeof hs[0]);
+	uint64_t *hs = NULL; /* (ino, handle) of each file the range maps */
+	size_t nh = 0, cap = 0;
+	int e = sync_maps(lo, hi, 0, &hs, &nh, &cap);
 	for (size_t i = 0; !e && i < nh && (flags & MS_SYNC); i += 2)
 		e = weir_fsync(wfs, hs[i + 1]);
+	free(hs);
 	return e ? fail(-e) : 0;
 }
 

@@ -1741,7 +1741,7 @@ ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off)
  * window's place; at the WIN_HEAT-th, the window is pinned in a slot of
  * the session's write log. A write that then overwrites bytes inside one
  * pinned window, below the file's size, while the region's mtime is of
- * the last WIN_FRESH_NS (so that the file's mtime stays as current as
+ * the last win_fresh_ns (so that the file's mtime stays as current as
  * the kernel's coarse clock keeps it), is a copy into the data memfd and
  * a bit per page in the log: io makes the pages dirty at the file's next
  * fsync (whoever asks), write-back pass or O_DIRECT access, and at the
@@ -1751,7 +1751,23 @@ ssize_t weir_cache_read(const weir_cache *c, void *buf, size_t n, uint64_t off)
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23
 #endif
-#define WIN_FRESH_NS 1000000
+
+/* win_fresh_ns is how old the file's mtime may be for a store to take a
+ * window: one tick of the kernel's coarse clock, which stamps a Linux
+ * file's mtime (4 ms at HZ=250), within [1, 10] ms. The ring write that
+ * makes the mtime fresh again comes once a tick per file at most. */
+static int64_t win_fresh_ns(void)
+{
+	static int64_t v;
+	int64_t x = __atomic_load_n(&v, __ATOMIC_RELAXED);
+	if (x)
+		return x;
+	struct timespec r;
+	x = clock_getres(CLOCK_REALTIME_COARSE, &r) == 0 ? (int64_t)r.tv_sec * 1000000000 + r.tv_nsec : 0;
+	x = x < 1000000 ? 1000000 : x > 10000000 ? 10000000 : x;
+	__atomic_store_n(&v, x, __ATOMIC_RELAXED);
+	return x;
+}
 #define WIN_FULL_BACKOFF_NS 100000000
 
 int weir_cache_writable(weir_fs *fs, weir_cache *c, uint64_t handle)
@@ -1824,7 +1840,7 @@ static ssize_t window_store(weir_fs *fs, weir_cache *c, const void *buf, size_t 
 	if (s == 0)
 		return -EAGAIN;
 	int64_t size, mtime, now = realtime_ns();
-	if (cache_fields(c, &size, &mtime) || off + n > (uint64_t)size || now - mtime > WIN_FRESH_NS || mtime - now > WIN_FRESH_NS)
+	if (cache_fields(c, &size, &mtime) || off + n > (uint64_t)size || now - mtime > win_fresh_ns() || mtime - now > win_fresh_ns())
 		return -EAGAIN;
 	ssize_t r = -EAGAIN;
 	pthread_rwlock_rdlock(&fs->wmu);

@@ -68,6 +68,9 @@ func (r *Region) copyAtomic(dst []byte, off uint64) {
 // through a writable mapping or a write window (docs/cache-abi.md §7) may
 // store into the word's other bytes at the same time, and a load, merge
 // and store would take its store back.
+// maxMergeTries bounds copyInAtomic's compare-and-swap of one word.
+const maxMergeTries = 64
+
 func (r *Region) copyInAtomic(off uint64, src []byte) {
 	var w [8]byte
 	for len(src) > 0 {
@@ -78,11 +81,17 @@ func (r *Region) copyInAtomic(off uint64, src []byte) {
 			continue
 		}
 		n := 0
-		for {
+		for try := 0; ; try++ {
 			old := r.dload64(base)
 			binary.LittleEndian.PutUint64(w[:], old)
 			n = copy(w[off-base:], src)
 			if r.dcas64(base, old, binary.LittleEndian.Uint64(w[:])) {
+				break
+			}
+			if try == maxMergeTries {
+				// A client storing into the word without pause: it may
+				// lose a store of its own, not hold io here.
+				r.dstore64(base, binary.LittleEndian.Uint64(w[:]))
 				break
 			}
 		}

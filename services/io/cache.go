@@ -393,8 +393,8 @@ func (r *region) closeFiles() {
 }
 
 // mapSize sizes the memfds for capa bytes of file and maps all of them.
-// A memfd is only ever grown: a client holding the data memfd read-write
-// may have made it larger already.
+// A memfd is only ever grown (the data memfd is made at the largest
+// capacity, and sealed there: newRegion).
 func (r *region) mapSize(capa uint64) (meta, data []byte, err error) {
 	ms, ds, err := cache.Sizes(capa)
 	if err != nil {
@@ -706,8 +706,11 @@ func (r *region) zeroPastEnd(size func() int64) {
 		_ = cr.Drop(p, w)
 		return
 	}
-	if size() == sz {
-		_ = cr.WritePage(p, int(tail), zeroPage[tail:])
+	// The end as of now that the page is ours: a write that extended the
+	// file inside this page meanwhile leaves less past it to zero; one
+	// that extended it past the page zeroed this tail itself, first.
+	if cur := size(); uint64(cur)/cache.PageSize == p && cur%cache.PageSize != 0 {
+		_ = cr.WritePage(p, int(cur%cache.PageSize), zeroPage[cur%cache.PageSize:])
 	}
 	_ = cr.Publish(p, w, w.Dirty())
 }
@@ -962,11 +965,15 @@ func (r *region) scrub() int64 {
 	}
 	r.trunc.RLock()
 	defer r.trunc.RUnlock()
-	cr := r.cur.Load()
 	// Past the capacity: no page of the region, only what a client holding
-	// the data memfd read-write stored there.
+	// the data memfd read-write stored there. growMu held: a growth (and
+	// a write or fill into the pages it adds) waits for the punch.
+	r.growMu.Lock()
+	capa := r.cur.Load().Pages()
 	_ = unix.Fallocate(int(r.dfd.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
-		int64(cache.PageOffset(cr.Pages())), int64(cache.MaxCapacity-cache.PageOffset(cr.Pages())))
+		int64(cache.PageOffset(capa)), int64(cache.MaxCapacity-cache.PageOffset(capa)))
+	r.growMu.Unlock()
+	cr := r.cur.Load()
 	for p := uint64(0); p < cr.Pages(); {
 		// A run of absent pages, made busy, in one chunk.
 		var busy []cache.Word

@@ -178,6 +178,7 @@ func (s *Service) onRevoke(m *nats.Msg) {
 		var ack control.Ack
 		for _, g := range gone {
 			<-g.drained
+			s.endPinsOf(g) // its windows' last drain and mappings' dirt first
 			if r.Handle != 0 {
 				ack.Size, ack.Mtime, ack.DV = g.blob.live()
 				ack.Wrote = g.blob.wrote.Load()
@@ -386,6 +387,7 @@ func (s *Service) onResync(m *nats.Msg) {
 		seen := map[*openBlob]bool{}
 		for _, g := range dropped {
 			<-g.drained
+			s.endPinsOf(g) // its windows' last drain and mappings' dirt first
 			ob := g.blob
 			if ob.wrote.Load() && !seen[ob] {
 				seen[ob] = true

@@ -102,6 +102,60 @@ func (r *region) unpinRange(p0, p1 uint64) {
 	r.bmu.Unlock()
 }
 
+// hasPins reports whether any page of r is pinned.
+func (r *region) hasPins() bool {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	return len(r.pins) > 0
+}
+
+// zeroPinnedGap makes the pinned pages of [p0, p1) that are absent
+// resident zero pages: an extension (a truncate, a write past the end)
+// brought them inside the file, and a client mapping them may store into
+// them now (Linux: legal once the file covers them), stores that must
+// become dirty at its msync. The whole page is written (zeros over what
+// a store past the end left). The caller holds trunc, and no page.
+func (r *region) zeroPinnedGap(p0, p1 uint64) {
+	r.bmu.Lock()
+	var pinned []uint64
+	if len(r.pins) > 0 {
+		for p := range r.pins {
+			if p >= p0 && p < p1 {
+				pinned = append(pinned, p)
+			}
+		}
+	}
+	r.bmu.Unlock()
+	if len(pinned) == 0 {
+		return
+	}
+	slices.Sort(pinned)
+	cr := r.cur.Load()
+	for _, p := range pinned {
+		if p >= cr.Pages() {
+			break
+		}
+		w, k, err := lockPage(cr, p)
+		if err != nil {
+			continue
+		}
+		if k != cache.KindAbsent {
+			_ = cr.Publish(p, w, w.Dirty())
+			continue
+		}
+		if err := pwriteFull(int(r.dfd.Fd()), zeroPage[:], int64(cache.PageOffset(p))); err != nil {
+			_ = r.punch(p, 1)
+			_ = cr.Drop(p, w)
+			continue
+		}
+		_ = cr.Publish(p, w, false)
+		r.markResident(p, 1)
+	}
+}
+
+// pageCeil is the first page at or past byte size.
+func pageCeil(size int64) uint64 { return (uint64(max(size, 0)) + cache.PageSize - 1) / cache.PageSize }
+
 // pinnedLocked reports whether page p is pinned; bmu is held.
 func (r *region) pinnedLocked(p uint64) bool { return r.pins[p] != 0 }
 
@@ -231,9 +285,17 @@ func (svc *Service) pinnedThrough(g *grant, s *session) {
 	}
 }
 
-// grantGone ends what the session pins through g (endGrantPins) and drops
-// g's reference on its blob: g was revoked and its last request is done.
+// grantGone ends what the sessions pin through g and drops g's reference
+// on its blob: g was revoked and its last request is done.
 func (svc *Service) grantGone(g *grant) {
+	svc.endPinsOf(g)
+	svc.releaseBlob(g.blob)
+}
+
+// endPinsOf ends what the sessions pin through g (endGrantPins): the last
+// drains and dirtying happen here, so a revoke's answer reads the blob's
+// attributes after it.
+func (svc *Service) endPinsOf(g *grant) {
 	svc.mu.Lock()
 	ss := g.pinners
 	g.pinners = nil
@@ -241,7 +303,6 @@ func (svc *Service) grantGone(g *grant) {
 	for _, s := range ss {
 		s.endGrantPins(g)
 	}
-	svc.releaseBlob(g.blob)
 }
 
 // endGrantPins ends the pins s made through g, which ended (pinRec).
@@ -264,8 +325,18 @@ func (s *session) endGrantPins(g *grant) {
 				s.svc.log.Error("writable mapping's grant ended: its pages could not be made dirty; stores through it may be lost",
 					"blob", pr.id, "error", err)
 			}
+			// Demoted, it keeps the blob open with a reference of its own
+			// (as a Linux mapping keeps its inode): the stores the client
+			// goes on making (it cannot know) are made dirty at the pin's
+			// end, into this blob's region, which stays.
+			s.svc.mu.Lock()
+			pr.ob.refs++
+			s.svc.mu.Unlock()
 			pr.write, pr.demoted = false, true
 			s.svc.Stats.MapsDemoted.Add(1)
+			pr.g = nil
+			kept = append(kept, pr)
+			continue
 		}
 		pr.g, pr.ob = nil, nil
 		kept = append(kept, pr)
@@ -301,13 +372,7 @@ func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 		if pr.slot < 0 && pr.id == g.blob.id && pr.p0 == p0 && pr.p1 == p1 && q.Offset%cache.PageSize == 0 &&
 			writable == (pr.write || pr.demoted) {
 			s.pins.list = append(s.pins.list[:i], s.pins.list[i+1:]...)
-			if pr.demoted && g.write {
-				if err := s.svc.mapDirty(g.blob, pr.r, pr.p0, pr.p1, true); err != nil {
-					s.svc.log.Error("writable mapping's end: its pages could not be made dirty; stores through it may be lost",
-						"blob", pr.id, "error", err)
-				}
-			}
-			s.releasePinLocked(pr)
+			s.releasePinLocked(pr) // a demoted one's pages are made dirty too
 			return 0, 0
 		}
 	}
@@ -335,14 +400,22 @@ func (s *session) mapSync(q *ring.Request) (int64, uint64) {
 	p1 := p0 + n
 	s.pins.mu.Lock()
 	var r *region
+	var held *openBlob
 	promoted := false
 	for i := range s.pins.list {
 		pr := &s.pins.list[i]
 		if (pr.write || pr.demoted) && pr.slot < 0 && pr.id == g.blob.id && pr.p0 <= p0 && p1 <= pr.p1 {
 			if pr.demoted {
 				// Its grant ended (a recall, a resync): this grant of the
-				// file's takes the mapping's stores from now on.
-				pr.write, pr.demoted, pr.g, pr.ob = true, false, g, g.blob
+				// file's takes the mapping's stores from now on, and the
+				// pin's own reference on the blob goes (the blob it held
+				// open is this grant's: one open blob per file).
+				if pr.ob != g.blob || pr.r != g.blob.cached.Load() {
+					s.pins.mu.Unlock()
+					return fail(syscall.EIO)
+				}
+				held = pr.ob
+				pr.write, pr.demoted, pr.g = true, false, g
 				promoted = true
 			}
 			r = pr.r
@@ -355,6 +428,7 @@ func (s *session) mapSync(q *ring.Request) (int64, uint64) {
 	}
 	if promoted {
 		s.svc.pinnedThrough(g, s)
+		s.svc.releaseBlob(held)
 	}
 	if err := s.svc.mapDirty(g.blob, r, p0, p1, true); err != nil {
 		return fail(errno(err))
@@ -410,11 +484,14 @@ func (s *session) releasePinLocked(pr pinRec) {
 	if pr.slot >= 0 {
 		s.endWindow(pr.slot)
 	}
-	if pr.write {
+	if pr.write || pr.demoted {
 		if err := s.svc.mapDirty(pr.ob, pr.r, pr.p0, pr.p1, true); err != nil {
 			s.svc.log.Error("writable mapping's end: its pages could not be made dirty; stores through it may be lost",
 				"blob", pr.id, "error", err)
 		}
+	}
+	if pr.demoted {
+		defer s.svc.releaseBlob(pr.ob) // (after the unpin below)
 	}
 	pr.r.unpinRange(pr.p0, pr.p1)
 	n := int64(pr.p1 - pr.p0)

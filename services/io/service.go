@@ -866,10 +866,22 @@ func (s *Service) idleRegionLocked(r *region) *region {
 	if s.idle.Len() <= idleRegions {
 		return nil
 	}
-	old := s.idle.Remove(s.idle.Front()).(*region)
-	old.idleAt = nil
-	delete(s.regions, old.id)
-	return old
+	// The oldest with no pinned page: a pinned region is mapped by a
+	// client (a read-only MAP_SHARED mapping outlives its grant), whose
+	// loads would no longer see the file's writes if it were dropped.
+	// Pins are bounded (pins.go), so are the pinned regions kept past the
+	// bound.
+	for e := s.idle.Front(); e != nil; e = e.Next() {
+		old := e.Value.(*region)
+		if old.hasPins() {
+			continue
+		}
+		s.idle.Remove(e)
+		old.idleAt = nil
+		delete(s.regions, old.id)
+		return old
+	}
+	return nil
 }
 
 // unidleLocked takes r off the idle list: its blob is open again. s.mu is
@@ -1006,13 +1018,17 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		defer r.life.RUnlock()
 		r.trunc.Lock()
 		defer r.trunc.Unlock()
-		if size > ob.logical() {
+		old := ob.logical()
+		if size > old {
 			r.zeroPastEnd(ob.logical)
 		}
 		if err := ob.b.Truncate(size); err != nil {
 			return cutFailed(err)
 		}
 		r.truncated(size)
+		if size > old {
+			r.zeroPinnedGap(pageCeil(old), pageCeil(size))
+		}
 		ob.size.Store(size)
 		return cutDurable()
 	}

@@ -568,7 +568,8 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 		_, _ = r.fill(ob.b, p1-1, p1, ob.logical, nil, nil)
 	}
 	if sz := ob.logical(); off > sz && uint64(sz)/cache.PageSize < p0 {
-		r.zeroPastEnd(ob.logical) // the old last page, which the write does not hold
+		r.zeroPastEnd(ob.logical)         // the old last page, which the write does not hold
+		r.zeroPinnedGap(pageCeil(sz), p0) // pages between, mapped by a client
 	}
 	lr, err := r.lock(p0, p1)
 	if err != nil {
