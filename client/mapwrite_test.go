@@ -164,19 +164,7 @@ func TestStoresPastTheEndReadZeros(t *testing.T) {
 	if _, err := f.WriteAt(bytes.Repeat([]byte("a"), 100), 0); err != nil {
 		t.Fatal(err)
 	}
-	if res, _, err := client.IOCall(f, proto.OpMapPin, 4|proto.MapPinWritable, 0, false); err != nil || res != 0 {
-		t.Fatalf("writable OpMapPin: %d, %v", res, err)
-	}
-	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
-	if err != nil || rw == nil {
-		t.Fatalf("OpMapWritable: %v", err)
-	}
-	defer rw.Close()
-	mem, err := unix.Mmap(int(rw.Fd()), 0, 4*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := writableMapping(t, f, 4)
 	copy(mem[200:], "PAST-THE-END")
 	copy(mem[4096+50:], "PAGE-ONE")
 	copy(mem[3*4096:], "PAGE3!")
@@ -203,3 +191,24 @@ func TestStoresPastTheEndReadZeros(t *testing.T) {
 }
 
 func allZeros(b []byte) bool { return len(bytes.Trim(b, "\x00")) == 0 }
+
+// writableMapping pins the first pages pages of f writable and maps them
+// from the data memfd read-write (as the shim's writable MAP_SHARED
+// mapping does); the mapping goes with the test.
+func writableMapping(t *testing.T, f *client.File, pages uint32) []byte {
+	t.Helper()
+	if res, _, err := client.IOCall(f, proto.OpMapPin, pages|proto.MapPinWritable, 0, false); err != nil || res != 0 {
+		t.Fatalf("writable OpMapPin: %d, %v", res, err)
+	}
+	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
+	if err != nil || rw == nil {
+		t.Fatalf("OpMapWritable: %v", err)
+	}
+	defer rw.Close()
+	mem, err := unix.Mmap(int(rw.Fd()), 0, int(pages)*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	return mem
+}

@@ -321,19 +321,7 @@ func TestDemotedMappingKeepsStores(t *testing.T) {
 	st := groupStack(t, "session")
 	a, b := dialStack(t, st), dialStack(t, st)
 	f, _ := mappedFile(t, a, "m", 64<<10)
-	if res, _, err := client.IOCall(f, proto.OpMapPin, 16|proto.MapPinWritable, 0, false); err != nil || res != 0 {
-		t.Fatalf("writable OpMapPin: %d, %v", res, err)
-	}
-	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
-	if err != nil || rw == nil {
-		t.Fatalf("OpMapWritable: %v", err)
-	}
-	defer rw.Close()
-	data, err := unix.Mmap(int(rw.Fd()), 0, 64<<10, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(data)
+	data := writableMapping(t, f, 16)
 	fb, err := b.OpenFile("m", os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -378,19 +366,7 @@ func TestExtensionCoversPinnedPages(t *testing.T) {
 	if _, err := f.WriteAt([]byte("head"), 0); err != nil {
 		t.Fatal(err)
 	}
-	if res, _, err := client.IOCall(f, proto.OpMapPin, 4|proto.MapPinWritable, 0, false); err != nil || res != 0 {
-		t.Fatalf("writable OpMapPin: %d, %v", res, err)
-	}
-	_, rw, err := client.IOCall(f, proto.OpMapWritable, 0, 0, true)
-	if err != nil || rw == nil {
-		t.Fatalf("OpMapWritable: %v", err)
-	}
-	defer rw.Close()
-	data, err := unix.Mmap(int(rw.Fd()), 0, 4*4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(data)
+	data := writableMapping(t, f, 4)
 	if err := f.Truncate(4 * 4096); err != nil {
 		t.Fatal(err)
 	}

@@ -375,11 +375,7 @@ func (l *Log) Append(r *Record) (uint64, error) {
 		l.failLocked(fmt.Errorf("staging: write record %d: %w", lsn, err))
 		return 0, l.err
 	}
-	l.done[lsn] = true
-	for l.done[l.written+1] {
-		delete(l.done, l.written+1)
-		l.written++
-	}
+	l.writtenLocked(lsn)
 	l.cond.Broadcast()
 	for l.durable < lsn {
 		switch {
@@ -420,14 +416,20 @@ func (l *Log) loneDone(lsn uint64, err error) (uint64, error) {
 		l.failLocked(fmt.Errorf("staging: write record %d durably: %w", lsn, err))
 		return 0, l.err
 	}
+	l.writtenLocked(lsn)
+	l.durable = max(l.durable, lsn)
+	l.cond.Broadcast()
+	return lsn, nil
+}
+
+// writtenLocked records that lsn's record is written, and moves written
+// past every record written without a gap.
+func (l *Log) writtenLocked(lsn uint64) {
 	l.done[lsn] = true
 	for l.done[l.written+1] {
 		delete(l.done, l.written+1)
 		l.written++
 	}
-	l.durable = max(l.durable, lsn)
-	l.cond.Broadcast()
-	return lsn, nil
 }
 
 // recordBufs holds record buffers up to recordBufSize, so that an append
