@@ -1961,6 +1961,21 @@ static void warm(weir_fs *fs, weir_cache *c, uint64_t off, uint64_t size)
 	if (fs->wins[best].c)
 		goto out;
 	int64_t res = io_call(fs, WEIR_OP_WRITE_PIN, best, c->handle, win * WIN_BYTES, NULL, 0, NULL, 0, NULL);
+	if (res == -ENOMEM) {
+		/* io's budget for windows is full: give back the window stored
+		 * into least recently, and try once more (io's budget, not the
+		 * 256 slots, bounds how many a session holds). */
+		unsigned lru = WEIR_WRITE_LOG_SLOTS;
+		for (unsigned i = 0; i < WEIR_WRITE_LOG_SLOTS; i++) {
+			struct wwin *w = &fs->wins[i];
+			if (i != best && w->c && w->win != ~(uint64_t)0 && (lru == WEIR_WRITE_LOG_SLOTS || w->used < fs->wins[lru].used))
+				lru = i;
+		}
+		if (lru != WEIR_WRITE_LOG_SLOTS) {
+			unpin_slot(fs, lru);
+			res = io_call(fs, WEIR_OP_WRITE_PIN, best, c->handle, win * WIN_BYTES, NULL, 0, NULL, 0, NULL);
+		}
+	}
 	if (res == 0) {
 		/* The window's page table entries now, in one call, not a
 		 * fault at each page's first store (about 2 µs each here;
