@@ -381,36 +381,7 @@ func TestGroupCommit(t *testing.T) {
 	dev, l, _ := newLog(t, 4096)
 	base := dev.syncs
 	const writers, each = 16, 40
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 9))
-			for range each {
-				r := testRecord(rng, 1)
-				lsn, err := l.Append(&r)
-				if err != nil {
-					errs <- err
-					return
-				}
-				if d := l.Stats().DurableLSN; d < lsn {
-					errs <- fmt.Errorf("append %d returned with durable %d", lsn, d)
-					return
-				}
-				if !dev.flushedAfter(lsn) {
-					errs <- fmt.Errorf("append %d returned before the device flushed its write", lsn)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	concurrentAppends(t, dev, l, writers, each, 9)
 	flushes := dev.syncs - base
 	t.Logf("%d appends, %d flushes", writers*each, flushes)
 	if flushes >= writers*each || int(l.Flushes.Load()) != flushes {
@@ -451,31 +422,7 @@ func TestLoneAppendIsOneDurableWrite(t *testing.T) {
 		t.Fatalf("%d lone durable writes for 5 lone appends", l.LoneWrites.Load())
 	}
 	const writers, each = 8, 30
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for range each {
-				r := testRecord(rng, 1)
-				lsn, err := l.Append(&r)
-				if err == nil && !dev.flushedAfter(lsn) {
-					err = fmt.Errorf("append %d returned before a flush of its write", lsn)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	concurrentAppends(t, dev, l, writers, each, 7)
 	_, recs, err := Open(dev)
 	if err != nil || len(recs) != 5+writers*each {
 		t.Fatalf("recovered %d records, want %d: %v", len(recs), 5+writers*each, err)
@@ -930,5 +877,42 @@ func TestStaleRecordOfAnEarlierIncarnation(t *testing.T) {
 	}
 	if len(recs) != 2 || !same(recs[1], c) {
 		t.Fatalf("recovered %d records (want 1 and the new 2, not the earlier incarnation's 3)", len(recs))
+	}
+}
+
+// concurrentAppends has writers goroutines append each one-page records
+// to l on dev at once, and fails unless every append returns only once
+// its record is durable: the log says so, and a flush of the device
+// followed its write.
+func concurrentAppends(t *testing.T, dev *memDev, l *Log, writers, each int, seed uint64) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), seed))
+			for range each {
+				r := testRecord(rng, 1)
+				lsn, err := l.Append(&r)
+				switch {
+				case err != nil:
+				case l.Stats().DurableLSN < lsn:
+					err = fmt.Errorf("append %d returned with durable %d", lsn, l.Stats().DurableLSN)
+				case !dev.flushedAfter(lsn):
+					err = fmt.Errorf("append %d returned before the device flushed its write", lsn)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
 	}
 }

@@ -43,13 +43,14 @@ import (
 // lasts: when the grant ends (its close, a recall by another trust group,
 // a resync), endGrantPins ends the grant's write windows (drained, the
 // client told through the log's live word), makes a writable pin's pages
-// dirty a last time and demotes it (a read pin that a writable OpMapSync
-// or OpMapUnpin of a new grant promotes again), and keeps read pins (the
-// mapping stays resident). So ob, the grant's blob, is open whenever a
-// drain or a writable pin uses it.
+// dirty a last time and demotes it (it keeps the blob open with a
+// reference of its own until its end, or until an OpMapSync of a new
+// grant that writes promotes it again), and keeps read pins (the mapping
+// stays resident). So ob is open whenever a drain or a writable or
+// demoted pin uses it.
 type pinRec struct {
 	r       *region
-	ob      *openBlob // g's blob while g lasts; nil after
+	ob      *openBlob // g's blob while g lasts; a demoted pin's own reference after; nil for a read pin after
 	g       *grant    // the grant it was made through; nil once that ended
 	id      backend.BlobID
 	p0, p1  uint64
@@ -121,11 +122,9 @@ func (r *region) hasPins() bool {
 func (r *region) zeroPinnedGap(p0, p1 uint64) {
 	r.bmu.Lock()
 	var pinned []uint64
-	if len(r.pins) > 0 {
-		for p := range r.pins {
-			if p >= p0 && p < p1 {
-				pinned = append(pinned, p)
-			}
+	for p := range r.pins {
+		if p >= p0 && p < p1 {
+			pinned = append(pinned, p)
 		}
 	}
 	r.bmu.Unlock()
@@ -355,8 +354,8 @@ func (r *region) isResident(p uint64) bool {
 
 // mapUnpin serves OpMapUnpin: the range of an earlier OpMapPin of the
 // same file, writable (proto.MapPinWritable in Arg) or not as that pin
-// was (EINVAL: none). A writable pin's pages are made dirty first; so
-// are a demoted one's (its grant ended: pinRec) when the handle writes.
+// was (EINVAL: none). A writable pin's pages are made dirty first, and so
+// are a demoted one's (its grant ended: pinRec).
 func (s *session) mapUnpin(q *ring.Request) (int64, uint64) {
 	g, e := s.use(q, accAny)
 	if e != 0 {
