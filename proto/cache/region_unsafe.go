@@ -12,7 +12,9 @@ package cache
 
 import (
 	"encoding/binary"
+	"runtime"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
 
@@ -62,15 +64,19 @@ func (r *Region) copyAtomic(dst []byte, off uint64) {
 	}
 }
 
+// maxMerge bounds how long copyInAtomic retries the compare-and-swap of one word a
+// client keeps storing into: past it io stores its merge anyway (the
+// client may lose a store of its own) rather than be held. Two goroutines
+// racing on one word under the race detector failed each other's
+// compare-and-swap for over 10 ms (TestCopyInKeepsNeighbourStores).
+const maxMerge = 50 * time.Millisecond
+
 // copyInAtomic stores src at off with aligned 8-byte atomic stores. A
 // word at an edge, which src covers only in part, is merged with a
 // compare-and-swap: the caller holds the page busy, but a client storing
 // through a writable mapping or a write window (docs/cache-abi.md §7) may
 // store into the word's other bytes at the same time, and a load, merge
 // and store would take its store back.
-// maxMergeTries bounds copyInAtomic's compare-and-swap of one word.
-const maxMergeTries = 64
-
 func (r *Region) copyInAtomic(off uint64, src []byte) {
 	var w [8]byte
 	for len(src) > 0 {
@@ -81,6 +87,7 @@ func (r *Region) copyInAtomic(off uint64, src []byte) {
 			continue
 		}
 		n := 0
+		var since time.Time
 		for try := 0; ; try++ {
 			old := r.dload64(base)
 			binary.LittleEndian.PutUint64(w[:], old)
@@ -88,12 +95,18 @@ func (r *Region) copyInAtomic(off uint64, src []byte) {
 			if r.dcas64(base, old, binary.LittleEndian.Uint64(w[:])) {
 				break
 			}
-			if try == maxMergeTries {
+			if try%16 != 15 {
+				continue
+			}
+			if since.IsZero() {
+				since = time.Now()
+			} else if time.Since(since) > maxMerge {
 				// A client storing into the word without pause: it may
-				// lose a store of its own, not hold io here.
+				// lose a store of its own, and holds io no longer.
 				r.dstore64(base, binary.LittleEndian.Uint64(w[:]))
 				break
 			}
+			runtime.Gosched() // let the racing store land
 		}
 		src, off = src[n:], off+uint64(n)
 	}
