@@ -34,6 +34,7 @@ struct ring {
 	struct weir_ring_header geo; /* private copy of the immutable part (§2) */
 	uint64_t sq_tail, cq_head;   /* private positions (§5) */
 	uint64_t next_id;
+	int64_t sync_mean; /* ns, the recent mean of WEIR_OP_SYNC calls (0: none yet) */
 	int dead; /* the session is over: every call fails with EPIPE */
 	int inited; /* mu is initialised (ring_dial ran) */
 	pthread_mutex_t mu;
@@ -96,6 +97,15 @@ struct weir_fs {
 #define CHUNK (1u << 20)
 /* How long a caller spins for its completion before it sleeps. */
 #define SPIN_NS 50000L
+/* A sync request (fsync, fdatasync) waits for a device flush, tens of µs
+ * on a fast device: its caller spins for up to twice the recent mean of
+ * its ring's syncs (SYNC_SPIN_MAX_NS at most; SPIN_NS when the mean is
+ * past that bound, a slow device, or when the service asks its clients
+ * not to spin). Sleeping instead costs the caller a wake-up, which on an
+ * idle vCPU of a VM is 15-70 µs: as much as the flush (docs/benchmarks.md,
+ * "The shim"). The mean starts at SYNC_MEAN0_NS. */
+#define SYNC_SPIN_MAX_NS 1000000L
+#define SYNC_MEAN0_NS 150000L
 
 #if defined(__x86_64__) || defined(__i386__)
 #define cpu_relax() __builtin_ia32_pause()
@@ -317,9 +327,9 @@ static int reap(struct ring *r, struct weir_cqe *c)
 }
 
 /* wait_for waits for the completion of req_id; r->mu is held. */
-static int wait_for(struct ring *r, uint64_t id, struct weir_cqe *c)
+static int wait_for(struct ring *r, uint64_t id, struct weir_cqe *c, long spin)
 {
-	int64_t spin_until = now_ns() + SPIN_NS;
+	int64_t spin_until = now_ns() + spin;
 	uint32_t *bell = word32(r, WEIR_HDR_OFF_CQ_BELL), *waiters = word32(r, WEIR_HDR_OFF_CQ_WAITERS);
 	for (;;) {
 		int got = reap(r, c);
@@ -350,6 +360,17 @@ static int wait_for(struct ring *r, uint64_t id, struct weir_cqe *c)
 		if (got && c->req_id == id)
 			return 0;
 	}
+}
+
+/* sync_spin is how long a sync request's caller spins (SYNC_SPIN_MAX_NS
+ * above); r->mu is held. */
+static long sync_spin(struct ring *r)
+{
+	int64_t m = r->sync_mean ? r->sync_mean : SYNC_MEAN0_NS;
+	if (2 * m > SYNC_SPIN_MAX_NS ||
+	    (__atomic_load_n(word32(r, WEIR_HDR_OFF_SERVER_HINTS), __ATOMIC_RELAXED) & WEIR_HINT_NO_SPIN))
+		return SPIN_NS;
+	return 2 * m < SPIN_NS ? SPIN_NS : (long)(2 * m);
 }
 
 /* call sends one request with a payload of max(inlen, outlen) bytes
@@ -402,7 +423,12 @@ static int64_t call(struct ring *r, uint8_t op, uint32_t arg, uint64_t handle, u
 		futex(bell, FUTEX_WAKE, 1 << 30, NULL);
 	}
 	struct weir_cqe c;
-	int err = wait_for(r, id, &c);
+	int64_t t0 = op == WEIR_OP_SYNC ? now_ns() : 0;
+	int err = wait_for(r, id, &c, op == WEIR_OP_SYNC ? sync_spin(r) : SPIN_NS);
+	if (op == WEIR_OP_SYNC && !err) {
+		int64_t d = now_ns() - t0, m = r->sync_mean ? r->sync_mean : SYNC_MEAN0_NS;
+		r->sync_mean = m + (d - m) / 8;
+	}
 	if (err) {
 		r->dead = 1;
 		res = err;
