@@ -182,6 +182,7 @@ REAL(int, statvfs, const char *, struct statvfs *)
 REAL(int, fstatvfs, int, struct statvfs *)
 REAL(int, unlinkat, int, const char *, int)
 REAL(int, mkdirat, int, const char *, mode_t)
+REAL(int, mknodat, int, const char *, mode_t, dev_t)
 REAL(int, renameat2, int, const char *, int, const char *, unsigned int)
 REAL(int, linkat, int, const char *, int, const char *, int)
 REAL(int, symlinkat, const char *, int, const char *)
@@ -1950,6 +1951,81 @@ int mkdirat(int dirfd, const char *path, mode_t mode)
 	WEIR_CALL(weir_mkdir(f, r.w, mode & 07777 & ~cur_umask()), mkdirat(AT_FDCWD, ext, mode));
 }
 int mkdir(const char *path, mode_t mode) { return mkdirat(AT_FDCWD, path, mode); }
+
+/* mknodat: weir keeps regular files, directories and symbolic links. A
+ * regular file (S_IFREG or no type) is an exclusive create; a FIFO, a
+ * socket or a device node is EPERM, as on a Linux file system without
+ * special files (vfat), once the checks Linux makes first have passed:
+ * the type (EPERM for S_IFDIR, EINVAL for none of the six), then the name
+ * (EEXIST, or the parent's ENOENT/ENOTDIR). docs/posix-differences.md. */
+static int weir_mknodat(int dirfd, const char *path, mode_t mode)
+{
+	switch (mode & S_IFMT) {
+	case 0:
+	case S_IFREG: {
+		int fd = openat(dirfd, path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode & 07777);
+		if (fd < 0)
+			return -1;
+		close(fd);
+		return 0;
+	}
+	case S_IFDIR:
+		return fail(EPERM);
+	case S_IFIFO:
+	case S_IFSOCK:
+	case S_IFCHR:
+	case S_IFBLK:
+		break;
+	default:
+		return fail(EINVAL);
+	}
+	struct stat st;
+	if (fstatat(dirfd, path, &st, AT_SYMLINK_NOFOLLOW) == 0)
+		return fail(EEXIST);
+	if (errno != ENOENT)
+		return -1;
+	char parent[PATH_MAX];
+	size_t n = strnlen(path, PATH_MAX);
+	if (n >= PATH_MAX)
+		return fail(ENAMETOOLONG);
+	memcpy(parent, path, n + 1);
+	while (n > 1 && parent[n - 1] == '/')
+		parent[--n] = 0;
+	char *slash = strrchr(parent, '/');
+	if (!slash)
+		strcpy(parent, ".");
+	else if (slash == parent)
+		parent[1] = 0;
+	else
+		*slash = 0;
+	if (fstatat(dirfd, parent, &st, 0) != 0)
+		return -1;
+	if (!S_ISDIR(st.st_mode))
+		return fail(ENOTDIR);
+	return fail(EPERM);
+}
+
+int mknodat(int dirfd, const char *path, mode_t mode, dev_t dev)
+{
+	ROUTE(dirfd, path, r);
+	if (!r.weir) {
+		init_mknodat();
+		int rc = real_mknodat(r.kdir, r.kpath, mode, dev);
+		if (rc == 0 || !RELINKED(r, 0))
+			return rc;
+	}
+	return weir_mknodat(dirfd, path, mode);
+}
+int mknod(const char *path, mode_t mode, dev_t dev) { return mknodat(AT_FDCWD, path, mode, dev); }
+int mkfifoat(int dirfd, const char *path, mode_t mode) { return mknodat(dirfd, path, (mode & 07777) | S_IFIFO, 0); }
+int mkfifo(const char *path, mode_t mode) { return mknodat(AT_FDCWD, path, (mode & 07777) | S_IFIFO, 0); }
+/* glibc before 2.33 called these (binaries built then still do). */
+int __xmknodat(int ver, int dirfd, const char *path, mode_t mode, dev_t *dev)
+{
+	(void)ver;
+	return mknodat(dirfd, path, mode, dev ? *dev : 0);
+}
+int __xmknod(int ver, const char *path, mode_t mode, dev_t *dev) { return __xmknodat(ver, AT_FDCWD, path, mode, dev); }
 
 /* relink2: after the kernel's rename or link of two kernel paths failed,
  * whether a kernel link led either of them into the mount (relink; the

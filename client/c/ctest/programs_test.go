@@ -808,3 +808,62 @@ func TestShimReportsGoPrograms(t *testing.T) {
 		t.Fatalf("a Go program under the shim:\n%s\nwant:\n%s", out, want)
 	}
 }
+
+// TestShimSpecialFiles: weir keeps no FIFOs, sockets or device nodes.
+// mkfifo and mknod of one on a weir path fail with EPERM (a Linux file
+// system without them, vfat, says the same) after the checks Linux makes
+// first (EEXIST, the parent's ENOENT), where the kernel's call would have
+// said ENOENT of a path it does not have; mknod of a regular file creates
+// it, with the mode less the umask. A kernel path keeps the kernel's FIFO.
+func TestShimSpecialFiles(t *testing.T) {
+	need(t, "python3", "python3")
+	s := newShimmed(t)
+	k := t.TempDir()
+	got := s.sh("python3", `
+import os, stat, errno
+os.umask(0o022)
+os.mkdir("/weir/sp")
+def try_(name, f):
+    try:
+        f()
+        print(name, "ok")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+try_("mkfifo", lambda: os.mkfifo("/weir/sp/f"))
+try_("mknod fifo", lambda: os.mknod("/weir/sp/f2", 0o644 | stat.S_IFIFO))
+try_("mknod sock", lambda: os.mknod("/weir/sp/s", 0o644 | stat.S_IFSOCK))
+try_("mknod chr", lambda: os.mknod("/weir/sp/c", 0o644 | stat.S_IFCHR, os.makedev(1, 3)))
+try_("mknod dir", lambda: os.mknod("/weir/sp/d", 0o755 | stat.S_IFDIR))
+try_("mknod bad type", lambda: os.mknod("/weir/sp/b", 0o644 | 0o170000))
+try_("mkfifo no parent", lambda: os.mkfifo("/weir/sp/none/f"))
+try_("mknod reg", lambda: os.mknod("/weir/sp/r", 0o666 | stat.S_IFREG))
+print(oct(os.stat("/weir/sp/r").st_mode), os.stat("/weir/sp/r").st_size)
+try_("mkfifo over a file", lambda: os.mkfifo("/weir/sp/r"))
+try_("mknod reg again", lambda: os.mknod("/weir/sp/r"))
+os.chdir("/weir/sp")
+try_("mkfifo relative", lambda: os.mkfifo("rel"))
+try_("mkfifo in a file", lambda: os.mkfifo("r/x"))
+print(sorted(os.listdir(".")))
+os.mkfifo("`+k+`/kf")
+print(stat.S_ISFIFO(os.stat("`+k+`/kf").st_mode))
+`)
+	want := `mkfifo EPERM
+mknod fifo EPERM
+mknod sock EPERM
+mknod chr EPERM
+mknod dir EPERM
+mknod bad type EINVAL
+mkfifo no parent ENOENT
+mknod reg ok
+0o100644 0
+mkfifo over a file EEXIST
+mknod reg again EEXIST
+mkfifo relative EPERM
+mkfifo in a file ENOTDIR
+['r']
+True
+`
+	if got != want {
+		t.Fatalf("special files on weir:\n%s\nwant:\n%s", got, want)
+	}
+}
