@@ -49,6 +49,7 @@
 #include <linux/aio_abi.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
@@ -236,6 +237,9 @@ REAL(int, removexattr, const char *, const char *)
 REAL(int, lremovexattr, const char *, const char *)
 REAL(int, fremovexattr, int, const char *)
 REAL(int, ioctl, int, unsigned long, ...)
+REAL(ssize_t, copy_file_range, int, off64_t *, int, off64_t *, size_t, unsigned int)
+REAL(ssize_t, sendfile, int, int, off_t *, size_t)
+REAL(ssize_t, splice, int, loff_t *, int, loff_t *, size_t, unsigned int)
 REAL(int, isatty, int)
 REAL(int, tcgetattr, int, struct termios *)
 REAL(int, dup, int)
@@ -4019,6 +4023,210 @@ int fremovexattr(int fd, const char *n)
 /* A weir file is no terminal (ENOTTY, where the kernel's O_PATH
  * descriptor would answer EBADF); FIOCLEX and FIONCLEX set the
  * descriptor's flag. */
+/* Copies between descriptors: copy_file_range, sendfile and splice with a
+ * weir descriptor at either end. The kernel cannot see a weir file's bytes
+ * (its descriptor is an O_PATH placeholder: the kernel's call says EBADF),
+ * so the shim copies through a buffer with its own read/pread and
+ * write/pwrite, after the checks Linux makes (below, per call). Linux's
+ * answer to a copy between two file systems, EXDEV, stays for
+ * copy_file_range between weir and the kernel (callers fall back to read
+ * and write, as they must on Linux). */
+#define XFER_CHUNK (256u * 1024)
+
+/* xfer copies up to n bytes from in to out: from *inoff (then advanced)
+ * or in's offset, to *outoff (then advanced) or out's offset. A seekable
+ * input moves only by what was written; a pipe's bytes read and then not
+ * written (an error of the output) are lost, and counted as not copied.
+ * It stops at the input's end and at a short write, and answers the bytes
+ * copied, or -1 with errno if none were. */
+static ssize_t xfer(int in, off64_t *inoff, int seekable, int out, off64_t *outoff, size_t n)
+{
+	size_t cap = n < XFER_CHUNK ? n : XFER_CHUNK;
+	char *buf = cap ? malloc(cap) : NULL;
+	if (cap && !buf)
+		return fail(ENOMEM);
+	off64_t ipos = 0;
+	if (seekable) {
+		ipos = inoff ? *inoff : lseek(in, 0, SEEK_CUR);
+		if (ipos < 0) {
+			free(buf);
+			return -1;
+		}
+	}
+	size_t done = 0;
+	int err = 0;
+	while (done < n) {
+		size_t want = n - done < cap ? n - done : cap;
+		ssize_t got = seekable ? pread(in, buf, want, ipos) : read(in, buf, want);
+		if (got <= 0) {
+			if (got < 0)
+				err = errno;
+			break;
+		}
+		size_t put_ = 0;
+		while (put_ < (size_t)got) {
+			ssize_t w = outoff ? pwrite(out, buf + put_, (size_t)got - put_, *outoff)
+					   : write(out, buf + put_, (size_t)got - put_);
+			if (w <= 0) {
+				err = w < 0 ? errno : EIO;
+				break;
+			}
+			put_ += (size_t)w;
+			if (outoff)
+				*outoff += w;
+			if (!seekable)
+				continue; /* a pipe's bytes are read: write them all */
+			break;        /* a file's: read again from where the write ended */
+		}
+		done += put_;
+		ipos += (off64_t)put_;
+		if (!seekable)
+			break; /* a pipe's read took what was there: splice's answer */
+		if (err || put_ < (size_t)got) {
+			if (!seekable && put_ < (size_t)got && !err)
+				err = EIO;
+			break;
+		}
+	}
+	free(buf);
+	if (seekable) {
+		if (inoff)
+			*inoff = ipos;
+		else if (done)
+			lseek(in, ipos, SEEK_SET);
+	}
+	if (done == 0 && err)
+		return fail(err);
+	return (ssize_t)done;
+}
+
+/* xfer_modes checks that in reads and out writes (EBADF otherwise, and
+ * for an O_APPEND out with append_err 0), answering out's flags. */
+static int xfer_modes(int in, int out, int append_err, int *oflags)
+{
+	int fi = fcntl(in, F_GETFL), fo = fcntl(out, F_GETFL);
+	if (fi < 0 || fo < 0 || (fi & O_ACCMODE) == O_WRONLY || (fo & O_ACCMODE) == O_RDONLY || (fi & O_PATH) ||
+	    (fo & O_PATH))
+		return fail(EBADF);
+	if (fo & O_APPEND)
+		return fail(append_err ? append_err : EBADF);
+	*oflags = fo;
+	return 0;
+}
+
+ssize_t copy_file_range(int in, off64_t *inoff, int out, off64_t *outoff, size_t n, unsigned int flags)
+{
+	int wi = is_weir(in), wo = is_weir(out);
+	if (!wi && !wo) {
+		init_copy_file_range();
+		return real_copy_file_range(in, inoff, out, outoff, n, flags);
+	}
+	int of;
+	if (xfer_modes(in, out, 0, &of))
+		return -1;
+	if (flags)
+		return fail(EINVAL);
+	struct stat si, so;
+	if (fstat(in, &si) || fstat(out, &so))
+		return -1;
+	if (S_ISDIR(si.st_mode) || S_ISDIR(so.st_mode))
+		return fail(EISDIR);
+	if (!S_ISREG(si.st_mode) || !S_ISREG(so.st_mode))
+		return fail(EINVAL);
+	if (wi != wo)
+		return fail(EXDEV); /* two file systems (Linux 5.19 on) */
+	off64_t ip = inoff ? *inoff : lseek(in, 0, SEEK_CUR), op = outoff ? *outoff : lseek(out, 0, SEEK_CUR);
+	if (ip < 0 || op < 0)
+		return fail(EINVAL);
+	if (n > (size_t)(INT64_MAX - (ip > op ? ip : op)))
+		return fail(EOVERFLOW);
+	/* Linux shortens the copy to the input's end before it looks for an
+	 * overlap. */
+	n = ip >= si.st_size ? 0 : (size_t)(si.st_size - ip) < n ? (size_t)(si.st_size - ip) : n;
+	if (si.st_ino == so.st_ino && si.st_dev == so.st_dev && ip < op + (off64_t)n && op < ip + (off64_t)n)
+		return fail(EINVAL); /* overlapping ranges of one file */
+	if (n == 0)
+		return 0;
+	if (outoff)
+		return xfer(in, inoff, 1, out, outoff, n);
+	ssize_t r = xfer(in, inoff, 1, out, &op, n);
+	if (r > 0)
+		lseek(out, op, SEEK_SET);
+	return r;
+}
+
+ssize_t sendfile(int out, int in, off_t *off, size_t n)
+{
+	if (!is_weir(in) && !is_weir(out)) {
+		init_sendfile();
+		return real_sendfile(out, in, off, n);
+	}
+	int of;
+	if (xfer_modes(in, out, EINVAL, &of))
+		return -1;
+	struct stat si;
+	if (fstat(in, &si))
+		return -1;
+	if (!S_ISREG(si.st_mode))
+		return fail(EINVAL); /* Linux reads only what it can map */
+	if (off && *off < 0)
+		return fail(EINVAL);
+	if (n > 0x7ffff000)
+		n = 0x7ffff000; /* Linux's bound on one transfer */
+	off64_t o = off ? *off : 0;
+	ssize_t r = xfer(in, off ? &o : NULL, 1, out, NULL, n);
+	if (off)
+		*off = (off_t)o;
+	return r;
+}
+ssize_t sendfile64(int out, int in, off64_t *off, size_t n) { return sendfile(out, in, (off_t *)off, n); }
+
+/* is_pipe: a kernel descriptor of a pipe or FIFO. */
+static int is_pipe(int fd)
+{
+	struct stat st;
+	return !is_weir(fd) && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
+}
+
+ssize_t splice(int in, loff_t *inoff, int out, loff_t *outoff, size_t n, unsigned int flags)
+{
+	int wi = is_weir(in), wo = is_weir(out);
+	if (!wi && !wo) {
+		init_splice();
+		return real_splice(in, inoff, out, outoff, n, flags);
+	}
+	/* One end is a pipe, and the other weir's. */
+	int pin = is_pipe(in), pout = is_pipe(out);
+	if (!pin && !pout)
+		return fail(EINVAL);
+	if ((pin && inoff) || (pout && outoff))
+		return fail(ESPIPE);
+	int of;
+	if (xfer_modes(in, out, EINVAL, &of))
+		return -1;
+	if ((inoff && *inoff < 0) || (outoff && *outoff < 0))
+		return fail(EINVAL);
+	if (n == 0)
+		return 0;
+	if (pin)
+		return xfer(in, NULL, 0, out, outoff, n);
+	/* Into a pipe: what fits in it now, or PIPE_BUF bytes when it is full
+	 * (that write waits for room, as splice does), so that a program that
+	 * drains the pipe itself after the call never waits on its own. Room
+	 * is counted as Linux fills a pipe from a file: in whole pages, the
+	 * first from the offset's place in its page. */
+	int sz = fcntl(out, F_GETPIPE_SZ), queued = 0;
+	off64_t at = inoff ? *inoff : lseek(in, 0, SEEK_CUR);
+	if (sz > 0 && at >= 0 && ioctl(out, FIONREAD, &queued) == 0) {
+		int64_t room = (int64_t)sz - (((int64_t)queued + 4095) & ~(int64_t)4095) - (at & 4095);
+		if (room <= 0)
+			room = PIPE_BUF;
+		if (n > (size_t)room)
+			n = (size_t)room;
+	}
+	return xfer(in, inoff, 1, out, NULL, n);
+}
+
 int ioctl(int fd, unsigned long req, ...)
 {
 	va_list ap;
