@@ -62,11 +62,15 @@ build: libweir
 # with the system compiler. `go test ./client/c/ctest` (in make test)
 # builds them again and runs the C tests and the shim's real programs.
 CC      ?= cc
+# The shim's calls to its own entry points (rename calls renameat2) bind
+# inside it: a program that defines one of those names itself (GNU patch
+# exports gnulib's renameat2) would otherwise get the shim's call.
+LDFLAGS_PRELOAD := -Wl,-Bsymbolic-functions
 CFLAGS_WEIR := -std=gnu11 -O2 -g -Wall -Wextra -Werror -fPIC -pthread -Iclient/c -Iproto/include -Iring/include
 libweir:
 	@mkdir -p bin
 	$(CC) $(CFLAGS_WEIR) -shared client/c/weir.c -o bin/libweir.so
-	$(CC) $(CFLAGS_WEIR) -shared client/c/weir.c client/c/preload.c -o bin/libweir-preload.so -ldl
+	$(CC) $(CFLAGS_WEIR) -shared client/c/weir.c client/c/preload.c -o bin/libweir-preload.so -ldl $(LDFLAGS_PRELOAD)
 
 # The SPDK backend builds only with the spdk tag, against an SPDK found by
 # pkg-config: in SPDK_PREFIX (default /opt/spdk) or on PKG_CONFIG_PATH.

@@ -152,7 +152,7 @@ func buildC(dir string) (so, probe string, err error) {
 	inc := []string{"-I", lib, "-I", filepath.Join(top, "proto", "include"), "-I", filepath.Join(top, "ring", "include")}
 	for _, args := range [][]string{
 		append(append([]string{"-std=gnu11", "-O2", "-fPIC", "-shared", "-pthread"}, inc...),
-			filepath.Join(lib, "weir.c"), filepath.Join(lib, "preload.c"), "-o", so, "-ldl"),
+			filepath.Join(lib, "weir.c"), filepath.Join(lib, "preload.c"), "-o", so, "-ldl", "-Wl,-Bsymbolic-functions"),
 		{"-std=gnu11", "-O2", filepath.Join(top, "bench", "shim", "probe", "calls.c"), "-o", probe},
 	} {
 		if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {

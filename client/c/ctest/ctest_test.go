@@ -96,7 +96,7 @@ func buildShim(t *testing.T) string {
 	out := filepath.Join(t.TempDir(), "libweir-preload.so")
 	cmd := exec.Command(cc, "-std=gnu11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-pthread",
 		"-I", lib, "-I", filepath.Join(top, "proto", "include"), "-I", filepath.Join(top, "ring", "include"),
-		filepath.Join(lib, "weir.c"), filepath.Join(lib, "preload.c"), "-o", out, "-ldl")
+		filepath.Join(lib, "weir.c"), filepath.Join(lib, "preload.c"), "-o", out, "-ldl", "-Wl,-Bsymbolic-functions")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("%v: %v\n%s", cmd.Args, err, b)
 	}

@@ -110,6 +110,13 @@ print(sorted(os.listdir(d + '/py')))
 	} else {
 		t.Log("python3 is not installed: its line is left out")
 	}
+	if _, err := exec.LookPath("patch"); err == nil {
+		// GNU patch exports gnulib's renameat2: the shim's rename must
+		// not call it (it renames with a raw system call).
+		lines = append(lines, `cd $D && printf 'a\nb\nc\n' > pf && printf 'a\nB\nc\n' > pg && { diff -u pf pg > p.diff; true; } && patch pf p.diff && cat pf && patch -R pf < p.diff && cat pf && rm pf pg p.diff`)
+	} else {
+		t.Log("patch is not installed (Debian package patch): its line is left out")
+	}
 	kdir := t.TempDir()
 	run := func(dir string, shim bool, line string) string {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
