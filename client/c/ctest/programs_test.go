@@ -974,3 +974,21 @@ print(open("/weir/copies/back", "rb").read() == open("/weir/copies/src", "rb").r
 		t.Fatalf("between weir and the kernel: %q", mixed)
 	}
 }
+
+// TestShimSyncfs: syncfs(2) of a weir descriptor is ENOSYS (weir has no
+// whole-store sync yet: docs/posix-differences.md), not the EBADF the
+// kernel says of weir's placeholder descriptor; a kernel one is the
+// kernel's.
+func TestShimSyncfs(t *testing.T) {
+	need(t, "sync", "coreutils")
+	s := newShimmed(t)
+	k := filepath.Join(t.TempDir(), "k")
+	if err := os.WriteFile(k, []byte("k"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got := s.sh("sh", "echo x > /weir/sf; sync -f /weir/sf 2>&1; echo rc $?; sync -f "+k+"; echo rc $?; sync /weir/sf; echo rc $?")
+	want := "sync: error syncing '/weir/sf': Function not implemented\nrc 1\nrc 0\nrc 0\n"
+	if got != want {
+		t.Fatalf("sync -f of a weir file and a kernel one: %q, want %q", got, want)
+	}
+}
