@@ -419,6 +419,21 @@ func (f *FS) dataOp(idempotent bool, fn func(c *conn) error) error {
 	return stillStale(fn(nc))
 }
 
+// SyncFS makes every file of the store with changes not yet durable
+// durable, whoever wrote them, as syncfs(2) does a file system's
+// (proto.OpSyncFS); it tries them all and answers the first error. It does
+// not report writes lost with an IO service that died (File.Sync does).
+func (f *FS) SyncFS() error {
+	err := f.dataOp(true, func(c *conn) error {
+		_, err := call(bgctx, c.data, proto.OpSyncFS, 0, 0, 0, nil, nil)
+		return err
+	})
+	if err != nil {
+		return pathErr("syncfs", ".", err)
+	}
+	return nil
+}
+
 // processUmask reads this process's umask without changing it.
 func processUmask() uint32 {
 	b, err := os.ReadFile("/proc/self/status")

@@ -99,7 +99,7 @@ func attach(ctx context.Context, data *ring.Client, c *conn) error {
 func call(ctx context.Context, c *ring.Client, op uint8, arg uint32, handle, offset uint64, in, out []byte) (ring.Completion, error) {
 	// A sync waits for a device flush: a long call (ring.Call.Long).
 	// A recall wait is a long poll: a lazy call (ring.Call.Lazy).
-	rc := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset, Long: op == proto.OpSync || op == proto.OpSyncMeta,
+	rc := ring.Call{Op: op, Arg: arg, Handle: handle, Offset: offset, Long: op == proto.OpSync || op == proto.OpSyncMeta || op == proto.OpSyncFS,
 		Lazy: op == proto.OpRecallWait}
 	n := max(len(in), len(out))
 	if n > 0 {

@@ -55,6 +55,7 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_WRITE_LOG", uint64(OpWriteLog)),
 		cheader.Def("WEIR_OP_WRITE_PIN", uint64(OpWritePin)),
 		cheader.Def("WEIR_OP_WRITE_UNPIN", uint64(OpWriteUnpin)),
+		cheader.Def("WEIR_OP_SYNC_FS", uint64(OpSyncFS)),
 		cheader.Def("WEIR_OP_DIR_LEASE", uint64(OpDirLease)),
 		cheader.Def("WEIR_OP_INHERIT", uint64(OpInherit)),
 		cheader.Def("WEIR_OP_LOCK", uint64(OpLock)),

@@ -241,6 +241,9 @@
 //	            flusher's pass, an O_DIRECT access, OpWriteUnpin, the
 //	            session's end)
 //	OpWriteUnpin Arg = a slot in use (EINVAL: not): drained, unpinned, free
+//	OpSyncFS    no handle, Arg 0 (EINVAL otherwise): every file with changes
+//	            not yet durable is synced as by OpSync (syncfs(2), sync(2));
+//	            the first error, after trying them all
 //	OpReadahead Handle (a readable one), Offset, Arg = bytes (at most 8 MiB):
 //	            the service starts filling them into the cache and answers 0
 //	            at once

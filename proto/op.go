@@ -132,6 +132,9 @@ const (
 	OpWriteLog   uint8 = 0x50
 	OpWritePin   uint8 = 0x51
 	OpWriteUnpin uint8 = 0x52
+	// OpSyncFS is syncfs(2) and sync(2) of the store: every file with
+	// changes not yet durable is synced as by OpSync (no handle, Arg 0).
+	OpSyncFS uint8 = 0x53
 )
 
 // Write windows (OpWritePin): a window is WindowPages pages at a multiple

@@ -32,6 +32,7 @@ func TestOpcodesPinned(t *testing.T) {
 		{"OpStatFS", OpStatFS, 0x4b}, {"OpMapPin", OpMapPin, 0x4c}, {"OpMapUnpin", OpMapUnpin, 0x4d},
 		{"OpMapSync", OpMapSync, 0x4e}, {"OpMapWritable", OpMapWritable, 0x4f},
 		{"OpWriteLog", OpWriteLog, 0x50}, {"OpWritePin", OpWritePin, 0x51}, {"OpWriteUnpin", OpWriteUnpin, 0x52},
+		{"OpSyncFS", OpSyncFS, 0x53},
 	}
 	seen := map[uint8]string{}
 	for _, p := range pinned {

@@ -66,6 +66,12 @@ func TestPowerCut(t *testing.T) {
 func powerCutRound(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	cfg := stacktest.Config(t, "")
+	if rng.IntN(3) == 0 {
+		// Without the staging log: fsync and syncfs write home and sync.
+		cfg.IO.StagingSize = 0
+		cfg.Journal.Enabled = false
+		t.Log("without the staging log")
+	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "powercut", Level: hclog.Warn, Output: testOut{t}})
 
 	// Before the cut: the services on the models.
@@ -84,7 +90,8 @@ func powerCutRound(t *testing.T, seed uint64) {
 
 	// The workload: files in three directories, each written in a few
 	// pieces at random offsets and fsynced or not; a few overwritten and
-	// fsynced again later. acked holds what each fsync acknowledged.
+	// fsynced again later; now and then a syncfs of the whole store. acked
+	// holds what each fsync and syncfs acknowledged.
 	for d := range 3 {
 		if err := c.Mkdir(fmt.Sprintf("d%d", d), 0o755); err != nil {
 			t.Fatal(err)
@@ -137,6 +144,16 @@ func powerCutRound(t *testing.T, seed uint64) {
 		}
 		if err := f.Close(); err != nil {
 			t.Fatal(err)
+		}
+		if rng.IntN(8) == 0 {
+			// syncfs: every file's bytes so far are acknowledged, those
+			// closed without an fsync too.
+			if err := c.SyncFS(); err != nil {
+				t.Fatal(err)
+			}
+			for n, b := range content {
+				acked[n] = append([]byte(nil), b...)
+			}
 		}
 	}
 

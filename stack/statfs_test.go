@@ -44,3 +44,29 @@ func TestStatFS(t *testing.T) {
 		t.Errorf("statfs before attach: %+v, want ENOTCONN", c)
 	}
 }
+
+// TestSyncFSRequest: io serves OpSyncFS to an attached session (what it
+// makes durable is TestPowerCut's) and refuses a handle or an offset
+// (EINVAL) and a ring that has not attached (ENOTCONN).
+func TestSyncFSRequest(t *testing.T) {
+	cfg := testConfig(t)
+	startPair(t, cfg)
+	s := rawDial(t, cfg)
+	if c := rawDo(t, s.data, proto.OpSyncFS, 0, 0, nil, nil); c.Result != 0 {
+		t.Fatalf("syncfs: %+v", c)
+	}
+	if c := rawDo(t, s.data, proto.OpSyncFS, 7, 0, nil, nil); c.Result != -int64(syscall.EINVAL) {
+		t.Errorf("syncfs with a handle: %+v, want EINVAL", c)
+	}
+	if c := rawDo(t, s.data, proto.OpSyncFS, 0, 4096, nil, nil); c.Result != -int64(syscall.EINVAL) {
+		t.Errorf("syncfs with an offset: %+v, want EINVAL", c)
+	}
+	bare, err := ring.Dial(context.Background(), cfg.IO.Socket, ring.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	if c := rawDo(t, bare, proto.OpSyncFS, 0, 0, nil, nil); c.Result != -int64(syscall.ENOTCONN) {
+		t.Errorf("syncfs before attach: %+v, want ENOTCONN", c)
+	}
+}

@@ -168,6 +168,7 @@ REAL(ssize_t, pwritev2, int, const struct iovec *, int, off_t, int)
 REAL(off_t, lseek, int, off_t, int)
 REAL(int, fsync, int)
 REAL(int, syncfs, int)
+REAL(void, sync, void)
 REAL(int, fdatasync, int)
 REAL(int, sync_file_range, int, off64_t, off64_t, unsigned int)
 REAL(int, ftruncate, int, off_t)
@@ -1571,16 +1572,37 @@ int fdatasync(int fd)
 	return e ? fail(-e) : 0;
 }
 
-/* syncfs of a weir descriptor: ENOSYS. weir has no whole-store sync yet
- * (docs/posix-differences.md: a file closed without an fsync would need
- * one, and the staging log's records of it must not replay over it); the
- * kernel's call had said EBADF of weir's placeholder descriptor. */
+/* syncfs of a weir descriptor syncs the whole store (WEIR_OP_SYNC_FS),
+ * after what this process stored through its writable mappings. */
+static int weir_sync_all(weir_fs *f)
+{
+	int e = __atomic_load_n(&nwritable, __ATOMIC_ACQUIRE) ? sync_maps(NULL, NULL, 0, NULL, NULL, 0) : 0;
+	int e2 = weir_syncfs(f);
+	return e ? e : e2;
+}
+
 int syncfs(int fd)
 {
 	init_syncfs();
 	FD_OR_KERNEL(fd, d, real_syncfs(fd));
 	put(d);
-	return fail(ENOSYS);
+	FS_OR_FAIL(f);
+	int e = weir_sync_all(f);
+	return e ? fail(-e) : 0;
+}
+
+/* sync is the kernel's, then weir's store's when this process reaches the
+ * services (sync(2) cannot fail: weir's error is dropped, as the
+ * kernel's are). */
+void sync(void)
+{
+	init_sync();
+	real_sync();
+	int err = 0, saved = errno;
+	weir_fs *f = fs(&err);
+	if (f)
+		weir_sync_all(f);
+	errno = saved;
 }
 
 /* sync_file_range: weir writes the whole file durably (more than asked). */

@@ -1190,6 +1190,12 @@ int weir_fsync(weir_fs *fs, uint64_t handle)
 	return res < 0 ? (int)res : 0;
 }
 
+int weir_syncfs(weir_fs *fs)
+{
+	int64_t res = call(&fs->io, WEIR_OP_SYNC_FS, 0, 0, 0, NULL, 0, NULL, 0, NULL);
+	return res < 0 ? (int)res : 0;
+}
+
 int weir_close(weir_fs *fs, uint64_t handle)
 {
 	hdel(fs, handle);

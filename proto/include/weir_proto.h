@@ -174,6 +174,7 @@
 #define WEIR_OP_WRITE_LOG 0x50u /* result 0, aux = tag: the session's write log (a read-write memfd of WEIR_WRITE_LOG_SIZE) on the session socket */
 #define WEIR_OP_WRITE_PIN 0x51u /* handle (reads and writes), offset = a window's start, arg = a free slot: pin the window's pages, their stores logged in the slot */
 #define WEIR_OP_WRITE_UNPIN 0x52u /* arg = a slot: its logged pages become dirty, its window's pins end */
+#define WEIR_OP_SYNC_FS 0x53u /* no handle, arg 0: every file with changes not yet durable is synced as by SYNC (syncfs, sync) */
 #define WEIR_WINDOW_PAGES 512u        /* a write window: this many pages at a multiple of it */
 #define WEIR_WRITE_LOG_SLOTS 256u     /* slots of the write log */
 #define WEIR_WRITE_SLOT_BYTES 64u     /* a slot: bit k%64 of u64 word k/64 = page k of its window stored into */

@@ -87,6 +87,7 @@ type Stats struct {
 	BytesRead    atomic.Uint64
 	BytesWritten atomic.Uint64
 	Syncs        atomic.Uint64
+	SyncFSs      atomic.Uint64 // syncfs requests served (OpSyncFS)
 	Grants       atomic.Int64
 	// Claims counts read grants installed from a capability (OpClaim,
 	// claims.go); ClaimsRefused the claims refused.
@@ -341,6 +342,9 @@ type Service struct {
 	mu       sync.Mutex
 	blobs    map[backend.BlobID]*openBlob // protected by mu
 	deleting map[backend.BlobID]struct{}  // blobs being deleted: not to be opened; protected by mu
+	// unsynced holds the blobs closed here after a change (written home,
+	// not synced): a syncfs (OpSyncFS) syncs them; by inode; protected by mu.
+	unsynced map[backend.BlobID]uint64
 	delSem   chan struct{}                // bounds the deletes running at once
 	grants   map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
 	sessions map[uint64]*session          // attached sessions by metadata session id; protected by mu
@@ -421,6 +425,7 @@ func New(opts Options) (*Service, error) {
 		opts: opts, log: opts.Logger, be: opts.Backend, host: h, subj: h.Subjects(),
 		reg: reg, newRegion: ring.Create, load: ring.NewLoad(),
 		blobs:      make(map[backend.BlobID]*openBlob),
+		unsynced:   make(map[backend.BlobID]uint64),
 		deleting:   make(map[backend.BlobID]struct{}),
 		delSem:     make(chan struct{}, maxDeletes),
 		grants:     make(map[uint64]map[uint64]*grant),
@@ -1098,6 +1103,90 @@ func (s *Service) flushAll(wait bool) {
 	}
 }
 
+// syncAll makes every blob with changes durable, as syncBlob does one: the
+// open blobs written since they were opened here, and those whose last
+// close left dirty pages. It goes on past a blob that fails and answers
+// the first error.
+func (s *Service) syncAll() syscall.Errno {
+	s.drainAll()
+	s.mu.Lock()
+	var obs, closed []*openBlob
+	for _, ob := range s.blobs {
+		if r := ob.cached.Load(); ob.wrote.Load() || ob.dirtyHeld || (r != nil && r.hasDirty()) {
+			ob.refs++
+			obs = append(obs, ob)
+		}
+	}
+	// Blobs closed with changes: their bytes are home, not synced (a
+	// blob open again is synced here too, whatever it did since).
+	var first syscall.Errno
+	for id, ino := range s.unsynced {
+		delete(s.unsynced, id)
+		ob, err := s.openBlobLocked(id, ino, false)
+		if err != nil {
+			s.unsynced[id] = ino
+			if !errors.Is(err, syscall.EBUSY) && first == 0 { // EBUSY: being deleted
+				first = errno(err)
+			}
+			continue
+		}
+		closed = append(closed, ob)
+	}
+	s.mu.Unlock()
+	for _, ob := range closed {
+		if e := s.closedSync(ob); e != 0 {
+			s.mu.Lock()
+			s.unsynced[ob.id] = ob.ino
+			s.mu.Unlock()
+			if first == 0 {
+				first = e
+			}
+		}
+		s.releaseBlob(ob)
+	}
+	for _, ob := range obs {
+		e := s.syncBlob(ob)
+		if e != 0 && first == 0 {
+			first = e
+		}
+		s.mu.Lock()
+		if e == 0 && ob.dirtyHeld && !ob.reg.hasDirty() {
+			ob.dirtyHeld = false // the close's reference, held for the dirt
+			ob.refs--
+		}
+		s.mu.Unlock()
+		s.releaseBlob(ob)
+	}
+	return first
+}
+
+// closedSync is syncBlob of a blob closed with changes and opened again
+// by syncAll: with the staging log, its changes not yet in a record (the
+// staging state outlives the close) make one, as an fsync's; then its
+// bytes home, its create and its size at metadata are made durable.
+func (s *Service) closedSync(ob *openBlob) syscall.Errno {
+	if e := s.syncBlob(ob); e != 0 {
+		return e
+	}
+	if err := ob.b.Sync(); err != nil {
+		s.syncFailed(fmt.Errorf("syncfs: sync blob %d: %w", ob.id, err))
+		return errno(err)
+	}
+	if err := s.creates.sync(); err != nil {
+		s.syncFailed(fmt.Errorf("syncfs: sync backend (blob creates): %w", err))
+		return errno(err)
+	}
+	size, mtime, dv := ob.live()
+	if err := s.reportLive(context.Background(), ob.ino, size, mtime, dv, true); err != nil {
+		var ref *control.Refusal
+		if !errors.As(err, &ref) {
+			return errMetadataUnreachable
+		}
+		return syscall.EIO
+	}
+	return 0
+}
+
 // The flusher writes back what is dirty every flushInterval (a write
 // reaches home within about this, unless fsync asks sooner), and as soon
 // as half the dirty limit is reached; every scrubInterval it scrubs the
@@ -1355,6 +1444,9 @@ func (s *Service) releaseBlob(ob *openBlob) {
 	last := ob.refs == 0
 	if last {
 		delete(s.blobs, ob.id)
+		if ob.wrote.Load() {
+			s.unsynced[ob.id] = ob.ino
+		}
 		if ob.hasLive {
 			s.live.Release(ob.liveSlot, uint64(ob.id))
 		}

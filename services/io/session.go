@@ -162,6 +162,29 @@ func (s *session) register() {
 	s.mux.Handle(proto.OpWriteLog, s.writeLogFile)
 	s.mux.Handle(proto.OpWritePin, s.writePin)
 	s.mux.Handle(proto.OpWriteUnpin, s.writeUnpin)
+	s.mux.Handle(proto.OpSyncFS, s.syncFS)
+}
+
+// syncFS is syncfs(2) of the store (OpSyncFS): any attached session may
+// ask, as any process may call sync(2); it costs the store a device flush
+// per file with changes, nothing else.
+func (s *session) syncFS(q *ring.Request) (int64, uint64) {
+	if s.sid == 0 {
+		return fail(syscall.ENOTCONN)
+	}
+	if q.Handle != 0 || q.Arg != 0 || q.Offset != 0 {
+		return fail(syscall.EINVAL)
+	}
+	switch e := s.svc.syncAll(); e {
+	case 0:
+		s.svc.Stats.SyncFSs.Add(1)
+		return 0, 0
+	case errMetadataUnreachable:
+		s.svc.Stats.Stale.Add(1)
+		return fail(proto.ErrStale) // as OpSync: the client syncs again
+	default:
+		return fail(e)
+	}
 }
 
 // statfs answers the store's room (OpStatFS), for statfs(2) of a weir
