@@ -1,6 +1,10 @@
 package iosvc
 
-import "github.com/weir-storage/weir/ring"
+import (
+	"testing"
+
+	"github.com/weir-storage/weir/ring"
+)
 
 // SetNewRegion replaces how s creates a session's region (ring.Create), so
 // that tests can make huge pages fail. Call it before Start.
@@ -30,3 +34,17 @@ func HoldCheckpoints(s *Service) (release func()) {
 // SetAfterTruncateLog makes every truncate that shrinks a file call f
 // between logging the cut and making it (nil: nothing).
 func SetAfterTruncateLog(f func()) { testAfterTruncateLog = f }
+
+// SetMaxUnsynced sets the bound of closed changed blobs listed for a
+// syncfs (maxUnsynced) for the test.
+func SetMaxUnsynced(t testing.TB, n int) {
+	old := maxUnsynced.Swap(int64(n))
+	t.Cleanup(func() { maxUnsynced.Store(old) })
+}
+
+// Unsynced says how many closed changed blobs wait for a syncfs.
+func Unsynced(s *Service) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.unsynced)
+}

@@ -2,10 +2,13 @@ package iosvc_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/weir-storage/weir/client"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
 	"github.com/weir-storage/weir/services/io/backend/mem"
@@ -177,5 +180,69 @@ func TestSyncFlagsMakeEveryWriteDurable(t *testing.T) {
 		if err := f.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestSyncFSCoversClosedFiles: a syncfs (client.FS.SyncFS, proto.OpSyncFS)
+// makes durable the files written and closed without an fsync, and one
+// still open: a power cut right after it keeps every byte; past
+// maxUnsynced closed changed files, io syncs them in the background so
+// that its list of them stays bounded.
+func TestSyncFSCoversClosedFiles(t *testing.T) {
+	pc := powercut.New(mem.New())
+	e := startIO(t, pc, nil)
+	fsys := e.dial(t)
+	defer fsys.Close()
+	var want [][]byte
+	write := func(name string, i int, keep bool) *client.File {
+		f, err := fsys.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data := bytes.Repeat([]byte{byte('a' + i%26)}, 3000+i)
+		if _, err := f.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, data)
+		if keep {
+			return f
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return nil
+	}
+	for i := range 3 {
+		write(fmt.Sprintf("closed%d", i), i, false)
+	}
+	open := write("open", 3, true)
+	defer open.Close()
+	if err := fsys.SyncFS(); err != nil {
+		t.Fatal(err)
+	}
+	state := afterCut(t, pc)
+	for i, d := range want {
+		found := false
+		for _, got := range state {
+			found = found || bytes.Equal(got, d)
+		}
+		if !found {
+			t.Fatalf("file %d of %d: its bytes did not survive a power cut after syncfs", i, len(want))
+		}
+	}
+	if n := iosvc.Unsynced(e.io); n != 0 {
+		t.Fatalf("%d closed files still wait for a syncfs after one", n)
+	}
+
+	iosvc.SetMaxUnsynced(t, 4)
+	for i := range 20 {
+		write(fmt.Sprintf("many%d", i), 4+i, false)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for iosvc.Unsynced(e.io) > 4 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d closed files wait for a syncfs, past the bound of 4, after 30 s", iosvc.Unsynced(e.io))
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -344,10 +344,11 @@ type Service struct {
 	deleting map[backend.BlobID]struct{}  // blobs being deleted: not to be opened; protected by mu
 	// unsynced holds the blobs closed here after a change (written home,
 	// not synced): a syncfs (OpSyncFS) syncs them; by inode; protected by mu.
-	unsynced map[backend.BlobID]uint64
-	delSem   chan struct{}                // bounds the deletes running at once
-	grants   map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
-	sessions map[uint64]*session          // attached sessions by metadata session id; protected by mu
+	unsynced      map[backend.BlobID]uint64
+	syncingClosed atomic.Bool                  // a background syncClosed runs (maxUnsynced)
+	delSem        chan struct{}                // bounds the deletes running at once
+	grants        map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
+	sessions      map[uint64]*session          // attached sessions by metadata session id; protected by mu
 	// Capabilities (claims.go), protected by mu: the key of this io epoch
 	// (nil before the first resync), the claim floor of each session, the
 	// sessions whose end came before any ring of theirs attached.
@@ -1110,26 +1111,78 @@ func (s *Service) flushAll(wait bool) {
 func (s *Service) syncAll() syscall.Errno {
 	s.drainAll()
 	s.mu.Lock()
-	var obs, closed []*openBlob
+	var obs []*openBlob
 	for _, ob := range s.blobs {
 		if r := ob.cached.Load(); ob.wrote.Load() || ob.dirtyHeld || (r != nil && r.hasDirty()) {
 			ob.refs++
 			obs = append(obs, ob)
 		}
 	}
-	// Blobs closed with changes: their bytes are home, not synced (a
-	// blob open again is synced here too, whatever it did since).
+	s.mu.Unlock()
+	first := s.syncClosed()
+	for _, ob := range obs {
+		e := s.syncBlob(ob)
+		if e != 0 && first == 0 {
+			first = e
+		}
+		s.mu.Lock()
+		if e == 0 && ob.dirtyHeld && !ob.reg.hasDirty() {
+			ob.dirtyHeld = false // the close's reference, held for the dirt
+			ob.refs--
+		}
+		s.mu.Unlock()
+		s.releaseBlob(ob)
+	}
+	return first
+}
+
+// maxUnsynced bounds Service.unsynced: past it, the last close of a
+// changed blob starts syncClosed in the background (one at a time), so
+// that a store whose files are written and closed and never synced keeps
+// a bounded list, at the cost of a device flush per file then.
+var maxUnsynced atomic.Int64 // 8192 (init); tests lower it
+
+func init() { maxUnsynced.Store(8192) }
+
+// syncClosedInBackground runs syncClosed until the list is within its
+// bound (closes go on meanwhile) or a pass fails; s.bg counts it.
+func (s *Service) syncClosedInBackground() {
+	defer s.bg.Done()
+	defer s.syncingClosed.Store(false)
+	for {
+		if e := s.syncClosed(); e != 0 {
+			s.log.Warn("background sync of closed files failed; they stay listed for the next syncfs", "error", e)
+			return
+		}
+		s.mu.Lock()
+		again := int64(len(s.unsynced)) > maxUnsynced.Load() && !s.stopping
+		s.mu.Unlock()
+		if !again {
+			return
+		}
+	}
+}
+
+// syncClosed syncs the blobs closed here after a change (Service.unsynced:
+// their bytes are home, not synced), each opened again for it (a blob
+// open again meanwhile is synced too, whatever it did since): the first
+// error, after trying them all; those that failed stay listed.
+func (s *Service) syncClosed() syscall.Errno {
 	var first syscall.Errno
+	var closed []*openBlob
+	s.mu.Lock()
 	for id, ino := range s.unsynced {
-		delete(s.unsynced, id)
 		ob, err := s.openBlobLocked(id, ino, false)
 		if err != nil {
-			s.unsynced[id] = ino
-			if !errors.Is(err, syscall.EBUSY) && first == 0 { // EBUSY: being deleted
+			if !errors.Is(err, syscall.EBUSY) && first == 0 { // EBUSY: being deleted, nothing to sync
 				first = errno(err)
+			}
+			if errors.Is(err, syscall.EBUSY) {
+				delete(s.unsynced, id)
 			}
 			continue
 		}
+		delete(s.unsynced, id)
 		closed = append(closed, ob)
 	}
 	s.mu.Unlock()
@@ -1142,19 +1195,6 @@ func (s *Service) syncAll() syscall.Errno {
 				first = e
 			}
 		}
-		s.releaseBlob(ob)
-	}
-	for _, ob := range obs {
-		e := s.syncBlob(ob)
-		if e != 0 && first == 0 {
-			first = e
-		}
-		s.mu.Lock()
-		if e == 0 && ob.dirtyHeld && !ob.reg.hasDirty() {
-			ob.dirtyHeld = false // the close's reference, held for the dirt
-			ob.refs--
-		}
-		s.mu.Unlock()
 		s.releaseBlob(ob)
 	}
 	return first
@@ -1446,6 +1486,10 @@ func (s *Service) releaseBlob(ob *openBlob) {
 		delete(s.blobs, ob.id)
 		if ob.wrote.Load() {
 			s.unsynced[ob.id] = ob.ino
+			if int64(len(s.unsynced)) > maxUnsynced.Load() && !s.stopping && s.syncingClosed.CompareAndSwap(false, true) {
+				s.bg.Add(1) // as s.background does (which takes s.mu, held here)
+				go s.syncClosedInBackground()
+			}
 		}
 		if ob.hasLive {
 			s.live.Release(ob.liveSlot, uint64(ob.id))
