@@ -137,7 +137,7 @@ func (s *Service) Snapshot() map[string]any {
 	m := map[string]any{
 		"sessions": st.Sessions.Load(), "reads": st.Reads.Load(), "writes": st.Writes.Load(),
 		"bytes_read": st.BytesRead.Load(), "bytes_written": st.BytesWritten.Load(),
-		"syncs": st.Syncs.Load(), "grants": st.Grants.Load(), "denied": st.Denied.Load(), "stale": st.Stale.Load(),
+		"syncs": st.Syncs.Load(), "syncfs": st.SyncFSs.Load(), "grants": st.Grants.Load(), "denied": st.Denied.Load(), "stale": st.Stale.Load(),
 		"claims": st.Claims.Load(), "claims_refused": st.ClaimsRefused.Load(),
 		"dir_claims": st.DirClaims.Load(), "dir_claims_refused": st.DirClaimsRefused.Load(),
 		"dir_releases": st.DirReleases.Load(), "dir_ended": st.DirEnded.Load(),
@@ -159,6 +159,7 @@ func (s *Service) Snapshot() map[string]any {
 	}
 	s.mu.Lock()
 	m["claim_floors"] = len(s.capFloor) // sessions whose revoked capabilities io remembers (claims.go)
+	m["syncfs_unsynced_files"] = len(s.unsynced) // closed with changes home, not synced: a syncfs syncs them
 	s.mu.Unlock()
 	if pc := s.pc; pc != nil {
 		m["cache_limit_pages"] = pc.limit
