@@ -226,6 +226,7 @@ func (s *Service) onDelete(m *nats.Msg) {
 	_, deleting := s.deleting[id]
 	if !open && !deleting {
 		s.deleting[id] = struct{}{} // not to be opened until the delete is done
+		delete(s.unsynced, id)      // nothing of it for a syncfs to keep
 	}
 	s.mu.Unlock()
 	switch {

@@ -234,6 +234,23 @@ func TestSyncFSCoversClosedFiles(t *testing.T) {
 		t.Fatalf("%d closed files still wait for a syncfs after one", n)
 	}
 
+	// A file written, closed and removed leaves nothing for a syncfs,
+	// which succeeds (it had failed every syncfs after it with EIO).
+	write("gone", 30, false)
+	want = want[:len(want)-1]
+	if err := fsys.Remove("gone"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fsys.SyncFS(); err != nil {
+		t.Fatalf("syncfs after a removed file: %v", err)
+	}
+	if err := fsys.SyncFS(); err != nil {
+		t.Fatalf("second syncfs after a removed file: %v", err)
+	}
+	if n := iosvc.Unsynced(e.io); n != 0 {
+		t.Fatalf("%d closed files still wait for a syncfs after one", n)
+	}
+
 	iosvc.SetMaxUnsynced(t, 4)
 	for i := range 20 {
 		write(fmt.Sprintf("many%d", i), 4+i, false)

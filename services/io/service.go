@@ -158,7 +158,7 @@ func (s *Service) Snapshot() map[string]any {
 		"metadata_connected":      s.peer != nil && s.peer.Up(),
 	}
 	s.mu.Lock()
-	m["claim_floors"] = len(s.capFloor) // sessions whose revoked capabilities io remembers (claims.go)
+	m["claim_floors"] = len(s.capFloor)          // sessions whose revoked capabilities io remembers (claims.go)
 	m["syncfs_unsynced_files"] = len(s.unsynced) // closed with changes home, not synced: a syncfs syncs them
 	s.mu.Unlock()
 	if pc := s.pc; pc != nil {
@@ -346,10 +346,18 @@ type Service struct {
 	// unsynced holds the blobs closed here after a change (written home,
 	// not synced): a syncfs (OpSyncFS) syncs them; by inode; protected by mu.
 	unsynced      map[backend.BlobID]uint64
-	syncingClosed atomic.Bool                  // a background syncClosed runs (maxUnsynced)
-	delSem        chan struct{}                // bounds the deletes running at once
-	grants        map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
-	sessions      map[uint64]*session          // attached sessions by metadata session id; protected by mu
+	syncingClosed atomic.Bool // a background syncClosed runs (maxUnsynced)
+	// syncFSMu serialises syncfs passes (syncAll, the background
+	// syncClosed): a pass takes a blob off unsynced when it opens it, so
+	// another pass must wait for it to end (or to list again what failed)
+	// before it answers. Taken before mu.
+	syncFSMu sync.Mutex
+	// syncClosedFailed is when a background pass last failed (unix ns):
+	// none starts again for syncClosedBackoff.
+	syncClosedFailed atomic.Int64
+	delSem           chan struct{}                // bounds the deletes running at once
+	grants           map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
+	sessions         map[uint64]*session          // attached sessions by metadata session id; protected by mu
 	// Capabilities (claims.go), protected by mu: the key of this io epoch
 	// (nil before the first resync), the claim floor of each session, the
 	// sessions whose end came before any ring of theirs attached.
@@ -1110,6 +1118,8 @@ func (s *Service) flushAll(wait bool) {
 // close left dirty pages. It goes on past a blob that fails and answers
 // the first error.
 func (s *Service) syncAll() syscall.Errno {
+	s.syncFSMu.Lock()
+	defer s.syncFSMu.Unlock()
 	s.drainAll()
 	s.mu.Lock()
 	var obs []*openBlob
@@ -1123,6 +1133,9 @@ func (s *Service) syncAll() syscall.Errno {
 	first := s.syncClosed()
 	for _, ob := range obs {
 		e := s.syncBlob(ob)
+		if e == errFileGone {
+			e = 0 // closed and removed since: nothing to keep
+		}
 		if e != 0 && first == 0 {
 			first = e
 		}
@@ -1150,9 +1163,12 @@ func init() { maxUnsynced.Store(8192) }
 func (s *Service) syncClosedInBackground() {
 	defer s.bg.Done()
 	defer s.syncingClosed.Store(false)
+	s.syncFSMu.Lock()
+	defer s.syncFSMu.Unlock()
 	for {
 		if e := s.syncClosed(); e != 0 {
-			s.log.Warn("background sync of closed files failed; they stay listed for the next syncfs", "error", e)
+			s.syncClosedFailed.Store(time.Now().UnixNano())
+			s.log.Warn("background sync of closed files failed; they stay listed for the next syncfs", "error", e, "retry_after", syncClosedBackoff)
 			return
 		}
 		s.mu.Lock()
@@ -1164,34 +1180,65 @@ func (s *Service) syncClosedInBackground() {
 	}
 }
 
+// syncClosedBackoff is how long after a failed background pass no other
+// starts (a failing device or an unreachable metadata service would
+// otherwise cost a pass at every close).
+const syncClosedBackoff = 10 * time.Second
+
 // syncClosed syncs the blobs closed here after a change (Service.unsynced:
-// their bytes are home, not synced), each opened again for it (a blob
-// open again meanwhile is synced too, whatever it did since): the first
-// error, after trying them all; those that failed stay listed.
+// their bytes are home, not synced), one at a time, each opened again for
+// it (a blob open again meanwhile is synced too, whatever it did since): the
+// first error, after trying them all; those that failed stay listed, and
+// so do those left when the service stops. A blob deleted since is dropped
+// (onDelete takes it off the list; one found missing here is gone too).
+// s.syncFSMu is held.
 func (s *Service) syncClosed() syscall.Errno {
-	var first syscall.Errno
-	var closed []*openBlob
+	type entry struct {
+		id  backend.BlobID
+		ino uint64
+	}
 	s.mu.Lock()
+	list := make([]entry, 0, len(s.unsynced))
 	for id, ino := range s.unsynced {
-		ob, err := s.openBlobLocked(id, ino, false)
+		list = append(list, entry{id, ino})
+	}
+	s.mu.Unlock()
+	relist := func(en entry) {
+		s.mu.Lock()
+		s.unsynced[en.id] = en.ino
+		s.mu.Unlock()
+	}
+	var first syscall.Errno
+	for _, en := range list {
+		s.mu.Lock()
+		if s.stopping {
+			s.mu.Unlock()
+			return first
+		}
+		if _, ok := s.unsynced[en.id]; !ok {
+			s.mu.Unlock()
+			continue // deleted meanwhile
+		}
+		delete(s.unsynced, en.id)
+		if _, del := s.deleting[en.id]; del {
+			s.mu.Unlock()
+			continue
+		}
+		ob, err := s.openBlobLocked(en.id, en.ino, false)
+		s.mu.Unlock()
 		if err != nil {
-			if !errors.Is(err, syscall.EBUSY) && first == 0 { // EBUSY: being deleted, nothing to sync
+			relist(en)
+			if first == 0 {
 				first = errno(err)
-			}
-			if errors.Is(err, syscall.EBUSY) {
-				delete(s.unsynced, id)
 			}
 			continue
 		}
-		delete(s.unsynced, id)
-		closed = append(closed, ob)
-	}
-	s.mu.Unlock()
-	for _, ob := range closed {
+		if lb, ok := ob.b.(*lazyBlob); ok && lb.b.Load() == nil {
+			s.releaseBlob(ob) // the blob is gone (deleted): nothing to sync
+			continue
+		}
 		if e := s.closedSync(ob); e != 0 {
-			s.mu.Lock()
-			s.unsynced[ob.id] = ob.ino
-			s.mu.Unlock()
+			relist(en)
 			if first == 0 {
 				first = e
 			}
@@ -1206,7 +1253,12 @@ func (s *Service) syncClosed() syscall.Errno {
 // staging state outlives the close) make one, as an fsync's; then its
 // bytes home, its create and its size at metadata are made durable.
 func (s *Service) closedSync(ob *openBlob) syscall.Errno {
-	if e := s.syncBlob(ob); e != 0 {
+	// The size and mtime before the sync: writes racing it may not be
+	// durable, and the size reported must not cover them.
+	size, mtime, dv := ob.live()
+	if e := s.syncBlob(ob); e == errFileGone {
+		return 0 // removed since: nothing to keep
+	} else if e != 0 {
 		return e
 	}
 	if err := ob.b.Sync(); err != nil {
@@ -1217,10 +1269,12 @@ func (s *Service) closedSync(ob *openBlob) syscall.Errno {
 		s.syncFailed(fmt.Errorf("syncfs: sync backend (blob creates): %w", err))
 		return errno(err)
 	}
-	size, mtime, dv := ob.live()
 	if err := s.reportLive(context.Background(), ob.ino, size, mtime, dv, true); err != nil {
 		var ref *control.Refusal
-		if !errors.As(err, &ref) {
+		switch {
+		case fileGone(err):
+			return 0 // removed since: nothing to keep
+		case !errors.As(err, &ref):
 			return errMetadataUnreachable
 		}
 		return syscall.EIO
@@ -1487,7 +1541,8 @@ func (s *Service) releaseBlob(ob *openBlob) {
 		delete(s.blobs, ob.id)
 		if ob.wrote.Load() {
 			s.unsynced[ob.id] = ob.ino
-			if int64(len(s.unsynced)) > maxUnsynced.Load() && !s.stopping && s.syncingClosed.CompareAndSwap(false, true) {
+			if int64(len(s.unsynced)) > maxUnsynced.Load() && !s.stopping &&
+				time.Since(time.Unix(0, s.syncClosedFailed.Load())) > syncClosedBackoff && s.syncingClosed.CompareAndSwap(false, true) {
 				s.bg.Add(1) // as s.background does (which takes s.mu, held here)
 				go s.syncClosedInBackground()
 			}

@@ -698,7 +698,7 @@ func (s *session) wrote(g *grant, ob *openBlob, n, off int64) (int64, uint64) {
 	s.svc.Stats.BytesWritten.Add(uint64(n))
 	if g.sync != control.SyncNone && n > 0 {
 		if e := s.svc.syncBlob(ob); e != 0 {
-			if e == errMetadataUnreachable {
+			if e == errMetadataUnreachable || e == errFileGone {
 				e = syscall.EIO
 			}
 			return fail(e)
@@ -722,7 +722,7 @@ func (s *session) truncate(q *ring.Request) (int64, uint64) {
 	s.svc.touch(g.blob)
 	if g.sync != control.SyncNone {
 		if e := s.svc.syncBlob(g.blob); e != 0 {
-			if e == errMetadataUnreachable {
+			if e == errMetadataUnreachable || e == errFileGone {
 				e = syscall.EIO
 			}
 			return fail(e)
@@ -743,6 +743,9 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 		return fail(syscall.EINVAL)
 	}
 	if e := s.svc.syncBlob(g.blob); e != 0 {
+		if e == errFileGone {
+			e = syscall.EIO // (a handle holds the file: not expected)
+		}
 		if e == errMetadataUnreachable {
 			// The data is durable; its size is not recorded because the
 			// metadata service is away (restarting): the client
@@ -785,6 +788,9 @@ func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
 				svc.log.Warn("fsync: the metadata service did not record the size (not reachable)", "blob", ob.id, "error", err)
 				return errMetadataUnreachable
 			}
+			if fileGone(err) {
+				return errFileGone
+			}
 			svc.log.Error("fsync: metadata refused the size", "blob", ob.id, "error", err)
 			return syscall.EIO
 		}
@@ -797,6 +803,11 @@ func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
 // answers ESTALE (the client re-establishes itself and syncs again), a
 // write with O_SYNC EIO (it happened; the size is not durable).
 const errMetadataUnreachable = syscall.EHOSTUNREACH
+
+// errFileGone is syncBlob's answer when metadata refused the size because
+// the file no longer exists: a syncfs of a file closed and removed since
+// (syncAll) has nothing to keep; a sync through a handle answers EIO.
+const errFileGone = syscall.ENOENT
 
 // cacheMap passes the handle's cache region to the client: read-only
 // descriptions of its meta memfd and its data memfd on the session socket,

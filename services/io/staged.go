@@ -649,6 +649,9 @@ func isRefusal(err error) bool {
 
 // metadataErrno is the answer of an fsync whose synced report failed.
 func metadataErrno(s *Service, ob *openBlob, err error) syscall.Errno {
+	if fileGone(err) {
+		return errFileGone // (no client holds it: a syncfs of a closed file removed since)
+	}
 	if isRefusal(err) {
 		s.log.Error("fsync: metadata refused the size", "blob", ob.id, "error", err)
 		return syscall.EIO
