@@ -4223,6 +4223,65 @@ static int is_pipe(int fd)
 	return !is_weir(fd) && fstat(fd, &st) == 0 && S_ISFIFO(st.st_mode);
 }
 
+/* splice_from_pipe moves up to n bytes of the pipe in into weir's out (at
+ * *outoff, then advanced, or its offset) and consumes from the pipe only
+ * what was written, as Linux does: tee(2) copies the bytes into a pipe of
+ * the shim's without consuming them, they are written, then that many are
+ * read off in. An empty pipe waits for a writer unless nonblock (EAGAIN);
+ * one with no writer left answers 0. */
+static ssize_t splice_from_pipe(int in, int out, off64_t *outoff, size_t n, int nonblock)
+{
+	int p[2];
+	if (pipe2(p, O_CLOEXEC) != 0)
+		return -1;
+	ssize_t t = tee(in, p[1], n, nonblock ? SPLICE_F_NONBLOCK : 0);
+	close(p[1]);
+	if (t <= 0) {
+		int e = errno;
+		close(p[0]);
+		errno = e;
+		return t;
+	}
+	char *buf = malloc((size_t)t);
+	if (!buf) {
+		close(p[0]);
+		return fail(ENOMEM);
+	}
+	size_t got = 0;
+	while (got < (size_t)t) {
+		ssize_t r = read(p[0], buf + got, (size_t)t - got);
+		if (r <= 0)
+			break;
+		got += (size_t)r;
+	}
+	close(p[0]);
+	size_t done = 0;
+	int err = 0;
+	while (done < got) {
+		ssize_t w = outoff ? pwrite(out, buf + done, got - done, *outoff) : write(out, buf + done, got - done);
+		if (w <= 0) {
+			err = w < 0 ? errno : EIO;
+			break;
+		}
+		done += (size_t)w;
+		if (outoff)
+			*outoff += w;
+	}
+	/* Consume what was written (the bytes tee saw are in the pipe: this
+	 * read does not wait). */
+	size_t gone = 0;
+	while (gone < done) {
+		ssize_t r = read(in, buf, done - gone);
+		if (r <= 0)
+			break;
+		gone += (size_t)r;
+	}
+	free(buf);
+	if (done == 0 && err)
+		return fail(err);
+	return (ssize_t)done;
+}
+
 ssize_t splice(int in, loff_t *inoff, int out, loff_t *outoff, size_t n, unsigned int flags)
 {
 	int wi = is_weir(in), wo = is_weir(out);
@@ -4231,6 +4290,8 @@ ssize_t splice(int in, loff_t *inoff, int out, loff_t *outoff, size_t n, unsigne
 		return real_splice(in, inoff, out, outoff, n, flags);
 	}
 	/* One end is a pipe, and the other weir's. */
+	if (flags & ~(unsigned)(SPLICE_F_MOVE | SPLICE_F_NONBLOCK | SPLICE_F_MORE | SPLICE_F_GIFT))
+		return fail(EINVAL);
 	int pin = is_pipe(in), pout = is_pipe(out);
 	if (!pin && !pout)
 		return fail(EINVAL);
@@ -4244,7 +4305,7 @@ ssize_t splice(int in, loff_t *inoff, int out, loff_t *outoff, size_t n, unsigne
 	if (n == 0)
 		return 0;
 	if (pin)
-		return xfer(in, NULL, 0, out, outoff, n);
+		return splice_from_pipe(in, out, outoff, n, flags & SPLICE_F_NONBLOCK);
 	/* Into a pipe: what fits in it now, or PIPE_BUF bytes when it is full
 	 * (that write waits for room, as splice does), so that a program that
 	 * drains the pipe itself after the call never waits on its own. Room
@@ -4254,6 +4315,8 @@ ssize_t splice(int in, loff_t *inoff, int out, loff_t *outoff, size_t n, unsigne
 	off64_t at = inoff ? *inoff : lseek(in, 0, SEEK_CUR);
 	if (sz > 0 && at >= 0 && ioctl(out, FIONREAD, &queued) == 0) {
 		int64_t room = (int64_t)sz - (((int64_t)queued + 4095) & ~(int64_t)4095) - (at & 4095);
+		if (room <= 0 && (flags & SPLICE_F_NONBLOCK))
+			return fail(EAGAIN); /* full, and the caller will not wait */
 		if (room <= 0)
 			room = PIPE_BUF;
 		if (n > (size_t)room)
@@ -4419,6 +4482,16 @@ long syscall(long nr, ...)
 		return close_range((unsigned)a[0], (unsigned)a[1], (int)a[2]);
 	case SYS_close:
 		return close((int)a[0]);
+	/* Calls programs make through syscall(2) (gnulib's renameat2 does):
+	 * the shim's entry points, which pass what is not weir's on. */
+	case SYS_renameat2:
+		return renameat2((int)a[0], (const char *)a[1], (int)a[2], (const char *)a[3], (unsigned)a[4]);
+	case SYS_statx:
+		return statx((int)a[0], (const char *)a[1], (int)a[2], (unsigned)a[3], (struct statx *)a[4]);
+	case SYS_copy_file_range:
+		return copy_file_range((int)a[0], (off64_t *)a[1], (int)a[2], (off64_t *)a[3], (size_t)a[4], (unsigned)a[5]);
+	case SYS_getdents64:
+		return getdents64((int)a[0], (void *)a[1], (size_t)a[2]);
 	}
 	return real_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
