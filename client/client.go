@@ -421,13 +421,22 @@ func (f *FS) dataOp(idempotent bool, fn func(c *conn) error) error {
 
 // SyncFS makes every file of the store with changes not yet durable
 // durable, whoever wrote them, as syncfs(2) does a file system's
-// (proto.OpSyncFS); it tries them all and answers the first error. It does
+// (proto.OpSyncFS), then the namespace (proto.OpSyncMeta); it tries them
+// all and answers the first error. It does
 // not report writes lost with an IO service that died (File.Sync does).
 func (f *FS) SyncFS() error {
 	err := f.dataOp(true, func(c *conn) error {
 		_, err := call(bgctx, c.data, proto.OpSyncFS, 0, 0, 0, nil, nil)
 		return err
 	})
+	if err == nil {
+		// Then metadata's log: every name, and every size io reported
+		// without a sync (at a close).
+		err = f.metaOp(true, func(c *conn) error {
+			_, err := call(bgctx, c.meta, proto.OpSyncMeta, 0, 0, 0, nil, nil)
+			return err
+		})
+	}
 	if err != nil {
 		return pathErr("syncfs", ".", err)
 	}

@@ -4248,13 +4248,22 @@ static ssize_t splice_from_pipe(int in, int out, off64_t *outoff, size_t n, int 
 		return fail(ENOMEM);
 	}
 	size_t got = 0;
+	int rerr = 0;
 	while (got < (size_t)t) {
 		ssize_t r = read(p[0], buf + got, (size_t)t - got);
-		if (r <= 0)
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			rerr = r < 0 ? errno : EIO;
 			break;
+		}
 		got += (size_t)r;
 	}
 	close(p[0]);
+	if (got == 0) {
+		free(buf);
+		return fail(rerr ? rerr : EIO); /* nothing consumed: not the end of the pipe */
+	}
 	size_t done = 0;
 	int err = 0;
 	while (done < got) {
@@ -4272,8 +4281,10 @@ static ssize_t splice_from_pipe(int in, int out, off64_t *outoff, size_t n, int 
 	size_t gone = 0;
 	while (gone < done) {
 		ssize_t r = read(in, buf, done - gone);
+		if (r < 0 && errno == EINTR)
+			continue;
 		if (r <= 0)
-			break;
+			break; /* (another reader took them: the pipe had more than one) */
 		gone += (size_t)r;
 	}
 	free(buf);
@@ -4483,15 +4494,29 @@ long syscall(long nr, ...)
 	case SYS_close:
 		return close((int)a[0]);
 	/* Calls programs make through syscall(2) (gnulib's renameat2 does):
-	 * the shim's entry points, which pass what is not weir's on. */
+	 * the shim's entry points, which pass what is not weir's on.
+	 * (Only where the C library has the function the shim passes the
+	 * kernel's calls to: older ones have not.) */
 	case SYS_renameat2:
-		return renameat2((int)a[0], (const char *)a[1], (int)a[2], (const char *)a[3], (unsigned)a[4]);
+		init_renameat2();
+		if (real_renameat2)
+			return renameat2((int)a[0], (const char *)a[1], (int)a[2], (const char *)a[3], (unsigned)a[4]);
+		break;
 	case SYS_statx:
-		return statx((int)a[0], (const char *)a[1], (int)a[2], (unsigned)a[3], (struct statx *)a[4]);
+		init_statx();
+		if (real_statx)
+			return statx((int)a[0], (const char *)a[1], (int)a[2], (unsigned)a[3], (struct statx *)a[4]);
+		break;
 	case SYS_copy_file_range:
-		return copy_file_range((int)a[0], (off64_t *)a[1], (int)a[2], (off64_t *)a[3], (size_t)a[4], (unsigned)a[5]);
+		init_copy_file_range();
+		if (real_copy_file_range)
+			return copy_file_range((int)a[0], (off64_t *)a[1], (int)a[2], (off64_t *)a[3], (size_t)a[4], (unsigned)a[5]);
+		break;
 	case SYS_getdents64:
-		return getdents64((int)a[0], (void *)a[1], (size_t)a[2]);
+		init_getdents64();
+		if (real_getdents64)
+			return getdents64((int)a[0], (void *)a[1], (size_t)a[2]);
+		break;
 	}
 	return real_syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
@@ -5078,6 +5103,13 @@ static void adopt_inherited(void)
 
 __attribute__((constructor)) static void shim_init(void)
 {
+	/* What syscall(3) may route (a forked child of a threaded program,
+	 * CPython's subprocess, calls getdents64 so: no dlsym there). */
+	init_syscall();
+	init_renameat2();
+	init_statx();
+	init_copy_file_range();
+	init_getdents64();
 	tab_pid = getpid();
 	adopt_inherited();
 	pthread_atfork(fork_prepare, fork_parent, fork_child);

@@ -1193,6 +1193,8 @@ int weir_fsync(weir_fs *fs, uint64_t handle)
 int weir_syncfs(weir_fs *fs)
 {
 	int64_t res = call(&fs->io, WEIR_OP_SYNC_FS, 0, 0, 0, NULL, 0, NULL, 0, NULL);
+	if (res >= 0) /* then metadata's log: every name, and the sizes io reported at closes */
+		res = call(&fs->meta, WEIR_OP_SYNC_META, 0, 0, 0, NULL, 0, NULL, 0, NULL);
 	return res < 0 ? (int)res : 0;
 }
 

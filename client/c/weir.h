@@ -74,8 +74,8 @@ ssize_t weir_append(weir_fs *fs, uint64_t handle, const void *buf, size_t n, uin
 
 int weir_fsync(weir_fs *fs, uint64_t handle);
 /* weir_syncfs makes every file of the store with changes not yet durable
- * durable, whoever wrote them (syncfs(2), sync(2)): the first error, after
- * trying them all. */
+ * durable, whoever wrote them, then the namespace (syncfs(2), sync(2)):
+ * the first error, after trying them all. */
 int weir_syncfs(weir_fs *fs);
 int weir_fstat(weir_fs *fs, uint64_t handle, struct weir_attr *attr);
 int weir_ftruncate(weir_fs *fs, uint64_t handle, uint64_t size);

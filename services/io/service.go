@@ -355,9 +355,12 @@ type Service struct {
 	// syncClosedFailed is when a background pass last failed (unix ns):
 	// none starts again for syncClosedBackoff.
 	syncClosedFailed atomic.Int64
-	delSem           chan struct{}                // bounds the deletes running at once
-	grants           map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
-	sessions         map[uint64]*session          // attached sessions by metadata session id; protected by mu
+	// allSynced: a syncfs of this incarnation synced the whole backend
+	// once (backend.SyncAller), covering what earlier ones left unsynced.
+	allSynced bool                         // protected by syncFSMu
+	delSem    chan struct{}                // bounds the deletes running at once
+	grants    map[uint64]map[uint64]*grant // session -> handle -> grant; protected by mu
+	sessions  map[uint64]*session          // attached sessions by metadata session id; protected by mu
 	// Capabilities (claims.go), protected by mu: the key of this io epoch
 	// (nil before the first resync), the claim floor of each session, the
 	// sessions whose end came before any ring of theirs attached.
@@ -1120,6 +1123,13 @@ func (s *Service) flushAll(wait bool) {
 func (s *Service) syncAll() syscall.Errno {
 	s.syncFSMu.Lock()
 	defer s.syncFSMu.Unlock()
+	if sa, ok := s.be.(backend.SyncAller); ok && !s.allSynced {
+		if err := sa.SyncAll(); err != nil {
+			s.syncFailed(fmt.Errorf("syncfs: %w", err))
+			return errno(err)
+		}
+		s.allSynced = true
+	}
 	s.drainAll()
 	s.mu.Lock()
 	var obs []*openBlob
@@ -1163,10 +1173,11 @@ func init() { maxUnsynced.Store(8192) }
 func (s *Service) syncClosedInBackground() {
 	defer s.bg.Done()
 	defer s.syncingClosed.Store(false)
-	s.syncFSMu.Lock()
-	defer s.syncFSMu.Unlock()
 	for {
-		if e := s.syncClosed(); e != 0 {
+		s.syncFSMu.Lock() // a pass at a time: a syncfs may come between two
+		e := s.syncClosed()
+		s.syncFSMu.Unlock()
+		if e != 0 {
 			s.syncClosedFailed.Store(time.Now().UnixNano())
 			s.log.Warn("background sync of closed files failed; they stay listed for the next syncfs", "error", e, "retry_after", syncClosedBackoff)
 			return
@@ -1213,6 +1224,9 @@ func (s *Service) syncClosed() syscall.Errno {
 		s.mu.Lock()
 		if s.stopping {
 			s.mu.Unlock()
+			if first == 0 {
+				first = syscall.EIO // not all synced: those left stay listed
+			}
 			return first
 		}
 		if _, ok := s.unsynced[en.id]; !ok {

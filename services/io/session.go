@@ -182,6 +182,8 @@ func (s *session) syncFS(q *ring.Request) (int64, uint64) {
 	case errMetadataUnreachable:
 		s.svc.Stats.Stale.Add(1)
 		return fail(proto.ErrStale) // as OpSync: the client syncs again
+	case syscall.ENOENT, errFileGone:
+		return fail(syscall.EIO) // a blob missing under a file: not syncfs(2)'s errno
 	default:
 		return fail(e)
 	}
@@ -807,7 +809,7 @@ const errMetadataUnreachable = syscall.EHOSTUNREACH
 // errFileGone is syncBlob's answer when metadata refused the size because
 // the file no longer exists: a syncfs of a file closed and removed since
 // (syncAll) has nothing to keep; a sync through a handle answers EIO.
-const errFileGone = syscall.ENOENT
+const errFileGone = syscall.Errno(1 << 20) // (no kernel errno: never a backend's ENOENT)
 
 // cacheMap passes the handle's cache region to the client: read-only
 // descriptions of its meta memfd and its data memfd on the session socket,

@@ -117,6 +117,16 @@ type Backend interface {
 	SetIdentity(id Identity) error
 }
 
+// SyncAller is a backend that can make every byte written to any blob so
+// far durable at once, for syncfs (proto.OpSyncFS): the first syncfs after
+// io starts calls it, so that what an earlier incarnation wrote and never
+// synced (its list of such blobs died with it) is covered too. It is
+// optional: a backend whose writes are not cached between the device and
+// itself has nothing to add.
+type SyncAller interface {
+	SyncAll() error
+}
+
 // Spacer is a backend that can say how much room its store has, for
 // statfs(2) through the IO service (proto.OpStatFS). It is optional: the
 // service answers EOPNOTSUPP for a backend without it.

@@ -638,6 +638,23 @@ func (be *Backend) List() ([]backend.BlobID, error) {
 
 // Sync fsyncs the directories changed by Create and Delete since the last
 // Sync. A failure is sticky.
+// SyncAll makes every blob file's bytes durable with one syncfs(2) of the
+// file system that holds them (backend.SyncAller).
+func (be *Backend) SyncAll() error {
+	if be.closed.Load() {
+		return fmt.Errorf("backend file: sync all: %w", syscall.EBADF)
+	}
+	fd, err := unix.Open(be.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("backend file: sync all: open %s: %w", be.root, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("backend file: syncfs %s: %w", be.root, err)
+	}
+	return nil
+}
+
 func (be *Backend) Sync() error {
 	be.syncMu.Lock()
 	defer be.syncMu.Unlock()

@@ -646,3 +646,27 @@ func TestWriteAtDurable(t *testing.T) {
 		b.Close()
 	}
 }
+
+// TestSyncAll: the file backend is a backend.SyncAller (the first syncfs
+// of an IO service syncs its whole store with it); a closed backend says
+// EBADF.
+func TestSyncAll(t *testing.T) {
+	be, err := file.New(file.Options{Dir: t.TempDir(), Direct: file.DirectOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, ok := be.(backend.SyncAller)
+	if !ok {
+		t.Fatal("the file backend is not a backend.SyncAller")
+	}
+	if err := be.Create(7); err != nil {
+		t.Fatal(err)
+	}
+	if err := sa.SyncAll(); err != nil {
+		t.Fatalf("sync all: %v", err)
+	}
+	be.Close()
+	if err := sa.SyncAll(); !errors.Is(err, syscall.EBADF) {
+		t.Fatalf("sync all of a closed backend: %v, want EBADF", err)
+	}
+}
