@@ -4068,76 +4068,57 @@ int fremovexattr(int fd, const char *n)
  * and write, as they must on Linux). */
 #define XFER_CHUNK (256u * 1024)
 
-/* xfer copies up to n bytes from in to out: from *inoff (then advanced)
- * or in's offset, to *outoff (then advanced) or out's offset. A seekable
- * input moves only by what was written; a pipe's bytes read and then not
- * written (an error of the output) are lost, and counted as not copied.
- * It stops at the input's end and at a short write, and answers the bytes
- * copied, or -1 with errno if none were. */
-static ssize_t xfer(int in, off64_t *inoff, int seekable, int out, off64_t *outoff, size_t n)
+/* xfer copies up to n bytes from the file in to out: from *inoff (then
+ * advanced) or in's offset, to *outoff (then advanced) or out's offset.
+ * The input moves only by what was written. It stops at the input's end
+ * and at a short write, and answers the bytes copied, or -1 with errno if
+ * none were. (Out of a pipe: splice_from_pipe.) */
+static ssize_t xfer(int in, off64_t *inoff, int out, off64_t *outoff, size_t n)
 {
 	size_t cap = n < XFER_CHUNK ? n : XFER_CHUNK;
 	char *buf = cap ? malloc(cap) : NULL;
 	if (cap && !buf)
 		return fail(ENOMEM);
-	off64_t ipos = 0;
-	if (seekable) {
-		ipos = inoff ? *inoff : lseek(in, 0, SEEK_CUR);
-		if (ipos < 0) {
-			free(buf);
-			return -1;
-		}
+	off64_t ipos = inoff ? *inoff : lseek(in, 0, SEEK_CUR);
+	if (ipos < 0) {
+		free(buf);
+		return -1;
 	}
 	size_t done = 0;
 	int err = 0;
 	while (done < n) {
 		size_t want = n - done < cap ? n - done : cap;
-		ssize_t got = seekable ? pread(in, buf, want, ipos) : read(in, buf, want);
+		ssize_t got = pread(in, buf, want, ipos);
 		if (got <= 0) {
 			if (got < 0)
 				err = errno;
 			break;
 		}
-		size_t put_ = 0;
-		while (put_ < (size_t)got) {
-			ssize_t w = outoff ? pwrite(out, buf + put_, (size_t)got - put_, *outoff)
-					   : write(out, buf + put_, (size_t)got - put_);
-			if (w <= 0) {
-				err = w < 0 ? errno : EIO;
-				break;
-			}
-			put_ += (size_t)w;
-			if (outoff)
-				*outoff += w;
-			if (!seekable)
-				continue; /* a pipe's bytes are read: write them all */
-			break;        /* a file's: read again from where the write ended */
-		}
-		done += put_;
-		ipos += (off64_t)put_;
-		if (!seekable)
-			break; /* a pipe's read took what was there: splice's answer */
-		if (err || put_ < (size_t)got) {
-			if (!seekable && put_ < (size_t)got && !err)
-				err = EIO;
+		ssize_t w = outoff ? pwrite(out, buf, (size_t)got, *outoff) : write(out, buf, (size_t)got);
+		if (w <= 0) {
+			err = w < 0 ? errno : EIO;
 			break;
 		}
+		if (outoff)
+			*outoff += w;
+		done += (size_t)w;
+		ipos += w;
+		if (w < got)
+			break; /* a short write: read again from where it ended next call */
 	}
 	free(buf);
-	if (seekable) {
-		if (inoff)
-			*inoff = ipos;
-		else if (done)
-			lseek(in, ipos, SEEK_SET);
-	}
+	if (inoff)
+		*inoff = ipos;
+	else if (done)
+		lseek(in, ipos, SEEK_SET);
 	if (done == 0 && err)
 		return fail(err);
 	return (ssize_t)done;
 }
 
 /* xfer_modes checks that in reads and out writes (EBADF otherwise, and
- * for an O_APPEND out with append_err 0), answering out's flags. */
-static int xfer_modes(int in, int out, int append_err, int *oflags)
+ * for an O_APPEND out with append_err 0). */
+static int xfer_modes(int in, int out, int append_err)
 {
 	int fi = fcntl(in, F_GETFL), fo = fcntl(out, F_GETFL);
 	if (fi < 0 || fo < 0 || (fi & O_ACCMODE) == O_WRONLY || (fo & O_ACCMODE) == O_RDONLY || (fi & O_PATH) ||
@@ -4145,7 +4126,6 @@ static int xfer_modes(int in, int out, int append_err, int *oflags)
 		return fail(EBADF);
 	if (fo & O_APPEND)
 		return fail(append_err ? append_err : EBADF);
-	*oflags = fo;
 	return 0;
 }
 
@@ -4156,8 +4136,7 @@ ssize_t copy_file_range(int in, off64_t *inoff, int out, off64_t *outoff, size_t
 		init_copy_file_range();
 		return real_copy_file_range(in, inoff, out, outoff, n, flags);
 	}
-	int of;
-	if (xfer_modes(in, out, 0, &of))
+	if (xfer_modes(in, out, 0))
 		return -1;
 	if (flags)
 		return fail(EINVAL);
@@ -4183,8 +4162,8 @@ ssize_t copy_file_range(int in, off64_t *inoff, int out, off64_t *outoff, size_t
 	if (n == 0)
 		return 0;
 	if (outoff)
-		return xfer(in, inoff, 1, out, outoff, n);
-	ssize_t r = xfer(in, inoff, 1, out, &op, n);
+		return xfer(in, inoff, out, outoff, n);
+	ssize_t r = xfer(in, inoff, out, &op, n);
 	if (r > 0)
 		lseek(out, op, SEEK_SET);
 	return r;
@@ -4196,8 +4175,7 @@ ssize_t sendfile(int out, int in, off_t *off, size_t n)
 		init_sendfile();
 		return real_sendfile(out, in, off, n);
 	}
-	int of;
-	if (xfer_modes(in, out, EINVAL, &of))
+	if (xfer_modes(in, out, EINVAL))
 		return -1;
 	struct stat si;
 	if (fstat(in, &si))
@@ -4209,7 +4187,7 @@ ssize_t sendfile(int out, int in, off_t *off, size_t n)
 	if (n > 0x7ffff000)
 		n = 0x7ffff000; /* Linux's bound on one transfer */
 	off64_t o = off ? *off : 0;
-	ssize_t r = xfer(in, off ? &o : NULL, 1, out, NULL, n);
+	ssize_t r = xfer(in, off ? &o : NULL, out, NULL, n);
 	if (off)
 		*off = (off_t)o;
 	return r;
@@ -4308,8 +4286,7 @@ ssize_t splice(int in, loff_t *inoff, int out, loff_t *outoff, size_t n, unsigne
 		return fail(EINVAL);
 	if ((pin && inoff) || (pout && outoff))
 		return fail(ESPIPE);
-	int of;
-	if (xfer_modes(in, out, EINVAL, &of))
+	if (xfer_modes(in, out, EINVAL))
 		return -1;
 	if ((inoff && *inoff < 0) || (outoff && *outoff < 0))
 		return fail(EINVAL);
@@ -4333,7 +4310,7 @@ ssize_t splice(int in, loff_t *inoff, int out, loff_t *outoff, size_t n, unsigne
 		if (n > (size_t)room)
 			n = (size_t)room;
 	}
-	return xfer(in, inoff, 1, out, NULL, n);
+	return xfer(in, inoff, out, NULL, n);
 }
 
 int ioctl(int fd, unsigned long req, ...)

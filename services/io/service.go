@@ -1264,36 +1264,29 @@ func (s *Service) syncClosed() syscall.Errno {
 
 // closedSync is syncBlob of a blob closed with changes and opened again
 // by syncAll: with the staging log, its changes not yet in a record (the
-// staging state outlives the close) make one, as an fsync's; then its
-// bytes home, its create and its size at metadata are made durable.
+// staging state outlives the close) make one, as an fsync's, and its
+// bytes home and its create are synced (without it, syncBlob did that);
+// then its size at metadata is made durable (syncBlob reports only what
+// was written since the blob was opened, here nothing).
 func (s *Service) closedSync(ob *openBlob) syscall.Errno {
 	// The size and mtime before the sync: writes racing it may not be
 	// durable, and the size reported must not cover them.
 	size, mtime, dv := ob.live()
-	if e := s.syncBlob(ob); e == errFileGone {
-		return 0 // removed since: nothing to keep
-	} else if e != 0 {
-		return e
-	}
-	if err := ob.b.Sync(); err != nil {
-		s.syncFailed(fmt.Errorf("syncfs: sync blob %d: %w", ob.id, err))
-		return errno(err)
-	}
-	if err := s.creates.sync(); err != nil {
-		s.syncFailed(fmt.Errorf("syncfs: sync backend (blob creates): %w", err))
-		return errno(err)
-	}
-	if err := s.reportLive(context.Background(), ob.ino, size, mtime, dv, true); err != nil {
-		var ref *control.Refusal
-		switch {
-		case fileGone(err):
-			return 0 // removed since: nothing to keep
-		case !errors.As(err, &ref):
-			return errMetadataUnreachable
+	e := s.syncBlob(ob)
+	if e == 0 && ob.sf != nil {
+		if err := s.syncHome(ob); err != nil {
+			e = errno(err)
 		}
-		return syscall.EIO
 	}
-	return 0
+	if e == 0 {
+		if err := s.reportLive(context.Background(), ob.ino, size, mtime, dv, true); err != nil {
+			e = reportErrno(err)
+		}
+	}
+	if e == errFileGone {
+		return 0 // removed since: nothing to keep
+	}
+	return e
 }
 
 // The flusher writes back what is dirty every flushInterval (a write

@@ -785,19 +785,31 @@ func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
 	}
 	if ob.wrote.Load() {
 		if err := svc.reportLive(context.Background(), ob.ino, size, mtime, dv, true); err != nil {
-			var ref *control.Refusal
-			if !errors.As(err, &ref) {
+			e := reportErrno(err)
+			switch e {
+			case errMetadataUnreachable:
 				svc.log.Warn("fsync: the metadata service did not record the size (not reachable)", "blob", ob.id, "error", err)
-				return errMetadataUnreachable
+			case syscall.EIO:
+				svc.log.Error("fsync: metadata refused the size", "blob", ob.id, "error", err)
 			}
-			if fileGone(err) {
-				return errFileGone
-			}
-			svc.log.Error("fsync: metadata refused the size", "blob", ob.id, "error", err)
-			return syscall.EIO
+			return e
 		}
 	}
 	return 0
+}
+
+// reportErrno is a sync's answer when its synced size report failed:
+// errFileGone if the file no longer exists, errMetadataUnreachable if
+// metadata did not answer, EIO if it refused the size.
+func reportErrno(err error) syscall.Errno {
+	var ref *control.Refusal
+	switch {
+	case fileGone(err):
+		return errFileGone
+	case !errors.As(err, &ref):
+		return errMetadataUnreachable
+	}
+	return syscall.EIO
 }
 
 // errMetadataUnreachable is syncBlob's answer when the data is durable but
