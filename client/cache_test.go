@@ -165,12 +165,10 @@ func TestHostileCannotWriteItsRegion(t *testing.T) {
 		t.Fatalf("the file changed: %v", err)
 	}
 	if os.Geteuid() != 0 {
-		// The test's own uid is the IO service's: the inode's mode 0
-		// stops the owner too.
-		if rw, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", mf.Fd()), os.O_RDWR, 0); err == nil {
-			rw.Close()
-			t.Fatal("reopened the region read-write through /proc")
-		}
+		// The test's own uid is the IO service's, which may reopen its
+		// memfds (mode 0600: io makes clients' descriptions so); another
+		// uid may not, and only root can become one.
+		t.Log("not root: the reopen by another uid (65534) is not tried")
 		return
 	}
 	// As root the test could reopen anything (CAP_DAC_OVERRIDE, which can

@@ -160,6 +160,14 @@ io {
   # random access resets it. 0 turns readahead off.
   readahead = "512KiB"
 
+  # Descriptors io keeps for files nobody has open: the cache regions of
+  # closed files (two memfds each: their pages stay cached) and idle blob
+  # files, given back least recently used first, and at once when the
+  # kernel refuses a descriptor. io's descriptors then grow with the files
+  # open now, not with every file ever touched. At most a quarter of io's
+  # RLIMIT_NOFILE; 64 to 1048576.
+  descriptors = 1536
+
   # The staging log of fsync (Split Journaling, docs/journal-format.md): an
   # fsync writes the file's changed pages and size to it as one record and
   # returns after one device flush; a checkpoint writes them home in the

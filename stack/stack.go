@@ -166,6 +166,7 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 		Logger:               log,
 		CacheSize:            int64(c.IO.CacheSize),
 		Readahead:            int64(c.IO.Readahead),
+		Descriptors:          c.IO.Descriptors,
 		StagingBytes:         int64(c.IO.StagingSize),
 		JournalSocket:        journalSocket(c),
 		ForegroundCheckpoint: JournalEnabled(c) && c.Journal.Foreground,

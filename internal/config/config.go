@@ -141,6 +141,11 @@ type IO struct {
 	// readahead: the largest window a sequential reader's misses fill
 	// ahead of what it asked; 0 turns readahead off. Default 512KiB.
 	Readahead Size
+	// descriptors: the descriptors io keeps for files nobody has open
+	// (idle cache regions, two each, and idle blob files), given back
+	// least recently used first; at most a quarter of io's RLIMIT_NOFILE.
+	// Default 1536.
+	Descriptors int
 	// staging_size: the ring of the staging log fsync writes to (Split
 	// Journaling, docs/journal-format.md), made at the first start of a
 	// store (an existing log keeps its size); 0 turns it off: fsync then
@@ -197,7 +202,9 @@ const (
 	DefaultBlockSize       = 4 * KiB
 	DefaultCacheSize       = 1 * GiB
 	DefaultReadahead       = 512 * KiB
-	DefaultStagingSize     = 64 * MiB
+	// DefaultDescriptors is io.descriptors' default (iosvc's too).
+	DefaultDescriptors = 1536
+	DefaultStagingSize = 64 * MiB
 	// DefaultJournalInterval is journal.interval's default.
 	DefaultJournalInterval = 200 * time.Millisecond
 	// MinStagingSize is the smallest staging ring (io.staging_size).
@@ -245,6 +252,7 @@ func Default() *Config {
 			CacheSize:   DefaultCacheSize,
 			StagingSize: DefaultStagingSize,
 			Readahead:   DefaultReadahead,
+			Descriptors: DefaultDescriptors,
 		},
 		Journal: Journal{Enabled: true, Interval: DefaultJournalInterval},
 		Ring: Ring{

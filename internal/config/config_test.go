@@ -41,6 +41,7 @@ func TestDefault(t *testing.T) {
 		IO: IO{
 			Socket: "/run/weir/io.sock", Backend: "file", Direct: "auto",
 			WaitMode: "adaptive", SPDKWorkers: 1, CacheSize: DefaultCacheSize, Readahead: DefaultReadahead, StagingSize: DefaultStagingSize,
+			Descriptors: DefaultDescriptors,
 		},
 		Journal: Journal{Enabled: true, Socket: "/run/weir/io.journal.sock", Interval: 200 * time.Millisecond},
 		Ring:    Ring{SQEntries: 256, ArenaSize: 8 << 20, BlockSize: 4096},
@@ -90,6 +91,7 @@ io {
   wait_mode = "busy-poll"
   cache_size = "64MiB"
   readahead  = 0
+  descriptors = 300
   staging_size = "8MiB"
 }
 journal {
@@ -126,7 +128,7 @@ ring {
 		},
 		IO: IO{
 			Socket: filepath.Join(dir, "io.sock"), Backend: "mem", Direct: "off",
-			WaitMode: "busy-poll", SPDKWorkers: 1, CacheSize: 64 * MiB, StagingSize: 8 * MiB,
+			WaitMode: "busy-poll", SPDKWorkers: 1, CacheSize: 64 * MiB, StagingSize: 8 * MiB, Descriptors: 300,
 		},
 		Journal: Journal{Enabled: true, Socket: filepath.Join(dir, "j.sock"), Interval: 50 * time.Millisecond, Foreground: true},
 		Ring:    Ring{SQEntries: 1024, ArenaSize: 64 * MiB, BlockSize: 64 * KiB},
@@ -224,6 +226,7 @@ func TestLoadErrors(t *testing.T) {
 		{"arena one block", "ring {\n  block_size = \"1MiB\"\n  arena_size = \"1MiB\"\n}\n", `bad.hcl:3: ring.arena_size: 1MiB: must hold at least two blocks of 1MiB`},
 		{"arena unit", "ring {\n  arena_size = \"8MB\"\n}\n", `bad.hcl:2: ring.arena_size: size "8MB": unknown unit "MB"`},
 		{"cache unaligned", "io {\n  cache_size = 5000\n}\n", `bad.hcl:2: io.cache_size: 5000B: want a multiple of 4KiB (0 turns the cache off)`},
+		{"descriptors too few", "io {\n  descriptors = 10\n}\n", `bad.hcl:2: io.descriptors: 10: want 64 to 1048576`},
 		{"readahead too big", "io {\n  readahead = \"1GiB\"\n}\n", `bad.hcl:2: io.readahead: 1GiB: want a multiple of 4KiB up to 64MiB (0 turns readahead off)`},
 		{"null", "log_format = null\n", `bad.hcl:1: log_format: must not be null`},
 		{"empty path", "data_dir = \"\"\n", `bad.hcl:1: data_dir: must not be empty`},

@@ -120,6 +120,7 @@ type (
 		CacheSize       *hcl.Attribute `hcl:"cache_size,optional"`
 		StagingSize     *hcl.Attribute `hcl:"staging_size,optional"`
 		Readahead       *hcl.Attribute `hcl:"readahead,optional"`
+		Descriptors     *hcl.Attribute `hcl:"descriptors,optional"`
 	}
 	journalBlock struct {
 		Enabled    *hcl.Attribute `hcl:"enabled,optional"`
@@ -226,6 +227,7 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		d.size("io.cache_size", b.CacheSize, &c.IO.CacheSize)
 		d.size("io.staging_size", b.StagingSize, &c.IO.StagingSize)
 		d.size("io.readahead", b.Readahead, &c.IO.Readahead)
+		d.int("io.descriptors", b.Descriptors, &c.IO.Descriptors)
 	}
 	if b := fc.Journal; b != nil {
 		d.bool("journal.enabled", b.Enabled, &c.Journal.Enabled)

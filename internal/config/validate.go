@@ -171,6 +171,9 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	if c.Journal.Foreground && (!c.Journal.Enabled || c.IO.StagingSize == 0) {
 		bad(at("journal.foreground"), "journal.foreground", "needs the journal service and the staging log (journal.enabled, io.staging_size)")
 	}
+	if n := c.IO.Descriptors; n < 64 || n > 1<<20 {
+		bad(at("io.descriptors"), "io.descriptors", "%d: want 64 to 1048576", n)
+	}
 	if ra := c.IO.Readahead; ra%(4*KiB) != 0 || ra > MaxReadahead {
 		bad(at("io.readahead"), "io.readahead", "%s: want a multiple of 4KiB up to %s (0 turns readahead off)", ra, Size(MaxReadahead))
 	}

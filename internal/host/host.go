@@ -325,14 +325,17 @@ func (h *Host) Refuse(m *nats.Msg, kind string, reply any, detail string) {
 }
 
 // Counters are the host's counters for stats: refused control messages,
-// in all and by kind, and peers a service listener turned away.
+// in all and by kind, peers a service listener turned away, and accepts
+// that failed (a listener retries them).
 func (h *Host) Counters() map[string]any {
 	m := h.refused.snapshot()
-	var peers uint64
+	var peers, accepts uint64
 	for _, l := range h.listeners {
 		peers += l.Refused.Load()
+		accepts += l.AcceptErrors.Load()
 	}
 	m["service_peers_refused"] = peers
+	m["accept_errors"] = accepts
 	return m
 }
 

@@ -14,6 +14,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
@@ -72,17 +73,17 @@ type Listener struct {
 	ln     *ring.Listener                // immutable after Start
 	uid    uint32                        // the service uid; immutable after Start
 	sock   os.FileInfo                   // the socket file Start made; immutable after Start
-	mu     sync.Mutex                    // protects started, conns, closed, acceptErr
+	mu     sync.Mutex                    // protects started, conns, closed
 	conns  map[*ring.ServerConn]struct{} // sessions being served
 	closed bool
-	// started is set once Start succeeded; acceptErr once the accept loop
-	// has stopped on an error other than Shutdown's.
-	started   bool
-	acceptErr error
-	wg        sync.WaitGroup // the accept loop and every session goroutine
+	// started is set once Start succeeded.
+	started bool
+	wg      sync.WaitGroup // the accept loop and every session goroutine
 
-	// Refused counts peers a service listener turned away.
-	Refused atomic.Uint64
+	// Refused counts peers a service listener turned away; AcceptErrors
+	// the accepts that failed (acceptLoop).
+	Refused, AcceptErrors atomic.Uint64
+	stop                  chan struct{} // closed by Shutdown; made by Start
 }
 
 // Start listens on Socket and accepts sessions in the background.
@@ -112,6 +113,7 @@ func (s *Listener) Start() error {
 	s.ln, s.sock = ln, sock
 	s.mu.Lock()
 	s.conns = make(map[*ring.ServerConn]struct{})
+	s.stop = make(chan struct{})
 	s.started = true
 	s.mu.Unlock()
 	s.wg.Add(1)
@@ -125,15 +127,13 @@ func (s *Listener) Start() error {
 // this listener). Safe to call at any time, from any goroutine.
 func (s *Listener) Err() error {
 	s.mu.Lock()
-	started, closed, acceptErr := s.started, s.closed, s.acceptErr
+	started, closed := s.started, s.closed
 	s.mu.Unlock()
 	switch {
 	case closed:
 		return errors.New("listener shut down")
 	case !started:
 		return errors.New("listener not started")
-	case acceptErr != nil:
-		return fmt.Errorf("listener stopped accepting: %w", acceptErr)
 	}
 	fi, err := os.Stat(s.Socket)
 	if err != nil {
@@ -145,19 +145,34 @@ func (s *Listener) Err() error {
 	return nil
 }
 
+// acceptLoop accepts until Shutdown closes the listener. A failed accept
+// (no descriptor left for the connection: EMFILE, ENFILE; no memory) is
+// counted, logged at its first and at each power of two after, and
+// retried after a pause that doubles from 5 ms to 1 s while accepts keep
+// failing, as net/http's Serve does: a listener never dies of a
+// resource that comes back. The client whose connection was not taken
+// waits in the backlog.
 func (s *Listener) acceptLoop() {
 	defer s.wg.Done()
+	var pause time.Duration
 	for {
 		conn, err := s.ln.AcceptUnix()
 		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				s.Log.Error("accept", "error", err)
-				s.mu.Lock()
-				s.acceptErr = err
-				s.mu.Unlock()
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			if n := s.AcceptErrors.Add(1); n&(n-1) == 0 {
+				s.Log.Error("accept failed: retrying with backoff", "error", err, "count", n)
+			}
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(pause):
+			case <-s.stop:
+				return
+			}
+			continue
 		}
+		pause = 0
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
@@ -261,6 +276,9 @@ func (s *Listener) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.closed = true
+	if s.stop != nil {
+		close(s.stop)
+	}
 	conns := make([]*ring.ServerConn, 0, len(s.conns))
 	for sc := range s.conns {
 		conns = append(conns, sc)

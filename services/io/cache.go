@@ -203,11 +203,12 @@ type region struct {
 	pc     *pageCache
 	id     backend.BlobID
 	ino    uint64
-	fd     *os.File // the meta memfd (header, state words), read-write: io's
-	ro     *os.File // a read-only description of it: the clients'
-	dfd    *os.File // the data memfd (the file's pages), read-write: io's
-	dro    *os.File // a read-only description of it: the clients'
-	dw     *os.File // a read-write description of it: writable mappings' (OpMapWritable)
+	// io's read-write descriptions of the meta memfd (header, state
+	// words) and the data memfd (the file's pages): the region's only
+	// descriptors. Clients get descriptions of their own, made when they
+	// are sent (describe) and closed here once in flight.
+	fd  *os.File
+	dfd *os.File
 
 	// life: page work takes it shared; close takes it exclusive, so the
 	// mappings stay mapped while anything uses them.
@@ -298,15 +299,14 @@ func regionCapacity(size int64) uint64 {
 func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*region, error) {
 	r := &region{pc: pc, id: id, ino: ino}
 	var err error
-	if r.fd, r.ro, _, err = newMemfd(fmt.Sprintf("weir-cache-%d", ino), false, 0); err != nil {
+	if r.fd, err = newMemfd(fmt.Sprintf("weir-cache-%d", ino), 0); err != nil {
 		return nil, fmt.Errorf("cache region of file %d: %w", ino, err)
 	}
 	// The data memfd at the largest capacity from the start, sealed there
 	// (docs/cache-abi.md §1): a client holding it read-write cannot grow
 	// it, and what it stores past the region's capacity scrub punches.
-	if r.dfd, r.dro, r.dw, err = newMemfd(fmt.Sprintf("weir-data-%d", ino), true, cache.MaxCapacity); err != nil {
+	if r.dfd, err = newMemfd(fmt.Sprintf("weir-data-%d", ino), cache.MaxCapacity); err != nil {
 		r.fd.Close()
-		r.ro.Close()
 		return nil, fmt.Errorf("cache region of file %d: %w", ino, err)
 	}
 	r.flightCond = sync.NewCond(&r.flightMu)
@@ -332,60 +332,88 @@ func (pc *pageCache) newRegion(id backend.BlobID, ino uint64, size int64) (*regi
 	return r, nil
 }
 
-// newMemfd makes one of a region's memfds: io's read-write description,
-// a read-only one for clients, and with writers a read-write one for
-// clients that may write the file (the data memfd's, for a writable
-// MAP_SHARED mapping: its own description, so that a client's fcntl
-// F_SETFL, O_APPEND say, never changes how io's pwrites land).
+// newMemfd makes one of a region's memfds, and returns io's read-write
+// description of it.
 //
 // Sealed against shrinking (it only grows), so that a client that maps
 // its pages (MAP_SHARED, pins.go) is never made to fault past its end,
 // and the seals sealed, so that no client holding a writable description
-// adds F_SEAL_WRITE and stops io's fills. The clients' read-only
-// description makes their mmap(PROT_WRITE) and mprotect(PROT_WRITE) fail.
-// Then the inode's mode drops to 0: nobody reopens it through /proc
-// read-write (only a process with CAP_DAC_OVERRIDE could, and such a
-// process can write into io's memory anyway). A size above 0 fixes it
-// (sealed against growing too: a session's write log, windows.go).
-func newMemfd(name string, writers bool, size int64) (f, ro, rw *os.File, err error) {
+// adds F_SEAL_WRITE and stops io's fills. A size above 0 fixes it (sealed
+// against growing too: the data memfd, a session's write log, windows.go).
+//
+// The inode's mode is 0600: io's own user may open it again through
+// /proc/self/fd (describe), and nobody else may (a client reopening the
+// read-only description it was given, through /proc/<pid>/fd, is refused:
+// only the service user or a process with CAP_DAC_OVERRIDE could, and
+// either can write the data directory and io's memory anyway).
+func newMemfd(name string, size int64) (*os.File, error) {
 	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("memfd_create: %w", err)
+		return nil, fmt.Errorf("memfd_create: %w", err)
 	}
 	seals := unix.F_SEAL_SHRINK | unix.F_SEAL_SEAL
 	if size > 0 {
 		if err := unix.Ftruncate(fd, size); err != nil {
 			unix.Close(fd)
-			return nil, nil, nil, fmt.Errorf("size: %w", err)
+			return nil, fmt.Errorf("size: %w", err)
 		}
 		seals |= unix.F_SEAL_GROW
 	}
 	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, seals); err != nil {
 		unix.Close(fd)
-		return nil, nil, nil, fmt.Errorf("seal: %w", err)
+		return nil, fmt.Errorf("seal: %w", err)
 	}
-	f = os.NewFile(uintptr(fd), name)
-	path := fmt.Sprintf("/proc/self/fd/%d", fd)
-	ro, err = os.OpenFile(path, os.O_RDONLY|syscall.O_CLOEXEC, 0)
-	if err == nil && writers {
-		rw, err = os.OpenFile(path, os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err := unix.Fchmod(fd, 0o600); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("mode: %w", err)
 	}
-	if err == nil {
-		err = unix.Fchmod(fd, 0)
+	return os.NewFile(uintptr(fd), name), nil
+}
+
+// describe opens a new file description of memfd f, read-only or
+// read-write, for a client: its own description, so that a client's
+// fcntl(F_SETFL), O_APPEND say, never changes how io's pwrites land, and
+// read-only so that the client's mmap(PROT_WRITE) and mprotect(PROT_WRITE)
+// fail. The caller closes it once it is sent. f must stay open meanwhile
+// (the caller holds the region's life lock).
+func describe(f *os.File, write bool) (*os.File, error) {
+	flags := os.O_RDONLY
+	if write {
+		flags = os.O_RDWR
 	}
+	d, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), flags|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		for _, x := range []*os.File{f, ro, rw} {
-			if x != nil {
-				x.Close()
-			}
-		}
-		return nil, nil, nil, fmt.Errorf("clients' descriptions: %w", err)
+		return nil, fmt.Errorf("cache region: a client's description of %s: %w", f.Name(), err)
 	}
-	return f, ro, rw, nil
+	return d, nil
+}
+
+// describe returns new descriptions of the region's memfds for a client
+// (describe): the meta memfd's read-only and the data memfd's, read-write
+// when write. With meta false only the data memfd's (nil first). EBADF
+// once the region closed.
+func (r *region) describe(meta, write bool) (m, d *os.File, err error) {
+	r.life.RLock()
+	defer r.life.RUnlock()
+	if r.closed {
+		return nil, nil, fmt.Errorf("cache region of file %d: closed: %w", r.ino, syscall.EBADF)
+	}
+	if meta {
+		if m, err = describe(r.fd, false); err != nil {
+			return nil, nil, err
+		}
+	}
+	if d, err = describe(r.dfd, write); err != nil {
+		if m != nil {
+			m.Close()
+		}
+		return nil, nil, err
+	}
+	return m, d, nil
 }
 
 func (r *region) closeFiles() {
-	for _, f := range []*os.File{r.fd, r.ro, r.dfd, r.dro, r.dw} {
+	for _, f := range []*os.File{r.fd, r.dfd} {
 		if f != nil {
 			f.Close()
 		}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
-	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/internal/grantcap"
@@ -58,6 +57,11 @@ type Options struct {
 	// file pages across all open files); 0 turns it off. Readahead is the
 	// largest window a sequential reader's misses fill ahead (bytes).
 	CacheSize, Readahead int64
+	// Descriptors bounds the descriptors kept for files nobody has open:
+	// idle cache regions and the backend's idle blob files
+	// (descriptors.go); 0 means DefaultDescriptors. Never more than a
+	// quarter of RLIMIT_NOFILE.
+	Descriptors int
 	// StagingBytes is the ring of the staging log that fsync writes to
 	// (staged.go), made at the first start on a store that has none (an
 	// existing log keeps its size); 0 turns the log off: an fsync then
@@ -117,6 +121,13 @@ type Stats struct {
 	// RegionFailures counts cache regions that could not be made: those
 	// files are served without the cache.
 	RegionFailures atomic.Uint64
+	// ResourceErrors counts descriptors and memory the kernel refused
+	// (EMFILE, ENFILE, ENOMEM: descriptors.go); Relieved the idle regions
+	// and blob files given back for them.
+	ResourceErrors, Relieved atomic.Uint64
+	// CloseWritebackFailures counts last closes whose write-back failed
+	// (the blob stays open for the flusher).
+	CloseWritebackFailures atomic.Uint64
 
 	// Zero-copy memory (backends that implement backend.MemRegistrar).
 	HugePageFallbacks     atomic.Uint64 // sessions given ordinary pages: no huge page region could be made
@@ -165,6 +176,7 @@ func (s *Service) Snapshot() map[string]any {
 		m["cache_limit_pages"] = pc.limit
 		m["cache_resident_pages"] = pc.resident.Load()
 		m["cache_regions"] = pc.Regions.Load()
+		m["cache_idle_regions"] = s.idleCount()
 		m["cache_maps"] = pc.Maps.Load()
 		m["cache_hits"] = pc.Hits.Load()
 		m["cache_misses"] = pc.Misses.Load()
@@ -188,6 +200,12 @@ func (s *Service) Snapshot() map[string]any {
 		m["cache_direct_flushes"] = pc.DirectFlushes.Load()
 	}
 	m["cache_region_failures"] = st.RegionFailures.Load()
+	m["resource_errors"] = st.ResourceErrors.Load()
+	m["descriptors_relieved"] = st.Relieved.Load()
+	m["descriptors"] = openDescriptors()
+	m["descriptor_spares"] = s.spares.count()
+	m["close_writeback_failures"] = st.CloseWritebackFailures.Load()
+	m["descriptor_budget_idle_regions"] = s.idleRegions
 	if s.stg != nil {
 		s.stg.snapshot(m)
 	}
@@ -401,7 +419,12 @@ type Service struct {
 	// that an open takes it out at once). Both protected by mu.
 	regions map[backend.BlobID]*region
 	idle    list.List
-	bg      sync.WaitGroup // revocations waiting, live reports after a resync, deletes, blob listings
+	// idleRegions bounds idle's length (descriptors.go); immutable after
+	// New.
+	idleRegions int
+	// spares are descriptors held for io's own write-back at the limit.
+	spares spares
+	bg     sync.WaitGroup // revocations waiting, live reports after a resync, deletes, blob listings
 	// stopping: Shutdown waits for bg; nothing more may start (protected by mu).
 	stopping bool
 
@@ -449,6 +472,13 @@ func New(opts Options) (*Service, error) {
 		resynced:   make(chan struct{}),
 		wrongStore: make(chan struct{}),
 	}
+	budget := descriptorBudget(opts.Descriptors)
+	var idleFiles int
+	s.idleRegions, idleFiles = splitBudget(budget)
+	if k, ok := opts.Backend.(backend.IdleKeeper); ok {
+		k.SetIdleLimit(idleFiles)
+	}
+	s.spares.fill()
 	s.dv.Store(uint64(time.Now().UnixNano()))
 	s.creates.be = opts.Backend
 	if opts.StagingBytes > 0 {
@@ -617,8 +647,16 @@ func (s *Service) checkStore(stack backend.Identity, empty bool) error {
 // syncFailed records err, a failed sync, for Health if it is the first.
 // EBADF is not a storage failure: the blob or backend closed under the
 // caller.
+//
+// Nor is a descriptor the kernel refused (EMFILE, ENFILE: a sync that
+// could not open what it syncs synced nothing, so nothing is known lost):
+// the request fails with it, counted in resource_errors.
 func (s *Service) syncFailed(err error) {
 	if errors.Is(err, syscall.EBADF) {
+		return
+	}
+	if errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) {
+		s.resourceRefused(err)
 		return
 	}
 	if s.syncFailure.CompareAndSwap(nil, &err) {
@@ -786,7 +824,7 @@ func (s *Service) regionOf(ob *openBlob) *region {
 	}
 	ob.rgate.Lock()
 	defer ob.rgate.Unlock()
-	r, err := s.pc.newRegion(ob.id, ob.ino, ob.logical())
+	r, err := withRelief(s, func() (*region, error) { return s.pc.newRegion(ob.id, ob.ino, ob.logical()) })
 	if err != nil {
 		ob.rfail = true
 		if s.Stats.RegionFailures.Add(1) == 1 {
@@ -847,33 +885,12 @@ func (ob *openBlob) holdChanges() (unlock func()) {
 	}
 }
 
-// idleRegions bounds the regions of closed blobs kept (each holds a
-// memfd, a file descriptor, and its mapping; their pages count against the
-// cache size): a quarter of the descriptors the process may open (Go
-// raises the soft limit to the hard one at start), within
-// [minIdleRegions, maxIdleRegions]. A file whose region was pushed out is
-// read from the device again at its next open, where the kernel would
-// still have it cached: with 1,024 regions, a cold open + read of one of
-// 2,000 just-written files took 380 µs p50 in-process against 51 µs with
-// 4,096 (most of it a device read).
-var idleRegions = func() int {
-	var rl unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
-		return minIdleRegions
-	}
-	return int(min(max(rl.Cur/4, minIdleRegions), maxIdleRegions))
-}()
-
-// The bounds of idleRegions. maxIdleRegions also keeps io's mappings well
-// below the kernel's default limit (vm.max_map_count 65,530).
-const (
-	minIdleRegions = 1024
-	maxIdleRegions = 8192
-)
-
 // idleRegionLocked keeps the region of a blob that closed, and returns
-// the idle region pushed out past idleRegions, for the caller to close
-// after it released s.mu. s.mu is held.
+// the idle region pushed out past s.idleRegions (each holds two
+// descriptors and two mappings; their pages count against the cache
+// size), for the caller to close after it released s.mu. A file whose
+// region was pushed out is read from the device again at its next open.
+// s.mu is held.
 func (s *Service) idleRegionLocked(r *region) *region {
 	if s.regions[r.id] != r {
 		return nil
@@ -881,7 +898,7 @@ func (s *Service) idleRegionLocked(r *region) *region {
 	if r.idleAt == nil {
 		r.idleAt = s.idle.PushBack(r)
 	}
-	if s.idle.Len() <= idleRegions {
+	if s.idle.Len() <= s.idleRegions && !s.spares.short() {
 		return nil
 	}
 	// The oldest with no pinned page: a pinned region is mapped by a
@@ -1066,7 +1083,10 @@ func (s *Service) flushBlob(ob *openBlob, wait bool) error {
 	if r == nil {
 		return nil
 	}
-	if _, err := r.flush(ob.b, ob.logical, wait); err != nil {
+	// Write-back may create the blob's file: at the descriptor limit it
+	// takes one of io's spares (descriptors.go), so that dirty pages of
+	// files closed at the limit still go home and free their descriptors.
+	if err := s.ownWork(func() error { _, err := r.flush(ob.b, ob.logical, wait); return err }); err != nil {
 		return err
 	}
 	if !wait {
@@ -1317,6 +1337,7 @@ func (s *Service) flusher(stop <-chan struct{}, done chan<- struct{}) {
 		}
 		last = time.Now()
 		s.flushAll(false)
+		s.spares.fill()
 	}
 }
 
@@ -1473,6 +1494,12 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*op
 	}
 	var b backend.Blob
 	b, err := s.be.Open(id)
+	if k, ok := s.be.(backend.IdleKeeper); ok && err != nil && isResourceErr(err) && k.DropIdle(1<<30) > 0 {
+		// No descriptor left: the backend's idle files go back (the idle
+		// regions cannot close with s.mu held), and one more try.
+		s.resourceRefused(err)
+		b, err = s.be.Open(id)
+	}
 	if err == nil && fresh {
 		b.Close()
 		return nil, fmt.Errorf("blob %d of a new file exists already (a blob of another namespace, or a bug): %w", id, errAdoption)
@@ -1537,7 +1564,11 @@ func (s *Service) releaseBlob(ob *openBlob) {
 			if err == nil {
 				err = errors.New("dirtied again as fast as it was written")
 			}
-			s.log.Error("write-back at close did not finish: the blob stays open, its dirty pages in the cache, and the flusher tries again", "blob", ob.id, "error", err)
+			// Logged at the first and at each power of two after: at the
+			// descriptor limit every close of a written file lands here.
+			if n := s.Stats.CloseWritebackFailures.Add(1); n&(n-1) == 0 {
+				s.log.Error("write-back at close did not finish: the blob stays open, its dirty pages in the cache, and the flusher tries again", "blob", ob.id, "error", err, "count", n)
+			}
 		}
 		s.mu.Unlock()
 		return
@@ -1569,6 +1600,14 @@ func (s *Service) releaseBlob(ob *openBlob) {
 	if last {
 		if err := ob.b.Close(); err != nil {
 			s.log.Warn("close blob", "blob", ob.id, "error", err)
+		}
+		if s.spares.short() {
+			// At the descriptor limit: nothing is kept idle until the
+			// spares are back.
+			if k, ok := s.be.(backend.IdleKeeper); ok {
+				k.DropIdle(1 << 30)
+			}
+			s.spares.fill()
 		}
 		if ob.sf != nil {
 			s.stg.detach(ob.sf)

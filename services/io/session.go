@@ -779,7 +779,7 @@ func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
 		svc.syncFailed(fmt.Errorf("sync blob %d: %w", ob.id, err))
 		return errno(err)
 	}
-	if err := svc.creates.sync(); err != nil {
+	if err := svc.ownWork(svc.creates.sync); err != nil {
 		svc.syncFailed(fmt.Errorf("sync backend (blob creates): %w", err))
 		return errno(err)
 	}
@@ -838,8 +838,14 @@ func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)
 	}
+	m, d, err := r.describe(true, false)
+	if err != nil {
+		return fail(s.svc.descriptorErrno(err))
+	}
+	defer m.Close()
+	defer d.Close()
 	tag := s.tags.Add(2) - 1
-	for i, f := range []*os.File{r.ro, r.dro} {
+	for i, f := range []*os.File{m, d} {
 		if e := s.sendFile(tag+uint64(i), f); e != 0 {
 			return fail(e)
 		}
@@ -866,8 +872,13 @@ func (s *session) mapWritable(q *ring.Request) (int64, uint64) {
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)
 	}
+	_, d, err := r.describe(false, true)
+	if err != nil {
+		return fail(s.svc.descriptorErrno(err))
+	}
+	defer d.Close()
 	tag := s.tags.Add(1)
-	if e := s.sendFile(tag, r.dw); e != 0 {
+	if e := s.sendFile(tag, d); e != 0 {
 		return fail(e)
 	}
 	s.svc.pc.Maps.Add(1)

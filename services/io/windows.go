@@ -54,8 +54,7 @@ type window struct {
 // writeLog is a session's write log: made at its first OpWriteLog.
 type writeLog struct {
 	mu    sync.Mutex // protects the fields below
-	f     *os.File   // the memfd, io's description
-	rw    *os.File   // a read-write description: the client's
+	f     *os.File   // the memfd, io's description (the client's is made at each OpWriteLog)
 	mem   []byte     // io's mapping of it
 	slots [proto.WriteLogSlots]*window
 }
@@ -71,8 +70,13 @@ func (s *session) writeLogFile(q *ring.Request) (int64, uint64) {
 			return fail(syscall.ENOMEM)
 		}
 	}
+	rw, err := describe(s.wlog.f, true)
+	if err != nil {
+		return fail(s.svc.descriptorErrno(err))
+	}
+	defer rw.Close()
 	tag := s.tags.Add(1)
-	if e := s.sendFile(tag, s.wlog.rw); e != 0 {
+	if e := s.sendFile(tag, rw); e != 0 {
 		return fail(e)
 	}
 	return 0, tag
@@ -81,18 +85,16 @@ func (s *session) writeLogFile(q *ring.Request) (int64, uint64) {
 // make creates the log: a memfd of WriteLogSize bytes sealed against any
 // change of its size, so that no client can make io's loads fault.
 func (l *writeLog) make() error {
-	f, ro, rw, err := newMemfd("weir-write-log", true, proto.WriteLogSize)
+	f, err := newMemfd("weir-write-log", proto.WriteLogSize)
 	if err != nil {
 		return err
 	}
-	ro.Close()
 	mem, err := unix.Mmap(int(f.Fd()), 0, proto.WriteLogSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		f.Close()
-		rw.Close()
 		return fmt.Errorf("map the write log: %w", err)
 	}
-	l.f, l.rw, l.mem = f, rw, mem
+	l.f, l.mem = f, mem
 	return nil
 }
 
@@ -199,12 +201,10 @@ func (s *session) endWriteLog() {
 		}
 		s.wlog.mem = nil
 	}
-	for _, f := range []*os.File{s.wlog.f, s.wlog.rw} {
-		if f != nil {
-			f.Close()
-		}
+	if s.wlog.f != nil {
+		s.wlog.f.Close()
 	}
-	s.wlog.f, s.wlog.rw = nil, nil
+	s.wlog.f = nil
 }
 
 // drain turns the bits of w's slot into dirty pages, unless w is gone.

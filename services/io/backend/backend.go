@@ -127,6 +127,18 @@ type SyncAller interface {
 	SyncAll() error
 }
 
+// IdleKeeper is a backend that keeps a blob's descriptor open after its
+// last handle closes (the file backend's idle files, so that opening it
+// again costs no system call). The IO service bounds them within its
+// descriptor budget and takes them back under pressure. Optional.
+type IdleKeeper interface {
+	// SetIdleLimit bounds the idle blobs kept open (0: none).
+	SetIdleLimit(n int)
+	// DropIdle closes up to n idle blobs, least recently used first, and
+	// returns how many it closed.
+	DropIdle(n int) int
+}
+
 // Spacer is a backend that can say how much room its store has, for
 // statfs(2) through the IO service (proto.OpStatFS). It is optional: the
 // service answers EOPNOTSUPP for a backend without it.

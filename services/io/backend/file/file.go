@@ -109,11 +109,13 @@ type Backend struct {
 	// recently closed first; each blobFile's idleAt is its element), so
 	// that opening one again costs no system call, as the kernel's inode
 	// cache saves a lookup: a cold open of a file written a moment ago
-	// paid 6 µs p50 for open(2) and fstat(2) here. At most maxIdleFiles;
-	// protected by mu.
-	idle   list.List
-	failed map[backend.BlobID]error // sticky blob sync errors; protected by mu
-	dirty  map[string]struct{}      // directories to fsync at Sync; protected by mu
+	// paid 6 µs p50 for open(2) and fstat(2) here. At most idleLimit
+	// (maxIdleFiles unless SetIdleLimit said otherwise); both protected by
+	// mu.
+	idle      list.List
+	idleLimit int
+	failed    map[backend.BlobID]error // sticky blob sync errors; protected by mu
+	dirty     map[string]struct{}      // directories to fsync at Sync; protected by mu
 
 	syncMu  sync.Mutex // serialises Sync
 	syncErr error      // sticky directory sync error; protected by syncMu
@@ -129,7 +131,10 @@ type Backend struct {
 	syncHook atomic.Pointer[func(backend.BlobID) error]
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend    = (*Backend)(nil)
+	_ backend.IdleKeeper = (*Backend)(nil)
+)
 
 // New opens (creating if needed) the blob store under opts.Dir.
 func New(opts Options) (backend.Backend, error) {
@@ -190,8 +195,10 @@ func New(opts Options) (backend.Backend, error) {
 		log:    log,
 		lockFD: lockFD,
 		open:   make(map[backend.BlobID]*blobFile),
-		failed: make(map[backend.BlobID]error),
-		dirty:  make(map[string]struct{}),
+		// SetIdleLimit changes it (the IO service's descriptor budget).
+		idleLimit: maxIdleFiles,
+		failed:    make(map[backend.BlobID]error),
+		dirty:     make(map[string]struct{}),
 	}, nil
 }
 
@@ -217,7 +224,7 @@ func openReadOnly(root string, log hclog.Logger) (backend.Backend, error) {
 		return nil, fmt.Errorf("backend file: %s: %w", path, err)
 	}
 	log.Debug("file backend open read-only", "dir", root)
-	return &Backend{root: root, readOnly: true, log: log, lockFD: lockFD,
+	return &Backend{root: root, readOnly: true, log: log, lockFD: lockFD, idleLimit: maxIdleFiles,
 		open: make(map[backend.BlobID]*blobFile), failed: make(map[backend.BlobID]error), dirty: make(map[string]struct{})}, nil
 }
 
@@ -233,7 +240,8 @@ func makeDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	return fsyncDir(filepath.Dir(dir))
+	_, err := fsyncDir(filepath.Dir(dir))
+	return err
 }
 
 // checkFormat writes blobs/FORMAT on first use and checks it afterwards.
@@ -288,7 +296,8 @@ func writeDurable(root, name string, data []byte) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	return fsyncDir(root)
+	_, err = fsyncDir(root)
+	return err
 }
 
 // identityFile holds the identity of the stack the blobs belong to:
@@ -532,9 +541,10 @@ func (be *Backend) Open(id backend.BlobID) (backend.Blob, error) {
 	return &handle{b: b}, nil
 }
 
-// maxIdleFiles bounds the blobs kept open with no handle (Backend.idle):
-// an eighth of the descriptors the process may open, within [64, 4096]
-// (the IO service's idle cache regions take up to a quarter).
+// maxIdleFiles bounds the blobs kept open with no handle (Backend.idle)
+// unless SetIdleLimit says otherwise (the IO service does, from its
+// descriptor budget): an eighth of the descriptors the process may open,
+// within [64, 4096].
 var maxIdleFiles = func() int {
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
@@ -544,18 +554,43 @@ var maxIdleFiles = func() int {
 }()
 
 // keepIdleLocked keeps b, whose last handle closed, open in the idle
-// list, and closes the least recently kept past maxIdleFiles. be.mu is
-// held.
+// list, and closes the least recently kept past the limit. be.mu is held.
 func (be *Backend) keepIdleLocked(b *blobFile) error {
 	b.idleAt = be.idle.PushBack(b)
-	if be.idle.Len() <= maxIdleFiles {
-		return nil
-	}
-	old := be.idle.Front().Value.(*blobFile)
-	if err := be.dropIdleLocked(old); err != nil {
-		be.log.Warn("close of an idle blob failed", "blob", old.id, "error", err)
-	}
+	be.trimIdleLocked(be.idleLimit)
 	return nil
+}
+
+// trimIdleLocked closes the least recently kept idle blobs until at most
+// limit are left, and returns how many it closed. be.mu is held.
+func (be *Backend) trimIdleLocked(limit int) int {
+	n := 0
+	for be.idle.Len() > max(limit, 0) {
+		old := be.idle.Front().Value.(*blobFile)
+		if err := be.dropIdleLocked(old); err != nil {
+			be.log.Warn("close of an idle blob failed", "blob", old.id, "error", err)
+		}
+		n++
+	}
+	return n
+}
+
+// SetIdleLimit bounds the blobs kept open without a handle
+// (backend.IdleKeeper); those past it close now.
+func (be *Backend) SetIdleLimit(n int) {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	be.idleLimit = max(n, 0)
+	be.trimIdleLocked(be.idleLimit)
+}
+
+// DropIdle closes up to n blobs kept open without a handle, least recently
+// kept first (backend.IdleKeeper): the IO service gives descriptors back
+// under pressure.
+func (be *Backend) DropIdle(n int) int {
+	be.mu.Lock()
+	defer be.mu.Unlock()
+	return be.trimIdleLocked(be.idle.Len() - n)
 }
 
 // dropIdleLocked forgets idle blob b and closes its file. be.mu is held.
@@ -682,8 +717,19 @@ func (be *Backend) Sync() error {
 	if rootDirty {
 		dirs = append(dirs, be.root)
 	}
-	for _, d := range dirs {
-		if err := fsyncDir(d); err != nil {
+	for i, d := range dirs {
+		if opened, err := fsyncDir(d); err != nil {
+			if !opened {
+				// No descriptor for the directory (EMFILE, ENOMEM): nothing
+				// was synced, so nothing is known lost. The directories
+				// wait for the next Sync, and this one fails alone.
+				be.mu.Lock()
+				for _, d := range dirs[i:] {
+					be.dirty[d] = struct{}{}
+				}
+				be.mu.Unlock()
+				return fmt.Errorf("backend file: sync %s: %w", d, err)
+			}
 			be.syncErrors.Add(1)
 			be.syncErr = fmt.Errorf("backend file: sync %s: %w", d, err)
 			return be.syncErr

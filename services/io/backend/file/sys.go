@@ -107,15 +107,16 @@ func openFile(path string, flags int, perm uint32) (int, error) {
 	}
 }
 
-// fsyncDir makes the entries of directory path durable.
-func fsyncDir(path string) error {
+// fsyncDir makes the entries of directory path durable; opened is false
+// when it could not open the directory (nothing was synced).
+func fsyncDir(path string) (opened bool, err error) {
 	fd, err := openFile(path, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
-		return err
+		return false, err
 	}
 	err = fsync(fd)
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
 	}
-	return err
+	return true, err
 }
