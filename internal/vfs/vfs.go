@@ -58,6 +58,12 @@ type File interface {
 	sync() error
 }
 
+// Allocator is a File whose room can be reserved before it is written
+// (optional): Allocate reserves [off, off+n) without changing the size.
+type Allocator interface {
+	Allocate(off, n int64) error
+}
+
 // Sync makes the data written to f durable. It is the only place that
 // flushes a file. A failure must be treated as permanent by the caller:
 // after a failed fsync the kernel may have dropped the dirty pages, so a
@@ -96,9 +102,10 @@ func (OS) List(dir string) ([]string, error) {
 	return names, nil
 }
 
-// Create implements FS.
+// Create implements FS. Writes go to the file's end (O_APPEND), so that a
+// Truncate back over a failed write makes the next write land there.
 func (o OS) Create(name string) (File, error) {
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_TRUNC|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -157,6 +164,21 @@ func (o osFile) Write(p []byte) (int, error) { return o.f.Write(p) }
 
 // Truncate implements File.
 func (o osFile) Truncate(size int64) error { return o.f.Truncate(size) }
+
+// Allocate implements Allocator with fallocate(2), keeping the size; a
+// file system without it is not an error (nothing is reserved).
+func (o osFile) Allocate(off, n int64) error {
+	for {
+		err := unix.Fallocate(int(o.f.Fd()), unix.FALLOC_FL_KEEP_SIZE, off, n)
+		switch err {
+		case unix.EINTR:
+			continue
+		case unix.EOPNOTSUPP:
+			return nil
+		}
+		return err
+	}
+}
 
 // Close implements File.
 func (o osFile) Close() error { return o.f.Close() }

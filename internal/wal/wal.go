@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -388,6 +389,41 @@ type Writer struct {
 	err     error     // sticky failure; protected by mu
 	buf     []byte    // encoding buffer; protected by mu
 	closed  bool      // protected by mu
+	// room is the end of the current segment's reserved room (roomAhead);
+	// noRotate is the size of the current segment at which Rotate last
+	// found no room for a new one: it is not tried again before the
+	// segment has grown by a tenth of SegmentSize. Both protected by mu.
+	room     int64
+	noRotate int64
+}
+
+// The room kept reserved ahead of the current segment's end (vfs.Allocator):
+// when the store fills up, the records that free room (an unlink, a
+// truncate) still find some. Topped up to roomAhead once less than roomLow
+// is left.
+const (
+	roomAhead = 1 << 20
+	roomLow   = 256 << 10
+)
+
+// errSegmentNoRoom marks a new segment that could not be created or
+// written for want of room (no flush had failed): Rotate keeps the current
+// segment.
+var errSegmentNoRoom = errors.New("no room for a new segment")
+
+// isNoSpace reports whether err is the store out of room (ENOSPC, EDQUOT).
+func isNoSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
+// reserveLocked tops up the current segment's reserved room. mu is held.
+func (w *Writer) reserveLocked() {
+	if w.room-w.size >= roomLow {
+		return
+	}
+	if a, ok := w.f.(vfs.Allocator); ok && a.Allocate(w.size, roomAhead) == nil {
+		w.room = w.size + roomAhead
+	}
 }
 
 // start creates the first segment of a writer.
@@ -397,6 +433,8 @@ func (w *Writer) start(first uint64) error {
 		return err
 	}
 	w.f, w.size, w.next, w.synced = f, SegmentHeaderSize, first, first-1
+	w.room, w.noRotate = 0, 0
+	w.reserveLocked()
 	w.segs = append(w.segs, first)
 	return nil
 }
@@ -407,10 +445,16 @@ func (w *Writer) createSegment(first uint64) (vfs.File, error) {
 	path := filepath.Join(w.o.Dir, SegmentName(first))
 	f, err := w.o.FS.Create(path)
 	if err != nil {
+		if isNoSpace(err) {
+			err = fmt.Errorf("%w: %w", errSegmentNoRoom, err)
+		}
 		return nil, fmt.Errorf("create %s: %w", path, err)
 	}
 	if _, err := f.Write(segmentHeader(first)); err != nil {
 		f.Close()
+		if isNoSpace(err) {
+			err = fmt.Errorf("%w: %w", errSegmentNoRoom, err)
+		}
 		return nil, fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := vfs.Sync(f); err != nil {
@@ -448,14 +492,16 @@ func (w *Writer) Err() error {
 }
 
 // Append writes one record to the current segment (not yet durable) and
-// returns its LSN. Any failure is sticky: a partly written record can only
-// be followed by a recovery.
+// returns its LSN. A failure is sticky (a partly written record can only
+// be followed by a recovery), but for a store out of room: the record's
+// bytes are cut off again and Append fails alone with ENOSPC, so that the
+// log goes on once room is freed.
 func (w *Writer) Append(typ uint8, payload []byte) (uint64, error) {
 	if 9+len(payload) > MaxRecordLen {
 		return 0, fmt.Errorf("record of %d bytes exceeds the maximum", len(payload))
 	}
 	w.mu.Lock()
-	full := w.size >= w.o.SegmentSize
+	full := w.size >= w.o.SegmentSize && w.size >= w.noRotate+w.o.SegmentSize/10
 	w.mu.Unlock()
 	if full {
 		if err := w.Rotate(); err != nil {
@@ -474,11 +520,15 @@ func (w *Writer) Append(typ uint8, payload []byte) (uint64, error) {
 		err = errors.New("short write")
 	}
 	if err != nil {
+		if isNoSpace(err) && (n == 0 || w.f.Truncate(w.size) == nil) {
+			return 0, fmt.Errorf("write %s: %w", w.f.Name(), err)
+		}
 		w.failLocked(fmt.Errorf("write %s: %w", w.f.Name(), err))
 		return 0, w.err
 	}
 	w.next++
 	w.size += int64(n)
+	w.reserveLocked()
 	return lsn, nil
 }
 
@@ -565,11 +615,23 @@ func (w *Writer) Rotate() error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if errors.Is(err, errSegmentNoRoom) {
+		// No room for a new segment: the current one goes on (its old
+		// records were flushed above), and a new one is tried later.
+		_ = w.o.FS.Remove(filepath.Join(w.o.Dir, SegmentName(next)))
+		w.noRotate = w.size
+		if target > w.synced {
+			w.synced = target
+		}
+		w.cond.Broadcast()
+		return nil
+	}
 	if err != nil {
 		w.failLocked(err)
 		return w.err
 	}
-	w.f, w.size = nf, SegmentHeaderSize
+	w.f, w.size, w.room, w.noRotate = nf, SegmentHeaderSize, 0, 0
+	w.reserveLocked()
 	w.segs = append(w.segs, next)
 	if target > w.synced {
 		w.synced = target

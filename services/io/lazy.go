@@ -29,7 +29,10 @@ type lazyBlob struct {
 // backendBlob boxes the interface for atomic.Pointer.
 type backendBlob struct{ backend.Blob }
 
-var _ backend.Blob = (*lazyBlob)(nil)
+var (
+	_ backend.Blob     = (*lazyBlob)(nil)
+	_ backend.Reserver = (*lazyBlob)(nil)
+)
 
 func (l *lazyBlob) real() backend.Blob {
 	if p := l.b.Load(); p != nil {
@@ -122,6 +125,34 @@ func (l *lazyBlob) Sync() error {
 		return b.Sync()
 	}
 	return nil // nothing written: the namespace holds all there is
+}
+
+// Reserve creates the blob and reserves its room (backend.Reserver, where
+// the backend's blob is one).
+func (l *lazyBlob) Reserve(off, n int64) error {
+	b, err := l.materialize()
+	if err != nil {
+		return err
+	}
+	if rb, ok := b.(backend.Reserver); ok {
+		return rb.Reserve(off, n)
+	}
+	return nil
+}
+
+// Dense: a blob not made yet has no byte, and no hole.
+func (l *lazyBlob) Dense() bool {
+	if rb, ok := l.real().(backend.Reserver); ok {
+		return rb.Dense()
+	}
+	return true
+}
+
+func (l *lazyBlob) Trim(end int64) error {
+	if rb, ok := l.real().(backend.Reserver); ok {
+		return rb.Trim(end)
+	}
+	return nil
 }
 
 func (l *lazyBlob) Close() error {

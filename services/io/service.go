@@ -125,6 +125,8 @@ type Stats struct {
 	// (EMFILE, ENFILE, ENOMEM: descriptors.go); Relieved the idle regions
 	// and blob files given back for them.
 	ResourceErrors, Relieved atomic.Uint64
+	// NoSpace counts writes refused for want of room at home (ENOSPC).
+	NoSpace atomic.Uint64
 	// CloseWritebackFailures counts last closes whose write-back failed
 	// (the blob stays open for the flusher).
 	CloseWritebackFailures atomic.Uint64
@@ -205,6 +207,7 @@ func (s *Service) Snapshot() map[string]any {
 	m["descriptors"] = openDescriptors()
 	m["descriptor_spares"] = s.spares.count()
 	m["close_writeback_failures"] = st.CloseWritebackFailures.Load()
+	m["no_space"] = st.NoSpace.Load()
 	m["descriptor_budget_idle_regions"] = s.idleRegions
 	if s.stg != nil {
 		s.stg.snapshot(m)
@@ -251,6 +254,8 @@ type openBlob struct {
 	b   backend.Blob
 
 	appendMu sync.Mutex // serialises O_APPEND writes (offset = size)
+	// res is the room reserved at home for cached writes (space.go).
+	res reservation
 	// size is the file's size: the backend's, or past it by the writes
 	// that wait in the cache to be written home (write-back).
 	size  atomic.Int64
@@ -403,6 +408,9 @@ type Service struct {
 	// set once, never cleared (after a failed fsync the device may have
 	// dropped data, so a later success proves nothing). Health reports it.
 	syncFailure atomic.Pointer[error]
+	// full: the last reservation found the store full (space.go); Health
+	// says so until one succeeds again.
+	full atomic.Bool
 	// creates makes blob creates durable at the fsync that needs them.
 	creates createSync
 	// stg is the staging log of fsync; nil when Options.StagingBytes is 0.
@@ -600,6 +608,9 @@ func (s *Service) Health() error {
 		if err := s.stg.log.Stats().Err; err != nil {
 			return fmt.Errorf("iosvc: the staging log failed (every fsync fails until a restart): %w", err)
 		}
+	}
+	if err := s.roomHealth(); err != nil {
+		return fmt.Errorf("iosvc: %w", err)
 	}
 	return nil
 }
@@ -1060,6 +1071,7 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 		if err := ob.b.Truncate(size); err != nil {
 			return cutFailed(err)
 		}
+		ob.truncatedRoom(size)
 		r.truncated(size)
 		if size > old {
 			r.zeroPinnedGap(pageCeil(old), pageCeil(size))
@@ -1070,6 +1082,7 @@ func (s *Service) truncateBlob(ob *openBlob, size int64) error {
 	if err := ob.b.Truncate(size); err != nil {
 		return cutFailed(err)
 	}
+	ob.truncatedRoom(size)
 	ob.size.Store(size)
 	return cutDurable()
 }
@@ -1598,6 +1611,7 @@ func (s *Service) releaseBlob(ob *openBlob) {
 		drop.close()
 	}
 	if last {
+		s.trimRoom(ob)
 		if err := ob.b.Close(); err != nil {
 			s.log.Warn("close blob", "blob", ob.id, "error", err)
 		}

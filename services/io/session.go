@@ -581,6 +581,13 @@ func (s *session) writeData(ob *openBlob, q *ring.Request, off int64, direct boo
 	defer r.life.RUnlock()
 	r.trunc.RLock()
 	defer r.trunc.RUnlock()
+	if !direct {
+		// Its room at home before the cache takes it (space.go): a full
+		// store is this write's ENOSPC, not a lost write-back.
+		if err := s.svc.reserve(ob, off, int64(q.Length)); err != nil {
+			return 0, errno(err)
+		}
+	}
 	p0 := uint64(off) / cache.PageSize
 	p1 := min((uint64(off)+uint64(q.Length)+cache.PageSize-1)/cache.PageSize, cache.MaxCapacity/cache.PageSize)
 	// A write that covers part of a page holding file bytes that are not

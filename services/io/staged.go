@@ -221,6 +221,9 @@ func (st *stager) open(blocks uint64) error {
 	s := st.svc
 	b, err := s.be.Open(backend.StagingBlob)
 	if errors.Is(err, syscall.ENOENT) {
+		if blocks, err = st.fit(blocks); err != nil {
+			return err
+		}
 		if err = s.be.Create(backend.StagingBlob); err == nil {
 			if b, err = s.be.Open(backend.StagingBlob); err == nil {
 				if err = staging.Format(b, blocks); err == nil {
@@ -258,6 +261,41 @@ func (st *stager) open(blocks uint64) error {
 	st.log, st.blob = l, b
 	st.opened.Store(true)
 	return nil
+}
+
+// minStagingBlocks is the smallest ring fit makes (1 MiB, config's
+// MinStagingSize).
+const minStagingBlocks = (1 << 20) / staging.BlockSize
+
+// fit returns the ring a new staging log gets on this store: blocks, or
+// less where the store has not twice that room free: a quarter of what is
+// free, at least 1 MiB (logged, naming io.staging_size). The log is
+// written whole when it is made, so that its appends never need new
+// space; a store that cannot hold the smallest is an error that says so.
+func (st *stager) fit(blocks uint64) (uint64, error) {
+	sp, ok := st.svc.be.(backend.Spacer)
+	if !ok {
+		return blocks, nil
+	}
+	space, err := sp.Space()
+	if err != nil {
+		return blocks, nil // the format itself says what is wrong, if anything
+	}
+	free := space.Avail / staging.BlockSize
+	if free >= 2*blocks {
+		return blocks, nil
+	}
+	fit := max(free/4/minStagingBlocks*minStagingBlocks, minStagingBlocks)
+	if fit+minStagingBlocks > free {
+		return 0, fmt.Errorf("make the staging log: the store has %d bytes free, too little for the smallest log (%d bytes; io.staging_size = 0 turns the log off): %w",
+			space.Avail, minStagingBlocks*staging.BlockSize, syscall.ENOSPC)
+	}
+	if fit < blocks {
+		st.svc.log.Warn("the store has too little room for the staging log configured: made smaller (set io.staging_size to choose)",
+			"configured", blocks*staging.BlockSize, "ring_bytes", fit*staging.BlockSize, "free", space.Avail)
+		return fit, nil
+	}
+	return blocks, nil
 }
 
 // start runs the checkpointer (once the resync that opened the log has

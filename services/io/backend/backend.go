@@ -127,6 +127,24 @@ type SyncAller interface {
 	SyncAll() error
 }
 
+// Reserver is a blob whose room on the store can be allocated before its
+// bytes are written: the IO service reserves a cached write's range when
+// it takes the write, so that the write fails with ENOSPC then, as the
+// kernel's delayed allocation does at write(2), and writing it home later,
+// or replaying a staging record into it, needs no new room. Optional: a
+// blob without it is written home where the device has room.
+type Reserver interface {
+	// Reserve allocates the room of [off, off+n) without changing the
+	// blob's size or bytes; ENOSPC when the store has none.
+	Reserve(off, n int64) error
+	// Dense reports whether every byte below the blob's size has its
+	// room (no hole).
+	Dense() bool
+	// Trim gives back the room Reserve allocated past the blob's size,
+	// up to end.
+	Trim(end int64) error
+}
+
 // IdleKeeper is a backend that keeps a blob's descriptor open after its
 // last handle closes (the file backend's idle files, so that opening it
 // again costs no system call). The IO service bounds them within its

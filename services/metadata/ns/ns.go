@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -327,6 +328,13 @@ func (n *NS) logLocked(r record) (uint64, error) {
 	n.buf = r.encode(n.buf[:0])
 	lsn, err := n.w.Append(r.typ(), n.buf)
 	if err != nil {
+		if n.w.Err() == nil && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)) {
+			// The store is full: this mutation fails with ENOSPC (a bare
+			// errno, as every namespace error) and the log goes on once
+			// room is freed (wal.Writer.Append).
+			n.log.Debug("WAL append: no room", "error", err)
+			return 0, syscall.ENOSPC
+		}
 		return 0, &IOError{Op: "append to WAL", Err: err}
 	}
 	if err := n.st.apply(r); err != nil {

@@ -713,12 +713,51 @@ func TestFailSyncOption(t *testing.T) {
 	assertIOError(t, "close", n.Close())
 }
 
+// TestNoSpaceIsNotSticky: a WAL write the store has no room for fails that
+// mutation with ENOSPC (not EIO), applies nothing, and the namespace takes
+// mutations again once there is room; everything logged survives a crash.
+func TestNoSpaceIsNotSticky(t *testing.T) {
+	m := vfs.NewMem()
+	clk := newClock()
+	n, err := open(testOpts(clk), config{fs: m, inlineCheckpoint: true})
+	must(t, err)
+	_, err = n.Mkdir(root, "before", 0o755)
+	must(t, err)
+	m.FailWrite = func(string) error { return syscall.ENOSPC }
+	_, err = n.Mkdir(root, "full", 0o755)
+	if errno(t, err) != syscall.ENOSPC {
+		t.Fatalf("mkdir on a full store: %v, want ENOSPC", err)
+	}
+	if _, err := n.Stat(root, "full"); errno(t, err) != syscall.ENOENT {
+		t.Errorf("a mutation that was not logged was applied: %v", err)
+	}
+	if err := n.Err(); err != nil {
+		t.Fatalf("a full store made the namespace read-only: %v", err)
+	}
+	m.FailWrite = nil
+	_, err = n.Mkdir(root, "after", 0o755)
+	must(t, err)
+	must(t, n.Sync())
+	n.crash()
+	r, err := open(testOpts(clk), config{fs: m, inlineCheckpoint: true})
+	must(t, err)
+	for _, name := range []string{"before", "after"} {
+		if _, err := r.Stat(root, name); err != nil {
+			t.Errorf("%s after recovery: %v", name, err)
+		}
+	}
+	if _, err := r.Stat(root, "full"); errno(t, err) != syscall.ENOENT {
+		t.Errorf("the refused mutation was recovered: %v", err)
+	}
+	must(t, r.Close())
+}
+
 func TestWriteFailureIsSticky(t *testing.T) {
 	m := vfs.NewMem()
 	clk := newClock()
 	n, err := open(testOpts(clk), config{fs: m, inlineCheckpoint: true})
 	must(t, err)
-	m.FailWrite = func(string) error { return syscall.ENOSPC }
+	m.FailWrite = func(string) error { return syscall.EIO }
 	_, err = n.Mkdir(root, "bad", 0o755)
 	assertIOError(t, "mkdir", err)
 	if _, err := n.Stat(root, "bad"); errno(t, err) != syscall.ENOENT {

@@ -160,7 +160,10 @@ type handle struct {
 	closed atomic.Bool
 }
 
-var _ backend.Blob = (*handle)(nil)
+var (
+	_ backend.Blob     = (*handle)(nil)
+	_ backend.Reserver = (*handle)(nil)
+)
 
 // closeFile closes b's descriptor; called with be.mu held when the last
 // handle closes or the backend closes.
@@ -479,6 +482,78 @@ func (h *handle) Truncate(size int64) error {
 	}
 	if b.size.Swap(size) != size {
 		b.sizeGen.Add(1)
+	}
+	return nil
+}
+
+// Reserve allocates the blob file's blocks for [off, off+n), keeping its
+// size (fallocate FALLOC_FL_KEEP_SIZE): backend.Reserver.
+func (h *handle) Reserve(off, n int64) error {
+	if err := h.usable("reserve"); err != nil {
+		return err
+	}
+	if h.b.be.readOnly {
+		return errorf("reserve", h.b.id, errReadOnly)
+	}
+	if n <= 0 {
+		return nil
+	}
+	b := h.b
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return errorf("reserve", b.id, syscall.EBADF)
+	}
+	for {
+		err := unix.Fallocate(b.fd, unix.FALLOC_FL_KEEP_SIZE, off, n)
+		if err == unix.EINTR {
+			continue
+		}
+		if err == unix.EOPNOTSUPP {
+			return nil // a file system without fallocate: writes find their room, or not, at home
+		}
+		if err != nil {
+			return errorf("reserve", b.id, err)
+		}
+		return nil
+	}
+}
+
+// Dense reports whether the blob file has every block below its size
+// allocated (backend.Reserver).
+func (h *handle) Dense() bool {
+	b := h.b
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	var st unix.Stat_t
+	if b.closed || unix.Fstat(b.fd, &st) != nil {
+		return false
+	}
+	return st.Blocks*512 >= st.Size
+}
+
+// Trim frees the blocks past the blob file's size, up to end, that
+// Reserve allocated (backend.Reserver).
+func (h *handle) Trim(end int64) error {
+	if err := h.usable("trim"); err != nil {
+		return err
+	}
+	if h.b.be.readOnly {
+		return nil
+	}
+	b := h.b
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.closed {
+		return errorf("trim", b.id, syscall.EBADF)
+	}
+	from := (b.size.Load() + 4095) &^ 4095
+	if end <= from {
+		return nil
+	}
+	err := unix.Fallocate(b.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, from, end-from)
+	if err != nil && err != unix.EOPNOTSUPP && err != unix.EINTR {
+		return errorf("trim", b.id, err)
 	}
 	return nil
 }
