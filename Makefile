@@ -25,7 +25,7 @@ FUZZ_TARGETS := ./ring:FuzzDecodeHeader ./ring:FuzzValidateDescriptor ./ring:Fuz
 # test runs its seeds, TestPowerCutAtEveryWrite the crash images).
 FUZZ_LONG := ./stack:FuzzServiceRequest ./internal/staging:FuzzOpen
 
-.PHONY: help demo up build libweir spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop crash lint bench bench-transport bench-fileops bench-backend bench-fsync bench-shim bench-quick clean
+.PHONY: help demo up build libweir spdk spdk-check test-spdk test test-unit fuzz-short fuzz crash-loop crash lint bench bench-transport bench-fileops bench-backend bench-fsync bench-shim bench-trees bench-quick clean
 
 help:
 	@echo "demo             weir up (embedded NATS, file backend) + a workload + restart check, in a temp dir"
@@ -44,6 +44,7 @@ help:
 	@echo "bench-backend    backends at the interface: raw O_DIRECT, file, SPDK aio and malloc (spdk tag if SPDK is found)"
 	@echo "bench-fsync      weir's fsync (client processes, with and without the staging log) against write + fdatasync on root, journaled ext4 and XFS: 1/4/8 writers, flushes, write amplification, CPU (about 4 min)"
 	@echo "bench-shim       unmodified programs through the LD_PRELOAD shim against the kernel: fio 4 KiB random and 128 KiB sequential, buffered and O_DIRECT; pgbench TPS; one call's cost (about 6 min; needs fio, PostgreSQL for pgbench)"
+	@echo "bench-trees      the Go source tree through the shim against the kernel and a loop ext4: untar, find, du, grep, ls -lR, cp -r, tar, rm; 1M files through the Go client (BENCH_TREES_ARGS)"
 	@echo "bench-quick      every benchmark with small sizes and short windows, and the report (about 1.5 min)"
 
 DATA ?= ./weir-data
@@ -168,6 +169,13 @@ bench-fsync:
 
 bench-shim:
 	$(GO) run ./bench/shim -out $(RESULTS)
+
+# bench-trees: whole trees through the shim (tar, find, grep, cp, rm ...),
+# against a kernel directory and, as root with e2fsprogs, a journaled ext4
+# on a loop device; then 1M files through the Go client. Results in
+# $(RESULTS)/trees. BENCH_TREES_ARGS=-quick for a smoke run.
+bench-trees: libweir
+	$(GO) run ./bench/trees -shim $(CURDIR)/bin/libweir-preload.so -out $(RESULTS)/trees $(BENCH_TREES_ARGS)
 
 bench-quick:
 	$(BENCH_TRANSPORT) -quick
