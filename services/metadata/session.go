@@ -887,28 +887,32 @@ func (se *session) readdir(q *ring.Request) (int64, uint64) {
 	if err != nil {
 		return se.errno(err)
 	}
-	ents, err := se.svc.ns.ReadDirAt(se.cred, dir, r.Path)
-	if err != nil {
-		return se.errno(err)
-	}
-	i := 0
-	if r.After != "" {
-		for i < len(ents) && ents[i].Name <= r.After {
-			i++
+	// As many entries as the smallest could fill the page with: the
+	// page, not the directory, is what a call costs.
+	limit := int(min(q.Length, 1<<30))
+	var out []proto.Dirent
+	cursor, after := r.After, true
+	for len(out) == 0 && after {
+		var ents []ns.Dirent
+		ents, after, err = se.svc.ns.ReadDirAfter(se.cred, dir, r.Path, cursor, min(limit/proto.DirentSize(1)+1, 1<<16))
+		if err != nil {
+			return se.errno(err)
+		}
+		for _, e := range ents {
+			if e.Mode == syscall.S_IFLNK && se.features&proto.FeatureLinks == 0 {
+				continue // (a client without links could not decode it)
+			}
+			out = append(out, proto.Dirent{Ino: uint64(e.Ino), Mode: e.Mode, Name: e.Name})
+		}
+		if len(ents) > 0 {
+			cursor = ents[len(ents)-1].Name
 		}
 	}
-	out := make([]proto.Dirent, 0, len(ents)-i)
-	for _, e := range ents[i:] {
-		if e.Mode == syscall.S_IFLNK && se.features&proto.FeatureLinks == 0 {
-			continue // (a client without links could not decode it)
-		}
-		out = append(out, proto.Dirent{Ino: uint64(e.Ino), Mode: e.Mode, Name: e.Name})
-	}
-	b, n := proto.AppendDirents(nil, out, int(min(q.Length, 1<<30)))
+	b, n := proto.AppendDirents(nil, out, limit)
 	more := uint64(0)
-	if n < len(out) {
+	if n < len(out) || after {
 		more = 1
-		if n == 0 {
+		if n == 0 && len(out) > 0 {
 			return se.errno(syscall.ERANGE)
 		}
 	}

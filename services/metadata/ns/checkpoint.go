@@ -188,7 +188,7 @@ func decodeCheckpoint(data []byte) (*state, uint64, error) {
 			if _, dup := n.entries[name]; dup {
 				return nil, 0, fmt.Errorf("directory %d: name %q appears twice", n.attr.Ino, name)
 			}
-			n.entries[name] = child
+			n.setEntry(name, child)
 		}
 		if n.isLink() {
 			n.target = d.target()

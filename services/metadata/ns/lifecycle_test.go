@@ -217,6 +217,42 @@ func TestReadDir(t *testing.T) {
 	}
 }
 
+// TestReadDirAfter pages through a directory two entries at a time while
+// it changes between pages: every page is in order and starts after its
+// cursor, a name made after the cursor is listed, one removed is not.
+func TestReadDirAfter(t *testing.T) {
+	n, _ := newNS(t)
+	for _, p := range []string{"e", "a", "c", "g", "i"} {
+		release(t, n, create(t, n, root, "/"+p).Ino)
+	}
+	var got []string
+	cursor := ""
+	for page := 0; ; page++ {
+		ents, more, err := n.ReadDirAfter(root, RootIno, "/", cursor, 2)
+		must(t, err)
+		for _, e := range ents {
+			if e.Name <= cursor {
+				t.Fatalf("page %d: %q is not after the cursor %q", page, e.Name, cursor)
+			}
+			got = append(got, e.Name)
+			cursor = e.Name
+		}
+		switch page {
+		case 0: // after a, c: a name after the cursor, one before, one removed
+			release(t, n, create(t, n, root, "/d").Ino)
+			release(t, n, create(t, n, root, "/b").Ino)
+			_, err := n.Unlink(root, "g")
+			must(t, err)
+		}
+		if !more {
+			break
+		}
+	}
+	if want := []string{"a", "c", "d", "e", "i"}; !equalStrings(got, want) {
+		t.Errorf("pages listed %q, want %q", got, want)
+	}
+}
+
 func equalStrings(a, b []string) bool {
 	if len(a) != len(b) {
 		return false

@@ -1015,6 +1015,32 @@ func (n *NS) ReadDirAt(c Cred, dir Ino, path string) ([]Dirent, error) {
 	return out, nil
 }
 
+// ReadDirAfter returns, in name order, up to max entries of directory path
+// (relative to dir) whose names sort after after, and whether more
+// follow: one page of a listing. It costs a lookup and the page, not the
+// directory: the directory keeps its names sorted between changes
+// (inode.sorted).
+func (n *NS) ReadDirAfter(c Cred, dir Ino, path, after string, limit int) ([]Dirent, bool, error) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	nd, err := n.listableLocked(&c, dir, path, mayRead)
+	if err != nil {
+		return nil, false, err
+	}
+	names := nd.sortedNames()
+	i, found := slices.BinarySearch(names, after)
+	if found {
+		i++
+	}
+	j := min(i+max(limit, 1), len(names))
+	out := make([]Dirent, 0, j-i)
+	for _, name := range names[i:j] {
+		ino := nd.entries[name]
+		out = append(out, Dirent{Name: name, Ino: ino, Mode: n.st.inodes[ino].attr.Mode & syscall.S_IFMT})
+	}
+	return out, j < len(names), nil
+}
+
 // listableLocked resolves directory path (relative to dir) for a listing
 // that needs mask on it; n.mu is held.
 func (n *NS) listableLocked(c *Cred, dir Ino, path string, mask uint32) (*inode, error) {

@@ -2,6 +2,9 @@ package ns
 
 import (
 	"fmt"
+	"maps"
+	"slices"
+	"sync/atomic"
 	"syscall"
 )
 
@@ -10,12 +13,40 @@ type inode struct {
 	attr    Attr
 	target  string         // symbolic links: what the link holds
 	parent  Ino            // directories: the directory that holds this one (the root: itself); 0 for files
-	entries map[string]Ino // directories: name -> inode; nil for files
-	opens   int            // open handles (Open minus Release); not persisted
+	entries map[string]Ino // directories: name -> inode; nil for files; changed only by setEntry, dropEntry
+	// sorted caches the directory's names in order, for listings by page
+	// (ReadDirAfter): made at the first listing after a change, dropped by
+	// every change. Stored under the namespace's read lock by listings
+	// (any of them may make it), cleared under its write lock.
+	sorted atomic.Pointer[[]string]
+	opens  int // open handles (Open minus Release); not persisted
 	// held: found without a name by recovery (it was open when the
 	// service stopped) and kept for a reopen until ReleaseHeld; not
 	// persisted.
 	held bool
+}
+
+// setEntry makes name in directory n refer to ino.
+func (n *inode) setEntry(name string, ino Ino) {
+	n.entries[name] = ino
+	n.sorted.Store(nil)
+}
+
+// dropEntry removes name from directory n.
+func (n *inode) dropEntry(name string) {
+	delete(n.entries, name)
+	n.sorted.Store(nil)
+}
+
+// sortedNames returns directory n's names in order (see sorted). The
+// caller holds the namespace's lock, shared at least.
+func (n *inode) sortedNames() []string {
+	if p := n.sorted.Load(); p != nil {
+		return *p
+	}
+	names := slices.Sorted(maps.Keys(n.entries))
+	n.sorted.Store(&names)
+	return names
 }
 
 // isDir reports whether n is a directory.
@@ -124,7 +155,7 @@ func (s *state) applyCreate(r *createRec) error {
 	} else {
 		n.attr.Blob = uint64(r.ino)
 	}
-	p.entries[r.name] = r.ino
+	p.setEntry(r.name, r.ino)
 	p.attr.Mtime, p.attr.Ctime = r.time, r.time
 	s.inodes[r.ino] = n
 	s.nextIno++
@@ -152,7 +183,7 @@ func (s *state) applySymlink(r *symlinkRec) error {
 			Size: int64(len(r.target)), Atime: r.time, Mtime: r.time, Ctime: r.time},
 		target: r.target,
 	}
-	p.entries[r.name] = r.ino
+	p.setEntry(r.name, r.ino)
 	p.attr.Mtime, p.attr.Ctime = r.time, r.time
 	s.nextIno++
 	return nil
@@ -174,7 +205,7 @@ func (s *state) applyLink(r *linkRec) error {
 	if n == nil || n.isDir() || n.attr.Nlink == 0 || n.attr.Nlink >= LinkMax {
 		return fmt.Errorf("link: inode %d missing, a directory, nameless or at the link limit", r.ino)
 	}
-	p.entries[r.name] = r.ino
+	p.setEntry(r.name, r.ino)
 	n.attr.Nlink++
 	n.attr.Ctime = r.time
 	p.attr.Mtime, p.attr.Ctime = r.time, r.time
@@ -210,7 +241,7 @@ func (s *state) applyRemove(r *removeRec) error {
 	if n.isDir() && len(n.entries) != 0 {
 		return fmt.Errorf("remove directory %d: not empty", ino)
 	}
-	delete(p.entries, r.name)
+	p.dropEntry(r.name)
 	unlinkInode(p, n, r.time)
 	p.attr.Mtime, p.attr.Ctime = r.time, r.time
 	if r.flags&flagFree != 0 {
@@ -287,8 +318,8 @@ func (s *state) applyRename(r *renameRec) error {
 	if tgt != nil {
 		unlinkInode(np, tgt, r.time)
 	}
-	delete(op.entries, r.oldName)
-	np.entries[r.newName] = r.ino
+	op.dropEntry(r.oldName)
+	np.setEntry(r.newName, r.ino)
 	if src.isDir() && op != np {
 		op.attr.Nlink--
 		np.attr.Nlink++
