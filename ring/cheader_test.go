@@ -50,6 +50,7 @@ func cHeaderConsts() []cheader.Const {
 
 		cheader.Def("WEIR_HELLO_MAGIC", helloMagic),
 		cheader.Def("WEIR_ACK_MAGIC", ackMagic),
+		cheader.Def("WEIR_REFUSE_MAGIC", refuseMagic),
 		cheader.Def("WEIR_HELLO_LEN", helloLen),
 		cheader.Def("WEIR_HANDSHAKE_TIMEOUT_MS", uint64(HandshakeTimeout.Milliseconds())),
 		cheader.Def("WEIR_MAX_SLEEP_NS", uint64(maxSleep.Nanoseconds())),

@@ -20,19 +20,74 @@ import (
 //	                  with the region's memfd in SCM_RIGHTS
 //	client -> server  ack:   16 bytes {u64 ackMagic, u32 ABIVersion, u32 0}
 //
+// or, when the server will not serve this peer (a limit of its uid's):
+//
+//	server -> client  refusal: 16 bytes {u64 refuseMagic, u32 ABIVersion, u32 errno}
+//	                  with no file; the server closes the socket after it
+//
 // After the ack the client never writes to the socket again, and the
 // server writes only file messages (files.go); it stays open so that its
 // EOF tells each side the other has gone. A pidfd of the peer (from
 // SO_PEERCRED) covers a peer whose socket outlives it in a forked child.
 
 const (
-	helloMagic = 0x4f4c454852494557 // "WEIRHELO"
-	ackMagic   = 0x4b43414852494557 // "WEIRHACK"
-	helloLen   = 16
+	helloMagic  = 0x4f4c454852494557 // "WEIRHELO"
+	ackMagic    = 0x4b43414852494557 // "WEIRHACK"
+	refuseMagic = 0x4b414e4852494557 // "WEIRHNAK"
+	helloLen    = 16
 
 	// HandshakeTimeout bounds how long either side waits for the other.
 	HandshakeTimeout = 5 * time.Second
+
+	// maxRefusalErrno bounds the errno of a refusal (Linux's are below
+	// 4096); anything else is a broken server.
+	maxRefusalErrno = 4095
 )
+
+// Refuse tells the client on conn that the server will not serve it, with
+// errno (syscall.EAGAIN: too many of its uid's handshakes in progress;
+// syscall.EUSERS: its uid has as many sessions as it may), and closes
+// conn. It never waits: the message goes into the socket's empty send
+// buffer or is dropped (the client then sees EOF).
+func Refuse(conn *net.UnixConn, errno syscall.Errno) {
+	var msg [helloLen]byte
+	binary.LittleEndian.PutUint64(msg[:], refuseMagic)
+	binary.LittleEndian.PutUint32(msg[8:], ABIVersion)
+	binary.LittleEndian.PutUint32(msg[12:], uint32(errno))
+	if raw, err := conn.SyscallConn(); err == nil {
+		_ = raw.Control(func(fd uintptr) {
+			_ = unix.Send(int(fd), msg[:], unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		})
+	}
+	conn.Close()
+}
+
+// RefusedError is the client's side of a refusal (Refuse): the server
+// will not serve this peer, for the reason Errno says. It matches Errno
+// with errors.Is.
+type RefusedError struct{ Errno syscall.Errno }
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("ring: the server refused the session: %v", e.Errno)
+}
+
+func (e *RefusedError) Unwrap() error { return e.Errno }
+
+// checkRefusal reports the refusal b is (nil, a RefusedError, or an error
+// for a malformed one); b is a message whose magic is refuseMagic.
+func checkRefusal(b []byte, nfds int) error {
+	if len(b) != helloLen || nfds != 0 {
+		return fmt.Errorf("ring: refusal of %d bytes with %d fds, want %d and none", len(b), nfds, helloLen)
+	}
+	if v := binary.LittleEndian.Uint32(b[8:]); v != ABIVersion {
+		return fmt.Errorf("ring: peer speaks ABI %d, this side %d", v, ABIVersion)
+	}
+	e := binary.LittleEndian.Uint32(b[12:])
+	if e == 0 || e > maxRefusalErrno {
+		return fmt.Errorf("ring: refusal with errno %d", e)
+	}
+	return &RefusedError{Errno: syscall.Errno(e)}
+}
 
 func putHello(b []byte, magic uint64) {
 	binary.LittleEndian.PutUint64(b, magic)
@@ -149,6 +204,10 @@ func ClientHandshake(ctx context.Context, conn *net.UnixConn) (*Region, error) {
 		for _, fd := range fds {
 			unix.Close(fd)
 		}
+	}
+	if n == helloLen && binary.LittleEndian.Uint64(msg[:]) == refuseMagic {
+		closeAll()
+		return nil, checkRefusal(msg[:n], len(fds))
 	}
 	if err := checkHello(msg[:n], helloMagic); err != nil {
 		closeAll()

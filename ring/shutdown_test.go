@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -152,6 +153,38 @@ func hello(magic uint64) []byte {
 	return b
 }
 
+func refusal(errno uint32) []byte {
+	b := make([]byte, helloLen)
+	binary.LittleEndian.PutUint64(b, refuseMagic)
+	binary.LittleEndian.PutUint32(b[8:], ABIVersion)
+	binary.LittleEndian.PutUint32(b[12:], errno)
+	return b
+}
+
+// TestRefuse: a server that will not serve a peer says why (Refuse); the
+// client's handshake fails with that errno, and the socket is closed.
+func TestRefuse(t *testing.T) {
+	for _, e := range []syscall.Errno{syscall.EAGAIN, syscall.EUSERS} {
+		srv, cli := socketPair(t)
+		Refuse(srv, e)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r, err := ClientHandshake(ctx, cli)
+		cancel()
+		if err == nil {
+			r.Close()
+			t.Fatal("handshake succeeded")
+		}
+		var re *RefusedError
+		if !errors.Is(err, e) || !errors.As(err, &re) || re.Errno != e {
+			t.Fatalf("refused with %v: the client got %v", e, err)
+		}
+		var b [1]byte
+		if n, err := cli.Read(b[:]); n != 0 || err == nil {
+			t.Fatalf("after a refusal the socket is open: %d, %v", n, err)
+		}
+	}
+}
+
 // TestHandshakeFailures drives each handshake state with a peer that
 // misbehaves there. Each side must fail with an error, never hang.
 func TestHandshakeFailures(t *testing.T) {
@@ -188,6 +221,18 @@ func TestHandshakeFailures(t *testing.T) {
 			r.Close()
 		}, "SQ entries"},
 		{"server silent", func(c *net.UnixConn) {}, "read hello"},
+		{"refusal without errno", func(c *net.UnixConn) { c.Write(refusal(0)) }, "errno 0"},
+		{"refusal past the errnos", func(c *net.UnixConn) { c.Write(refusal(4096)) }, "errno 4096"},
+		{"refusal with a fd", func(c *net.UnixConn) {
+			r, _ := Create(smallCfg())
+			c.WriteMsgUnix(refusal(uint32(syscall.EAGAIN)), unix.UnixRights(int(r.File().Fd())), nil)
+			r.Close()
+		}, "with 1 fds"},
+		{"refusal of another ABI", func(c *net.UnixConn) {
+			m := refusal(uint32(syscall.EAGAIN))
+			binary.LittleEndian.PutUint32(m[8:], 99)
+			c.Write(m)
+		}, "ABI"},
 	}
 	for _, tc := range clientCases {
 		t.Run("client/"+tc.name, func(t *testing.T) {

@@ -221,6 +221,9 @@ static int handshake(struct ring *r)
 	int err = 0;
 	if (n < 0)
 		err = -errno;
+	else if (n == (ssize_t)sizeof msg && nfd == 0 && get64(msg) == WEIR_REFUSE_MAGIC &&
+		 get32(msg + 8) == WEIR_RING_ABI_VERSION && get32(msg + 12) >= 1 && get32(msg + 12) <= 4095)
+		err = -(int)get32(msg + 12); /* refused: a limit of this uid's (EAGAIN, EUSERS) */
 	else if (n != (ssize_t)sizeof msg || nfd != 1 || (mh.msg_flags & MSG_CTRUNC) || get64(msg) != WEIR_HELLO_MAGIC ||
 		 get32(msg + 8) != WEIR_RING_ABI_VERSION || get32(msg + 12) != 0)
 		err = -EPROTO;

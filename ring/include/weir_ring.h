@@ -189,9 +189,12 @@
 #define WEIR_OP_ECHO 2u
 #define WEIR_OP_FIRST_SERVICE 16u
 
-/* Handshake: {u64 magic, u32 ABI version, u32 0}, little-endian. */
-#define WEIR_HELLO_MAGIC 0x4f4c454852494557ull /* "WEIRHELO", server->client */
-#define WEIR_ACK_MAGIC 0x4b43414852494557ull   /* "WEIRHACK", client->server */
+/* Handshake: {u64 magic, u32 ABI version, u32 0}, little-endian. A
+ * refusal is {WEIR_REFUSE_MAGIC, ABI version, u32 errno} with no fd, then
+ * EOF: the server will not serve this peer (a limit of its uid's). */
+#define WEIR_HELLO_MAGIC 0x4f4c454852494557ull  /* "WEIRHELO", server->client */
+#define WEIR_ACK_MAGIC 0x4b43414852494557ull    /* "WEIRHACK", client->server */
+#define WEIR_REFUSE_MAGIC 0x4b414e4852494557ull /* "WEIRHNAK", server->client */
 #define WEIR_HELLO_LEN 16u
 #define WEIR_HANDSHAKE_TIMEOUT_MS 5000u
 
