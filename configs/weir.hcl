@@ -94,7 +94,9 @@ metadata {
   # Group-commit interval when sync_every_op is false.
   sync_interval = "5ms"
 
-  # WAL records between metadata checkpoints (snapshot, then WAL trim).
+  # WAL records between metadata checkpoints (snapshot, then WAL trim),
+  # or a quarter of the files and directories the last checkpoint held if
+  # that is more (a snapshot costs in proportion to the namespace).
   checkpoint_every = 10000
 
   # Trust groups: sessions that share a file's leases without checks. A

@@ -268,6 +268,7 @@ func (n *NS) checkpoint() error {
 	data := encodeCheckpoint(n.st, lsn)
 	err := n.w.Rotate()
 	n.sinceCkpt.Store(0)
+	n.ckptEvery.Store(int64(len(n.st.inodes) / 4))
 	n.mu.RUnlock()
 	if err != nil {
 		return &IOError{Op: "rotate WAL", Err: err}

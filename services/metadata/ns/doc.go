@@ -78,7 +78,10 @@
 // that depends on it is logged after it, so its acknowledgement implies
 // the earlier change is durable too.
 //
-// Every Options.CheckpointEvery records a checkpoint (a full snapshot) is
+// Every Options.CheckpointEvery records (or a quarter of the inodes the
+// last checkpoint held, if that is more: a snapshot costs in proportion to
+// the namespace, so a million creates took 94 µs of CPU each with a
+// snapshot every 10,000) a checkpoint (a full snapshot) is
 // taken: under a read lock the state is encoded and the WAL moves to a new
 // segment (the old one is flushed first); then the snapshot is written to
 // ckpt-<LSN>.tmp, flushed, renamed to ckpt-<LSN>.ckpt and the directory

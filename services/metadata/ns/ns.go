@@ -48,7 +48,12 @@ type NS struct {
 
 	orphans []uint64 // blobs of the inodes recovery found without a name; immutable after Open
 
-	sinceCkpt atomic.Int64  // records appended since the last checkpoint snapshot
+	sinceCkpt atomic.Int64 // records appended since the last checkpoint snapshot
+	// ckptEvery is how many records the next checkpoint waits for:
+	// Options.CheckpointEvery, or a quarter of the inodes the last one
+	// held if that is more (checkpoint), so that a snapshot's cost, which
+	// grows with the namespace, stays a few inodes' encoding per record.
+	ckptEvery atomic.Int64
 	ckptKick  chan struct{} // wakes the checkpointer; capacity 1
 	stop      chan struct{} // closed by Close to stop the goroutines
 	wg        sync.WaitGroup
@@ -356,7 +361,7 @@ func (n *NS) finish(lsn uint64) error {
 	if lsn == 0 {
 		return nil
 	}
-	if n.sinceCkpt.Load() >= int64(n.opts.CheckpointEvery) {
+	if n.sinceCkpt.Load() >= max(n.ckptEvery.Load(), int64(n.opts.CheckpointEvery)) {
 		if n.cfg.inlineCheckpoint {
 			if err := n.checkpoint(); err != nil {
 				n.log.Error("checkpoint failed", "error", err)

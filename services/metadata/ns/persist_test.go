@@ -907,3 +907,43 @@ func TestAllocLimitSurvivesPowerLoss(t *testing.T) {
 		t.Errorf("PromiseAlloc(0) = %v, want EINVAL", err)
 	}
 }
+
+// TestCheckpointsScaleWithTheNamespace: past CheckpointEvery, a checkpoint
+// waits for a quarter of the inodes the last one held, so that a growing
+// namespace is not snapshotted every CheckpointEvery records (a million
+// creates spent most of their CPU there); recovery still finds every file.
+func TestCheckpointsScaleWithTheNamespace(t *testing.T) {
+	m := vfs.NewMem()
+	clk := newClock()
+	o := testOpts(clk)
+	o.CheckpointEvery = 10
+	n, err := open(o, config{fs: m, inlineCheckpoint: true})
+	must(t, err)
+	const files = 4000
+	var lsns []uint64
+	for i := range files {
+		release(t, n, create(t, n, root, fmt.Sprintf("/f%04d", i)).Ino)
+		if k := n.ckpts; len(k) > 0 && (len(lsns) == 0 || lsns[len(lsns)-1] != k[len(k)-1]) {
+			lsns = append(lsns, k[len(k)-1])
+		}
+	}
+	// Every 10 records to 40 inodes, then every quarter of the namespace:
+	// about 30 checkpoints for 4,000 creates (each create logs a record or
+	// two), where every 10 records would have taken hundreds.
+	if len(lsns) < 5 || len(lsns) > 80 {
+		t.Fatalf("%d checkpoints for %d creates with CheckpointEvery 10: %v", len(lsns), files, lsns)
+	}
+	for i := 1; i < len(lsns); i++ {
+		if lsns[i]-lsns[i-1] < 10 {
+			t.Fatalf("checkpoints at LSN %d and %d: closer than CheckpointEvery", lsns[i-1], lsns[i])
+		}
+	}
+	must(t, n.Sync())
+	n.crash()
+	r, err := open(o, config{fs: m, inlineCheckpoint: true})
+	must(t, err)
+	for i := range files {
+		stat(t, r, fmt.Sprintf("f%04d", i))
+	}
+	must(t, r.Close())
+}

@@ -134,8 +134,10 @@ const TimeOmit int64 = math.MinInt64
 type Options struct {
 	// Dir holds the WAL segments and checkpoints; created (0700) if missing.
 	Dir string
-	// CheckpointEvery is the number of WAL records between checkpoints;
-	// 0 means 10000.
+	// CheckpointEvery is the number of WAL records between checkpoints, or
+	// a quarter of the inodes the last checkpoint held if that is more (a
+	// snapshot of a large namespace costs in proportion to it); 0 means
+	// 10000.
 	CheckpointEvery int
 	// SyncEveryOp flushes the WAL before each mutation returns; concurrent
 	// mutations share one flush (group commit). When false, mutations are
