@@ -325,17 +325,33 @@ func (h *Host) Refuse(m *nats.Msg, kind string, reply any, detail string) {
 }
 
 // Counters are the host's counters for stats: refused control messages,
-// in all and by kind, peers a service listener turned away, and accepts
-// that failed (a listener retries them).
+// in all and by kind, peers a service listener turned away, accepts that
+// failed (a listener retries them), connections a client listener's
+// Limits refused, handshakes that failed or timed out, and the
+// handshakes and ring sessions (pending or served) now.
 func (h *Host) Counters() map[string]any {
 	m := h.refused.snapshot()
-	var peers, accepts uint64
+	var peers, accepts, refHS, refSess, timedOut, failed uint64
+	var pending, sessions int
 	for _, l := range h.listeners {
 		peers += l.Refused.Load()
 		accepts += l.AcceptErrors.Load()
+		refHS += l.RefusedHandshakes.Load()
+		refSess += l.RefusedSessions.Load()
+		timedOut += l.HandshakeTimeouts.Load()
+		failed += l.HandshakeFailures.Load()
+		p, n := l.Pending()
+		pending += p
+		sessions += n
 	}
 	m["service_peers_refused"] = peers
 	m["accept_errors"] = accepts
+	m["limits_refused_handshakes"] = refHS
+	m["limits_refused_sessions"] = refSess
+	m["handshakes_timed_out"] = timedOut
+	m["handshakes_failed"] = failed
+	m["handshakes_pending"] = pending
+	m["ring_sessions"] = sessions
 	return m
 }
 

@@ -12,8 +12,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -48,6 +50,38 @@ type Drainer interface {
 	Drained(sc *ring.ServerConn)
 }
 
+// Limits bound what the peers of one uid may hold of a client listener, so
+// that no local user can take the service from the others
+// (docs/architecture.md, "Limits per uid"). A zero bound is no bound.
+//
+// A handshake is pending from the accept until the client's ack: it holds
+// a goroutine and a region (the ring's queues touched: ~50 KiB) and waits
+// for a peer that may never answer. A session counts from its accept to
+// its end, pending or served; a served one holds a poller goroutine, and
+// an OS thread while that sleeps on its doorbell.
+type Limits struct {
+	// HandshakesPerUID bounds one uid's pending handshakes, Handshakes
+	// every uid's: past either the connection is refused with EAGAIN.
+	HandshakesPerUID, Handshakes int
+	// HandshakeTimeout drops a handshake the client has not acked by then;
+	// 0 is ring.HandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// SessionsPerUID bounds one uid's sessions, Sessions every uid's:
+	// past either the connection is refused with EUSERS.
+	SessionsPerUID, Sessions int
+	// Exempt are uids no bound applies to (their sessions are counted in
+	// every uid's all the same): the configuration's limits.exempt_uids
+	// and the service's own uid (package stack adds it).
+	Exempt []uint32
+}
+
+// Exempts reports whether uid is exempt from l's bounds (and from the
+// services' per-uid budgets, which take the same list).
+func (l *Limits) Exempts(uid uint32) bool { return slices.Contains(l.Exempt, uid) }
+
+// uidCount is what one uid holds of a listener.
+type uidCount struct{ pending, sessions int }
+
 // Listener accepts ring sessions for one service on a Unix socket: one
 // goroutine per session (handshake, then Serve), and a shutdown that ends
 // every session and waits for it. What a session does is the service's
@@ -69,13 +103,20 @@ type Listener struct {
 	// NewRegion creates each session's region from Ring; nil means
 	// ring.Create. A service that falls back from huge pages sets it.
 	NewRegion func(cfg ring.Config) (*ring.Region, error)
+	// Limits bound each uid's handshakes and sessions (client listeners;
+	// a service listener admits the service user only).
+	Limits Limits
 
 	ln     *ring.Listener                // immutable after Start
 	uid    uint32                        // the service uid; immutable after Start
 	sock   os.FileInfo                   // the socket file Start made; immutable after Start
-	mu     sync.Mutex                    // protects started, conns, closed
+	mu     sync.Mutex                    // protects started, conns, closed, uids, pending, sessions
 	conns  map[*ring.ServerConn]struct{} // sessions being served
 	closed bool
+	// uids counts each uid's pending handshakes and sessions; pending and
+	// sessions are every uid's (Limits).
+	uids              map[uint32]*uidCount
+	pending, sessions int
 	// started is set once Start succeeded.
 	started bool
 	wg      sync.WaitGroup // the accept loop and every session goroutine
@@ -83,7 +124,11 @@ type Listener struct {
 	// Refused counts peers a service listener turned away; AcceptErrors
 	// the accepts that failed (acceptLoop).
 	Refused, AcceptErrors atomic.Uint64
-	stop                  chan struct{} // closed by Shutdown; made by Start
+	// RefusedHandshakes and RefusedSessions count the connections Limits
+	// refused (EAGAIN, EUSERS); HandshakeTimeouts the handshakes dropped
+	// at their deadline, HandshakeFailures every failed one (those too).
+	RefusedHandshakes, RefusedSessions, HandshakeTimeouts, HandshakeFailures atomic.Uint64
+	stop                                                                     chan struct{} // closed by Shutdown; made by Start
 }
 
 // Start listens on Socket and accepts sessions in the background.
@@ -113,6 +158,7 @@ func (s *Listener) Start() error {
 	s.ln, s.sock = ln, sock
 	s.mu.Lock()
 	s.conns = make(map[*ring.ServerConn]struct{})
+	s.uids = make(map[uint32]*uidCount)
 	s.stop = make(chan struct{})
 	s.started = true
 	s.mu.Unlock()
@@ -173,25 +219,140 @@ func (s *Listener) acceptLoop() {
 			continue
 		}
 		pause = 0
+		// Who the peer is comes first, before any work for it: the
+		// kernel's answer costs one getsockopt, and a peer past its
+		// uid's bounds costs nothing more.
+		cred, err := peerCred(conn)
+		if s.ServiceOnly && (err != nil || cred.Uid != s.uid) {
+			s.refuse(conn, cred, err)
+			continue
+		}
+		if err != nil {
+			conn.Close()
+			s.handshakeFailed(fmt.Errorf("peer credentials: %w", err))
+			continue
+		}
+		if e := s.admit(cred.Uid); e != 0 {
+			s.refuseLimit(conn, cred, e)
+			continue
+		}
 		s.wg.Add(1)
 		go func() {
 			defer s.wg.Done()
-			s.serve(conn)
+			s.serve(conn, cred)
 		}()
 	}
 }
 
-// serve runs one session: the handshake in this goroutine (a slow client
-// delays no one else), then Serve. This goroutine alone closes the session,
-// so the region stays mapped from Started to Drained.
-func (s *Listener) serve(conn *net.UnixConn) {
-	if s.ServiceOnly {
-		cred, err := peerCred(conn)
-		if err != nil || cred.Uid != s.uid {
-			s.refuse(conn, cred, err)
-			return
+// admit counts a new connection of uid as a pending handshake and a
+// session, or returns the errno of the bound it would pass: EUSERS for
+// sessions, EAGAIN for handshakes.
+func (s *Listener) admit(uid uint32) syscall.Errno {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := &s.Limits
+	u := s.uids[uid]
+	if u == nil {
+		u = &uidCount{}
+	}
+	if !l.Exempts(uid) {
+		switch {
+		case l.SessionsPerUID > 0 && u.sessions >= l.SessionsPerUID, l.Sessions > 0 && s.sessions >= l.Sessions:
+			return syscall.EUSERS
+		case l.HandshakesPerUID > 0 && u.pending >= l.HandshakesPerUID, l.Handshakes > 0 && s.pending >= l.Handshakes:
+			return syscall.EAGAIN
 		}
 	}
+	s.uids[uid] = u
+	u.pending++
+	u.sessions++
+	s.pending++
+	s.sessions++
+	return 0
+}
+
+// handshakeDone ends uid's pending handshake; handshakeDone with gone
+// ends its session too.
+func (s *Listener) handshakeDone(uid uint32, gone bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	u := s.uids[uid]
+	u.pending--
+	s.pending--
+	if gone {
+		s.leftLocked(uid, u)
+	}
+}
+
+// left ends a session of uid.
+func (s *Listener) left(uid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.leftLocked(uid, s.uids[uid])
+}
+
+func (s *Listener) leftLocked(uid uint32, u *uidCount) {
+	u.sessions--
+	s.sessions--
+	if u.sessions == 0 {
+		delete(s.uids, uid)
+	}
+}
+
+// Pending returns the handshakes in progress and the sessions (pending or
+// served) now.
+func (s *Listener) Pending() (handshakes, sessions int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending, s.sessions
+}
+
+// refuseLimit refuses a connection past a bound of its uid's with e
+// (ring.Refuse: the client's handshake fails with e), counted; the first
+// refusal of each kind is a warning, later ones debug lines.
+func (s *Listener) refuseLimit(conn *net.UnixConn, cred *unix.Ucred, e syscall.Errno) {
+	ring.Refuse(conn, e)
+	count, what, key := &s.RefusedHandshakes, "handshakes", "limits.handshakes_per_uid, limits.handshakes"
+	if e == syscall.EUSERS {
+		count, what, key = &s.RefusedSessions, "sessions", "limits.sessions_per_uid, limits.sessions"
+	}
+	n := count.Add(1)
+	lvl := hclog.Debug
+	if n == 1 {
+		lvl = hclog.Warn
+	}
+	s.Log.Log(lvl, "connection refused: its uid has as many "+what+" as it may (later refusals are logged at debug level; all are counted in limits_refused_"+what+")",
+		"socket", s.Socket, "pid", cred.Pid, "uid", cred.Uid, "errno", e.Error(), "config", key)
+}
+
+// handshakeFailed counts a failed handshake; the first is a warning,
+// later ones debug lines (a peer can fail as many as it likes).
+func (s *Listener) handshakeFailed(err error) {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		s.HandshakeTimeouts.Add(1)
+	}
+	lvl := hclog.Debug
+	if s.HandshakeFailures.Add(1) == 1 {
+		lvl = hclog.Warn
+	}
+	s.Log.Log(lvl, "handshake failed (later failures are logged at debug level; all are counted in handshakes_failed)",
+		"socket", s.Socket, "error", err)
+}
+
+// handshakeTimeout is how long a client has to ack the hello.
+func (s *Listener) handshakeTimeout() time.Duration {
+	if t := s.Limits.HandshakeTimeout; t > 0 {
+		return t
+	}
+	return ring.HandshakeTimeout
+}
+
+// serve runs one session of the peer cred (admitted: its handshake and
+// session counted): the handshake in this goroutine (a slow client
+// delays no one else), bounded by the handshake timeout, then Serve. This
+// goroutine alone closes the session, so the region stays mapped from
+// Started to Drained.
+func (s *Listener) serve(conn *net.UnixConn, cred *unix.Ucred) {
 	newRegion := s.NewRegion
 	if newRegion == nil {
 		newRegion = ring.Create
@@ -199,15 +360,21 @@ func (s *Listener) serve(conn *net.UnixConn) {
 	r, err := newRegion(s.Ring)
 	if err != nil {
 		conn.Close()
+		s.handshakeDone(cred.Uid, true)
 		s.Log.Error("create session region", "error", err)
 		return
 	}
 	sess := s.New()
-	sc, err := ring.NewServerConnRegion(context.Background(), conn, r, sess.Handler(), s.Mode)
+	ctx, cancel := context.WithTimeout(context.Background(), s.handshakeTimeout())
+	sc, err := ring.NewServerConnRegion(ctx, conn, r, sess.Handler(), s.Mode)
+	cancel()
 	if err != nil {
-		s.Log.Warn("handshake failed", "error", err)
+		s.handshakeDone(cred.Uid, true)
+		s.handshakeFailed(err)
 		return
 	}
+	s.handshakeDone(cred.Uid, false)
+	defer s.left(cred.Uid)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,12 +83,18 @@ func (s *recSession) history() []string {
 // the returned channel as they are made.
 func startServer(t *testing.T) (*Listener, <-chan *recSession, *atomic.Int32) {
 	t.Helper()
+	return startServerWith(t, Limits{})
+}
+
+// startServerWith is startServer with limits.
+func startServerWith(t *testing.T, limits Limits) (*Listener, <-chan *recSession, *atomic.Int32) {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "ringsrv-") // socket paths are short
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	sessions := make(chan *recSession, 4)
+	sessions := make(chan *recSession, 64)
 	var regions atomic.Int32 // NewRegion calls
 	srv := &Listener{
 		Socket: filepath.Join(dir, "s.sock"),
@@ -103,6 +110,7 @@ func startServer(t *testing.T) (*Listener, <-chan *recSession, *atomic.Int32) {
 			regions.Add(1)
 			return ring.Create(cfg)
 		},
+		Limits: limits,
 	}
 	if err := srv.Start(); err != nil {
 		t.Fatal(err)
@@ -210,4 +218,117 @@ func TestServerErr(t *testing.T) {
 	if err := srv.Err(); err == nil || !strings.Contains(err.Error(), "shut down") {
 		t.Errorf("Err after Shutdown = %v", err)
 	}
+}
+
+// idleConn connects to srv and never acks its hello: a pending handshake
+// until the listener drops it.
+func idleConn(t *testing.T, srv *Listener) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", srv.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// dialErr dials srv through the ring's handshake and returns its error
+// (closing the session if there is none).
+func dialErr(srv *Listener) error {
+	c, err := ring.Dial(context.Background(), srv.Socket, ring.ClientOptions{})
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// waitFor polls cond (every 5 ms, for at most 10 s: a bound on a hang,
+// not on the time it takes) and fails the test if it never holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 10 s", what)
+		}
+	}
+}
+
+// TestLimits: past a uid's pending handshakes a connection is refused
+// with EAGAIN, past its sessions with EUSERS (the client's handshake says
+// so), each counted; a handshake never acked is dropped at the deadline;
+// an exempt uid is never refused.
+func TestLimits(t *testing.T) {
+	uid := uint32(os.Geteuid())
+	t.Run("handshakes per uid", func(t *testing.T) {
+		srv, _, regions := startServerWith(t, Limits{HandshakesPerUID: 2, HandshakeTimeout: 200 * time.Millisecond})
+		idleConn(t, srv)
+		idleConn(t, srv)
+		waitFor(t, "two pending handshakes", func() bool { p, _ := srv.Pending(); return p == 2 })
+		if err := dialErr(srv); !errors.Is(err, unix.EAGAIN) {
+			t.Fatalf("a third handshake of the uid: %v, want EAGAIN", err)
+		}
+		if n := srv.RefusedHandshakes.Load(); n != 1 {
+			t.Fatalf("limits_refused_handshakes = %d, want 1", n)
+		}
+		if n := regions.Load(); n != 2 {
+			t.Fatalf("%d regions made, want 2: a refused connection costs none", n)
+		}
+		waitFor(t, "idle handshakes dropped at their deadline", func() bool { p, n := srv.Pending(); return p == 0 && n == 0 })
+		if n := srv.HandshakeTimeouts.Load(); n != 2 {
+			t.Fatalf("handshakes_timed_out = %d, want 2", n)
+		}
+		if err := dialErr(srv); err != nil {
+			t.Fatalf("a handshake once the idle ones were dropped: %v", err)
+		}
+	})
+	t.Run("handshakes in all", func(t *testing.T) {
+		srv, _, _ := startServerWith(t, Limits{Handshakes: 1})
+		idleConn(t, srv)
+		waitFor(t, "one pending handshake", func() bool { p, _ := srv.Pending(); return p == 1 })
+		if err := dialErr(srv); !errors.Is(err, unix.EAGAIN) {
+			t.Fatalf("a second handshake: %v, want EAGAIN", err)
+		}
+	})
+	t.Run("sessions per uid", func(t *testing.T) {
+		srv, sessions, _ := startServerWith(t, Limits{SessionsPerUID: 3})
+		var cs []*ring.Client
+		for range 3 {
+			cs = append(cs, dialNop(t, srv))
+		}
+		err := dialErr(srv)
+		var re *ring.RefusedError
+		if !errors.Is(err, unix.EUSERS) || !errors.As(err, &re) {
+			t.Fatalf("a fourth session of the uid: %v, want the refusal EUSERS", err)
+		}
+		if n := srv.RefusedSessions.Load(); n != 1 {
+			t.Fatalf("limits_refused_sessions = %d, want 1", n)
+		}
+		cs[0].Close()
+		waitEnded(t, <-sessions)
+		c := dialNop(t, srv)
+		c.Close()
+		for _, c := range cs[1:] {
+			c.Close()
+		}
+	})
+	t.Run("sessions in all", func(t *testing.T) {
+		srv, _, _ := startServerWith(t, Limits{Sessions: 1})
+		c := dialNop(t, srv)
+		defer c.Close()
+		if err := dialErr(srv); !errors.Is(err, unix.EUSERS) {
+			t.Fatalf("a second session: %v, want EUSERS", err)
+		}
+	})
+	t.Run("exempt", func(t *testing.T) {
+		srv, _, _ := startServerWith(t, Limits{HandshakesPerUID: 1, SessionsPerUID: 1, Exempt: []uint32{uid}})
+		idleConn(t, srv)
+		c := dialNop(t, srv)
+		defer c.Close()
+		if err := dialErr(srv); err != nil {
+			t.Fatalf("an exempt uid past its bounds: %v", err)
+		}
+		if n := srv.RefusedHandshakes.Load() + srv.RefusedSessions.Load(); n != 0 {
+			t.Fatalf("%d refusals of an exempt uid", n)
+		}
+	})
 }
