@@ -29,10 +29,13 @@ import (
 // never answers ENOENT); a claim io refuses (the namespace changed since
 // the snapshot: a generation moved) drops every snapshot, and the open
 // goes through metadata. A file opened this way has no metadata handle:
-// the first call that needs one (Stat, Chmod, Sync, a recovery) or an
-// EBADF from io (a writer's grant ended the direct open) opens it through
-// metadata by its name and checks that the name still names the same
-// inode (ESTALE otherwise), and the file is an ordinary one from then on.
+// the first call that needs one (Chmod, a Stat its name no longer
+// answers, a recovery) or an EBADF from io (a writer's grant ended the
+// direct open) opens it through metadata by its name and checks that the
+// name still names the same inode, and the file is an ordinary one from
+// then on. If it does not (nameGone), the file stays a direct one: Stat
+// and Sync are answered at io (statDirect, removedDirect), the rest is
+// ESTALE.
 // Its reads go through the ring (no mapping: io could not take one
 // back), and its close queues an OpRelease that rides in the session's
 // next claim or goes closeLinger later.
@@ -129,6 +132,7 @@ func (f *FS) openDirect(c *conn, name string, flag int) (*File, bool) {
 	}
 	f.DirectOpens.Add(1)
 	fl := &File{fs: f, name: name, flags: flag, dataHandle: comp.Aux, meta: c.meta, gen: c.gen, granted: true, ino: e.Ino}
+	fl.known = proto.Attr{Ino: e.Ino, Mode: e.Mode, Nlink: 1, UID: unknownID, GID: unknownID}
 	fl.viaDir.Store(true)
 	return fl, true
 }
@@ -214,7 +218,7 @@ func (fl *File) promoteLocked(c *conn) error {
 	if err != nil && !lostSession(err) && !errors.Is(err, proto.ErrStale) {
 		// Renamed, removed, or no longer readable by its name: as
 		// below, the descriptor is good, but weir cannot reach it here.
-		return fmt.Errorf("%w (opened at io from a directory snapshot, the file cannot be opened by its name now: %v; weir gives such a file no metadata handle)", syscall.ESTALE, err)
+		return &nameGone{why: fmt.Sprintf("the file cannot be opened by its name now: %v", err)}
 	}
 	if err != nil {
 		return err
@@ -225,7 +229,7 @@ func (fl *File) promoteLocked(c *conn) error {
 	}
 	if r.Attr.Ino != fl.ino || r.Attr.Mode&syscall.S_IFMT != syscall.S_IFREG {
 		_, _ = call(bgctx, c.meta, proto.OpClose, 0, r.Handle, 0, nil, nil)
-		return fmt.Errorf("%w (opened at io from a directory snapshot, the file's name now names another file or none; weir gives such a file no metadata handle)", syscall.ESTALE)
+		return &nameGone{why: "the file's name now names another file or none"}
 	}
 	if fl.gen == c.gen {
 		fl.releaseDirectLocked(c)
@@ -247,4 +251,69 @@ func (fl *File) releaseDirectLocked(c *conn) {
 		return
 	}
 	_, _ = call(bgctx, c.data, proto.OpRelease, 0, fl.dataHandle, 0, nil, nil)
+}
+
+// nameGone is promoteLocked's error when the file's name no longer names
+// it (removed or renamed since the direct open): the descriptor is good,
+// and io serves it, but weir can give it no metadata handle. What needs
+// only io still works: reads, fstat (statDirect) and fsync.
+type nameGone struct{ why string }
+
+func (e *nameGone) Error() string {
+	return fmt.Sprintf("%v (opened at io from a directory snapshot, %s; weir gives such a file no metadata handle)", syscall.ESTALE, e.why)
+}
+func (e *nameGone) Unwrap() error { return syscall.ESTALE }
+
+// unknownID is the owner a direct file's fstat answers when no stat by
+// its name told it the real one before the name went (Linux's
+// overflowuid and overflowgid: an id the kernel cannot represent).
+const unknownID = 65534
+
+// statDirect answers fstat of a direct file whose name no longer names
+// it: the attributes it last learned (the snapshot's inode and mode, then
+// a stat by its name's owner, links and times), with the size io holds
+// for the open blob, and io's mtime if the blob changed since io opened
+// it. An error: io no longer serves the direct open (a writer's grant
+// ended it, or io restarted), and the file is unreachable.
+func (fl *File) statDirect() (proto.Attr, error) {
+	var r proto.GetAttrResp
+	err := fl.dataOp(true, func(c *conn, h uint64) error {
+		out := make([]byte, proto.GetAttrRespSize)
+		comp, err := call(bgctx, c.data, proto.OpGetAttr, 0, h, 0, nil, out)
+		if err != nil {
+			return err
+		}
+		if r, err = proto.DecodeGetAttrResp(out[:comp.Result]); err != nil {
+			return badCompletion(proto.OpGetAttr, "attributes do not decode")
+		}
+		return nil
+	})
+	if err != nil {
+		return proto.Attr{}, err
+	}
+	fl.hmu.Lock()
+	a := fl.known
+	fl.hmu.Unlock()
+	a.Size = r.Size
+	if r.Changed && r.Mtime > a.Mtime {
+		a.Mtime, a.Ctime = r.Mtime, max(a.Ctime, r.Mtime)
+	}
+	return a, nil
+}
+
+// removedDirect says whether an EIO from a direct file's fsync is io
+// failing to record the size of a file that no longer exists: io syncs
+// the blob's bytes, then reports its size to metadata when it changed
+// (or its name is not durable yet), and metadata refuses the report of a
+// removed file; io answers that refusal EIO. A direct open has no
+// metadata handle to keep its inode, so the removal of its last name
+// removes the file. It says so when the name no longer names the file.
+// A file renamed away whose sync failed at the device looks the same; a
+// failed sync makes io unhealthy (weir status) until it restarts.
+func (fl *File) removedDirect() bool {
+	fi, err := fl.fs.statAt(nil, "stat", fl.name)
+	if err != nil {
+		return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR)
+	}
+	return fi.a.Ino != fl.ino
 }

@@ -57,9 +57,12 @@ type File struct {
 	noCache   uint64                    // protected by cmu
 	ringReads atomic.Int32
 	// viaDir: opened at io alone from a directory snapshot (direct.go),
-	// with no metadata handle yet; ino is its inode.
+	// with no metadata handle yet; ino is its inode, known its attributes
+	// as last learned (the snapshot's, then each stat by its name's;
+	// protected by hmu), for a Stat once the name no longer names it.
 	viaDir  atomic.Bool
 	ino     uint64
+	known   proto.Attr
 	seqEnd  atomic.Int64 // where the last cached read ended (readahead)
 	hinting atomic.Bool  // a readahead hint is in flight
 
@@ -679,7 +682,8 @@ func (fl *File) dataOp(idempotent bool, fn func(c *conn, h uint64) error) error 
 	c := fl.fs.current()
 	err := run(c)
 	var gone *fileGone
-	if err == nil || errors.As(err, &gone) || !(lostSession(err) || errors.Is(err, proto.ErrStale)) {
+	var nameless *nameGone
+	if err == nil || errors.As(err, &gone) || errors.As(err, &nameless) || !(lostSession(err) || errors.Is(err, proto.ErrStale)) {
 		return err
 	}
 	nc, rerr := fl.fs.recover(c, err)
@@ -1256,6 +1260,11 @@ func (fl *File) sync(arg uint32) error {
 			_, err := call(bgctx, c.data, proto.OpSync, arg, h, 0, nil, nil)
 			return err
 		})
+		if errors.Is(err, syscall.EIO) && fl.viaDir.Load() && fl.removedDirect() {
+			// A direct open of a file removed since: its bytes are
+			// synced, and it has no size left to record.
+			err = nil
+		}
 	}
 	if err != nil {
 		return fl.err("sync", err)
@@ -1275,12 +1284,18 @@ func (fl *File) Stat() (fs.FileInfo, error) {
 	}
 	if fl.viaDir.Load() {
 		// A direct open (direct.go): its name's attributes, if the name
-		// still names it; else it is opened through metadata first.
+		// still names it; else it is opened through metadata first, and
+		// if its name no longer names it, io and what the file learned
+		// answer.
 		if fi, err := fl.fs.statAt(nil, "stat", fl.name); err == nil && fi.a.Ino == fl.ino {
+			fl.hmu.Lock()
+			fl.known = fi.a
+			fl.hmu.Unlock()
 			return newFileInfo(baseName(fl.name), fi.a), nil
 		}
 	}
 	var a proto.Attr
+	var gone *nameGone
 	err := fl.fs.metaOp(true, func(c *conn) error {
 		h, err := fl.handleIn(c)
 		if err != nil {
@@ -1296,6 +1311,9 @@ func (fl *File) Stat() (fs.FileInfo, error) {
 		}
 		return nil
 	})
+	if errors.As(err, &gone) {
+		a, err = fl.statDirect()
+	}
 	if err != nil {
 		return nil, fl.err("stat", err)
 	}

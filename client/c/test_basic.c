@@ -1,7 +1,8 @@
 /*
  * libweir's first C test (driven by client/c/ctest): a session, files
- * written and read back across the chunk size, fsync, stat, unlink,
- * errors as negated errnos, and threads sharing one weir_fs.
+ * written and read back across the chunk size, fsync, stat, unlink (and
+ * fstat and fsync of a handle open across it), errors as negated errnos,
+ * and threads sharing one weir_fs.
  * Sockets from WEIR_META_SOCK and WEIR_IO_SOCK. Exit 0 and "ok" on success.
  */
 #define _GNU_SOURCE
@@ -96,6 +97,18 @@ int main(void)
 	struct weir_attr a;
 	err = weir_stat(fs, "c/small", &a);
 	CHECK(err == -ENOENT, "stat after unlink: %d, want -ENOENT", err);
+	/* A read-only descriptor outlives its name, as on Linux: fstat gives
+	 * the size, fsync succeeds. */
+	roundtrip("c/gone", 4099, 3);
+	err = weir_open(fs, "c/gone", O_RDONLY, 0, &h, NULL, NULL);
+	CHECK(err == 0, "open c/gone read-only: %s", strerror(-err));
+	err = weir_unlink(fs, "c/gone");
+	CHECK(err == 0, "unlink c/gone: %s", strerror(-err));
+	err = weir_fstat(fs, h, &a);
+	CHECK(err == 0 && a.size == 4099, "fstat after unlink: %d, size %lld", err, (long long)a.size);
+	err = weir_fsync(fs, h);
+	CHECK(err == 0, "fsync of a read-only handle after unlink: %s", strerror(-err));
+	weir_close(fs, h);
 	pthread_t t[4];
 	for (long i = 0; i < 4; i++)
 		CHECK(pthread_create(&t[i], NULL, worker, (void *)i) == 0, "pthread_create");

@@ -191,7 +191,11 @@ func TestShimDifferential(t *testing.T) {
 	st := startStack(t)
 	script := append([]string(nil), shimScript...)
 	if _, err := exec.LookPath("python3"); err == nil {
-		script = append(script, `python3 -c "import os; open(os.environ['D']+'/p','w').write('py\n'); print(open(os.environ['D']+'/p').read(), end='')"`)
+		script = append(script, `python3 -c "import os; open(os.environ['D']+'/p','w').write('py\n'); print(open(os.environ['D']+'/p').read(), end='')"`,
+			// fstat and fsync of a read-only descriptor whose name was
+			// removed, or renamed, since the open.
+			`python3 -c "import os; d=os.environ['D']; open(d+'/u','w').write('12345'); fd=os.open(d+'/u',os.O_RDONLY); os.unlink(d+'/u'); s=os.fstat(fd); print(s.st_size, s.st_nlink); os.fsync(fd); os.fdatasync(fd); print(os.read(fd,9))"`,
+			`python3 -c "import os; d=os.environ['D']; open(d+'/w','w').write('123'); fd=os.open(d+'/w',os.O_RDONLY); os.rename(d+'/w',d+'/w2'); s=os.fstat(fd); print(s.st_size, s.st_nlink); os.fsync(fd); print(os.read(fd,9))"`)
 	} else {
 		t.Log("python3 is not installed: its line is left out")
 	}
