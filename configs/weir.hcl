@@ -200,6 +200,56 @@ journal {
   foreground = false
 }
 
+# What the clients of one uid may take of the services, so that no local
+# user can take the stack from the others (docs/architecture.md, "Limits per
+# uid"). A count of 0 is no bound; a share is a percentage (1 to 100) of
+# the resource, 100 leaving only the service's own bound. Refusals are
+# counted in `weir status` (limits_refused_*, limits_*).
+limits {
+  # Uids no limit applies to (the services' own uid always is): root can
+  # stop the services anyway.
+  exempt_uids = [0]
+
+  # Connections of one uid (and of all uids) still in the ring's handshake
+  # (accepted, the session's memory made, the client's ack awaited), per
+  # service socket; past either a connection is refused: the client's dial
+  # fails with EAGAIN.
+  handshakes_per_uid = 8
+  handshakes         = 64
+
+  # A connection that has not completed the handshake by then is dropped
+  # (100ms to 1m).
+  handshake_timeout = "2s"
+
+  # Ring sessions (each client process has one per service) of one uid and
+  # of all uids, per service; past either a connection is refused: the
+  # client's dial fails with EUSERS. Each session a service serves holds a
+  # poller, and an OS thread while it sleeps.
+  sessions_per_uid = 256
+  sessions         = 4096
+
+  # The part of io's pinned cache pages (MAP_SHARED mappings of weir files:
+  # half the cache; the shim's write windows: a quarter) one uid's sessions
+  # may hold; past it a map (or a window) is ENOMEM.
+  pins_share = 50
+
+  # The part of the staging log one uid's fsyncs may hold in records not
+  # yet checkpointed; past it the uid's fsyncs make the file durable at
+  # home instead (slower, but they take no room from other users' fsyncs).
+  staging_share = 50
+
+  # The part of the metadata service's kept read leases (4096) one uid's
+  # sessions may keep; past it that uid's least recently used ones end
+  # (its next opens of those files ask io for a grant again).
+  leases_share = 25
+
+  # The part of io's descriptors (its RLIMIT_NOFILE, counted at three per
+  # open file: the blob's and its cache region's two) the grants of one
+  # uid's sessions may hold; past it an open's first read or write fails
+  # with EMFILE.
+  descriptors_share = 25
+}
+
 # Shape of the shared-memory rings created for each client session.
 ring {
   # Submission queue slots: a power of two from 2 to 32768. The completion

@@ -57,6 +57,7 @@ type Config struct {
 	IO        IO       // block "io"
 	Journal   Journal  // block "journal"
 	Ring      Ring     // block "ring"
+	Limits    Limits   // block "limits"
 
 	// derived records which paths still hold a default computed from
 	// another setting, so that an override of that setting moves them too.
@@ -174,6 +175,43 @@ type Journal struct {
 	Foreground bool
 }
 
+// Limits bound what the clients of one uid may take of the services, so
+// that no local user can take the stack from the others
+// (docs/architecture.md, "Limits per uid"). Counts of 0 are no bound; a
+// share is a percentage (100: no bound but the service's own).
+type Limits struct {
+	// exempt_uids: uids no limit applies to; the services' own uid always
+	// is. Default [0]: root can stop the services anyway.
+	ExemptUIDs []int
+	// handshakes_per_uid, handshakes: handshakes in progress (accepted,
+	// not yet acked) of one uid and of all, per service socket; past
+	// either a connection is refused with EAGAIN. Defaults 8 and 64.
+	HandshakesPerUID, Handshakes int
+	// handshake_timeout: a connection that has not completed the ring's
+	// handshake by then is dropped. Default 2s; 100ms to 1m.
+	HandshakeTimeout time.Duration
+	// sessions_per_uid, sessions: ring sessions (one per client process
+	// and service) of one uid and of all, per service; past either a
+	// connection is refused with EUSERS. Defaults 256 and 4096.
+	SessionsPerUID, Sessions int
+	// pins_share: the part of io's pinned pages (MAP_SHARED mappings
+	// and write windows: half the cache, windows a quarter) one uid's
+	// sessions may hold. Default 50.
+	PinsShare int
+	// staging_share: the part of the staging log one uid's fsyncs may
+	// hold in live records; past it its fsyncs write the file home
+	// instead. Default 50.
+	StagingShare int
+	// leases_share: the part of the metadata service's kept read leases
+	// (4096) one uid's sessions may keep; past it its own least recently
+	// used go. Default 25.
+	LeasesShare int
+	// descriptors_share: the part of io's descriptors (RLIMIT_NOFILE, at
+	// three per open file) the grants of one uid's sessions may hold;
+	// past it a grant is refused with EMFILE. Default 25.
+	DescriptorsShare int
+}
+
 // Ring sizes the shared-memory rings a service creates for each session.
 type Ring struct {
 	SQEntries int  // sq_entries: power of two in [2, 32768]; default 256 (the CQ gets twice as many)
@@ -211,6 +249,17 @@ const (
 	MinStagingSize = 1 * MiB
 	// MaxReadahead bounds io.readahead.
 	MaxReadahead = 64 * MiB
+
+	// The limits block's defaults.
+	DefaultHandshakesPerUID = 8
+	DefaultHandshakes       = 64
+	DefaultHandshakeTimeout = 2 * time.Second
+	DefaultSessionsPerUID   = 256
+	DefaultSessions         = 4096
+	DefaultPinsShare        = 50
+	DefaultStagingShare     = 50
+	DefaultLeasesShare      = 25
+	DefaultDescriptorsShare = 25
 )
 
 // Allowed values of the enumerated settings, in the order error messages
@@ -255,6 +304,18 @@ func Default() *Config {
 			Descriptors: DefaultDescriptors,
 		},
 		Journal: Journal{Enabled: true, Interval: DefaultJournalInterval},
+		Limits: Limits{
+			ExemptUIDs:       []int{0},
+			HandshakesPerUID: DefaultHandshakesPerUID,
+			Handshakes:       DefaultHandshakes,
+			HandshakeTimeout: DefaultHandshakeTimeout,
+			SessionsPerUID:   DefaultSessionsPerUID,
+			Sessions:         DefaultSessions,
+			PinsShare:        DefaultPinsShare,
+			StagingShare:     DefaultStagingShare,
+			LeasesShare:      DefaultLeasesShare,
+			DescriptorsShare: DefaultDescriptorsShare,
+		},
 		Ring: Ring{
 			SQEntries: DefaultSQEntries,
 			ArenaSize: DefaultArenaSize,

@@ -45,6 +45,8 @@ func TestDefault(t *testing.T) {
 		},
 		Journal: Journal{Enabled: true, Socket: "/run/weir/io.journal.sock", Interval: 200 * time.Millisecond},
 		Ring:    Ring{SQEntries: 256, ArenaSize: 8 << 20, BlockSize: 4096},
+		Limits: Limits{ExemptUIDs: []int{0}, HandshakesPerUID: 8, Handshakes: 64, HandshakeTimeout: 2 * time.Second,
+			SessionsPerUID: 256, Sessions: 4096, PinsShare: 50, StagingShare: 50, LeasesShare: 25, DescriptorsShare: 25},
 		derived: derivedPaths{runDir: true, metadataSocket: true, metadataServiceSocket: true, ioSocket: true, credsDir: true, journalSocket: true},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -105,6 +107,18 @@ ring {
   arena_size = 67108864
   block_size = "64KiB"
 }
+limits {
+  exempt_uids        = [0, 33]
+  handshakes_per_uid = 2
+  handshakes         = 0
+  handshake_timeout  = "500ms"
+  sessions_per_uid   = 16
+  sessions           = 100
+  pins_share         = 10
+  staging_share      = 20
+  leases_share       = 30
+  descriptors_share  = 100
+}
 `)
 	c, err := Load(p)
 	if err != nil {
@@ -132,6 +146,8 @@ ring {
 		},
 		Journal: Journal{Enabled: true, Socket: filepath.Join(dir, "j.sock"), Interval: 50 * time.Millisecond, Foreground: true},
 		Ring:    Ring{SQEntries: 1024, ArenaSize: 64 * MiB, BlockSize: 64 * KiB},
+		Limits: Limits{ExemptUIDs: []int{0, 33}, HandshakesPerUID: 2, Handshakes: 0, HandshakeTimeout: 500 * time.Millisecond,
+			SessionsPerUID: 16, Sessions: 100, PinsShare: 10, StagingShare: 20, LeasesShare: 30, DescriptorsShare: 100},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load =\n%+v\nwant\n%+v", c, want)
@@ -228,6 +244,12 @@ func TestLoadErrors(t *testing.T) {
 		{"cache unaligned", "io {\n  cache_size = 5000\n}\n", `bad.hcl:2: io.cache_size: 5000B: want a multiple of 4KiB (0 turns the cache off)`},
 		{"descriptors too few", "io {\n  descriptors = 10\n}\n", `bad.hcl:2: io.descriptors: 10: want 64 to 1048576`},
 		{"readahead too big", "io {\n  readahead = \"1GiB\"\n}\n", `bad.hcl:2: io.readahead: 1GiB: want a multiple of 4KiB up to 64MiB (0 turns readahead off)`},
+		{"exempt uid", "limits {\n  exempt_uids = [-2]\n}\n", `bad.hcl:2: limits.exempt_uids: -2 is not a uid`},
+		{"exempt not a list", "limits {\n  exempt_uids = \"root\"\n}\n", `bad.hcl:2: limits.exempt_uids: want a list of uids`},
+		{"negative sessions", "limits {\n  sessions_per_uid = -1\n}\n", `bad.hcl:2: limits.sessions_per_uid: -1: want 0 (no bound) or more`},
+		{"handshake timeout", "limits {\n  handshake_timeout = \"10ms\"\n}\n", `bad.hcl:2: limits.handshake_timeout: 10ms: want 100ms to 1m`},
+		{"share zero", "limits {\n  pins_share = 0\n}\n", `bad.hcl:2: limits.pins_share: 0: want a percentage from 1 to 100`},
+		{"share past all", "limits {\n  staging_share = 101\n}\n", `bad.hcl:2: limits.staging_share: 101: want a percentage from 1 to 100`},
 		{"null", "log_format = null\n", `bad.hcl:1: log_format: must not be null`},
 		{"empty path", "data_dir = \"\"\n", `bad.hcl:1: data_dir: must not be empty`},
 		{"same sockets", "io {\n  socket = \"/s\"\n}\nmetadata {\n  socket = \"/s\"\n}\n", `bad.hcl:2: io.socket: "/s" is also metadata.socket`},

@@ -84,6 +84,7 @@ type (
 		IO        *ioBlock       `hcl:"io,block"`
 		Journal   *journalBlock  `hcl:"journal,block"`
 		Ring      *ringBlock     `hcl:"ring,block"`
+		Limits    *limitsBlock   `hcl:"limits,block"`
 	}
 	natsBlock struct {
 		URL            *hcl.Attribute `hcl:"url,optional"`
@@ -127,6 +128,18 @@ type (
 		Socket     *hcl.Attribute `hcl:"socket,optional"`
 		Interval   *hcl.Attribute `hcl:"interval,optional"`
 		Foreground *hcl.Attribute `hcl:"foreground,optional"`
+	}
+	limitsBlock struct {
+		ExemptUIDs       *hcl.Attribute `hcl:"exempt_uids,optional"`
+		HandshakesPerUID *hcl.Attribute `hcl:"handshakes_per_uid,optional"`
+		Handshakes       *hcl.Attribute `hcl:"handshakes,optional"`
+		HandshakeTimeout *hcl.Attribute `hcl:"handshake_timeout,optional"`
+		SessionsPerUID   *hcl.Attribute `hcl:"sessions_per_uid,optional"`
+		Sessions         *hcl.Attribute `hcl:"sessions,optional"`
+		PinsShare        *hcl.Attribute `hcl:"pins_share,optional"`
+		StagingShare     *hcl.Attribute `hcl:"staging_share,optional"`
+		LeasesShare      *hcl.Attribute `hcl:"leases_share,optional"`
+		DescriptorsShare *hcl.Attribute `hcl:"descriptors_share,optional"`
 	}
 	ringBlock struct {
 		SQEntries *hcl.Attribute `hcl:"sq_entries,optional"`
@@ -236,6 +249,18 @@ func (d *decoder) apply(fc *fileConfig, c *Config) {
 		}
 		d.duration("journal.interval", b.Interval, &c.Journal.Interval)
 		d.bool("journal.foreground", b.Foreground, &c.Journal.Foreground)
+	}
+	if b := fc.Limits; b != nil {
+		d.decode("limits.exempt_uids", b.ExemptUIDs, "a list of uids", &c.Limits.ExemptUIDs)
+		d.int("limits.handshakes_per_uid", b.HandshakesPerUID, &c.Limits.HandshakesPerUID)
+		d.int("limits.handshakes", b.Handshakes, &c.Limits.Handshakes)
+		d.duration("limits.handshake_timeout", b.HandshakeTimeout, &c.Limits.HandshakeTimeout)
+		d.int("limits.sessions_per_uid", b.SessionsPerUID, &c.Limits.SessionsPerUID)
+		d.int("limits.sessions", b.Sessions, &c.Limits.Sessions)
+		d.int("limits.pins_share", b.PinsShare, &c.Limits.PinsShare)
+		d.int("limits.staging_share", b.StagingShare, &c.Limits.StagingShare)
+		d.int("limits.leases_share", b.LeasesShare, &c.Limits.LeasesShare)
+		d.int("limits.descriptors_share", b.DescriptorsShare, &c.Limits.DescriptorsShare)
 	}
 	if b := fc.Ring; b != nil {
 		d.int("ring.sq_entries", b.SQEntries, &c.Ring.SQEntries)

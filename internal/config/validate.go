@@ -186,6 +186,38 @@ func (c *Config) validate(where map[string]*hcl.Range) hcl.Diagnostics {
 	enum("io.direct", c.IO.Direct, DirectIO)
 	enum("io.wait_mode", c.IO.WaitMode, WaitModes)
 
+	lim := c.Limits
+	for _, uid := range lim.ExemptUIDs {
+		if uid < 0 || uid > math.MaxUint32-1 {
+			bad(at("limits.exempt_uids"), "limits.exempt_uids", "%d is not a uid", uid)
+		}
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{
+		{"limits.handshakes_per_uid", lim.HandshakesPerUID}, {"limits.handshakes", lim.Handshakes},
+		{"limits.sessions_per_uid", lim.SessionsPerUID}, {"limits.sessions", lim.Sessions},
+	} {
+		if n.v < 0 {
+			bad(at(n.name), n.name, "%d: want 0 (no bound) or more", n.v)
+		}
+	}
+	if lim.HandshakeTimeout < 100*time.Millisecond || lim.HandshakeTimeout > time.Minute {
+		bad(at("limits.handshake_timeout"), "limits.handshake_timeout", "%v: want 100ms to 1m", lim.HandshakeTimeout)
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{
+		{"limits.pins_share", lim.PinsShare}, {"limits.staging_share", lim.StagingShare},
+		{"limits.leases_share", lim.LeasesShare}, {"limits.descriptors_share", lim.DescriptorsShare},
+	} {
+		if n.v < 1 || n.v > 100 {
+			bad(at(n.name), n.name, "%d: want a percentage from 1 to 100", n.v)
+		}
+	}
+
 	r := c.Ring
 	if r.SQEntries < 2 || r.SQEntries > MaxSQEntries || !isPow2(uint64(r.SQEntries)) {
 		bad(at("ring.sq_entries"), "ring.sq_entries", "%d: want a power of two from 2 to %d", r.SQEntries, MaxSQEntries)
