@@ -27,6 +27,7 @@ import (
 	"github.com/weir-storage/weir/client"
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
+	"github.com/weir-storage/weir/internal/host"
 	"github.com/weir-storage/weir/ring"
 	iosvc "github.com/weir-storage/weir/services/io"
 	"github.com/weir-storage/weir/services/io/backend"
@@ -80,6 +81,8 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 		TrustGroups:    c.Metadata.TrustGroups,
 		NamedGroups:    namedGroups(c.Metadata.NamedGroups),
 		MinTenure:      minTenure(c.Metadata.LeaseMinTenure),
+		Limits:         Limits(c),
+		LeasesShare:    c.Limits.LeasesShare,
 		Version:        Version,
 		Ring:           RingConfig(c),
 		WaitMode:       waitMode(c),
@@ -171,7 +174,23 @@ func IOOptions(c *config.Config, be backend.Backend, nc *nats.Conn, log hclog.Lo
 		JournalSocket:        journalSocket(c),
 		ForegroundCheckpoint: JournalEnabled(c) && c.Journal.Foreground,
 		LiveTable:            filepath.Join(c.DataDir, LiveTableFile),
+		Limits:               Limits(c),
+		Shares: iosvc.Shares{Pins: c.Limits.PinsShare, Staging: c.Limits.StagingShare,
+			Descriptors: c.Limits.DescriptorsShare},
 	}
+}
+
+// Limits are the per-uid bounds of c's limits block for a service's
+// client listener; the uids exempt are the block's and this process's
+// own (the service user's).
+func Limits(c *config.Config) host.Limits {
+	l := c.Limits
+	h := host.Limits{HandshakesPerUID: l.HandshakesPerUID, Handshakes: l.Handshakes, HandshakeTimeout: l.HandshakeTimeout,
+		SessionsPerUID: l.SessionsPerUID, Sessions: l.Sessions, Exempt: []uint32{uint32(os.Geteuid())}}
+	for _, u := range l.ExemptUIDs {
+		h.Exempt = append(h.Exempt, uint32(u))
+	}
+	return h
 }
 
 // LiveTableFile is the IO service's live table in the data directory

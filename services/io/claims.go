@@ -180,6 +180,11 @@ func (s *session) claim(q *ring.Request) (int64, uint64) {
 		svc.Stats.ClaimsRefused.Add(1)
 		return fail(syscall.EEXIST)
 	}
+	if e := svc.uids.grantRoomLocked(s.cred.Uid); e != 0 {
+		svc.mu.Unlock()
+		svc.Stats.ClaimsRefused.Add(1)
+		return fail(e) // the uid's share of descriptors (limits.go)
+	}
 	ob, err := svc.openBlobLocked(backend.BlobID(c.Blob), c.Blob, false)
 	if err != nil {
 		svc.mu.Unlock()
@@ -194,7 +199,9 @@ func (s *session) claim(q *ring.Request) (int64, uint64) {
 	// ver orders the handle's revoke after this grant; the blob's own
 	// version is not raised: a control-plane grant minted before this
 	// capability may still be on its way, and it is not stale.
-	hs[c.Handle] = &grant{blob: ob, read: true, ver: c.Ver, drained: make(chan struct{})}
+	ng := &grant{blob: ob, read: true, ver: c.Ver, drained: make(chan struct{})}
+	hs[c.Handle] = ng
+	svc.uids.grantedLocked(s.cred.Uid, ng)
 	svc.mu.Unlock()
 	svc.Stats.Grants.Add(1)
 	svc.Stats.Claims.Add(1)

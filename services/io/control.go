@@ -56,9 +56,18 @@ func (s *Service) onGrant(m *nats.Msg) {
 		return
 	}
 	s.mu.Lock()
-	if s.sessions[g.Session] == nil {
+	holder := s.sessions[g.Session]
+	if holder == nil {
 		s.mu.Unlock()
 		s.host.Refuse(m, "unknown_session", control.Ack{}, fmt.Sprintf("session %#x is not attached here", g.Session))
+		return
+	}
+	uid := holder.cred.Uid
+	if e := s.uids.grantRoomLocked(uid); e != 0 {
+		// Its uid holds its share of io's descriptors (limits.go): the
+		// client's request fails with EMFILE, as past RLIMIT_NOFILE.
+		s.mu.Unlock()
+		control.Respond(m, control.Ack{Error: fmt.Sprintf("uid %d holds as many grants as limits.descriptors_share allows", uid), Errno: int(e)})
 		return
 	}
 	if s.grants[g.Session][g.Handle] != nil {
@@ -98,7 +107,9 @@ func (s *Service) onGrant(m *nats.Msg) {
 		hs = make(map[uint64]*grant)
 		s.grants[g.Session] = hs
 	}
-	hs[g.Handle] = &grant{blob: ob, read: g.Read, write: g.Write, sync: g.Sync, ver: g.Ver, drained: make(chan struct{})}
+	ng := &grant{blob: ob, read: g.Read, write: g.Write, sync: g.Sync, ver: g.Ver, drained: make(chan struct{})}
+	hs[g.Handle] = ng
+	s.uids.grantedLocked(uid, ng)
 	var ended []*grant
 	if g.Write {
 		ob.writers++
@@ -347,6 +358,7 @@ func (s *Service) onResync(m *nats.Msg) {
 	}
 	s.grants = make(map[uint64]map[uint64]*grant)
 	s.sessions = make(map[uint64]*session) // every session must attach again
+	s.uids.forgetLocked()                  // every grant is revoked
 	capKey, keyErr := s.newCapKeyLocked()
 	if r.Incarnation != s.inc.Load() {
 		s.dirGen = r.DirGen // a new metadata service counts from its own start

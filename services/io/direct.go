@@ -139,6 +139,8 @@ func (s *session) claimDir(q *ring.Request) (int64, uint64) {
 		refuse = syscall.EKEYREJECTED // the snapshot is of an earlier generation
 	case n != nil && *n >= maxDirOpens:
 		refuse = syscall.EMFILE
+	default:
+		refuse = svc.uids.grantRoomLocked(s.cred.Uid) // the uid's share of descriptors (limits.go)
 	}
 	if ob := svc.blobs[backend.BlobID(c.Blob)]; refuse == 0 && ob != nil && ob.writers > 0 {
 		refuse = syscall.EBUSY
@@ -167,6 +169,7 @@ func (s *session) claimDir(q *ring.Request) (int64, uint64) {
 		svc.grants[s.sid] = hs
 	}
 	hs[h] = g
+	svc.uids.grantedLocked(s.cred.Uid, g)
 	if ob.direct == nil {
 		ob.direct = make(map[*grant]dirOpen)
 	}

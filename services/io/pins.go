@@ -23,8 +23,9 @@ import (
 // pages past the new size: they read as zeros, where Linux raises SIGBUS.
 //
 // Pinned pages count against the cache's size like any other; one session
-// may pin at most a quarter of it and all sessions half, so that pins
-// never starve the cache (ENOMEM beyond).
+// may pin at most a quarter of it, one uid's sessions together their
+// share of half (limits.pins_share, limits.go), and all sessions half, so
+// that pins never starve the cache nor one user another (ENOMEM beyond).
 //
 // A writable pin (proto.MapPinWritable, a handle that may write) is the
 // range of a writable MAP_SHARED mapping of the data memfd
@@ -216,13 +217,20 @@ func (s *session) pinLocked(g *grant, p0, n uint64, write bool, slot int) (*regi
 	if s.pins.pages+int64(n) > pc.limit/4 {
 		return nil, syscall.ENOMEM
 	}
+	// The uid's share of what all sessions may pin (limits.go), so that
+	// one user's sessions together cannot take every pin.
+	if e := s.svc.uids.pin(s.cred.Uid, int64(n), pc.limit/2, pc.limit/4, win); e != 0 {
+		return nil, e
+	}
 	if pc.pinned.Add(int64(n)) > pc.limit/2 {
 		pc.pinned.Add(-int64(n))
+		s.svc.uids.unpin(s.cred.Uid, int64(n), win)
 		return nil, syscall.ENOMEM
 	}
 	if win && pc.winPinned.Add(int64(n)) > pc.limit/4 {
 		pc.winPinned.Add(-int64(n))
 		pc.pinned.Add(-int64(n))
+		s.svc.uids.unpin(s.cred.Uid, int64(n), win)
 		return nil, syscall.ENOMEM
 	}
 	p1 := p0 + n
@@ -231,6 +239,7 @@ func (s *session) pinLocked(g *grant, p0, n uint64, write bool, slot int) (*regi
 		if win {
 			pc.winPinned.Add(-int64(n))
 		}
+		s.svc.uids.unpin(s.cred.Uid, int64(n), win)
 	}
 	unpin := func() {
 		r.unpinRange(p0, p1)
@@ -499,6 +508,7 @@ func (s *session) releasePinLocked(pr pinRec) {
 	if pr.slot >= 0 {
 		s.svc.pc.winPinned.Add(-n)
 	}
+	s.svc.uids.unpin(s.cred.Uid, n, pr.slot >= 0)
 }
 
 // endPins takes back every pin of the session (its end).

@@ -81,6 +81,12 @@ type Options struct {
 	// enter; the metadata service maps it to answer stat of files being
 	// written. "" means none: such a stat asks io over the control plane.
 	LiveTable string
+	// Limits bound each uid's handshakes and sessions on Socket, and name
+	// the uids Shares do not bind (limits.go).
+	Limits host.Limits
+	// Shares are the parts of pins, the staging log and descriptors one
+	// uid's sessions may hold (limits.go).
+	Shares Shares
 }
 
 // Stats are the service's counters, reported on NATS.
@@ -208,6 +214,7 @@ func (s *Service) Snapshot() map[string]any {
 	m["descriptor_spares"] = s.spares.count()
 	m["close_writeback_failures"] = st.CloseWritebackFailures.Load()
 	m["no_space"] = st.NoSpace.Load()
+	s.uids.snapshot(m)
 	m["descriptor_budget_idle_regions"] = s.idleRegions
 	if s.stg != nil {
 		s.stg.snapshot(m)
@@ -413,6 +420,8 @@ type Service struct {
 	full atomic.Bool
 	// creates makes blob creates durable at the fsync that needs them.
 	creates createSync
+	// uids are each uid's parts of the shared resources (limits.go).
+	uids uidBudgets
 	// stg is the staging log of fsync; nil when Options.StagingBytes is 0.
 	stg *stager
 	// pc is the page cache; nil when Options.CacheSize is 0. The flusher
@@ -480,6 +489,7 @@ func New(opts Options) (*Service, error) {
 		resynced:   make(chan struct{}),
 		wrongStore: make(chan struct{}),
 	}
+	s.uids.init(&opts)
 	budget := descriptorBudget(opts.Descriptors)
 	var idleFiles int
 	s.idleRegions, idleFiles = splitBudget(budget)
@@ -520,7 +530,7 @@ func (s *Service) Start() error {
 		sj.Resync: s.onResync, sj.Alloc: s.onAlloc, sj.DirGen: s.onDirGen, sj.Blobs: s.onBlobs,
 	})
 	s.host.Serve(&host.Listener{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode,
-		New: func() host.Session { return newSession(s) }, NewRegion: s.createRegion})
+		New: func() host.Session { return newSession(s) }, NewRegion: s.createRegion, Limits: s.opts.Limits})
 	if s.stg != nil && s.opts.JournalSocket != "" {
 		s.serveJournal()
 	}
@@ -1152,8 +1162,9 @@ func (s *Service) flushAll(wait bool) {
 // syncAll makes every blob with changes durable, as syncBlob does one: the
 // open blobs written since they were opened here, and those whose last
 // close left dirty pages. It goes on past a blob that fails and answers
-// the first error.
-func (s *Service) syncAll() syscall.Errno {
+// the first error. uid asked for it (its share of the staging log binds
+// the records).
+func (s *Service) syncAll(uid uint32) syscall.Errno {
 	s.syncFSMu.Lock()
 	defer s.syncFSMu.Unlock()
 	if sa, ok := s.be.(backend.SyncAller); ok && !s.allSynced {
@@ -1175,7 +1186,7 @@ func (s *Service) syncAll() syscall.Errno {
 	s.mu.Unlock()
 	first := s.syncClosed()
 	for _, ob := range obs {
-		e := s.syncBlob(ob)
+		e := s.syncBlobAs(ob, uid)
 		if e == errFileGone {
 			e = 0 // closed and removed since: nothing to keep
 		}

@@ -175,7 +175,7 @@ func (s *session) syncFS(q *ring.Request) (int64, uint64) {
 	if q.Handle != 0 || q.Arg != 0 || q.Offset != 0 {
 		return fail(syscall.EINVAL)
 	}
-	switch e := s.svc.syncAll(); e {
+	switch e := s.svc.syncAll(s.cred.Uid); e {
 	case 0:
 		s.svc.Stats.SyncFSs.Add(1)
 		return 0, 0
@@ -706,7 +706,7 @@ func (s *session) wrote(g *grant, ob *openBlob, n, off int64) (int64, uint64) {
 	s.svc.Stats.Writes.Add(1)
 	s.svc.Stats.BytesWritten.Add(uint64(n))
 	if g.sync != control.SyncNone && n > 0 {
-		if e := s.svc.syncBlob(ob); e != 0 {
+		if e := s.svc.syncBlobAs(ob, s.cred.Uid); e != 0 {
 			if e == errMetadataUnreachable || e == errFileGone {
 				e = syscall.EIO
 			}
@@ -730,7 +730,7 @@ func (s *session) truncate(q *ring.Request) (int64, uint64) {
 	}
 	s.svc.touch(g.blob)
 	if g.sync != control.SyncNone {
-		if e := s.svc.syncBlob(g.blob); e != 0 {
+		if e := s.svc.syncBlobAs(g.blob, s.cred.Uid); e != 0 {
 			if e == errMetadataUnreachable || e == errFileGone {
 				e = syscall.EIO
 			}
@@ -751,7 +751,7 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 	if q.Arg&^proto.SyncData != 0 {
 		return fail(syscall.EINVAL)
 	}
-	if e := s.svc.syncBlob(g.blob); e != 0 {
+	if e := s.svc.syncBlobAs(g.blob, s.cred.Uid); e != 0 {
 		if e == errFileGone {
 			e = syscall.EIO // (a handle holds the file: not expected)
 		}
@@ -772,10 +772,14 @@ func (s *session) sync(q *ring.Request) (int64, uint64) {
 // created since creates were last made durable), then the size and mtime
 // it had when the sync began, before it returns: the size reported is the
 // size synced, never one that writes racing the sync made larger.
-func (svc *Service) syncBlob(ob *openBlob) syscall.Errno {
+func (svc *Service) syncBlob(ob *openBlob) syscall.Errno { return svc.syncBlobAs(ob, noUID) }
+
+// syncBlobAs is syncBlob for a client of uid, whose share of the staging
+// log it keeps to (limits.go).
+func (svc *Service) syncBlobAs(ob *openBlob, uid uint32) syscall.Errno {
 	svc.drainRegion(ob.cached.Load()) // every store into a write window before the fsync is in it
 	if ob.sf != nil {
-		return svc.stagedSync(ob)
+		return svc.stagedSyncAs(ob, uid)
 	}
 	size, mtime, dv := ob.live()
 	if err := svc.flushBlob(ob, true); err != nil {

@@ -546,7 +546,11 @@ func (st *stager) detach(f *stagedFile) {
 // fsync makes ob durable through the log: see the package comment above.
 // On a failure the file's later fsyncs fail too (EIO, as Linux's errseq
 // reports a lost write-back once per open file and weir for good).
-func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
+func (s *Service) stagedSync(ob *openBlob) syscall.Errno { return s.stagedSyncAs(ob, noUID) }
+
+// stagedSyncAs is stagedSync for a client of uid: past the uid's share of
+// the log (limits.go) the file goes home instead of into a record.
+func (s *Service) stagedSyncAs(ob *openBlob, uid uint32) syscall.Errno {
 	st, f := s.stg, ob.sf
 	if !st.opened.Load() {
 		return syscall.EIO // no session exists before the log is open
@@ -583,6 +587,13 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 	if !home && !st.plan(&rec, take, size) {
 		home = true // more than a record should carry: the file's home instead
 	}
+	if !home && !s.uids.exempt(uid) {
+		blocks, _ := rec.Blocks()
+		ls := st.log.Stats()
+		if !s.uids.stageRoom(uid, uint64(blocks), uint64(ls.RingBytes/staging.BlockSize), ls.TrimLSN) {
+			home, rec.Extents = true, nil // past the uid's share of the log: home too
+		}
+	}
 	var err error
 	var lsn uint64
 	if home {
@@ -594,6 +605,9 @@ func (s *Service) stagedSync(ob *openBlob) syscall.Errno {
 	}
 	if err == nil {
 		if lsn, err = st.append(&rec); err == nil {
+			if blocks, berr := rec.Blocks(); berr == nil {
+				s.uids.staged(uid, lsn, uint64(blocks))
+			}
 			st.register(f, lsn, size, mtime)
 			st.Records.Add(1)
 			st.PagesStaged.Add(uint64(len(rec.Data) / staging.PageSize))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -35,9 +36,13 @@ import (
 //     as on Linux);
 //   - before its file's blob is deleted (the file lost its last name and
 //     last open: io deletes no blob a grant holds);
-//   - when the session keeps more than maxIdleLeases that no handle uses,
-//     or all sessions together more than maxIdleLeasesTotal: the least
-//     recently used of the session goes;
+//   - when the session keeps more than maxIdleLeases that no handle uses:
+//     the least recently used of the session goes; when the sessions of
+//     its uid keep more than their share (limits.leases_share of
+//     maxIdleLeasesTotal; not for an exempt uid): the uid's least recently
+//     used goes; when all sessions together keep more than
+//     maxIdleLeasesTotal: the least recently used of the uid that keeps
+//     the most goes, so that no user's leases push out another's;
 //   - by an io restart or resynchronisation, which drops every grant: a
 //     lease of an io epoch that is over is void, and the next open asks
 //     for a new one.
@@ -48,6 +53,7 @@ import (
 // leases, recalls and trust groups are not built yet (docs/architecture.md).
 type lease struct {
 	sid   uint64 // the session
+	uid   uint32 // the session's uid
 	id    uint64 // the handle id io knows the grant by
 	ino   ns.Ino
 	blob  uint64
@@ -60,8 +66,9 @@ type lease struct {
 	doomed bool // end it at its last close (its file's mode or owner changed)
 	ended  bool // out of the table, its end done or under way (by whoever set it)
 
-	done chan struct{} // closed once it is ended (revoked at io, or void)
-	idle *list.Element // in its session's idle list while refs == 0
+	done    chan struct{} // closed once it is ended (revoked at io, or void)
+	idle    *list.Element // in its session's idle list while refs == 0
+	uidIdle *list.Element // in its uid's idle list while refs == 0
 }
 
 // maxIdleLeases bounds the leases a session keeps that no handle uses,
@@ -85,13 +92,33 @@ type leaseTable struct {
 	// on its way to io), by inode: a delete of the blob waits for them.
 	ending map[ns.Ino]map[*lease]struct{}
 	idle   map[uint64]*list.List // session -> its idle leases, least recently used first
+	byUID  map[uint32]*list.List // uid -> its sessions' idle leases, least recently used first
 	n      int                   // leases
 	nIdle  int                   // of which idle
+
+	// uidShare bounds the idle leases of one uid not exempt (0: none);
+	// immutable after setShare. OverShare counts the leases it ended.
+	uidShare  int
+	exempt    func(uint32) bool
+	OverShare atomic.Uint64
 }
 
 func newLeaseTable() *leaseTable {
 	return &leaseTable{byIno: map[ns.Ino]map[uint64]*lease{}, ending: map[ns.Ino]map[*lease]struct{}{},
-		idle: map[uint64]*list.List{}, evicted: make(chan *lease, evictedQueue)}
+		idle: map[uint64]*list.List{}, byUID: map[uint32]*list.List{}, evicted: make(chan *lease, evictedQueue),
+		exempt: func(uint32) bool { return false }}
+}
+
+// setShare bounds each uid's idle leases to pct percent of
+// maxIdleLeasesTotal (0 or 100: none but the total's), but for the uids
+// exempt says; call it before the table is used.
+func (t *leaseTable) setShare(pct int, exempt func(uint32) bool) {
+	if pct > 0 && pct < 100 {
+		t.uidShare = max(maxIdleLeasesTotal*pct/100, 1)
+	}
+	if exempt != nil {
+		t.exempt = exempt
+	}
 }
 
 // count returns the leases kept.
@@ -171,7 +198,7 @@ func (se *session) keepLease(id uint64, h *handle) {
 		m = map[uint64]*lease{}
 		t.byIno[h.ino] = m
 	}
-	l := &lease{sid: se.id, id: id, ino: h.ino, blob: h.blob, file: s.openFileRef(h.ino), epoch: h.grantEpoch, rec: h.rec, refs: 1, done: make(chan struct{})}
+	l := &lease{sid: se.id, uid: se.cred.UID, id: id, ino: h.ino, blob: h.blob, file: s.openFileRef(h.ino), epoch: h.grantEpoch, rec: h.rec, refs: 1, done: make(chan struct{})}
 	m[se.id] = l
 	t.n++
 	t.mu.Unlock()
@@ -231,6 +258,26 @@ func (t *leaseTable) unidleLocked(l *lease) {
 		l.idle = nil
 		t.nIdle--
 	}
+	if l.uidIdle != nil {
+		q := t.byUID[l.uid]
+		q.Remove(l.uidIdle)
+		l.uidIdle = nil
+		if q.Len() == 0 {
+			delete(t.byUID, l.uid)
+		}
+	}
+}
+
+// heaviestLocked is the idle list of the uid that keeps the most idle
+// leases; t.mu is held and some lease is idle.
+func (t *leaseTable) heaviestLocked() *list.List {
+	var top *list.List
+	for _, q := range t.byUID {
+		if top == nil || q.Len() > top.Len() {
+			top = q
+		}
+	}
+	return top
 }
 
 // closeLeased ends a handle's use of its lease: the lease stays, idle, or
@@ -257,10 +304,29 @@ func (se *session) closeLeased(h *handle) {
 			}
 			l.idle = q.PushBack(l)
 			t.nIdle++
-			// The session's own oldest go when it keeps too many, or
-			// when all sessions together do (it is the one adding).
-			for q.Len() > maxIdleLeases || (t.nIdle > maxIdleLeasesTotal && q.Len() > 0) {
+			uq := t.byUID[l.uid]
+			if uq == nil {
+				uq = list.New()
+				t.byUID[l.uid] = uq
+			}
+			l.uidIdle = uq.PushBack(l)
+			// The session's own oldest go when it keeps too many, the
+			// uid's when its sessions keep more than its share, and the
+			// oldest of the uid that keeps the most when all sessions
+			// together keep too many.
+			for q.Len() > maxIdleLeases {
 				old := q.Front().Value.(*lease)
+				t.dropLocked(old)
+				evict = append(evict, old)
+			}
+			for t.uidShare > 0 && !t.exempt(l.uid) && t.byUID[l.uid] != nil && t.byUID[l.uid].Len() > t.uidShare {
+				old := t.byUID[l.uid].Front().Value.(*lease)
+				t.dropLocked(old)
+				evict = append(evict, old)
+				t.OverShare.Add(1)
+			}
+			for t.nIdle > maxIdleLeasesTotal {
+				old := t.heaviestLocked().Front().Value.(*lease)
 				t.dropLocked(old)
 				evict = append(evict, old)
 			}

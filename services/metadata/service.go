@@ -98,6 +98,13 @@ type Options struct {
 	// MinTenure is how long a protected grant is safe from another
 	// group's recall (groups.go): 0 means DefaultMinTenure, negative none.
 	MinTenure time.Duration
+	// Limits bound each uid's handshakes and sessions on Socket, and name
+	// the uids LeasesShare does not bind (docs/architecture.md, "Limits
+	// per uid").
+	Limits host.Limits
+	// LeasesShare is the part, in percent, of the kept read leases one
+	// uid's sessions may keep idle (leases.go); 0 means 100.
+	LeasesShare int
 }
 
 // Stats are the service's counters.
@@ -145,6 +152,7 @@ func (s *Service) Snapshot() map[string]any {
 		"trust_groups": cmp.Or(s.opts.TrustGroups, GroupsByUID),
 		"incarnation":  s.inc, "io_connected": s.io.isUp(),
 	}
+	m["limits_leases_over_share"] = s.leases.OverShare.Load()
 	maps.Copy(m, s.host.Counters())
 	return m
 }
@@ -239,6 +247,7 @@ func New(opts Options) (*Service, error) {
 		leases:   newLeaseTable(),
 		stop:     make(chan struct{}),
 	}
+	s.leases.setShare(opts.LeasesShare, s.opts.Limits.Exempts)
 	s.version.Store(uint64(s.inc) << proto.CounterBits)
 	s.dg.gen.Store(1) // (0 is no generation: io honours no snapshot of it)
 	s.fresh.base = ns.Ino(n.NextIno())
@@ -281,7 +290,7 @@ func (s *Service) Start() error {
 	s.host.Handle(s.subj.SetLive, s.onSetLive)
 	s.host.Handle(s.subj.SetLiveBatch, s.onSetLiveBatch)
 	s.host.Serve(&host.Listener{Socket: s.opts.Socket, Ring: s.opts.Ring, Mode: s.opts.WaitMode,
-		New: func() host.Session { return newSession(s) }})
+		New: func() host.Session { return newSession(s) }, Limits: s.opts.Limits})
 	if s.opts.ServiceSocket != "" {
 		s.host.ServePeers(s.opts.ServiceSocket, []string{string(control.RoleIO)}, s.onPeer)
 		// An IO service that ran on reconnects soon: until its first
