@@ -29,7 +29,8 @@ import (
 // storage failure: no sync ran, so nothing is known lost.
 
 // DefaultDescriptors is Options.Descriptors' default: 1,536 descriptors
-// for files nobody has open (768 idle regions and 384 idle blob files).
+// for files nobody has open (576 idle regions, two each, and 384 idle blob
+// files).
 const DefaultDescriptors = 1536
 
 // minIdleRegions is the fewest idle regions any budget keeps.
@@ -86,14 +87,14 @@ func (s *Service) resourceRefused(err error) {
 	}
 }
 
-// withRelief runs make; if the kernel refuses it a resource, it gives back
+// withRelief runs fn; if the kernel refuses it a resource, it gives back
 // every idle descriptor (relieve) and runs it once more.
-func withRelief[T any](s *Service, make func() (T, error)) (T, error) {
-	v, err := make()
+func withRelief[T any](s *Service, fn func() (T, error)) (T, error) {
+	v, err := fn()
 	if err != nil && isResourceErr(err) {
 		s.resourceRefused(err)
 		if s.relieve() {
-			v, err = make()
+			v, err = fn()
 		}
 	}
 	return v, err
