@@ -1199,7 +1199,9 @@ func (fl *File) Seek(offset int64, whence int) (int64, error) {
 		return 0, fl.err("seek", syscall.EINVAL)
 	}
 	pos := base + offset
-	if pos < 0 || (offset > 0 && pos < base) {
+	if pos < 0 || (offset > 0 && pos < base) || (!fl.dir && pos > proto.MaxFileSize) {
+		// Before 0, past what an offset holds, or past weir's largest
+		// file (Linux's s_maxbytes: ext4 answers so past 16 TiB - 4 KiB).
 		return 0, fl.err("seek", syscall.EINVAL)
 	}
 	fl.off = pos

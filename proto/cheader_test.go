@@ -118,6 +118,7 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_RECALL_ALL", RecallAll),
 		cheader.Def("WEIR_MAX_PATH", MaxPath),
 		cheader.Def("WEIR_MAX_NAME", MaxName),
+		cheader.Def("WEIR_MAX_FILE_SIZE", uint64(MaxFileSize)),
 		cheader.Def("WEIR_ROOT_HANDLE", RootHandle),
 		cheader.Def("WEIR_INCARNATION_BITS", IncarnationBits),
 		cheader.Def("WEIR_COUNTER_BITS", CounterBits),

@@ -228,6 +228,13 @@ const (
 	MaxPath = 4095
 	// MaxName is the longest name of one component (NAME_MAX).
 	MaxName = 255
+	// MaxFileSize is the largest file weir stores (64 TiB, the IO
+	// service's largest blob), its s_maxbytes: a write or truncate past
+	// it is EFBIG at io, a seek past it EINVAL at the client, as Linux
+	// answers past a file system's largest file. A backend may stop
+	// sooner (the file backend where its file system does: ext4 with 4
+	// KiB blocks at 16 TiB - 4 KiB), with EFBIG.
+	MaxFileSize int64 = 1 << 46
 	// RootHandle in a path operation's Handle means the root directory.
 	RootHandle uint64 = 0
 )

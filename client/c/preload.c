@@ -1515,6 +1515,8 @@ off_t lseek(int fd, off_t off, int whence)
 	}
 	if (!e && ((off < 0 && base < -(int64_t)off) || (off > 0 && base > INT64_MAX - (int64_t)off)))
 		e = -EINVAL; /* before 0, or past what an offset holds (no signed overflow) */
+	else if (!e && d->pg->kind == K_FILE && base + (int64_t)off > (int64_t)WEIR_MAX_FILE_SIZE)
+		e = -EINVAL; /* past weir's largest file, as Linux past s_maxbytes */
 	if (e) {
 		r = fail(-e);
 	} else {
@@ -2937,8 +2939,10 @@ static void *shared_map(struct desc *d, void *addr, size_t len, int prot, int fl
 		pthread_mutex_unlock(&wmap_mu);
 	}
 	if (e) {
-		if (base != MAP_FAILED && !(flags & MAP_FIXED))
+		if (base != MAP_FAILED && !(flags & MAP_FIXED)) {
+			init_munmap(); /* (the process's first munmap may be this one) */
 			real_munmap(base, plen);
+		}
 		if (h)
 			weir_close(wfs, h);
 		*err = e == -EOPNOTSUPP ? ENODEV : -e;

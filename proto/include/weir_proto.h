@@ -217,6 +217,7 @@
 #define WEIR_RECALL_ALL 1u
 #define WEIR_MAX_PATH 4095u
 #define WEIR_MAX_NAME 255u
+#define WEIR_MAX_FILE_SIZE 0x400000000000ull /* 64 TiB: s_maxbytes; a seek past it is EINVAL, a write or truncate EFBIG */
 #define WEIR_ROOT_HANDLE 0u
 #define WEIR_TIME_OMIT INT64_MIN
 

@@ -2,8 +2,10 @@ package conformance
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sync"
 	"syscall"
@@ -229,6 +231,7 @@ func rwCases() []Case {
 			t.Check(pos == 4, "a failed Seek moved the offset to %d", pos)
 			f.Close()
 		}},
+		{Name: "rw/seek_past_largest_file_einval", Run: seekPastLargestFile},
 		{Name: "rw/seek_bad_whence_einval", Run: func(t *Tester) {
 			t.WriteFile("a", s("0123456789"), 0o644)
 			f := t.MustOpenFile("a", os.O_RDONLY, 0)
@@ -468,4 +471,57 @@ func concurrentWriters(t *Tester, ownHandles bool, chunk int, stripes bool) {
 		t.ExpectData(got, want)
 	}
 	f.Close()
+}
+
+// seekPastLargestFile: Linux bounds a file's offsets by its file system's
+// largest file (s_maxbytes): a seek past it is EINVAL, wherever from, and
+// leaves the offset; a write at it is EFBIG. Where that bound lies is the
+// file system's (ext4 with 4 KiB blocks: 16 TiB - 4 KiB, so a seek to
+// 2^62 fails; tmpfs, XFS, btrfs: 2^63 - 1, so it succeeds; weir: 64 TiB),
+// so the case finds it on each target and records only what holds on all:
+// a seek and a write agree on it.
+func seekPastLargestFile(t *Tester) {
+	t.WriteFile("a", s("0123456789"), 0o644)
+	f := t.MustOpenFile("a", os.O_RDWR, 0)
+	raw := f.Raw()
+	// The largest offset a seek takes (unrecorded: it is the target's).
+	lo, hi := int64(0), int64(math.MaxInt64)
+	for lo < hi {
+		mid := lo + (hi-lo)/2 + 1
+		if _, err := raw.Seek(mid, io.SeekStart); err == nil {
+			lo = mid
+		} else if errors.Is(err, syscall.EINVAL) {
+			hi = mid - 1
+		} else {
+			t.Fatalf("seek to %d: %v, want ok or EINVAL", mid, err)
+		}
+	}
+	largest := lo
+	if largest < math.MaxInt64 {
+		pos, err := raw.Seek(largest, io.SeekStart)
+		t.Check(err == nil && pos == largest, "seek to the largest offset %d: %d %v", largest, pos, err)
+		_, err = raw.Seek(1, io.SeekCurrent)
+		t.Check(errors.Is(err, syscall.EINVAL), "seek 1 past the largest offset from it: %v, want EINVAL", err)
+		_, err = raw.Seek(largest-9, io.SeekEnd)
+		t.Check(errors.Is(err, syscall.EINVAL), "seek past the largest offset from the end of 10 bytes: %v, want EINVAL", err)
+		pos, err = raw.Seek(0, io.SeekCurrent)
+		t.Check(err == nil && pos == largest, "failed seeks moved the offset from %d to %d (%v)", largest, pos, err)
+		_, err = raw.WriteAt(s("x"), largest)
+		t.Check(errors.Is(err, syscall.EFBIG), "write at the largest offset %d: %v, want EFBIG", largest, err)
+	}
+	// 2^62, past ext4's bound and within tmpfs's: the seek fails with
+	// EINVAL where the write fails with EFBIG, and both work elsewhere.
+	_, serr := raw.Seek(1<<62, io.SeekStart)
+	_, werr := raw.WriteAt(s("x"), 1<<62)
+	t.Check((serr == nil) == (werr == nil), "at 2^62 a seek gives %v and a write %v: one bound, or none, for both", serr, werr)
+	t.Check(serr == nil || errors.Is(serr, syscall.EINVAL), "seek to 2^62: %v, want ok or EINVAL", serr)
+	t.Check(werr == nil || errors.Is(werr, syscall.EFBIG), "write at 2^62: %v, want ok or EFBIG", werr)
+	if werr == nil {
+		t.Must(raw.Truncate(10))
+	}
+	f.Seek(4, io.SeekStart)
+	b, _ := f.Read(2)
+	t.ExpectData(b, s("45"))
+	f.Close()
+	t.Stat("a")
 }

@@ -195,7 +195,23 @@ func TestShimDifferential(t *testing.T) {
 			// fstat and fsync of a read-only descriptor whose name was
 			// removed, or renamed, since the open.
 			`python3 -c "import os; d=os.environ['D']; open(d+'/u','w').write('12345'); fd=os.open(d+'/u',os.O_RDONLY); os.unlink(d+'/u'); s=os.fstat(fd); print(s.st_size, s.st_nlink); os.fsync(fd); os.fdatasync(fd); print(os.read(fd,9))"`,
-			`python3 -c "import os; d=os.environ['D']; open(d+'/w','w').write('123'); fd=os.open(d+'/w',os.O_RDONLY); os.rename(d+'/w',d+'/w2'); s=os.fstat(fd); print(s.st_size, s.st_nlink); os.fsync(fd); print(os.read(fd,9))"`)
+			`python3 -c "import os; d=os.environ['D']; open(d+'/w','w').write('123'); fd=os.open(d+'/w',os.O_RDONLY); os.rename(d+'/w',d+'/w2'); s=os.fstat(fd); print(s.st_size, s.st_nlink); os.fsync(fd); print(os.read(fd,9))"`,
+			// lseek and pwrite agree on the largest file (s_maxbytes: ext4's
+			// is below 2^62, tmpfs's above; weir's, 64 TiB, below).
+			`python3 - <<'EOF'
+import errno, os
+fd = os.open(os.environ['D'] + '/big', os.O_RDWR | os.O_CREAT, 0o644)
+def res(f):
+    try:
+        f()
+        return 'ok'
+    except OSError as e:
+        return errno.errorcode[e.errno]
+s = res(lambda: os.lseek(fd, 1 << 62, os.SEEK_SET))
+w = res(lambda: os.pwrite(fd, b'x', 1 << 62))
+print((s == 'ok') == (w == 'ok'), s in ('ok', 'EINVAL'), w in ('ok', 'EFBIG'), os.lseek(fd, 0, os.SEEK_CUR) == (1 << 62 if s == 'ok' else 0))
+os.ftruncate(fd, 0)
+EOF`)
 	} else {
 		t.Log("python3 is not installed: its line is left out")
 	}
