@@ -957,6 +957,7 @@ static int wopen(const char *w, int flags, mode_t mode)
 	if (!d) {
 		if (fd >= 0) {
 			munmap(p, PAGE_BYTES);
+			init_close(); /* (opendir, fopen and openat2 come here unresolved) */
 			real_close(fd);
 		}
 		if (h)
