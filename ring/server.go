@@ -356,6 +356,10 @@ func (s *ServerSession) end() { s.endOnce.Do(func() { close(s.ending) }) }
 // Region returns the session's shared memory.
 func (s *ServerSession) Region() *Region { return s.r }
 
+// Stalled reports whether completions of the session wait for room in its
+// CQ now: its client is not taking them (it serves no request meanwhile).
+func (s *ServerSession) Stalled() bool { return s.backlogN.Load() > 0 }
+
 // Load counts the requests in flight across a set of server sessions (a
 // service's client sessions), so that each completion can tell its client
 // whether to spin for the next (HintNoSpin). Requests that wait on
@@ -545,6 +549,7 @@ func (s *ServerSession) Serve() (err error) {
 	var sp spinner
 	var backoff time.Duration
 	var follow spinner
+	nap := maxSleep // the next sleep on the doorbell: grows while they find nothing
 	for i := 0; ; i++ {
 		if err := s.stopErr(); err != nil {
 			return err
@@ -554,6 +559,7 @@ func (s *ServerSession) Serve() (err error) {
 			return err
 		}
 		if n > 0 {
+			nap = maxSleep
 			continue
 		}
 		if !s.r.HeaderIntact() {
@@ -588,8 +594,13 @@ func (s *ServerSession) Serve() (err error) {
 				}
 			}
 			if !s.spin(&sp) {
-				s.sqBell.sleep(s.readyOrStopped)
+				s.sqBell.sleepUpTo(s.readyOrStopped, nap)
 				s.Stats.Wakeups.Add(1)
+				if s.readyOrStopped() {
+					nap = maxSleep
+				} else {
+					nap = min(2*nap, maxIdleSleep)
+				}
 			}
 		}
 	}

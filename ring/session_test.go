@@ -562,3 +562,36 @@ func TestServeDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%.2f allocations per echo round trip", a)
 	}
 }
+
+// TestIdleServerSleepsLonger: a server poller whose wake-ups find nothing
+// sleeps longer each time (up to maxIdleSleep), so that an idle session
+// costs its service about a wake-up a second; the client's next request
+// still wakes it at once, and so does the client's close.
+func TestIdleServerSleepsLonger(t *testing.T) {
+	e := newPipe(t, smallCfg(), WaitAdaptive, ClientOptions{})
+	ctx := context.Background()
+	if c, err := e.cli.Do(ctx, &Call{Op: OpNop}); err != nil || c.Result != 0 {
+		t.Fatalf("nop: %+v %v", c, err)
+	}
+	idle := 3 * time.Second
+	w0 := e.srv.Stats.Wakeups.Load()
+	time.Sleep(idle)
+	// At maxSleep every time: idle/maxSleep (60) wake-ups; doubling from
+	// it to maxIdleSleep: 6 or so.
+	if n := e.srv.Stats.Wakeups.Load() - w0; n > uint64(idle/maxSleep)/4 {
+		t.Fatalf("%d wake-ups in %v of an idle session, want at most %d", n, idle, uint64(idle/maxSleep)/4)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.cli.Do(ctx, &Call{Op: OpNop})
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second): // a hang, not a latency bound
+		t.Fatal("a request to a long-idle server was not served")
+	}
+}

@@ -46,6 +46,14 @@ const (
 	minSpin  = 2 * time.Microsecond
 	maxSpin  = 100 * time.Microsecond
 	maxSleep = 50 * time.Millisecond
+	// maxIdleSleep bounds a server poller's sleep on its doorbell once
+	// its wake-ups keep finding nothing (ServerSession.Serve): the
+	// client's notify wakes it at once (it announces itself in waiters
+	// before it sleeps), and a close, the peer's death or an async
+	// completion kick it, so its timeout is only a safety net. Past
+	// maxSleep it doubles at each wake-up that finds nothing, so that an
+	// idle session costs the service a wake-up a second, not twenty.
+	maxIdleSleep = time.Second
 )
 
 // doorbell is one direction's wake-up word pair in the header: the consumer
@@ -89,10 +97,16 @@ func (d doorbell) sleep(ready func() bool) { d.sleepFor(ready, maxSleep) }
 
 // sleepFor is sleep ending after dur (at most maxSleep) at the latest.
 func (d doorbell) sleepFor(ready func() bool, dur time.Duration) {
+	d.sleepUpTo(ready, min(dur, maxSleep))
+}
+
+// sleepUpTo is sleep ending after dur at the latest (a server's idle
+// sleep may pass maxSleep: maxIdleSleep).
+func (d doorbell) sleepUpTo(ready func() bool, dur time.Duration) {
 	v := d.r.load32(d.bell)
 	d.r.add32(d.waiters, 1)
 	if !ready() {
-		d.r.futexWait(d.bell, v, min(dur, maxSleep))
+		d.r.futexWait(d.bell, v, dur)
 	}
 	d.r.add32(d.waiters, ^uint32(0))
 }

@@ -328,11 +328,12 @@ func (h *Host) Refuse(m *nats.Msg, kind string, reply any, detail string) {
 // in all and by kind, peers a service listener turned away, accepts that
 // failed (a listener retries them), connections a client listener's
 // Limits refused, handshakes that failed or timed out, and the
-// handshakes and ring sessions (pending or served) now.
+// handshakes, ring sessions (pending or served) and stalled sessions (a
+// client that takes no completions) now.
 func (h *Host) Counters() map[string]any {
 	m := h.refused.snapshot()
 	var peers, accepts, refHS, refSess, timedOut, failed uint64
-	var pending, sessions int
+	var pending, sessions, stalled int
 	for _, l := range h.listeners {
 		peers += l.Refused.Load()
 		accepts += l.AcceptErrors.Load()
@@ -343,6 +344,7 @@ func (h *Host) Counters() map[string]any {
 		p, n := l.Pending()
 		pending += p
 		sessions += n
+		stalled += l.Stalled()
 	}
 	m["service_peers_refused"] = peers
 	m["accept_errors"] = accepts
@@ -352,6 +354,7 @@ func (h *Host) Counters() map[string]any {
 	m["handshakes_failed"] = failed
 	m["handshakes_pending"] = pending
 	m["ring_sessions"] = sessions
+	m["ring_sessions_stalled"] = stalled
 	return m
 }
 

@@ -307,6 +307,20 @@ func (s *Listener) Pending() (handshakes, sessions int) {
 	return s.pending, s.sessions
 }
 
+// Stalled returns the sessions served now whose client takes no
+// completions (ring.ServerSession.Stalled): each stalls only itself.
+func (s *Listener) Stalled() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for sc := range s.conns {
+		if sc.Stalled() {
+			n++
+		}
+	}
+	return n
+}
+
 // refuseLimit refuses a connection past a bound of its uid's with e
 // (ring.Refuse: the client's handshake fails with e), counted; the first
 // refusal of each kind is a warning, later ones debug lines.
