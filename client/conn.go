@@ -38,7 +38,7 @@ func badCompletion(op uint8, why string) error {
 
 // hello negotiates the protocol with the metadata service.
 func hello(ctx context.Context, meta *ring.Client) (proto.HelloResp, error) {
-	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureReopen | proto.FeatureLeases | proto.FeatureCaps | proto.FeatureRecalls | proto.FeatureOpenCap | proto.FeatureDirOpen | proto.FeatureLinks}
+	req := proto.HelloReq{MinVersion: proto.MinVersion, MaxVersion: proto.MaxVersion, Features: proto.FeatureReopen | proto.FeatureLeases | proto.FeatureCaps | proto.FeatureRecalls | proto.FeatureOpenCap | proto.FeatureDirOpen | proto.FeatureLinks | proto.FeatureRecordCuts}
 	out := make([]byte, proto.HelloRespSize)
 	comp, err := call(ctx, meta, proto.OpHello, 0, 0, 0, req.Append(nil), out)
 	if err != nil {

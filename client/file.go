@@ -1220,6 +1220,17 @@ func (fl *File) Truncate(size int64) error {
 		return fl.err("truncate", syscall.EINVAL)
 	}
 	err := fl.dataOp(true, func(c *conn, h uint64) error {
+		if c.features&proto.FeatureRecordCuts != 0 {
+			// io keeps no staging log: metadata records the size
+			// first, so that no crash leaves it above the blob's.
+			mh, err := fl.handleIn(c)
+			if err != nil {
+				return err
+			}
+			if _, err := call(bgctx, c.meta, proto.OpCut, 0, mh, uint64(size), nil, nil); err != nil {
+				return err
+			}
+		}
 		_, err := call(bgctx, c.data, proto.OpTruncate, 0, h, uint64(size), nil, nil)
 		return err
 	})

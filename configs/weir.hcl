@@ -175,7 +175,9 @@ io {
   # returns after one device flush; a checkpoint writes them home in the
   # background and frees the room. Made at the first start of a store (an
   # existing log keeps its size). When it is full, fsyncs wait for room.
-  # 0 turns it off: fsync syncs the file, the store and the metadata WAL.
+  # 0 turns it off: fsync syncs the file, the store and the metadata WAL,
+  # and a truncate that shrinks a file syncs its new size into the metadata
+  # WAL before the cut.
   staging_size = "64MiB"
 }
 

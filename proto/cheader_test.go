@@ -62,6 +62,7 @@ func cOpcodes() []cheader.Const {
 		cheader.Def("WEIR_OP_READLINK", uint64(OpReadlink)),
 		cheader.Def("WEIR_OP_SYMLINK", uint64(OpSymlink)),
 		cheader.Def("WEIR_OP_LINK", uint64(OpLink)),
+		cheader.Def("WEIR_OP_CUT", uint64(OpCut)),
 	}
 }
 
@@ -79,6 +80,7 @@ func cHeaderConsts() []cheader.Const {
 		cheader.Def("WEIR_FEATURE_DIR_OPEN", FeatureDirOpen),
 		cheader.Def("WEIR_FEATURE_LINKS", FeatureLinks),
 		cheader.Def("WEIR_FEATURE_MOUNTED", FeatureMounted),
+		cheader.Def("WEIR_FEATURE_RECORD_CUTS", FeatureRecordCuts),
 		cheader.Def("WEIR_ERR_FOLLOW", uint64(ErrFollow)),
 		cheader.Def("WEIR_PATH_NOFOLLOW", uint64(PathNoFollow)),
 		cheader.Def("WEIR_LINK_FOLLOW", uint64(LinkFollow)),

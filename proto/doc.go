@@ -161,6 +161,10 @@
 //	            LinkFollow or 0; in: u64 new directory handle, str old,
 //	            str new (as OpRename); out: attr of the file, one more
 //	            name. EPERM: a directory, or fs.protected_hardlinks
+//	OpCut       (FeatureRecordCuts) Handle (open for writing), Offset =
+//	            the size an OpTruncate at io is about to set: recorded
+//	            first, durably, if below the size recorded (else nothing).
+//	            EINVAL: not open for writing, or a negative size
 //	OpLock      Handle (a regular file's); in: LockReq; out: for a
 //	            test (Get), LockResp. Advisory locks held by this
 //	            service: EAGAIN when another owner's lock is in the way

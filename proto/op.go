@@ -72,9 +72,18 @@ const (
 	// is the root, as under chroot.
 	FeatureMounted uint64 = 1 << 7
 
+	// FeatureRecordCuts: the IO service keeps no staging log, so a
+	// truncate is not durable at io before it cuts the blob; the client
+	// sends OpCut here before every OpTruncate at io, and the service
+	// records the new size first if it is below the one recorded. A
+	// crash between the two leaves a blob larger than the size recorded
+	// (the old bytes, which the next open takes), never a size the blob
+	// does not hold. A service with the log answers it off.
+	FeatureRecordCuts uint64 = 1 << 8
+
 	// KnownFeatures are the bits this version defines; a service answers
 	// no others.
-	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap | FeatureDirOpen | FeatureLinks | FeatureMounted
+	KnownFeatures = FeatureReopen | FeatureLeases | FeatureCaps | FeatureRecalls | FeatureOpenCap | FeatureDirOpen | FeatureLinks | FeatureMounted | FeatureRecordCuts
 )
 
 // Opcodes. The numbers are the ABI: they are written out, never iota, and
@@ -107,6 +116,7 @@ const (
 	OpReadlink   uint8 = 0x27
 	OpSymlink    uint8 = 0x28
 	OpLink       uint8 = 0x29
+	OpCut        uint8 = 0x2a
 
 	OpAttach    uint8 = 0x40
 	OpRead      uint8 = 0x41

@@ -25,6 +25,7 @@ func TestOpcodesPinned(t *testing.T) {
 		{"OpRecallWait", OpRecallWait, 0x23}, {"OpDirLease", OpDirLease, 0x24},
 		{"OpInherit", OpInherit, 0x25}, {"OpLock", OpLock, 0x26},
 		{"OpReadlink", OpReadlink, 0x27}, {"OpSymlink", OpSymlink, 0x28}, {"OpLink", OpLink, 0x29},
+		{"OpCut", OpCut, 0x2a},
 		{"OpAttach", OpAttach, 0x40}, {"OpRead", OpRead, 0x41}, {"OpWrite", OpWrite, 0x42},
 		{"OpTruncate", OpTruncate, 0x43}, {"OpSync", OpSync, 0x44}, {"OpGetAttr", OpGetAttr, 0x45},
 		{"OpCacheMap", OpCacheMap, 0x46}, {"OpReadahead", OpReadahead, 0x47}, {"OpClaim", OpClaim, 0x48},

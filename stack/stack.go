@@ -83,6 +83,7 @@ func MetadataOptions(c *config.Config, nc *nats.Conn, log hclog.Logger) metadata
 		MinTenure:      minTenure(c.Metadata.LeaseMinTenure),
 		Limits:         Limits(c),
 		LeasesShare:    c.Limits.LeasesShare,
+		RecordCuts:     c.IO.StagingSize == 0,
 		Version:        Version,
 		Ring:           RingConfig(c),
 		WaitMode:       waitMode(c),

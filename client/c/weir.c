@@ -666,7 +666,7 @@ static int64_t io_call(weir_fs *fs, uint8_t op, uint32_t arg, uint64_t handle, u
 
 #define WANT_FEATURES                                                                                       \
 	(WEIR_FEATURE_REOPEN | WEIR_FEATURE_LEASES | WEIR_FEATURE_CAPS | WEIR_FEATURE_OPEN_CAP | WEIR_FEATURE_LINKS | \
-	 WEIR_FEATURE_MOUNTED)
+	 WEIR_FEATURE_MOUNTED | WEIR_FEATURE_RECORD_CUTS)
 
 int weir_dial(const char *meta_sock, const char *io_sock, weir_fs **out)
 {
@@ -1181,9 +1181,33 @@ int weir_fstat(weir_fs *fs, uint64_t handle, struct weir_attr *attr)
 	return 0;
 }
 
+/* cut_call is a TRUNCATE at io on dh. When io keeps no staging log
+ * (WEIR_FEATURE_RECORD_CUTS) metadata records the size first, so that no
+ * crash leaves it above the blob's: after the grant, whose answer records
+ * the blob's size as it is, and before each try. */
+static int64_t cut_call(weir_fs *fs, uint64_t handle, uint64_t dh, uint64_t size)
+{
+	if (fs->features & WEIR_FEATURE_RECORD_CUTS) {
+		int64_t res = call(&fs->meta, WEIR_OP_CUT, 0, handle, size, NULL, 0, NULL, 0, NULL);
+		if (res < 0)
+			return res;
+	}
+	return call(&fs->io, WEIR_OP_TRUNCATE, 0, dh, size, NULL, 0, NULL, 0, NULL);
+}
+
 int weir_ftruncate(weir_fs *fs, uint64_t handle, uint64_t size)
 {
-	int64_t res = io_call(fs, WEIR_OP_TRUNCATE, 0, handle, size, NULL, 0, NULL, 0, NULL);
+	uint64_t dh;
+	int64_t res = data_handle(fs, handle, &dh);
+	if (res < 0)
+		return (int)res;
+	res = cut_call(fs, handle, dh, size);
+	for (int i = 0; res == -EBADF && i < MAX_REGRANTS; i++) { /* as io_call */
+		int64_t g = regrant(fs, handle, &dh);
+		if (g < 0)
+			return g == -EBADF ? (int)res : (int)g;
+		res = cut_call(fs, handle, dh, size);
+	}
 	return res < 0 ? (int)res : 0;
 }
 

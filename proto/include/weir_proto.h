@@ -110,7 +110,8 @@
 #define WEIR_FEATURE_DIR_OPEN 0x20ull /* DIR_LEASE snapshots; CLAIM_DIR opens at io alone */
 #define WEIR_FEATURE_LINKS 0x40ull /* symbolic links: a path that meets one to follow answers -WEIR_ERR_FOLLOW */
 #define WEIR_FEATURE_MOUNTED 0x80ull /* weir is mounted in a larger tree: ".." of its root leads out (-WEIR_ERR_FOLLOW, aux bit 33) */
-#define WEIR_KNOWN_PROTO_FEATURES 0xffull
+#define WEIR_FEATURE_RECORD_CUTS 0x100ull /* no staging log at io: send CUT before every TRUNCATE */
+#define WEIR_KNOWN_PROTO_FEATURES 0x1ffull
 
 /* -WEIR_ERR_FOLLOW: the path met a symbolic link the call follows; aux =
  * start | end << 16 | second << 32 | above << 33: the link is
@@ -152,6 +153,7 @@
 #define WEIR_OP_READLINK 0x27u /* in: path; out: the link's target (result = its length); -EINVAL: no link */
 #define WEIR_OP_SYMLINK 0x28u /* in: str target, str path; out: attr */
 #define WEIR_OP_LINK 0x29u /* handle = old directory; arg = WEIR_LINK_FOLLOW or 0; in: u64 new directory handle, str old, str new (as RENAME); out: attr */
+#define WEIR_OP_CUT 0x2au /* handle open for writing, offset = the size a TRUNCATE at io is about to set (WEIR_FEATURE_RECORD_CUTS): recorded first if below the size recorded */
 #define WEIR_OP_RECALL_WAIT 0x23u /* out: u64 data handles another trust group recalled (at most WEIR_RECALL_BATCH); aux WEIR_RECALL_ALL: all may be */
 
 /* IO ring opcodes: 0x40-0x5f. */

@@ -105,6 +105,10 @@ type Options struct {
 	// LeasesShare is the part, in percent, of the kept read leases one
 	// uid's sessions may keep idle (leases.go); 0 means 100.
 	LeasesShare int
+	// RecordCuts: the IO service keeps no staging log, so sessions
+	// record each truncate's size here before io cuts the blob
+	// (proto.FeatureRecordCuts, cuts.go).
+	RecordCuts bool
 }
 
 // Stats are the service's counters.
@@ -122,6 +126,7 @@ type Stats struct {
 	Revokes        atomic.Uint64 // revocations io acknowledged
 	RevokeRetries  atomic.Uint64 // revocations sent again after a failure
 	StaleReports   atomic.Uint64 // size reports older than one already applied: ignored
+	CutsRecorded   atomic.Uint64 // truncates' sizes recorded before io cut (cuts.go)
 	LiveBatches    atomic.Uint64 // checkpoint batches of the journal service committed
 	Resyncs        atomic.Uint64 // resynchronisations of the IO service
 	OrphansFound   atomic.Uint64 // blobs of no file found in the backend, now deleted
@@ -140,7 +145,7 @@ func (s *Service) Snapshot() map[string]any {
 		"reopens": st.Reopens.Load(), "inherits": st.Inherits.Load(), "handles": st.Handles.Load(), "errors": st.Errors.Load(),
 		"grants": st.Grants.Load(), "grant_failures": st.GrantFailures.Load(),
 		"revokes": st.Revokes.Load(), "revoke_retries": st.RevokeRetries.Load(),
-		"stale_reports": st.StaleReports.Load(), "resyncs": st.Resyncs.Load(), "live_batches": st.LiveBatches.Load(),
+		"stale_reports": st.StaleReports.Load(), "cuts_recorded": st.CutsRecorded.Load(), "resyncs": st.Resyncs.Load(), "live_batches": st.LiveBatches.Load(),
 		"orphans_found":   st.OrphansFound.Load(),
 		"deletes_pending": s.dels.pending(), "deletes_done": st.DeletesDone.Load(),
 		"delete_failures": st.DeleteFailures.Load(),

@@ -121,6 +121,7 @@ func (se *session) register() {
 		proto.OpFChtimes: se.fchtimes, proto.OpReopen: se.reopen, proto.OpDirLease: se.dirLease,
 		proto.OpInherit: se.inherit, proto.OpLock: se.lock,
 		proto.OpReadlink: se.readlink, proto.OpSymlink: se.symlink, proto.OpLink: se.link,
+		proto.OpCut: se.cut,
 	} {
 		se.mux.Handle(op, func(q *ring.Request) (int64, uint64) {
 			se.svc.Stats.Requests.Add(1)
@@ -218,6 +219,9 @@ func (se *session) helloOp(q *ring.Request) (int64, uint64) {
 		// Direct opens end with the session's revoke of every grant,
 		// which only a capability session is sent (endClaims).
 		feats &^= proto.FeatureDirOpen
+	}
+	if !se.svc.opts.RecordCuts {
+		feats &^= proto.FeatureRecordCuts // io's staging log makes its cuts durable (cuts.go)
 	}
 	resp := proto.HelloResp{Version: v, Features: feats, Session: se.id, Token: se.token}
 	res, aux := reply(q, resp.Append(nil))

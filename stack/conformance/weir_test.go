@@ -115,6 +115,13 @@ func init() {
 // (file backend, services in this process) and compares them.
 func TestConformanceWeir(t *testing.T) { runWeirConformance(t, nil) }
 
+// TestConformanceWeirNoStaging runs the suite with io.staging_size = 0:
+// every truncate's size is then recorded at metadata before io cuts
+// (proto.FeatureRecordCuts).
+func TestConformanceWeirNoStaging(t *testing.T) {
+	runWeirConformance(t, func(c *config.Config) { c.IO.StagingSize = 0 })
+}
+
 // runWeirConformance runs the suite against weir with the default
 // configuration, changed by adjust (nil: unchanged).
 func runWeirConformance(t *testing.T, adjust func(*config.Config)) {

@@ -1033,3 +1033,22 @@ print("getdents64", r > 0)
 		t.Fatalf("system calls through syscall(3) on weir paths:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestShimRecordsCuts: with io.staging_size = 0 the shim's ftruncate and
+// truncate record a smaller size at metadata before io cuts the blob
+// (proto.FeatureRecordCuts; stack.TestTruncateSurvivesMetadataKill is
+// the crash), and a larger one needs no record.
+func TestShimRecordsCuts(t *testing.T) {
+	need(t, "python3", "python3")
+	need(t, "truncate", "coreutils")
+	st := startStackWith(t, func(c *config.Config) { c.IO.StagingSize = 0 })
+	s := &shimmed{t: t, st: st, so: buildShim(t)}
+	out := s.sh("sh", `printf 0123456789 > /weir/f && truncate -s 4 /weir/f && truncate -s 6 /weir/f && `+
+		`python3 -c "import os; fd=os.open('/weir/f',os.O_RDWR); os.ftruncate(fd,2); os.ftruncate(fd,3); os.close(fd)" && wc -c < /weir/f`)
+	if strings.TrimSpace(out) != "3" {
+		t.Fatalf("the file after its truncates: %q bytes, want 3", out)
+	}
+	if n := st.Metadata.Stats.CutsRecorded.Load(); n != 2 {
+		t.Errorf("%d cuts recorded before io made them, want 2 (to 4 and to 2 bytes; the growths need none)", n)
+	}
+}
