@@ -9,11 +9,13 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
@@ -21,6 +23,14 @@ import (
 
 // NATSURLFile in the run directory tells `weir status` where NATS is.
 const NATSURLFile = "nats.url"
+
+// UpLockFile in the data directory is flocked by the supervisor (weir up)
+// that runs the stack, and holds its pid: taken before any run file is
+// touched, released once every service it started is gone.
+const UpLockFile = "up.LOCK"
+
+// ErrUpRunning: another supervisor runs the stack of the data directory.
+var ErrUpRunning = errors.New("another weir up runs this stack")
 
 // child is a service process started by the supervisor.
 type child struct {
@@ -44,9 +54,11 @@ type Supervisor struct {
 	// Out receives the services' standard output and error; nil = os.Stderr.
 	Out io.Writer
 
-	nats *control.Embedded
-	url  string
-	kids []*child
+	nats     *control.Embedded
+	url      string
+	kids     []*child
+	lock     *os.File // the data directory's UpLockFile, flocked; nil before Start took it
+	wroteURL bool     // NATSURLFile is this supervisor's, to remove at Stop
 }
 
 // URL is the NATS server the services use (valid after Start).
@@ -70,6 +82,9 @@ func (s *Supervisor) Start() error {
 	if err != nil {
 		return err
 	}
+	if s.lock, err = lockUp(s.Config.DataDir); err != nil {
+		return err
+	}
 	s.url = s.Config.NATS.URL
 	if s.url == "" {
 		e, err := control.StartEmbedded(control.EmbeddedOptions{Listen: s.Config.NATS.Listen,
@@ -81,6 +96,7 @@ func (s *Supervisor) Start() error {
 	} else if err := CheckServerAuth(s.url, s.Config.NATS.ConnectTimeout); err != nil {
 		return err
 	}
+	s.wroteURL = true
 	if err := os.WriteFile(filepath.Join(s.Config.RunDir, NATSURLFile), []byte(s.url+"\n"), 0o644); err != nil {
 		return fmt.Errorf("record NATS URL: %w", err)
 	}
@@ -220,8 +236,46 @@ func (s *Supervisor) Stop() error {
 	if s.nats != nil {
 		s.nats.Shutdown()
 	}
-	_ = os.Remove(filepath.Join(s.Config.RunDir, NATSURLFile))
+	if s.wroteURL {
+		_ = os.Remove(filepath.Join(s.Config.RunDir, NATSURLFile))
+		s.wroteURL = false
+	}
+	if s.lock != nil {
+		_ = s.lock.Close() // (every service it started is gone: the next weir up may start)
+		s.lock = nil
+	}
 	return errors.Join(errs...)
+}
+
+// lockUp takes the up lock of the data directory dir (UpLockFile) and
+// writes this process's pid into it; ErrUpRunning, naming the holder's
+// pid, if another process holds it.
+func lockUp(dir string) (*os.File, error) {
+	name := filepath.Join(dir, UpLockFile)
+	f, err := os.OpenFile(name, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("up lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b, _ := io.ReadAll(io.LimitReader(f, 32))
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			pid := strings.TrimSpace(string(b))
+			if _, perr := strconv.Atoi(pid); perr != nil {
+				pid = "unknown"
+			}
+			return nil, fmt.Errorf("%w (pid %s holds %s): its services and run files are left as they are", ErrUpRunning, pid, name)
+		}
+		return nil, fmt.Errorf("lock %s: %w", name, err)
+	}
+	if err := f.Truncate(0); err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("up lock %s: %w", name, err)
+	}
+	return f, nil
 }
 
 func (s *Supervisor) kid(name string) *child {
