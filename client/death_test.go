@@ -43,6 +43,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envDirChild) != "" {
 		os.Exit(dirOpenChild())
 	}
+	if os.Getenv(envFair) != "" {
+		os.Exit(fairChild())
+	}
 	stop, err := exampleServices()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "start the services for Example:", err)

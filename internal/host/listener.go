@@ -325,12 +325,12 @@ func (s *Listener) Stalled() int {
 // (ring.Refuse: the client's handshake fails with e), counted; the first
 // refusal of each kind is a warning, later ones debug lines.
 func (s *Listener) refuseLimit(conn *net.UnixConn, cred *unix.Ucred, e syscall.Errno) {
-	ring.Refuse(conn, e)
 	count, what, key := &s.RefusedHandshakes, "handshakes", "limits.handshakes_per_uid, limits.handshakes"
 	if e == syscall.EUSERS {
 		count, what, key = &s.RefusedSessions, "sessions", "limits.sessions_per_uid, limits.sessions"
 	}
-	n := count.Add(1)
+	n := count.Add(1) // (before the client can learn of it)
+	ring.Refuse(conn, e)
 	lvl := hclog.Debug
 	if n == 1 {
 		lvl = hclog.Warn

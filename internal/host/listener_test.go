@@ -305,6 +305,7 @@ func TestLimits(t *testing.T) {
 		}
 		cs[0].Close()
 		waitEnded(t, <-sessions)
+		waitFor(t, "the closed session uncounted", func() bool { _, n := srv.Pending(); return n == 2 })
 		c := dialNop(t, srv)
 		c.Close()
 		for _, c := range cs[1:] {

@@ -1,6 +1,8 @@
 package iosvc
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -8,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weir-storage/weir/internal/host"
+	"github.com/weir-storage/weir/internal/staging"
 )
 
 // Per-uid budgets (docs/architecture.md, "Limits per uid"). io's shared
@@ -27,8 +30,11 @@ import (
 //   - staging: a uid's fsyncs' live records at most Shares.Staging of the
 //     log's ring; past it the uid's fsync makes the file durable at home
 //     instead (a FlagHome record, one block), as it does for a file whose
-//     changes are more than a record should carry: slower for that user,
-//     no room taken from the others;
+//     changes are more than a record should carry, and with no room left
+//     for that either it waits for a checkpoint pass, as every fsync waits
+//     for a full log: slower for that user, no room taken from the others
+//     (checked per record: concurrent fsyncs of one uid may each pass the
+//     share by one record);
 //   - descriptors: the grants of a uid's sessions at most
 //     Shares.Descriptors of io's RLIMIT_NOFILE at three descriptors each
 //     (the blob's file and its cache region's two memfds): past it a grant
@@ -67,9 +73,9 @@ type uidBudgets struct {
 	grants map[uint32][]*grant
 
 	// Refusals (weir status): pins and windows past the uid's share;
-	// fsyncs sent home for the uid's staging share; grants refused for
-	// its descriptors.
-	RefusedPins, RefusedWindows, StagingHome, RefusedGrants atomic.Uint64
+	// fsyncs sent home for the uid's staging share, and those that waited
+	// for a pass; grants refused for its descriptors.
+	RefusedPins, RefusedWindows, StagingHome, StagingWaits, RefusedGrants atomic.Uint64
 }
 
 // uidUse is one uid's part; protected by uidBudgets.mu.
@@ -171,10 +177,49 @@ func (b *uidBudgets) stageRoom(uid uint32, blocks, ring, trimmed uint64) bool {
 	b.trimLocked(u, trimmed)
 	ok := u.stagedBlocks+int64(blocks) <= share(int64(ring), b.shares.Staging)
 	b.dropIfIdleLocked(uid, u)
-	if !ok {
-		b.StagingHome.Add(1)
-	}
 	return ok
+}
+
+// stageFits reports whether rec fits in uid's share of the log now.
+func (s *Service) stageFits(uid uint32, rec *staging.Record) bool {
+	blocks, err := rec.Blocks()
+	if err != nil {
+		return true // (plan refuses such a record first)
+	}
+	ls := s.stg.log.Stats()
+	return s.uids.stageRoom(uid, uint64(blocks), uint64(ls.RingBytes/staging.BlockSize), ls.TrimLSN)
+}
+
+// awaitStagingShare waits until uid's share of the log has room for a
+// home record (one block): a checkpoint pass after another (their own
+// pace: it asks for none, as an fsync waiting for a full log does, so a
+// uid that fsyncs faster than passes trim gets its share per pass and
+// makes the checkpointer do no more), and nobody else waits. It fails
+// once the service's storage failed or it stops.
+func (s *Service) awaitStagingShare(uid uint32) error {
+	st := s.stg
+	home := staging.Record{Flags: staging.FlagHome}
+	waited := false
+	for !s.stageFits(uid, &home) {
+		if p := s.syncFailure.Load(); p != nil {
+			return fmt.Errorf("the uid's share of the staging log is full, and no checkpoint can make room: %w", *p)
+		}
+		if !waited {
+			waited = true
+			s.uids.StagingWaits.Add(1)
+		}
+		st.mu.Lock()
+		pass := st.pass
+		for st.pass == pass && !st.stopping {
+			st.room.Wait()
+		}
+		stopping := st.stopping
+		st.mu.Unlock()
+		if stopping {
+			return errors.New("the uid's share of the staging log is full and the IO service is stopping")
+		}
+	}
+	return nil
 }
 
 // staged charges uid's record lsn of blocks to it (exempt uids are not
@@ -247,6 +292,7 @@ func (b *uidBudgets) snapshot(m map[string]any) {
 	m["limits_refused_pins"] = b.RefusedPins.Load()
 	m["limits_refused_windows"] = b.RefusedWindows.Load()
 	m["limits_staging_home"] = b.StagingHome.Load()
+	m["limits_staging_waits"] = b.StagingWaits.Load()
 	m["limits_refused_grants"] = b.RefusedGrants.Load()
 	m["limits_grants_per_uid"] = b.grantCap
 	b.mu.Lock()

@@ -587,11 +587,18 @@ func (s *Service) stagedSyncAs(ob *openBlob, uid uint32) syscall.Errno {
 	if !home && !st.plan(&rec, take, size) {
 		home = true // more than a record should carry: the file's home instead
 	}
-	if !home && !s.uids.exempt(uid) {
-		blocks, _ := rec.Blocks()
-		ls := st.log.Stats()
-		if !s.uids.stageRoom(uid, uint64(blocks), uint64(ls.RingBytes/staging.BlockSize), ls.TrimLSN) {
-			home, rec.Extents = true, nil // past the uid's share of the log: home too
+	if !s.uids.exempt(uid) {
+		// The uid's share of the log (limits.go): past it the file goes
+		// home, and a uid with no room even for that waits for a pass.
+		if !home && !s.stageFits(uid, &rec) {
+			home = true
+			s.uids.StagingHome.Add(1)
+		}
+		if home {
+			if err := s.awaitStagingShare(uid); err != nil {
+				st.failed(f, err, "fsync failed")
+				return syscall.EIO
+			}
 		}
 	}
 	var err error
