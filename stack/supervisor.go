@@ -32,12 +32,17 @@ const UpLockFile = "up.LOCK"
 // ErrUpRunning: another supervisor runs the stack of the data directory.
 var ErrUpRunning = errors.New("another weir up runs this stack")
 
+// ErrInterrupted: a signal on Supervisor.Interrupt ended Start; Stop
+// stops what it started.
+var ErrInterrupted = errors.New("stopped by a signal during the start")
+
 // child is a service process started by the supervisor.
 type child struct {
 	name   string
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when the process has been waited for
 	err    error         // cmd.Wait's result; read only after exited
+	ready  bool          // it said it is ready (set by startChild, before Stop)
 }
 
 // Supervisor runs embedded NATS (unless the configuration names a server)
@@ -53,6 +58,14 @@ type Supervisor struct {
 	Log        hclog.Logger // must not be nil
 	// Out receives the services' standard output and error; nil = os.Stderr.
 	Out io.Writer
+	// Interrupt, if set, stops the supervisor: a signal on it ends Start
+	// at once (ErrInterrupted: call Stop, which stops what it started) and
+	// makes Wait return nil. The caller registers it (signal.Notify)
+	// before Start, so that no moment of the start is left to a signal's
+	// default action (which would leave the services without their
+	// supervisor, holding their locks until they notice). Nil: Wait
+	// listens for SIGINT and SIGTERM itself.
+	Interrupt <-chan os.Signal
 
 	nats     *control.Embedded
 	url      string
@@ -85,6 +98,9 @@ func (s *Supervisor) Start() error {
 	if s.lock, err = lockUp(s.Config.DataDir); err != nil {
 		return err
 	}
+	if err := s.interrupted("NATS"); err != nil {
+		return err
+	}
 	s.url = s.Config.NATS.URL
 	if s.url == "" {
 		e, err := control.StartEmbedded(control.EmbeddedOptions{Listen: s.Config.NATS.Listen,
@@ -101,11 +117,25 @@ func (s *Supervisor) Start() error {
 		return fmt.Errorf("record NATS URL: %w", err)
 	}
 	for _, spec := range Services(s.Config) {
+		if err := s.interrupted(spec.Name); err != nil {
+			return err
+		}
 		if err := s.startChild(spec.Name); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// interrupted is ErrInterrupted if a signal is waiting on Interrupt
+// before what starts next.
+func (s *Supervisor) interrupted(next string) error {
+	select {
+	case sig := <-s.Interrupt:
+		return fmt.Errorf("%w (%v, before %s started)", ErrInterrupted, sig, next)
+	default:
+		return nil
+	}
 }
 
 func (s *Supervisor) startChild(name string) error {
@@ -164,9 +194,12 @@ func (s *Supervisor) startChild(name string) error {
 			<-k.exited
 			return fmt.Errorf("service %s did not become ready: %v (%s)", name, err, describeExit(k.err))
 		}
+	case sig := <-s.Interrupt: // (nil: never)
+		return fmt.Errorf("%w (%v while %s started)", ErrInterrupted, sig, name)
 	case <-time.After(60 * time.Second):
 		return fmt.Errorf("service %s not ready after 60s", name)
 	}
+	k.ready = true
 	s.Log.Info("service ready", "service", name, "pid", cmd.Process.Pid)
 	return nil
 }
@@ -174,9 +207,13 @@ func (s *Supervisor) startChild(name string) error {
 // Wait blocks until a signal (clean stop, returns nil) or the death of a
 // service (returns an error naming it).
 func (s *Supervisor) Wait() error {
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
+	sigs := s.Interrupt
+	if sigs == nil {
+		own := make(chan os.Signal, 1)
+		signal.Notify(own, syscall.SIGINT, syscall.SIGTERM)
+		defer signal.Stop(own)
+		sigs = own
+	}
 	died := make(chan *child, len(s.kids))
 	for _, k := range s.kids {
 		go func() { <-k.exited; died <- k }()
@@ -190,6 +227,16 @@ func (s *Supervisor) Wait() error {
 	}
 }
 
+// terminated says the process died of SIGTERM.
+func terminated(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGTERM
+}
+
 func describeExit(err error) string {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
@@ -201,19 +248,30 @@ func describeExit(err error) string {
 	return err.Error()
 }
 
-// Stop stops the services in the registry's stop order (metadata first:
-// it revokes its grants and records the sizes the IO service reports),
-// then NATS. It returns an error
-// naming every service that did not stop cleanly: one that exited with a
-// non-zero status or had to be killed. A service already gone before Stop
-// is Wait's to report, not Stop's.
+// Stop stops a service still starting, then the others in the registry's
+// stop order (metadata before io: it revokes its grants and records the
+// sizes the IO service reports), then NATS, and releases the up lock. It
+// returns an error naming every service that did not stop cleanly: one
+// that exited with a non-zero status or had to be killed (one killed by
+// the SIGTERM before it was ready is not). A service already gone before
+// Stop is Wait's to report, not Stop's.
 func (s *Supervisor) Stop() error {
 	var errs []error
-	for _, spec := range StopOrder(s.Config) {
-		k := s.kid(spec.Name)
-		if k == nil {
-			continue
+	// A service still starting (a Start that a signal or a failure ended)
+	// goes first: it may be waiting for those before it (io for the
+	// metadata service's resync), which stop after it.
+	var order []*child
+	for _, k := range s.kids {
+		if !k.ready {
+			order = append(order, k)
 		}
+	}
+	for _, spec := range StopOrder(s.Config) {
+		if k := s.kid(spec.Name); k != nil && k.ready {
+			order = append(order, k)
+		}
+	}
+	for _, k := range order {
 		select {
 		case <-k.exited:
 			continue // already gone
@@ -222,7 +280,7 @@ func (s *Supervisor) Stop() error {
 		_ = k.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-k.exited:
-			if k.err != nil {
+			if k.err != nil && !(!k.ready && terminated(k.err)) { // (one not ready yet may die of it before it listens)
 				s.Log.Warn("service stopped with an error", "service", k.name, "status", describeExit(k.err))
 				errs = append(errs, fmt.Errorf("service %s stopped with %s", k.name, describeExit(k.err)))
 			}

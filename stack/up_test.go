@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -134,4 +135,66 @@ func TestSecondUpLeavesTheRunningStack(t *testing.T) {
 	if _, err := os.Stat(urlFile); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s after the stack stopped: %v, want it gone", urlFile, err)
 	}
+}
+
+// TestUpStopsAtASignalDuringStart: SIGTERM to `weir up` at each point of
+// its start (NATS up, io half started, each service ready, and once it is
+// up) stops whatever it started, and weir up exits 0 (a stop asked for);
+// no service it started is left running, and a new `weir up` on the same
+// data directory starts.
+func TestUpStopsAtASignalDuringStart(t *testing.T) {
+	exe := buildWeir(t)
+	for _, at := range []string{"embedded nats ready", "service=metadata", "file backend ready", "staging log made",
+		"service=io", "service=journal", "weir is up"} {
+		t.Run(strings.ReplaceAll(at, " ", "_"), func(t *testing.T) {
+			data := filepath.Join(t.TempDir(), "data")
+			p := startUp(t, exe, data)
+			for deadline := time.Now().Add(60 * time.Second); !strings.Contains(p.logs.String()+p.out.String(), at); time.Sleep(time.Millisecond) {
+				select {
+				case <-p.exited:
+					t.Fatalf("weir up exited (%v) before %q\n%s", p.err, at, p.logs)
+				default:
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no %q from weir up after 60 s\n%s", at, p.logs)
+				}
+			}
+			if err := syscall.Kill(p.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if code := p.wait(t, 60*time.Second); code != 0 {
+				t.Errorf("weir up exited %d after SIGTERM at %q, want 0\n%s", code, at, p.logs)
+			}
+			for _, pid := range servicePIDs(p.logs.String()) {
+				if err := syscall.Kill(pid, 0); err == nil {
+					t.Errorf("service pid %d still runs after weir up exited\n%s", pid, p.logs)
+				}
+			}
+			next := startUp(t, exe, data)
+			next.waitUp(t)
+			if err := syscall.Kill(next.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			if code := next.wait(t, 60*time.Second); code != 0 {
+				t.Errorf("the next weir up exited %d after SIGTERM\n%s", code, next.logs)
+			}
+		})
+	}
+}
+
+// servicePIDs are the pids weir up's log names for the services it
+// started ("service ready ... pid=N").
+func servicePIDs(logs string) []int {
+	var pids []int
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, "service ready") {
+			continue
+		}
+		if _, rest, ok := strings.Cut(line, "pid="); ok {
+			if pid, err := strconv.Atoi(strings.Fields(rest)[0]); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
 }

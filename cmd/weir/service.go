@@ -55,6 +55,10 @@ func cmdService(spec stack.Spec, args []string) int {
 }
 
 func serve(spec stack.Spec, cfg *config.Config, log hclog.Logger, readyFD int) error {
+	// From the first moment: a SIGTERM while the service starts (weir up
+	// stopping a start) stops it as one after its start would.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	if cfg.NATS.URL == "" {
 		return errors.New("no NATS URL: run the services under `weir up`, or set nats.url / --nats-url")
 	}
@@ -78,20 +82,23 @@ func serve(spec stack.Spec, cfg *config.Config, log hclog.Logger, readyFD int) e
 	if err != nil {
 		return err
 	}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	// Start registers the service's health and stats endpoints too.
 	if err := svc.Start(); err != nil {
 		return err
 	}
-	<-svc.Ready()
-	if readyFD > 0 {
-		f := os.NewFile(uintptr(readyFD), "ready")
-		_, _ = f.WriteString("ready\n")
-		f.Close()
+	var sig os.Signal
+	select {
+	case sig = <-sigs:
+		log.Info("stopping before the service was ready", "signal", sig.String())
+	case <-svc.Ready():
+		if readyFD > 0 {
+			f := os.NewFile(uintptr(readyFD), "ready")
+			_, _ = f.WriteString("ready\n")
+			f.Close()
+		}
+		sig = <-sigs
+		log.Info("stopping", "signal", sig.String())
 	}
-	sig := <-sigs
-	log.Info("stopping", "signal", sig.String())
 	ctx, cancel := context.WithTimeout(context.Background(), stack.ShutdownTimeout)
 	defer cancel()
 	if err := svc.Shutdown(ctx); err != nil {

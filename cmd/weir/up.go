@@ -6,15 +6,24 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/weir-storage/weir/internal/config"
 	"github.com/weir-storage/weir/internal/control"
 	"github.com/weir-storage/weir/stack"
 )
 
+// cmdUp is `weir up`: 0 when a signal stopped it (during its start too)
+// and every service it started stopped cleanly, 1 when one failed to
+// start, died or did not stop cleanly, 2 for a usage error.
 func cmdUp(args []string) int {
+	// Before anything starts: a SIGINT or SIGTERM at any moment stops
+	// what was started, in order, and never leaves a service behind.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	fs := newFlags("up")
 	cfg, cfgPath, err := loadConfig(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -24,8 +33,15 @@ func cmdUp(args []string) int {
 		fmt.Fprintf(os.Stderr, "weir up: %v\n", err)
 		return 2
 	}
-	s := &stack.Supervisor{Config: cfg, ConfigPath: cfgPath, Log: cfg.Logger("weir-up", os.Stderr)}
-	if err := s.Start(); err != nil {
+	s := &stack.Supervisor{Config: cfg, ConfigPath: cfgPath, Log: cfg.Logger("weir-up", os.Stderr), Interrupt: sigs}
+	if err := s.Start(); errors.Is(err, stack.ErrInterrupted) {
+		s.Log.Info("stopping what was started", "reason", err)
+		if err := s.Stop(); err != nil {
+			s.Log.Error("stop", "error", err)
+			return 1
+		}
+		return 0
+	} else if err != nil {
 		s.Log.Error("start failed", "error", err)
 		s.Stop()
 		return 1
