@@ -28,7 +28,7 @@ const zeroCopyHuge = 512 << 20
 // session ends.
 func TestSPDKZeroCopy(t *testing.T) {
 	if free := spdk.HugePagesFree(); free < zeroCopyHuge {
-		t.Skipf("needs %d MiB of free huge pages, the host has %d MiB (reserve them: sysctl -w vm.nr_hugepages=512)", zeroCopyHuge>>20, free>>20)
+		t.Skipf("needs %d MiB of free huge pages, the host has %d MiB (reserve them: sysctl -w vm.nr_hugepages=512, with a hugetlbfs mounted: mount -t hugetlbfs nodev /dev/hugepages)", zeroCopyHuge>>20, free>>20)
 	}
 	dir := t.TempDir()
 	spdkJSON := filepath.Join(dir, "spdk.json")

@@ -188,6 +188,12 @@ func (r *spdkRuntime) loop(opts Options, ready chan<- error) {
 	if spdkconf.UsesPCI(opts.ConfigJSON) {
 		pci = 1
 	}
+	if !opts.NoHuge {
+		if err := hugePagesProblem(); err != nil {
+			ready <- err
+			return
+		}
+	}
 	if rc := C.weir_env_init(noHuge, C.int(opts.MemMB), pci, &r.md); rc != 0 {
 		ready <- fmt.Errorf("spdk: start the environment: %w", syscall.Errno(-rc))
 		return

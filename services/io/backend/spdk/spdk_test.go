@@ -76,7 +76,7 @@ func logMemory(t *testing.T) {
 	if onHugePages {
 		t.Logf("SPDK runs on huge pages (%d MiB free)", HugePagesFree()>>20)
 	} else {
-		t.Logf("SPDK runs with --no-huge: fewer than %d MiB of free huge pages (reserve them: sysctl -w vm.nr_hugepages=512)", hugeNeed>>20)
+		t.Logf("SPDK runs with --no-huge: fewer than %d MiB of free huge pages DPDK can use (reserve them: sysctl -w vm.nr_hugepages=512, with a hugetlbfs mounted: mount -t hugetlbfs nodev /dev/hugepages)", hugeNeed>>20)
 	}
 }
 
@@ -124,7 +124,7 @@ func TestBackendSuite(t *testing.T) {
 	})
 	t.Run("RegisteredMemory", func(t *testing.T) {
 		if !onHugePages {
-			t.Skipf("needs %d MiB of free huge pages to register memory with SPDK (reserve them: sysctl -w vm.nr_hugepages=512)", hugeNeed>>20)
+			t.Skipf("needs %d MiB of free huge pages to register memory with SPDK (reserve them: sysctl -w vm.nr_hugepages=512, with a hugetlbfs mounted: mount -t hugetlbfs nodev /dev/hugepages)", hugeNeed>>20)
 		}
 		backendtest.Run(t, suiteFactory(with(func(o *Options) { o.Workers = 2 }), viaRegistered))
 	})
@@ -222,7 +222,7 @@ func (b *registeredBlob) WriteAt(p []byte, off int64) (int, error) {
 // the bytes are right either way.
 func TestRegisteredMemoryIsDirect(t *testing.T) {
 	if !onHugePages {
-		t.Skipf("needs %d MiB of free huge pages to register memory with SPDK (reserve them: sysctl -w vm.nr_hugepages=512)", hugeNeed>>20)
+		t.Skipf("needs %d MiB of free huge pages to register memory with SPDK (reserve them: sysctl -w vm.nr_hugepages=512, with a hugetlbfs mounted: mount -t hugetlbfs nodev /dev/hugepages)", hugeNeed>>20)
 	}
 	be, err := New(options(true))
 	if err != nil {
