@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -103,6 +104,34 @@ func healthy(t *testing.T, cfg *config.Config, url string) {
 			t.Errorf("%s unhealthy: %s", x.Name, x.Error)
 		}
 	}
+}
+
+// ioStats is io's counters that say where its descriptors are, for a
+// failure's message.
+func ioStats(t *testing.T, cfg *config.Config, url string) string {
+	t.Helper()
+	nc, err := stack.Connect(cfg, url, control.RoleCLI, hclog.NewNullLogger())
+	if err != nil {
+		return err.Error()
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := control.Status(ctx, nc, cfg.NATS.Namespace)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for _, x := range st {
+		if x.Name != "weir-io" {
+			continue
+		}
+		for _, k := range []string{"descriptors", "descriptor_spares", "cache_regions", "cache_idle_regions", "cache_dirty_pages",
+			"resource_errors", "descriptors_relieved", "close_writeback_failures", "cache_maps", "sessions", "grants"} {
+			fmt.Fprintf(&b, "%s=%v ", k, x.Stats[k])
+		}
+	}
+	return b.String()
 }
 
 // TestIODescriptorsBounded writes and reads many more files than io's
@@ -206,7 +235,14 @@ func TestIOOutOfDescriptors(t *testing.T) {
 		t.Fatal("no session accepted a minute after io's descriptors came back: the listener stopped")
 	}
 	healthy(t, cfg, url)
-	makeFiles(t, fsys, "after", 300, 3000)
+	if err := fsys.Mkdir("after", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		if err := writeFile(fsys, fmt.Sprintf("after/f%05d", i), bytes.Repeat([]byte("x"), 3000)); err != nil {
+			t.Fatalf("file %d of 300 after the episode: %v; io: %s", i, err, ioStats(t, cfg, url))
+		}
+	}
 	f, err := fsys.OpenFile("after/f00000", os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)

@@ -191,6 +191,13 @@ func (s *session) claim(q *ring.Request) (int64, uint64) {
 		svc.Stats.ClaimsRefused.Add(1)
 		return fail(errno(err))
 	}
+	if svc.grants[s.sid][c.Handle] != nil {
+		// The same handle claimed while the open gave descriptors back.
+		svc.mu.Unlock()
+		svc.releaseBlob(ob)
+		svc.Stats.ClaimsRefused.Add(1)
+		return fail(syscall.EEXIST)
+	}
 	hs := svc.grants[s.sid]
 	if hs == nil {
 		hs = make(map[uint64]*grant)

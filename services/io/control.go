@@ -82,12 +82,18 @@ func (s *Service) onGrant(m *nats.Msg) {
 		return
 	}
 	ob, err := s.openBlobLocked(backend.BlobID(g.Blob), g.Ino, g.Fresh)
+	dup := err == nil && s.grants[g.Session][g.Handle] != nil // (made while the open gave descriptors back)
 	s.mu.Unlock()
 	if errors.Is(err, errAdoption) {
 		s.adoptionRefused(backend.BlobID(g.Blob), err)
 	}
 	if err != nil {
 		control.Respond(m, control.Ack{Error: err.Error(), Errno: int(errno(err))})
+		return
+	}
+	if dup {
+		s.releaseBlob(ob)
+		s.host.Refuse(m, "duplicate", control.Ack{}, fmt.Sprintf("handle %#x of session %#x is granted already", g.Handle, g.Session))
 		return
 	}
 	// The handle is not in the table yet, so no request can use it while

@@ -100,6 +100,19 @@ func withRelief[T any](s *Service, fn func() (T, error)) (T, error) {
 	return v, err
 }
 
+// withRelief2 is withRelief for a function of two results.
+func withRelief2[T, U any](s *Service, fn func() (T, U, error)) (T, U, error) {
+	type pair struct {
+		t T
+		u U
+	}
+	p, err := withRelief(s, func() (pair, error) {
+		t, u, err := fn()
+		return pair{t, u}, err
+	})
+	return p.t, p.u, err
+}
+
 // relieve closes every idle region and idle blob file, and says whether
 // it closed any. s.mu must not be held.
 func (s *Service) relieve() bool {

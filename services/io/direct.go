@@ -156,6 +156,13 @@ func (s *session) claimDir(q *ring.Request) (int64, uint64) {
 		svc.Stats.DirClaimsRefused.Add(1)
 		return fail(errno(err))
 	}
+	if ob.writers > 0 {
+		// A writer came while the open gave descriptors back.
+		svc.mu.Unlock()
+		svc.releaseBlob(ob)
+		svc.Stats.DirClaimsRefused.Add(1)
+		return fail(syscall.EBUSY)
+	}
 	if n == nil {
 		n = new(int)
 		svc.dirOpens[s.sid] = n

@@ -577,7 +577,8 @@ func (s *Service) Start() error {
 // copies its payloads through a bounce buffer. Only the first fallback is
 // logged as a warning; ring_hugepage_fallbacks counts them all.
 func (s *Service) createRegion(cfg ring.Config) (*ring.Region, error) {
-	r, err := s.newRegion(cfg)
+	// Its memfd is a descriptor: at the limit the idle ones go back first.
+	r, err := withRelief(s, func() (*ring.Region, error) { return s.newRegion(cfg) })
 	if err == nil || !cfg.HugePages {
 		return r, err
 	}
@@ -1501,7 +1502,10 @@ func (s *Service) reportLive(ctx context.Context, ino uint64, size, mtime int64,
 
 // openBlob returns the open blob for id, opening it if need be, with one
 // reference for the caller. A blob that does not exist yet is created on
-// its first write (lazyBlob). s.mu is held.
+// its first write (lazyBlob). s.mu is held; should the kernel refuse a
+// descriptor, it is released and taken again once (while idle
+// descriptors go back): a caller checks again after the call what it
+// checked under s.mu before.
 func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*openBlob, error) {
 	if ob := s.blobs[id]; ob != nil {
 		// Open for this very file (an earlier grant of it, e.g. one that
@@ -1518,11 +1522,24 @@ func (s *Service) openBlobLocked(id backend.BlobID, ino uint64, fresh bool) (*op
 	}
 	var b backend.Blob
 	b, err := s.be.Open(id)
-	if k, ok := s.be.(backend.IdleKeeper); ok && err != nil && isResourceErr(err) && k.DropIdle(1<<30) > 0 {
-		// No descriptor left: the backend's idle files go back (the idle
-		// regions cannot close with s.mu held), and one more try.
+	if err != nil && isResourceErr(err) {
+		// No descriptor left: every idle region and idle blob file goes
+		// back, and one more try. Regions close without s.mu (their
+		// close waits for requests that hold them), so it is dropped
+		// meanwhile: what the blob's state was may have changed.
 		s.resourceRefused(err)
-		b, err = s.be.Open(id)
+		s.mu.Unlock()
+		relieved := s.relieve()
+		s.mu.Lock()
+		if ob := s.blobs[id]; ob != nil {
+			return s.openBlobLocked(id, ino, fresh) // opened meanwhile
+		}
+		if _, ok := s.deleting[id]; ok {
+			return nil, fmt.Errorf("open blob %d: it is being deleted: %w", id, syscall.EBUSY)
+		}
+		if relieved {
+			b, err = s.be.Open(id)
+		}
 	}
 	if err == nil && fresh {
 		b.Close()

@@ -532,6 +532,15 @@ func (s *session) write(g *grant, q *ring.Request) (int64, uint64) {
 		}
 	}
 	n, e := s.writeData(ob, q, off, direct)
+	if e == syscall.EMFILE || e == syscall.ENFILE {
+		// No descriptor to make the blob's file with (its first write
+		// creates it): a failed write changed nothing, so it is tried
+		// again once the idle descriptors are back.
+		s.svc.resourceRefused(e)
+		if s.svc.relieve() {
+			n, e = s.writeData(ob, q, off, direct)
+		}
+	}
 	if e != 0 {
 		return fail(e)
 	}
@@ -849,7 +858,7 @@ func (s *session) cacheMap(q *ring.Request) (int64, uint64) {
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)
 	}
-	m, d, err := r.describe(true, false)
+	m, d, err := withRelief2(s.svc, func() (*os.File, *os.File, error) { return r.describe(true, false) })
 	if err != nil {
 		return fail(s.svc.descriptorErrno(err))
 	}
@@ -883,7 +892,7 @@ func (s *session) mapWritable(q *ring.Request) (int64, uint64) {
 	if r == nil {
 		return fail(syscall.EOPNOTSUPP)
 	}
-	_, d, err := r.describe(false, true)
+	_, d, err := withRelief2(s.svc, func() (*os.File, *os.File, error) { return r.describe(false, true) })
 	if err != nil {
 		return fail(s.svc.descriptorErrno(err))
 	}

@@ -70,7 +70,7 @@ func (s *session) writeLogFile(q *ring.Request) (int64, uint64) {
 			return fail(syscall.ENOMEM)
 		}
 	}
-	rw, err := describe(s.wlog.f, true)
+	rw, err := withRelief(s.svc, func() (*os.File, error) { return describe(s.wlog.f, true) })
 	if err != nil {
 		return fail(s.svc.descriptorErrno(err))
 	}
