@@ -938,6 +938,24 @@ func (f *FS) Chtimes(name string, atime, mtime time.Time) error {
 	return f.chtimesAt(nil, name, atime, mtime)
 }
 
+// Touch sets both times of the named file to the metadata service's
+// clock, as utimensat(name, NULL) and touch(1): the owner, root, or a
+// caller that may write the file may (else EACCES), while explicit times
+// (Chtimes) are the owner's.
+func (f *FS) Touch(name string) error {
+	if err := checkPath(name); err != nil {
+		return pathErr("touch", name, err)
+	}
+	err := f.follow(nil, name, func(p string) error {
+		body := (&proto.TimesReq{Atime: proto.TimeNow, Mtime: proto.TimeNow, Path: p}).Append(nil, true)
+		return f.pathCall(nil, proto.OpChtimes, 0, true, body, 0, nil)
+	})
+	if err != nil {
+		return pathErr("touch", name, err)
+	}
+	return nil
+}
+
 func timeArg(t time.Time) int64 {
 	if t.IsZero() {
 		return proto.TimeOmit

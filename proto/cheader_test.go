@@ -147,7 +147,7 @@ func cHeaderConsts() []cheader.Const {
 
 func TestCHeaderMatchesGo(t *testing.T) {
 	// WEIR_TIME_OMIT is INT64_MIN, which only the compiler evaluates.
-	cheader.CheckDefines(t, cHeaderFile, cHeaderConsts(), "WEIR_TIME_OMIT")
+	cheader.CheckDefines(t, cHeaderFile, cHeaderConsts(), "WEIR_TIME_OMIT", "WEIR_TIME_NOW")
 }
 
 func TestCHeaderStructLayout(t *testing.T) {
@@ -193,7 +193,11 @@ func TestCHeaderStructLayout(t *testing.T) {
 		// The encoders write exactly these layouts.
 		"WEIR_ATTR_SIZE + 0*sizeof(" + attr + ")":    uint64(len(AppendAttr(nil, &Attr{}))),
 		"(uint64_t)WEIR_TIME_OMIT":                   1 << 63,
+		"(uint64_t)WEIR_TIME_NOW":                    1<<63 + 1,
 		"WEIR_INCARNATION_OF(0xfedcba9876543210ull)": uint64(IncarnationOf(0xfedcba9876543210)),
+	}
+	if TimeNow != math.MinInt64+1 {
+		t.Fatalf("TimeNow = %d, want INT64_MIN + 1", TimeNow)
 	}
 	if TimeOmit != math.MinInt64 {
 		t.Fatalf("TimeOmit = %d, want INT64_MIN", TimeOmit)

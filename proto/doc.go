@@ -90,7 +90,8 @@
 //
 // All integers are little-endian. A str is a u16 length then that many
 // bytes, no terminator (paths are at most MaxPath bytes). Times are i64
-// Unix nanoseconds; TimeOmit leaves a time unchanged (UTIME_OMIT).
+// Unix nanoseconds; TimeOmit leaves a time unchanged (UTIME_OMIT), TimeNow
+// sets it to the service's clock (UTIME_NOW).
 //
 //	attr (56 bytes)
 //	  0 u64 ino      8 u32 mode    12 u32 uid     16 u32 gid

@@ -252,6 +252,12 @@ const (
 // TimeOmit in a time field leaves that time unchanged (UTIME_OMIT).
 const TimeOmit int64 = -1 << 63
 
+// TimeNow in a time field sets that time to the metadata service's clock
+// (UTIME_NOW, or utimensat's NULL times). Only explicit times need the
+// caller to own the file (else EPERM); times set to now need the owner,
+// root or write permission (else EACCES), as Linux's touch rule.
+const TimeNow int64 = -1<<63 + 1
+
 // Identifiers: session ids and handles carry the metadata service's
 // incarnation in their top IncarnationBits bits and a counter below.
 const (

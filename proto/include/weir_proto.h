@@ -53,7 +53,7 @@
  *
  * Encoding. Little-endian. A "str" is a u16 length then that many bytes,
  * no NUL. Times are i64 Unix nanoseconds; WEIR_TIME_OMIT leaves one
- * unchanged. The response overwrites the request in the same arena
+ * unchanged, WEIR_TIME_NOW sets it to the service's clock. The response overwrites the request in the same arena
  * buffer: size the buffer for the larger of the two. A completion's
  * result is -errno, or the response length (metadata) or bytes moved
  * (read, write). Path operations take a directory handle in the
@@ -222,6 +222,7 @@
 #define WEIR_MAX_FILE_SIZE 0x400000000000ull /* 64 TiB: s_maxbytes; a seek past it is EINVAL, a write or truncate EFBIG */
 #define WEIR_ROOT_HANDLE 0u
 #define WEIR_TIME_OMIT INT64_MIN
+#define WEIR_TIME_NOW (INT64_MIN + 1) /* the service's clock: UTIME_NOW, the touch rule (write permission) */
 
 #define WEIR_INCARNATION_BITS 24u
 #define WEIR_COUNTER_BITS 40u

@@ -199,6 +199,21 @@ func permCases() []Case {
 				t.ExpectOK(t.Chtimes("mine", past, past))
 				t.Times("mine")
 			}},
+		{Name: "perm/touch_needs_write_permission", Needs: NeedNonRoot,
+			Setup: func(t *Tester) {
+				t.WriteFile("writable", s("x"), 0o666)
+				t.WriteFile("readonly", s("x"), 0o644)
+				t.Must(t.Chmod("writable", 0o666)) // (past the umask)
+			},
+			Run: func(t *Tester) {
+				// Both times now: root's file, writable by all, is the
+				// caller's to touch; not one it may only read (EACCES);
+				// explicit times stay the owner's (EPERM).
+				t.ExpectOK(t.Touch("writable"))
+				t.ExpectErr(t.Touch("readonly"), syscall.EACCES)
+				t.ExpectErr(t.Chtimes("writable", past, past), syscall.EPERM)
+				t.ExpectErr(t.Touch("missing"), syscall.ENOENT)
+			}},
 		{Name: "perm/sticky_dir_protects_others_entries", Needs: NeedNonRoot,
 			Setup: func(t *Tester) {
 				t.Must(t.Mkdir("tmp", 0o777))

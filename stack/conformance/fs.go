@@ -23,6 +23,9 @@ type FS interface {
 	Chmod(name string, mode fs.FileMode) error
 	Chown(name string, uid, gid int) error
 	Chtimes(name string, atime, mtime time.Time) error
+	// Touch sets both times to now, as utimensat(name, NULL): the owner,
+	// root or a caller that may write the file may.
+	Touch(name string) error
 	ReadDir(name string) ([]fs.DirEntry, error)
 	Truncate(name string, size int64) error
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // KernelFactory is the name the kernel target is registered under.
@@ -84,6 +86,13 @@ func (osFS) Truncate(name string, size int64) error       { return os.Truncate(n
 
 func (osFS) Chtimes(name string, atime, mtime time.Time) error {
 	return os.Chtimes(name, atime, mtime)
+}
+
+func (osFS) Touch(name string) error {
+	if err := unix.UtimesNanoAt(unix.AT_FDCWD, name, nil, 0); err != nil {
+		return &fs.PathError{Op: "touch", Path: name, Err: err}
+	}
+	return nil
 }
 
 func (osFS) Rename(oldname, newname string) error {

@@ -184,6 +184,8 @@ func (s *Sub) Chtimes(name string, atime, mtime time.Time) error {
 	return pathErr(s.base.Chtimes(s.path(name), atime, mtime), name)
 }
 
+func (s *Sub) Touch(name string) error { return pathErr(s.base.Touch(s.path(name)), name) }
+
 func (s *Sub) ReadDir(name string) ([]fs.DirEntry, error) {
 	des, err := s.base.ReadDir(s.path(name))
 	return des, pathErr(err, name)

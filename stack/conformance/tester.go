@@ -381,6 +381,14 @@ func (t *Tester) Chtimes(name string, atime, mtime time.Time) error {
 	return err
 }
 
+// Touch records Touch (both times now: the times themselves differ
+// between targets, the errors do not).
+func (t *Tester) Touch(name string) error {
+	err := t.fs.Touch(name)
+	t.record(fmt.Sprintf("touch %s", q(name)), err)
+	return err
+}
+
 func nanos(tm time.Time) int64 {
 	if tm.IsZero() {
 		return 0

@@ -86,6 +86,7 @@ func (w weirFS) Stat(n string) (fs.FileInfo, error)      { return w.get().Stat(n
 func (w weirFS) Chmod(n string, m fs.FileMode) error     { return w.get().Chmod(n, m) }
 func (w weirFS) Chown(n string, u, g int) error          { return w.get().Chown(n, u, g) }
 func (w weirFS) Chtimes(n string, a, m time.Time) error  { return w.get().Chtimes(n, a, m) }
+func (w weirFS) Touch(n string) error                    { return w.get().Touch(n) }
 func (w weirFS) ReadDir(n string) ([]fs.DirEntry, error) { return w.get().ReadDir(n) }
 func (w weirFS) Truncate(n string, size int64) error     { return w.get().Truncate(n, size) }
 func (w weirFS) Restart() error {

@@ -909,9 +909,13 @@ func (n *NS) chown(c Cred, at target, uid, gid int) (Ino, error) {
 }
 
 // Chtimes sets the access and modification times of path (Unix
-// nanoseconds; TimeOmit leaves one unchanged), as utimensat with explicit
-// times: only the owner or root may. With both omitted it succeeds at
-// once without looking at path, as Linux does. ctime is updated.
+// nanoseconds; TimeOmit leaves one unchanged, TimeNow sets it to the
+// clock), as utimensat: the owner or root may set any times, a caller
+// with write permission both to now (Linux's ATTR_TOUCH; else EACCES);
+// anything else by another is EPERM, one time now and the other omitted
+// included, as Linux's vfs_utimes counts it as explicit. With both omitted
+// it succeeds at once without looking at path, as Linux does. ctime is
+// updated.
 func (n *NS) Chtimes(c Cred, path string, atime, mtime int64) error {
 	return n.ChtimesAt(c, RootIno, path, atime, mtime)
 }
@@ -945,22 +949,39 @@ func (n *NS) chtimes(c Cred, at target, atime, mtime int64) error {
 	if atime == TimeOmit && mtime == TimeOmit {
 		return nil
 	}
+	// Both now is Linux's touch (ATTR_TOUCH); any other form, one time
+	// now and one omitted included, counts as explicit (ATTR_TIMES_SET).
+	explicit := atime != TimeNow || mtime != TimeNow
 	_, err := n.setAttr(&c, at, func(nd *inode) (*setAttrRec, error) {
 		if !isOwner(&c, &nd.attr) {
-			return nil, syscall.EPERM
+			if explicit {
+				return nil, syscall.EPERM
+			}
+			if err := permission(&c, &nd.attr, mayWrite); err != nil {
+				return nil, err
+			}
 		}
-		rec := &setAttrRec{ino: nd.attr.Ino, mask: setCtime, ctime: n.now()}
+		t := n.now()
+		rec := &setAttrRec{ino: nd.attr.Ino, mask: setCtime, ctime: t}
 		if atime != TimeOmit {
 			rec.mask |= setAtime
-			rec.atime = atime
+			rec.atime = nowOr(atime, t)
 		}
 		if mtime != TimeOmit {
 			rec.mask |= setMtime
-			rec.mtime = mtime
+			rec.mtime = nowOr(mtime, t)
 		}
 		return rec, nil
 	})
 	return err
+}
+
+// nowOr is t for TimeNow, else v.
+func nowOr(v, t int64) int64 {
+	if v == TimeNow {
+		return t
+	}
+	return v
 }
 
 // Truncate sets the size of the regular file path, as truncate(2): a

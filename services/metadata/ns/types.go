@@ -130,6 +130,11 @@ type Dirent struct {
 // (utimensat's UTIME_OMIT; os.Chtimes passes it for a zero time.Time).
 const TimeOmit int64 = math.MinInt64
 
+// TimeNow, passed to Chtimes as atime or mtime, sets that time to the
+// namespace's clock (UTIME_NOW): if no time is explicit, the owner, root
+// or a caller with write permission may (the touch rule; else EACCES).
+const TimeNow int64 = math.MinInt64 + 1
+
 // Options configures Open.
 type Options struct {
 	// Dir holds the WAL segments and checkpoints; created (0700) if missing.
